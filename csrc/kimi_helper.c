@@ -1,0 +1,105 @@
+/* kimi_helper.c: see kimi_helper.h. Plain C99 + POSIX threads, no Python.h. */
+#include "kimi_helper.h"
+
+#include <pthread.h>
+#include <string.h>
+
+/* IEEE 754 binary16 bits -> float, exact for every input (incl. subnormals). */
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    float f;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do { e++; man <<= 1; } while ((man & 0x400u) == 0);
+            man &= 0x3ffu;
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
+        }
+    } else if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
+                const uint16_t *mins, int64_t n, int64_t k, int64_t group,
+                float *out)
+{
+    int64_t row, j, groups;
+    if (!qweight || !scales || !mins || !out) return KH_EINVAL;
+    if (n <= 0 || k <= 0 || group <= 0 || group % 2 || k % group) return KH_EINVAL;
+    groups = k / group;
+    for (row = 0; row < n; row++) {
+        const uint8_t *q = qweight + row * (k / 2);
+        const uint16_t *s = scales + row * groups;
+        const uint16_t *m = mins + row * groups;
+        float *o = out + row * k;
+        for (j = 0; j < k; j += 2) {
+            int64_t g = j / group;
+            float sc = half_to_float(s[g]), mn = half_to_float(m[g]);
+            uint8_t byte = q[j / 2];
+            o[j] = sc * (float)(byte & 0x0f) + mn;
+            o[j + 1] = sc * (float)(byte >> 4) + mn;
+        }
+    }
+    return KH_OK;
+}
+
+static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t cap_limit, cap_used, cap_peak;
+
+int memcap_init(uint64_t cap_bytes)
+{
+    pthread_mutex_lock(&cap_lock);
+    cap_limit = cap_bytes;
+    cap_used = 0;
+    cap_peak = 0;
+    pthread_mutex_unlock(&cap_lock);
+    return KH_OK;
+}
+
+int memcap_reserve(uint64_t nbytes)
+{
+    int status = KH_OK;
+    pthread_mutex_lock(&cap_lock);
+    if (cap_limit && (nbytes > cap_limit || cap_used > cap_limit - nbytes)) {
+        status = KH_ENOMEM;
+    } else {
+        cap_used += nbytes;
+        if (cap_used > cap_peak) cap_peak = cap_used;
+    }
+    pthread_mutex_unlock(&cap_lock);
+    return status;
+}
+
+int memcap_release(uint64_t nbytes)
+{
+    int status = KH_OK;
+    pthread_mutex_lock(&cap_lock);
+    if (nbytes > cap_used) status = KH_ESTATE;
+    else cap_used -= nbytes;
+    pthread_mutex_unlock(&cap_lock);
+    return status;
+}
+
+static uint64_t read_locked(const uint64_t *value)
+{
+    uint64_t v;
+    pthread_mutex_lock(&cap_lock);
+    v = *value;
+    pthread_mutex_unlock(&cap_lock);
+    return v;
+}
+
+uint64_t memcap_reserved(void) { return read_locked(&cap_used); }
+uint64_t memcap_peak(void) { return read_locked(&cap_peak); }
+uint64_t memcap_cap(void) { return read_locked(&cap_limit); }

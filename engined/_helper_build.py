@@ -1,0 +1,42 @@
+"""cffi builder for the C helper (API mode, out of line): csrc/kimi_helper.{h,c}."""
+import os
+import pathlib
+import re
+
+from cffi import FFI
+
+_CSRC = pathlib.Path(__file__).resolve().parent.parent / "csrc"
+
+
+def _cdef() -> str:
+    # cffi's parser takes declarations only: drop preprocessor lines and comments.
+    lines = []
+    for line in (_CSRC / "kimi_helper.h").read_text().splitlines():
+        s = line.strip()
+        if s.startswith("#") and not s.startswith("#define KH_"):
+            continue
+        lines.append(line)
+    text = "\n".join(lines)
+    return re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+
+
+def _cflags() -> list[str]:
+    flags = ["-O3", "-std=c99", "-D_POSIX_C_SOURCE=200809L", "-fopenmp"]
+    if os.environ.get("KIMI_NATIVE") == "1":
+        flags.append("-march=native")  # only when building for this very machine
+    return flags
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_cdef())
+ffibuilder.set_source(
+    "engined._kimi_helper",
+    '#include "kimi_helper.h"',
+    sources=["csrc/kimi_helper.c"],  # relative: setuptools runs from the root
+    include_dirs=["csrc"],
+    extra_compile_args=_cflags(),
+    extra_link_args=["-fopenmp", "-lpthread"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,131 @@
+"""The packed-INT4 weight format shared by every INT4 path in kimi-local (see README.md here).
+
+Per quantized linear W[N, K] with group size G (K % G == 0, G even):
+    <name>.qweight  uint8 [N, K/2]   unsigned codes q in 0..15, element 2j in the low nibble
+    <name>.scales   fp16  [N, K/G]   s
+    <name>.mins     fp16  [N, K/G]   m          w = s * q + m
+The safetensors __metadata__ carries FORMAT_KEY = FORMAT_NAME, VERSION_KEY = FORMAT_VERSION
+and, per tensor, "<name>.group_size" = str(G). Loaders refuse anything else.
+"""
+from dataclasses import dataclass
+
+import torch
+
+FORMAT_KEY = "kimi.format"
+FORMAT_NAME = "kimi-packed-int4"
+VERSION_KEY = "kimi.format_version"
+FORMAT_VERSION = "1"
+SUFFIXES = (".qweight", ".scales", ".mins")
+
+
+class FormatError(ValueError):
+    """An artifact is not in a packed-INT4 format this build understands."""
+
+
+@dataclass(frozen=True)
+class PackedInt4:
+    """One quantized linear. qweight: [N, K/2] uint8; scales, mins: [N, K/G] fp16."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.qweight.shape[0], self.qweight.shape[1] * 2
+
+    def __post_init__(self):
+        n, half_k = self.qweight.shape
+        g = self.group_size
+        if self.qweight.dtype != torch.uint8:
+            raise FormatError(f"qweight must be uint8, got {self.qweight.dtype}")
+        if g <= 0 or g % 2 or (2 * half_k) % g:
+            raise FormatError(f"group size {g} does not divide K={2 * half_k} into even groups")
+        want = (n, 2 * half_k // g)
+        for name, t in (("scales", self.scales), ("mins", self.mins)):
+            if tuple(t.shape) != want or t.dtype != torch.float16:
+                raise FormatError(f"{name} must be fp16 {want}, got {t.dtype} {tuple(t.shape)}")
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """codes: [N, K] integers in 0..15 -> qweight [N, K/2] uint8 (2j low nibble, 2j+1 high)."""
+    if codes.shape[-1] % 2:
+        raise FormatError(f"K={codes.shape[-1]} must be even")
+    c = codes.to(torch.uint8)
+    if int(c.max()) > 15:
+        raise FormatError("INT4 codes must lie in 0..15")
+    return c[:, 0::2] | (c[:, 1::2] << 4)
+
+
+def unpack_codes(qweight: torch.Tensor) -> torch.Tensor:
+    """qweight [N, K/2] uint8 -> codes [N, K] uint8."""
+    low, high = qweight & 0x0F, qweight >> 4
+    return torch.stack((low, high), dim=-1).reshape(qweight.shape[0], -1)
+
+
+def dequantize(p: PackedInt4) -> torch.Tensor:
+    """The reference decode: W[N, K] fp32 = s * q + m, computed in fp32."""
+    n, k = p.shape
+    g = p.group_size
+    q = unpack_codes(p.qweight).float().view(n, k // g, g)
+    w = q * p.scales.float().unsqueeze(-1) + p.mins.float().unsqueeze(-1)
+    return w.view(n, k)
+
+
+def quantize_asym(w: torch.Tensor, group_size: int = 32) -> PackedInt4:
+    """Asymmetric min/max INT4 (the Q4_1 scheme): per group s = (max-min)/15, m = min."""
+    n, k = w.shape
+    if k % group_size:
+        raise FormatError(f"K={k} is not a multiple of group size {group_size}")
+    wg = w.float().view(n, k // group_size, group_size)
+    lo, hi = wg.amin(-1), wg.amax(-1)
+    scales = ((hi - lo) / 15).to(torch.float16)
+    mins = lo.to(torch.float16)
+    s = scales.float().clamp_min(torch.finfo(torch.float16).tiny).unsqueeze(-1)
+    codes = torch.round((wg - mins.float().unsqueeze(-1)) / s).clamp(0, 15).view(n, k)
+    return PackedInt4(pack_codes(codes), scales, mins, group_size)
+
+
+def quantize_sym(w: torch.Tensor, group_size: int = 32) -> PackedInt4:
+    """Symmetric INT4 (the Kimi-Linear scheme): c in -7..7, s = absmax/7; stored q = c+8, m = -8s."""
+    n, k = w.shape
+    if k % group_size:
+        raise FormatError(f"K={k} is not a multiple of group size {group_size}")
+    wg = w.float().view(n, k // group_size, group_size)
+    absmax = wg.abs().amax(-1)
+    scales = torch.where(absmax > 0, absmax / 7, torch.ones_like(absmax)).to(torch.float16)
+    c = torch.round(wg / scales.float().unsqueeze(-1)).clamp(-7, 7)
+    codes = (c + 8).view(n, k)
+    return PackedInt4(pack_codes(codes), scales, (-8 * scales.float()).to(torch.float16), group_size)
+
+
+def to_state_dict(name: str, p: PackedInt4) -> dict[str, torch.Tensor]:
+    return {name + ".qweight": p.qweight, name + ".scales": p.scales, name + ".mins": p.mins}
+
+
+def metadata(group_sizes: dict[str, int]) -> dict[str, str]:
+    """safetensors __metadata__ for an artifact whose quantized linears have these group sizes."""
+    meta = {FORMAT_KEY: FORMAT_NAME, VERSION_KEY: FORMAT_VERSION}
+    meta.update({f"{name}.group_size": str(g) for name, g in group_sizes.items()})
+    return meta
+
+
+def check_metadata(meta: dict[str, str] | None, source: str = "artifact"):
+    """Refuse an artifact whose format name or version this build does not know."""
+    meta = meta or {}
+    if meta.get(FORMAT_KEY) != FORMAT_NAME:
+        raise FormatError(f"{source}: not a {FORMAT_NAME} artifact "
+                          f"({FORMAT_KEY}={meta.get(FORMAT_KEY)!r})")
+    if meta.get(VERSION_KEY) != FORMAT_VERSION:
+        raise FormatError(f"{source}: {FORMAT_NAME} version {meta.get(VERSION_KEY)!r} is not "
+                          f"supported (this build reads version {FORMAT_VERSION})")
+
+
+def from_state_dict(name: str, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> PackedInt4:
+    """Collect <name>.qweight/.scales/.mins and its recorded group size (metadata already checked)."""
+    key = f"{name}.group_size"
+    if key not in meta:
+        raise FormatError(f"{name}: group size missing from metadata")
+    return PackedInt4(tensors[name + ".qweight"], tensors[name + ".scales"],
+                      tensors[name + ".mins"], int(meta[key]))

@@ -1,0 +1,116 @@
+"""Kernel registry: one `reference` per op, any number of variants checked against it.
+
+Selection order for `resolve(op, device)`: programmatic override (`using`) -> KIMI_KERNELS
+(`op=variant,...`) -> the shipped default for the device -> reference.
+"""
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+REFERENCE = "reference"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    fn: Callable
+    devices: frozenset[str]  # e.g. {"cpu"}, {"cuda"}, {"cpu", "cuda"}
+    description: str = ""
+
+
+@dataclass
+class Op:
+    name: str
+    variants: dict[str, Variant] = field(default_factory=dict)
+    defaults: dict[str, str] = field(default_factory=dict)  # device -> variant name
+
+
+_OPS: dict[str, Op] = {}
+_OVERRIDES: dict[str, str] = {}
+
+
+class KernelError(ValueError):
+    """Unknown op or variant, a duplicate registration, or a variant on the wrong device."""
+
+
+def register(op: str, name: str, devices=("cpu", "cuda"), description: str = ""):
+    """Decorator: register `fn` as variant `name` of `op`. Exactly one `reference` per op."""
+    def wrap(fn):
+        entry = _OPS.setdefault(op, Op(op))
+        if name in entry.variants:
+            raise KernelError(f"{op}: variant {name!r} registered twice")
+        entry.variants[name] = Variant(name, fn, frozenset(devices), description)
+        return fn
+    return wrap
+
+
+def set_default(op: str, device: str, name: str):
+    _variant(op, name)
+    _OPS[op].defaults[device] = name
+
+
+def _variant(op: str, name: str) -> Variant:
+    entry = _OPS.get(op)
+    if entry is None:
+        raise KernelError(f"unknown op {op!r} (known: {', '.join(sorted(_OPS))})")
+    if name not in entry.variants:
+        raise KernelError(f"{op}: unknown variant {name!r} (known: {', '.join(sorted(entry.variants))})")
+    return entry.variants[name]
+
+
+def parse_env(text: str | None) -> dict[str, str]:
+    """KIMI_KERNELS syntax: comma-separated op=variant; whitespace trimmed."""
+    choices = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        op, sep, name = (s.strip() for s in item.partition("="))
+        if not sep or not op or not name:
+            raise KernelError(f"KIMI_KERNELS entry {item!r} is not op=variant")
+        choices[op] = name
+    return choices
+
+
+def selected_name(op: str, device: str) -> str:
+    if op in _OVERRIDES:
+        return _OVERRIDES[op]
+    env = parse_env(os.environ.get("KIMI_KERNELS"))
+    if op in env:
+        return env[op]
+    _variant(op, REFERENCE)
+    return _OPS[op].defaults.get(device, REFERENCE)
+
+
+def resolve(op: str, device: str = "cpu") -> Variant:
+    """The variant to run for `op` on `device`; refuses one that cannot run there."""
+    variant = _variant(op, selected_name(op, device))
+    if device not in variant.devices:
+        raise KernelError(f"{op}: variant {variant.name!r} runs on {sorted(variant.devices)}, "
+                          f"not {device}")
+    return variant
+
+
+def variants(op: str) -> dict[str, Variant]:
+    _variant(op, REFERENCE)
+    return dict(_OPS[op].variants)
+
+
+def ops() -> list[str]:
+    return sorted(_OPS)
+
+
+@contextlib.contextmanager
+def using(op: str, name: str):
+    """Temporarily select `name` for `op` (tests and benchmarks)."""
+    _variant(op, name)
+    previous = _OVERRIDES.get(op)
+    _OVERRIDES[op] = name
+    try:
+        yield
+    finally:
+        if previous is None:
+            _OVERRIDES.pop(op, None)
+        else:
+            _OVERRIDES[op] = previous
