@@ -1,0 +1,30 @@
+"""Shared fixtures. Tests talk only to loopback or Unix sockets and never download anything."""
+import pathlib
+
+import pytest
+
+from engined.default_model import default_gguf_path
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def default_gguf() -> pathlib.Path:
+    return default_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> pathlib.Path:
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} not present (it sits beside the repository in CI)")
+    return SHARED
+
+
+@pytest.fixture
+def kimi_cache(tmp_path, monkeypatch) -> pathlib.Path:
+    """A private XDG cache so tests never share or pollute the user's repacked models."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("CACHE_DIRECTORY", raising=False)
+    return cache
