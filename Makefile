@@ -8,7 +8,10 @@ STAMP  := $(VENV)/.kimi-setup
 SRC_DEPS := setup.cfg setup.py constraints.txt csrc/kimi_helper.c csrc/kimi_helper.h engined/_helper_build.py
 TIME   := bash tools/phase.sh
 
-.PHONY: setup run test test-all test-clients bench clean
+PREFIX ?= /usr/local
+DESTDIR ?=
+
+.PHONY: setup run test test-all test-clients bench install uninstall clean
 
 setup: $(STAMP)
 
@@ -36,6 +39,12 @@ test-clients: setup
 
 bench: setup
 	@$(VENV)/bin/python bench/decode.py
+
+install:
+	@bash tools/install.sh install $(PREFIX) $(DESTDIR)
+
+uninstall:
+	@bash tools/install.sh uninstall $(PREFIX) $(DESTDIR)
 
 clean:
 	rm -rf $(VENV) build *.egg-info engined/_kimi_helper*.so

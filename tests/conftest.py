@@ -28,3 +28,21 @@ def kimi_cache(tmp_path, monkeypatch) -> pathlib.Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.delenv("CACHE_DIRECTORY", raising=False)
     return cache
+
+
+_DESELECTED: dict[str, int] = {}
+
+
+def pytest_deselected(items):
+    for item in items:
+        for marker in ("gpu", "realclient", "slow"):
+            if item.get_closest_marker(marker):
+                _DESELECTED[marker] = _DESELECTED.get(marker, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say what the marker filter left out, and how to run it."""
+    how = {"gpu": "needs a CUDA device", "realclient": "make test-clients",
+           "slow": "pytest -m slow"}
+    for marker, count in sorted(_DESELECTED.items()):
+        terminalreporter.write_line(f"not run: {count} test(s) marked {marker} ({how[marker]})")
