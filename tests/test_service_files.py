@@ -1,0 +1,113 @@
+"""systemd units, sysusers, logrotate and man pages: what a packaged service start relies on."""
+import configparser
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BIN = pathlib.Path(sys.executable).parent
+MAN_PAGES = ["kimi-engine.8", "kimi-proxy.8", "kimi-local.conf.5"]
+
+
+def unit(name: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # directive names are case-sensitive
+    parser.read_string((ROOT / "systemd" / name).read_text())
+    return parser
+
+
+def test_engine_unit_directives():
+    service = unit("kimi-engine.service")["Service"]
+    assert service["Type"] == "notify"
+    assert service["User"] == service["Group"] == "kimi"
+    assert service["RuntimeDirectory"] == "kimi"
+    assert service["RuntimeDirectoryPreserve"] == "yes"
+    for key in ("StateDirectory", "LogsDirectory", "CacheDirectory"):
+        assert service[key] == "kimi"
+    assert "TRITON_CACHE_DIR=/var/cache/kimi/" in service["Environment"]
+    assert service["EnvironmentFile"] == "-/etc/kimi/engine.env"
+    assert service["ExecStart"].startswith("@BINDIR@/kimi-engine serve --config /etc/kimi/engine.toml")
+    assert service["Restart"] == "on-failure"
+    for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp"):
+        assert service[key] == "yes"
+    assert service["ProtectSystem"] == "strict"
+    text = (ROOT / "systemd" / "kimi-engine.service").read_text()
+    assert "DeviceAllow=/dev/nvidiactl rw" in text and "SupplementaryGroups=" in text
+
+
+def test_proxy_unit_directives():
+    parsed = unit("kimi-proxy.service")
+    assert parsed["Unit"]["Requires"] == parsed["Unit"]["After"] == "kimi-engine.service"
+    service = parsed["Service"]
+    assert service["Type"] == "notify"
+    assert service["User"] == "kimi"
+    assert "RuntimeDirectory" not in service  # the engine's unit owns /run/kimi
+    assert service["StateDirectory"] == "kimi-proxy"
+    assert service["ExecStart"].startswith("@BINDIR@/kimi-proxy serve --config /etc/kimi/proxy.toml")
+    proxy_conf = (ROOT / "etc" / "proxy.toml").read_text()
+    assert 'upstream = "unix:///run/kimi/engine.sock"' in proxy_conf
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_units_verify(tmp_path):
+    for name in ("kimi-engine.service", "kimi-proxy.service"):
+        text = (ROOT / "systemd" / name).read_text().replace("@BINDIR@", str(BIN))
+        (tmp_path / name).write_text(text)
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no",
+                             str(tmp_path / "kimi-engine.service"),
+                             str(tmp_path / "kimi-proxy.service")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "kimi-" not in result.stderr, result.stderr
+
+
+def test_sysusers_and_logrotate():
+    assert re.search(r"^u kimi ", (ROOT / "systemd" / "kimi.sysusers").read_text(), re.M)
+    rotate = (ROOT / "systemd" / "kimi-local.logrotate").read_text()
+    assert rotate.startswith("/var/log/kimi/*.log {")
+    for word in ("daily", "compress", "delaycompress", "postrotate"):
+        assert re.search(rf"^\s+{word}$", rotate, re.M), word
+    assert "reload kimi-engine.service kimi-proxy.service" in rotate
+
+
+@pytest.mark.parametrize("page", MAN_PAGES)
+def test_man_page_lint(page):
+    result = subprocess.run(["groff", "-ww", "-z", "-man", str(ROOT / "man" / page)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def cli_options(command: list[str]) -> set[str]:
+    out = subprocess.run(command + ["--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", out.stdout)) - {"--help"}
+
+
+def man_options(page: str) -> set[str]:
+    roff = (ROOT / "man" / page).read_text().replace("\\-", "-")
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", roff))
+
+
+@pytest.mark.parametrize("command,page", [
+    (["kimi-engine"], "kimi-engine.8"),
+    (["kimi-engine", "serve"], "kimi-engine.8"),
+    (["kimi-proxy"], "kimi-proxy.8"),
+    (["kimi-proxy", "serve"], "kimi-proxy.8"),
+])
+def test_every_cli_option_is_in_its_man_page(command, page):
+    exe = [str(BIN / command[0])] + command[1:]
+    missing = cli_options(exe) - man_options(page)
+    assert not missing, f"{' '.join(command)} options missing from man/{page}: {sorted(missing)}"
+
+
+def test_every_config_key_is_in_conf5():
+    conf5 = (ROOT / "man" / "kimi-local.conf.5").read_text().replace("\\-", "-")
+    for command in (["kimi-engine", "serve"], ["kimi-proxy", "serve"]):
+        keys = {o[2:] for o in cli_options([str(BIN / command[0])] + command[1:])}
+        keys -= {"config", "version"}
+        missing = {k for k in keys if not re.search(rf"^\.BR {re.escape(k)} ", conf5, re.M)}
+        assert not missing, f"{command[0]} keys missing from kimi-local.conf(5): {sorted(missing)}"
