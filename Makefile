@@ -11,7 +11,7 @@ TIME   := bash tools/phase.sh
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-all test-clients bench install uninstall clean
+.PHONY: setup run test test-all test-clients bench bench-deps install uninstall clean
 
 setup: $(STAMP)
 
@@ -37,8 +37,21 @@ test-clients: setup
 	@bash ../shared/tools/agent-clients/install.sh
 	@$(VENV)/bin/python -m pytest -q -m realclient tests/e2e
 
-bench: setup
-	@$(VENV)/bin/python bench/decode.py
+# llama.cpp is a bench-only baseline: its wheel compiles for ~20 min on 2 cores, so it is
+# built once into $(WHEELS) and installed from there afterwards.
+WHEELS ?= $(HOME)/.cache/kimi-wheels
+LLAMA_CPP := llama-cpp-python==0.3.36
+
+bench-deps: setup
+	@$(PY) -c 'import llama_cpp' 2>/dev/null || { \
+	  ls $(WHEELS)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1 || \
+	    $(TIME) llama.cpp-build "$(PIP) wheel --no-deps $(CONSTRAINTS) $(LLAMA_CPP) -w $(WHEELS)"; \
+	  $(TIME) llama.cpp "$(PIP) install $(CONSTRAINTS) --find-links $(WHEELS) $(LLAMA_CPP)"; }
+
+bench: bench-deps
+	@$(PY) bench/decode.py
+	@$(PY) bench/gemv.py
+	@$(PY) bench/proxy_overhead.py
 
 install:
 	@bash tools/install.sh install $(PREFIX) $(DESTDIR)

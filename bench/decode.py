@@ -1,0 +1,201 @@
+"""make bench: decode and prefill speed of kimi-engine on the default model, beside llama.cpp
+(llama-cpp-python) and HF transformers (fp32) on the same GGUF, same machine, same run.
+
+Decode: 64 new tokens, greedy, 17-token prompt, 5 repeats after a warm-up, median tok/s.
+Prefill: a 512-token prompt, tok/s = 512 / time to first token. Threads: 2 for everyone.
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from common import append_results, hardware, write_json  # noqa: E402
+
+from engined.default_model import default_gguf_path  # noqa: E402
+
+NEW_TOKENS, DECODE_PROMPT, PREFILL_PROMPT, REPEATS = 64, 17, 512, 5
+TEXT = ("The history of computing is a story of ideas that became machines and machines that "
+        "changed ideas. Early calculators, punched cards and vacuum tubes gave way to ") * 64
+
+
+def rss_kib(pid: int, field: str) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def unix_post(sock: str, path: str, body: dict, stream: bool = False):
+    import http.client
+    import socket
+
+    class Conn(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(sock)
+
+    conn = Conn("engine", timeout=600)
+    conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+    resp = conn.getresponse()
+    return conn, resp
+
+
+def engine_timed(sock: str, prompt: list[int], max_tokens: int) -> tuple[float, float, int]:
+    """One streamed /v1/completions call: (ttft s, decode tok/s after the first token, tokens)."""
+    start = time.perf_counter()
+    conn, resp = unix_post(sock, "/v1/completions", {
+        "model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "stream": True, "ignore_eos": True})
+    first = last = None
+    count = 0
+    for raw in resp:
+        line = raw.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        if json.loads(line[6:])["choices"][0].get("text"):
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            count += 1
+    conn.close()
+    decode = (count - 1) / (last - first) if count > 1 and last > first else float("nan")
+    return first - start, decode, count
+
+
+def bench_engine(gguf: pathlib.Path, tokens: list[int]) -> dict:
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="kimi-bench-"))
+    sock = str(tmp / "engine.sock")
+    env = dict(os.environ, XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(tmp / "cache")))
+    baseline = subprocess.run([sys.executable, "-c", "import engined.server, engined.loader, torch;"
+                               "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"],
+                              capture_output=True, text=True, env=env)
+    proc = subprocess.Popen([str(pathlib.Path(sys.executable).parent / "kimi-engine"), "serve",
+                             "--model", "default", "--socket", sock, "--threads", "2",
+                             "--max-context", "8192"], env=env, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 900
+        while not os.path.exists(sock) and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        engine_timed(sock, tokens[:DECODE_PROMPT], 8)  # warm-up
+        decode = [engine_timed(sock, tokens[:DECODE_PROMPT], NEW_TOKENS)[1] for _ in range(REPEATS)]
+        prefill = [PREFILL_PROMPT / engine_timed(sock, tokens[:PREFILL_PROMPT], 1)[0]
+                   for _ in range(3)]
+        peak = rss_kib(proc.pid, "VmHWM")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    base = int(baseline.stdout.strip() or 0)
+    return {"decode_tok_s": statistics.median(decode), "prefill_tok_s": statistics.median(prefill),
+            "peak_rss_mb": peak / 1024, "rss_above_import_mb": (peak - base) / 1024}
+
+
+def bench_llamacpp(gguf: pathlib.Path, tokens: list[int]) -> dict | None:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        print("llama-cpp-python not installed: skipping llama.cpp (make bench installs it)",
+              file=sys.stderr)
+        return None
+    llm = Llama(model_path=str(gguf), n_threads=2, n_threads_batch=2, n_ctx=1024,
+                n_batch=512, verbose=False)
+
+    def decode_once() -> float:
+        llm.reset()
+        llm.eval(tokens[:DECODE_PROMPT])
+        start = time.perf_counter()
+        for _ in range(NEW_TOKENS):
+            tok = llm.sample(temp=0.0)
+            llm.eval([tok])
+        return NEW_TOKENS / (time.perf_counter() - start)
+
+    def prefill_once() -> float:
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(tokens[:PREFILL_PROMPT])
+        return PREFILL_PROMPT / (time.perf_counter() - start)
+
+    decode_once()
+    return {"decode_tok_s": statistics.median(decode_once() for _ in range(REPEATS)),
+            "prefill_tok_s": statistics.median(prefill_once() for _ in range(3))}
+
+
+def bench_transformers(gguf: pathlib.Path, tokens: list[int]) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                 dtype=torch.float32).eval()
+
+    @torch.inference_mode()
+    def decode_once() -> float:
+        out = model(torch.tensor([tokens[:DECODE_PROMPT]]), use_cache=True)
+        past, tok = out.past_key_values, out.logits[0, -1].argmax().view(1, 1)
+        start = time.perf_counter()
+        for _ in range(NEW_TOKENS):
+            out = model(tok, past_key_values=past, use_cache=True)
+            past, tok = out.past_key_values, out.logits[0, -1].argmax().view(1, 1)
+        return NEW_TOKENS / (time.perf_counter() - start)
+
+    @torch.inference_mode()
+    def prefill_once() -> float:
+        start = time.perf_counter()
+        model(torch.tensor([tokens[:PREFILL_PROMPT]]))
+        return PREFILL_PROMPT / (time.perf_counter() - start)
+
+    decode_once()
+    return {"decode_tok_s": statistics.median(decode_once() for _ in range(REPEATS)),
+            "prefill_tok_s": statistics.median(prefill_once() for _ in range(3))}
+
+
+def prompt_tokens(gguf: pathlib.Path) -> list[int]:
+    from engined.chat import load_text
+
+    tokenizer, _ = load_text(gguf)
+    ids = tokenizer.encode(TEXT, allow_special=False)
+    assert len(ids) >= PREFILL_PROMPT, len(ids)
+    return ids[:PREFILL_PROMPT]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=["llamacpp", "transformers"], help="leave a baseline out")
+    args = parser.parse_args()
+    gguf = default_gguf_path()
+    tokens = prompt_tokens(gguf)
+    results = {"hardware": hardware(), "engine": bench_engine(gguf, tokens)}
+    if "llamacpp" not in args.skip:
+        results["llamacpp"] = bench_llamacpp(gguf, tokens)
+    if "transformers" not in args.skip:
+        results["transformers"] = bench_transformers(gguf, tokens)
+    rows = ["| runtime | decode tok/s | prefill tok/s | decode vs llama.cpp | prefill vs llama.cpp |",
+            "|---|---:|---:|---:|---:|"]
+    ref = results.get("llamacpp")
+    for name in ("engine", "llamacpp", "transformers"):
+        r = results.get(name)
+        if not r:
+            continue
+        ratio = (lambda k: f"{r[k] / ref[k]:.2f}x" if ref else "n/a")
+        rows.append(f"| {name} | {r['decode_tok_s']:.1f} | {r['prefill_tok_s']:.1f} | "
+                    f"{ratio('decode_tok_s')} | {ratio('prefill_tok_s')} |")
+    e = results["engine"]
+    rows.append(f"\nEngine peak RSS at --max-context 8192: {e['peak_rss_mb']:.0f} MB "
+                f"({e['rss_above_import_mb']:.0f} MB above the post-import baseline).")
+    print("\n".join(rows))
+    print(f"wrote {write_json('decode', results)}")
+    append_results("Decode and prefill, SmolLM2-135M-Instruct Q4_1 GGUF, 2 threads",
+                   "make bench", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
