@@ -1,0 +1,185 @@
+"""Shared event types, schema checks and streaming helpers for the tool-call text parsers.
+
+Every parser has the same shape::
+
+    parser = get_parser("kimi", tools)      # tools: OpenAI-style tool specs (or None)
+    events = parser.feed(chunk)             # any chunking; returns list[Event]
+    events += parser.finish()               # flushes what was held back
+
+Events, in the order they are produced:
+
+* ``TextDelta(text)``: visible text. Never contains the format's control tokens.
+* ``ReasoningDelta(text)``: reasoning text (kimi_k3 ``think`` elements, the ``<think>`` splitter).
+* ``ToolCallStart(index, id, name)``, ``ToolCallArgs(index, fragment)``, ``ToolCallEnd(index)``:
+  one complete, validated call, back to back. ``fragment`` is the model's raw argument
+  string, byte for byte (formats that have no JSON text build it once, see each module).
+  ``index`` counts accepted calls from 0 per parser.
+* ``ParseFailure(reason, raw)``: a call was rejected (unknown tool, invalid JSON, malformed
+  or unterminated markup). ``raw`` is the source text of the call; the parser also emits a
+  ``TextDelta`` with a readable, control-token-free rendering of it. Count these in metrics.
+
+Hold-back rule: while no full control token is in the buffer, a parser emits everything
+except the longest suffix that is a proper prefix of a control token.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Callable, Iterable, Union
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallArgs:
+    index: int
+    fragment: str
+
+
+@dataclass(frozen=True)
+class ToolCallEnd:
+    index: int
+
+
+@dataclass(frozen=True)
+class ParseFailure:
+    reason: str
+    raw: str
+
+
+Event = Union[TextDelta, ReasoningDelta, ToolCallStart, ToolCallArgs, ToolCallEnd, ParseFailure]
+IdFactory = Callable[[], str]
+
+
+def random_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def tool_names(tools: Iterable[dict] | None) -> frozenset[str] | None:
+    """Names declared in OpenAI Chat, Responses or Anthropic tool specs; None = do not check."""
+    if tools is None:
+        return None
+    names = set()
+    for spec in tools:
+        if not isinstance(spec, dict):
+            continue
+        fn = spec.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else spec.get("name")
+        if isinstance(name, str):
+            names.add(name)
+    return frozenset(names)
+
+
+def tool_parameters(tools: Iterable[dict] | None) -> dict[str, dict]:
+    """name -> JSON-schema ``parameters`` (or ``input_schema``) of each declared tool."""
+    params = {}
+    for spec in tools or ():
+        if not isinstance(spec, dict):
+            continue
+        fn = spec.get("function") if isinstance(spec.get("function"), dict) else spec
+        schema = fn.get("parameters", fn.get("input_schema"))
+        if isinstance(fn.get("name"), str) and isinstance(schema, dict):
+            params[fn["name"]] = schema
+    return params
+
+
+def check_call(names: frozenset[str] | None, name: str, arguments: str) -> str | None:
+    """Why a call must be rejected, or None. Arguments must be a JSON object."""
+    if not name:
+        return "missing tool name"
+    if names is not None and name not in names:
+        return f"unknown tool {name!r}"
+    try:
+        value = json.loads(arguments)
+    except ValueError as exc:
+        return f"invalid JSON arguments for {name!r}: {exc.msg}"
+    if not isinstance(value, dict):
+        return f"arguments for {name!r} are not a JSON object"
+    return None
+
+
+def held_suffix_len(buf: str, tokens: Iterable[str]) -> int:
+    """Length of the longest suffix of buf that is a proper prefix of some token."""
+    best = 0
+    for token in tokens:
+        for k in range(min(len(buf), len(token) - 1), best, -1):
+            if buf.endswith(token[:k]):
+                best = k
+                break
+    return best
+
+
+def next_token(buf: str, tokens: Iterable[str]) -> tuple[str, str | None, str]:
+    """Split buf at its earliest full token: (before, token, after).
+
+    Without a full token: (safe, None, held), where held may still start a token.
+    """
+    tokens = tuple(tokens)
+    best_pos, best_tok = -1, None
+    for token in tokens:
+        pos = buf.find(token)
+        if pos >= 0 and (best_pos < 0 or pos < best_pos or (pos == best_pos and len(token) > len(best_tok))):
+            best_pos, best_tok = pos, token
+    if best_tok is not None:
+        return buf[:best_pos], best_tok, buf[best_pos + len(best_tok):]
+    keep = held_suffix_len(buf, tokens)
+    return buf[:len(buf) - keep], None, buf[len(buf) - keep:]
+
+
+class Parser:
+    """Base class: schema checks, call ids and call emission. Subclasses implement feed/finish."""
+
+    name = "base"
+
+    def __init__(self, tools: list[dict] | None = None, new_id: IdFactory | None = None):
+        self.tool_names = tool_names(tools)
+        self.tool_params = tool_parameters(tools)
+        self.new_id = new_id or random_call_id
+        self.num_calls = 0
+
+    def feed(self, text: str) -> list[Event]:
+        raise NotImplementedError
+
+    def finish(self) -> list[Event]:
+        raise NotImplementedError
+
+    def emit_call(self, out: list[Event], name: str, arguments: str, *, raw: str,
+                  display: str, call_id: str | None = None) -> bool:
+        """Append a validated call, or a ParseFailure plus ``display`` as text. True if accepted."""
+        reason = check_call(self.tool_names, name, arguments)
+        if reason is not None:
+            self.emit_failure(out, reason, raw, display)
+            return False
+        index = self.num_calls
+        self.num_calls += 1
+        out.append(ToolCallStart(index, call_id or self.new_id(), name))
+        out.append(ToolCallArgs(index, arguments))
+        out.append(ToolCallEnd(index))
+        return True
+
+    @staticmethod
+    def emit_failure(out: list[Event], reason: str, raw: str, display: str) -> None:
+        out.append(ParseFailure(reason, raw))
+        if display:
+            out.append(TextDelta(display))
+
+
+def emit_text(out: list[Event], text: str, reasoning: bool = False) -> None:
+    if text:
+        out.append(ReasoningDelta(text) if reasoning else TextDelta(text))

@@ -1,0 +1,97 @@
+"""Read a JSON call object while keeping each value's raw source text.
+
+``object_members(text)`` returns ``{key: (value, raw_source)}`` for a top-level JSON object,
+so a call's ``arguments`` can be forwarded as the exact bytes the model wrote.
+``call_from_object`` understands the shapes models use for a call:
+``{"name", "arguments"|"parameters"}`` and ``{"function": {...}}`` / ``{"function": "name"}``.
+"""
+from __future__ import annotations
+
+import json
+
+_DECODER = json.JSONDecoder()
+_WS = " \t\r\n"
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _WS:
+        pos += 1
+    return pos
+
+
+def object_members(text: str) -> dict[str, tuple[object, str]] | None:
+    """Members of the JSON object that is all of ``text`` (surrounding whitespace allowed)."""
+    pos = _skip_ws(text, 0)
+    if not text.startswith("{", pos):
+        return None
+    members: dict[str, tuple[object, str]] = {}
+    pos = _skip_ws(text, pos + 1)
+    if text.startswith("}", pos):
+        return members if _skip_ws(text, pos + 1) == len(text) else None
+    try:
+        while True:
+            key, pos = _DECODER.raw_decode(text, pos)
+            pos = _skip_ws(text, pos)
+            if not isinstance(key, str) or not text.startswith(":", pos):
+                return None
+            start = _skip_ws(text, pos + 1)
+            value, pos = _DECODER.raw_decode(text, start)
+            members[key] = (value, text[start:pos])
+            pos = _skip_ws(text, pos)
+            if text.startswith(",", pos):
+                pos = _skip_ws(text, pos + 1)
+                continue
+            if text.startswith("}", pos) and _skip_ws(text, pos + 1) == len(text):
+                return members
+            return None
+    except ValueError:
+        return None
+
+
+def _arguments_raw(members: dict[str, tuple[object, str]]) -> str | None:
+    for key in ("arguments", "parameters"):
+        if key in members:
+            value, raw = members[key]
+            if value is None:
+                return "{}"
+            return value if isinstance(value, str) else raw
+    return "{}"
+
+
+def call_from_object(text: str) -> tuple[str, str] | None:
+    """(name, raw arguments) of a call object, or None when ``text`` is not one."""
+    members = object_members(text)
+    if members is None:
+        return None
+    fn = members.get("function")
+    if fn is not None and isinstance(fn[0], dict):
+        return call_from_object(fn[1])
+    name = members.get("name", fn)
+    if name is None or not isinstance(name[0], str):
+        return None
+    return name[0], _arguments_raw(members)
+
+
+def array_elements(text: str) -> list[str] | None:
+    """Raw source of each element of the JSON array that is all of ``text``."""
+    pos = _skip_ws(text, 0)
+    if not text.startswith("[", pos):
+        return None
+    items: list[str] = []
+    pos = _skip_ws(text, pos + 1)
+    if text.startswith("]", pos):
+        return items if _skip_ws(text, pos + 1) == len(text) else None
+    try:
+        while True:
+            start = pos
+            _, pos = _DECODER.raw_decode(text, start)
+            items.append(text[start:pos])
+            pos = _skip_ws(text, pos)
+            if text.startswith(",", pos):
+                pos = _skip_ws(text, pos + 1)
+                continue
+            if text.startswith("]", pos) and _skip_ws(text, pos + 1) == len(text):
+                return items
+            return None
+    except ValueError:
+        return None
