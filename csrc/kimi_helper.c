@@ -1,11 +1,12 @@
 /* kimi_helper.c: see kimi_helper.h. Plain C99 + POSIX threads, no Python.h. */
 #include "kimi_helper.h"
+#include "kimi_simd.h"
 
 #include <pthread.h>
 #include <string.h>
 
 /* IEEE 754 binary16 bits -> float, exact for every input (incl. subnormals). */
-static float half_to_float(uint16_t h)
+float kh_half_to_float(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
@@ -45,7 +46,7 @@ int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
         float *o = out + row * k;
         for (j = 0; j < k; j += 2) {
             int64_t g = j / group;
-            float sc = half_to_float(s[g]), mn = half_to_float(m[g]);
+            float sc = kh_half_to_float(s[g]), mn = kh_half_to_float(m[g]);
             uint8_t byte = q[j / 2];
             o[j] = sc * (float)(byte & 0x0f) + mn;
             o[j + 1] = sc * (float)(byte >> 4) + mn;

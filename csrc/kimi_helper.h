@@ -18,6 +18,19 @@ int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
                 const uint16_t *mins, int64_t n, int64_t k, int64_t group,
                 float *out);
 
+/* Dense W4A16 GEMV: out[r, i] = sum_k x[r, k] * w[i, k] for r < rows (1..8),
+ * w = s*q + m as above. x: [rows, k] fp32; out: [rows, n] fp32.
+ * work: caller buffer of gemv_w4a16_work_floats(rows, k, group) floats.
+ * Each weight byte is read once for all rows; nthreads >= 1 OpenMP threads. */
+int64_t gemv_w4a16_work_floats(int64_t rows, int64_t k, int64_t group);
+int gemv_w4a16(const float *x, int64_t rows, const uint8_t *qweight,
+               const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,
+               int64_t group, float *work, float *out, int nthreads);
+
+/* Whether the GEMVs use the AVX2 kernels: mode 1 allows them (the default) where the
+ * CPU has AVX2+FMA+F16C, 0 forces the portable C, -1 only asks. Returns the state. */
+int gemv_simd(int mode);
+
 /* Memory cap: one process-wide budget in bytes (0 = unlimited). */
 int memcap_init(uint64_t cap_bytes);
 int memcap_reserve(uint64_t nbytes);

@@ -14,5 +14,7 @@ from engined.ops import int4_format, registry
 
 
 @registry.register("w4a16_gemv", registry.REFERENCE, description="dequantize to fp32, then matmul")
-def w4a16_gemv(x: torch.Tensor, w: int4_format.PackedInt4) -> torch.Tensor:
-    return x.float() @ int4_format.dequantize(w).t()
+def w4a16_gemv(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    y = x.float() @ int4_format.dequantize(w).t()  # [M, K] @ [K, N] -> [M, N]
+    return y if out is None else out.copy_(y)

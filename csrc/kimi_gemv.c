@@ -1,0 +1,152 @@
+/* kimi_gemv.c: fused INT4 unpack + dot products (see kimi_helper.h).
+ *
+ * Every weight byte is read once per call, for all rows of x. Per group g of a
+ * weight row, y += s_g * dot(q_g, x_g) + m_g * sum(x_g); sum(x_g) is computed once
+ * per call. The code bytes hold elements 2j (low nibble) and 2j+1 (high nibble),
+ * so x is de-interleaved once per call into blocks of 32: [x0 x2 .. x30 | x1 x3 .. x31];
+ * a block of 16 code bytes then meets two contiguous runs of x.
+ *
+ * Paths: group % 32 == 0 uses the block kernels (AVX2/FMA/F16C chosen at run time on
+ * x86-64, else portable C the compiler vectorizes); any other even group uses the
+ * plain scalar kernel on the raw x. */
+#include "kimi_helper.h"
+#include "kimi_simd.h"
+
+#include <string.h>
+
+#define BLOCK 32 /* elements per de-interleaved block = 16 code bytes */
+
+/* xperm: [rows, k] de-interleaved per block (raw copy when group % 32 != 0);
+ * xsum: [rows, k/group]. Called inside the parallel region. */
+static void prepare_x(const float *x, int64_t rows, int64_t k, int64_t group,
+                      float *xperm, float *xsum)
+{
+    int64_t groups = k / group, i;
+    int blocked = group % BLOCK == 0;
+#pragma omp for schedule(static)
+    for (i = 0; i < rows * groups; i++) {
+        int64_t r = i / groups, g = i % groups, j;
+        const float *src = x + r * k + g * group;
+        float *dst = xperm + r * k + g * group;
+        float sum = 0.0f;
+        for (j = 0; j < group; j++) sum += src[j];
+        xsum[i] = sum;
+        if (!blocked) {
+            memcpy(dst, src, (size_t)group * sizeof *dst);
+            continue;
+        }
+        for (j = 0; j < group; j += BLOCK) {
+            int t;
+            for (t = 0; t < BLOCK / 2; t++) {
+                dst[j + t] = src[j + 2 * t];
+                dst[j + BLOCK / 2 + t] = src[j + 2 * t + 1];
+            }
+        }
+    }
+}
+
+/* Portable block kernel: one weight row against `rows` rows of de-interleaved x. */
+static void row_blocks_c(const KhRow *w, const float *xperm, const float *xsum,
+                         int64_t rows, float *y, int64_t y_stride)
+{
+    int64_t r, g, b, j;
+    int64_t groups = w->k / w->group, blocks = w->group / BLOCK;
+    for (r = 0; r < rows; r++) {
+        float acc[BLOCK / 2] = {0}, macc = 0.0f, total = 0.0f;
+        const float *xr = xperm + r * w->k;
+        for (g = 0; g < groups; g++) {
+            float t[BLOCK / 2] = {0};
+            float sc = kh_half_to_float(w->scales[g]);
+            for (b = 0; b < blocks; b++) {
+                const uint8_t *q = w->q + (g * blocks + b) * (BLOCK / 2);
+                const float *xe = xr + (g * blocks + b) * BLOCK, *xo = xe + BLOCK / 2;
+                for (j = 0; j < BLOCK / 2; j++)
+                    t[j] += (float)(q[j] & 0x0f) * xe[j] + (float)(q[j] >> 4) * xo[j];
+            }
+            for (j = 0; j < BLOCK / 2; j++) acc[j] += sc * t[j];
+            macc += kh_half_to_float(w->mins[g]) * xsum[r * groups + g];
+        }
+        for (j = 0; j < BLOCK / 2; j++) total += acc[j];
+        y[r * y_stride] = total + macc;
+    }
+}
+
+/* Scalar kernel for any even group, on raw (not de-interleaved) x. */
+static void row_scalar(const KhRow *w, const float *x, const float *xsum,
+                       int64_t rows, float *y, int64_t y_stride)
+{
+    int64_t r, g, j, groups = w->k / w->group;
+    for (r = 0; r < rows; r++) {
+        const float *xr = x + r * w->k;
+        float total = 0.0f;
+        for (g = 0; g < groups; g++) {
+            const uint8_t *q = w->q + g * (w->group / 2);
+            const float *xg = xr + g * w->group;
+            float dot = 0.0f;
+            for (j = 0; j < w->group / 2; j++)
+                dot += (float)(q[j] & 0x0f) * xg[2 * j] + (float)(q[j] >> 4) * xg[2 * j + 1];
+            total += kh_half_to_float(w->scales[g]) * dot
+                     + kh_half_to_float(w->mins[g]) * xsum[r * groups + g];
+        }
+        y[r * y_stride] = total;
+    }
+}
+
+static int simd_allowed = 1;
+
+int gemv_simd(int mode)
+{
+    if (mode == 0 || mode == 1) simd_allowed = mode;
+#if KH_HAVE_X86_SIMD
+    return simd_allowed && kh_cpu_has_avx2();
+#else
+    return 0;
+#endif
+}
+
+KhRowFn kh_pick_row_fn(int64_t group)
+{
+    if (group % BLOCK) return row_scalar;
+#if KH_HAVE_X86_SIMD
+    if (gemv_simd(-1)) return kh_row_blocks_avx2;
+#endif
+    return row_blocks_c;
+}
+
+int64_t gemv_w4a16_work_floats(int64_t rows, int64_t k, int64_t group)
+{
+    if (rows <= 0 || k <= 0 || group <= 0 || k % group) return -1;
+    return rows * k + rows * (k / group);
+}
+
+static int check_shape(int64_t rows, int64_t n, int64_t k, int64_t group, int nthreads)
+{
+    if (rows <= 0 || rows > KH_MAX_ROWS || n <= 0 || k <= 0) return KH_EINVAL;
+    if (group <= 0 || group % 2 || k % group || nthreads <= 0) return KH_EINVAL;
+    return KH_OK;
+}
+
+int gemv_w4a16(const float *x, int64_t rows, const uint8_t *qweight,
+               const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,
+               int64_t group, float *work, float *out, int nthreads)
+{
+    float *xperm = work, *xsum = work + rows * k;
+    KhRowFn row_fn;
+    int status = check_shape(rows, n, k, group, nthreads);
+    if (status) return status;
+    if (!x || !qweight || !scales || !mins || !work || !out) return KH_EINVAL;
+    row_fn = kh_pick_row_fn(group);
+    if (n * k < KH_SERIAL_BELOW) nthreads = 1;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t i;
+        prepare_x(x, rows, k, group, xperm, xsum);
+#pragma omp for schedule(static)
+        for (i = 0; i < n; i++) {
+            KhRow w = {qweight + i * (k / 2), scales + i * (k / group),
+                       mins + i * (k / group), k, group};
+            row_fn(&w, xperm, xsum, rows, out + i, n);
+        }
+    }
+    return KH_OK;
+}

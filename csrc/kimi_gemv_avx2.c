@@ -1,0 +1,130 @@
+/* AVX2 + FMA + F16C block kernel for group % 32 == 0, compiled for those targets
+ * by function attribute and chosen at run time, so the default build stays portable.
+ * Memory traffic: 16 code bytes + 4 bytes of scale/min per 32 weights, read once
+ * for all rows of x; x (de-interleaved) stays in L1/L2. */
+#include "kimi_simd.h"
+
+#if KH_HAVE_X86_SIMD
+#include <immintrin.h>
+
+#define KH_TARGET __attribute__((target("avx2,fma,f16c")))
+
+int kh_cpu_has_avx2(void)
+{
+    static int known = -1; /* racing first calls all store the same answer */
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+                && __builtin_cpu_supports("f16c");
+    }
+    return known;
+}
+
+static KH_TARGET inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* sum_g mins[g] * xsum[g]: the m*sum(x_g) half of the dot product, vectorized. */
+static KH_TARGET float mins_dot(const uint16_t *mins, const float *xsum, int64_t groups)
+{
+    __m256 acc = _mm256_setzero_ps();
+    float tail = 0.0f;
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8) {
+        __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + g)));
+        acc = _mm256_fmadd_ps(m, _mm256_loadu_ps(xsum + g), acc);
+    }
+    for (; g < groups; g++) tail += _cvtsh_ss(mins[g]) * xsum[g];
+    return hsum256(acc) + tail;
+}
+
+/* 16 code bytes -> four vectors of 8 codes: low nibbles 0-7, 8-15, high 0-7, 8-15. */
+#define KH_UNPACK(PTR)                                                              \
+    __m128i raw = _mm_loadu_si128((const __m128i *)(PTR));                         \
+    __m128i lo = _mm_and_si128(raw, mask);                                         \
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);                      \
+    __m256 l0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));                      \
+    __m256 l1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));   \
+    __m256 h0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));                      \
+    __m256 h1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)))
+
+/* acc[r] += sc * dot(block codes, x_r block) for every row r. */
+#define KH_BLOCK(ROWS, BLK, SC, ACC)                                                      \
+    do {                                                                           \
+        KH_UNPACK(w->q + (BLK) * 16);                                              \
+        for (r = 0; r < ROWS; r++) {                                               \
+            const float *xe = xperm + r * w->k + (BLK) * 32;                       \
+            __m256 t = _mm256_mul_ps(l0, _mm256_loadu_ps(xe));                     \
+            t = _mm256_fmadd_ps(l1, _mm256_loadu_ps(xe + 8), t);                   \
+            t = _mm256_fmadd_ps(h0, _mm256_loadu_ps(xe + 16), t);                  \
+            t = _mm256_fmadd_ps(h1, _mm256_loadu_ps(xe + 24), t);                  \
+            ACC[r] = _mm256_fmadd_ps(SC, t, ACC[r]);                               \
+        }                                                                          \
+    } while (0)
+
+#define KH_SCALE(G) _mm256_set1_ps(_cvtsh_ss(w->scales[G]))
+
+/* ROWS is a constant in each instance, so the row loops unroll and the
+ * accumulators live in registers. Two accumulator sets break the FMA chain. */
+#define KH_ROW_KERNEL(ROWS)                                                        \
+    static KH_TARGET void row_avx2_##ROWS(const KhRow *w, const float *xperm,      \
+                                          const float *xsum, float *y,             \
+                                          int64_t y_stride)                        \
+    {                                                                              \
+        const __m128i mask = _mm_set1_epi8(0x0f);                                  \
+        int64_t groups = w->k / w->group, blocks = w->group / 32, g, b;            \
+        __m256 acc0[ROWS], acc1[ROWS];                                             \
+        int r;                                                                     \
+        for (r = 0; r < ROWS; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();        \
+        if (blocks == 1) {                                                         \
+            for (g = 0; g + 1 < groups; g += 2) {                                  \
+                __m256 sc0 = KH_SCALE(g), sc1 = KH_SCALE(g + 1);                   \
+                KH_BLOCK(ROWS, g, sc0, acc0);                                            \
+                KH_BLOCK(ROWS, g + 1, sc1, acc1);                                        \
+            }                                                                      \
+            if (g < groups) {                                                      \
+                __m256 sc0 = KH_SCALE(g);                                          \
+                KH_BLOCK(ROWS, g, sc0, acc0);                                            \
+            }                                                                      \
+        } else {                                                                   \
+            for (g = 0; g < groups; g++) {                                         \
+                __m256 sc0 = KH_SCALE(g);                                          \
+                for (b = 0; b + 1 < blocks; b += 2) {                              \
+                    KH_BLOCK(ROWS, g * blocks + b, sc0, acc0);                           \
+                    KH_BLOCK(ROWS, g * blocks + b + 1, sc0, acc1);                       \
+                }                                                                  \
+                if (b < blocks) KH_BLOCK(ROWS, g * blocks + b, sc0, acc0);               \
+            }                                                                      \
+        }                                                                          \
+        for (r = 0; r < ROWS; r++)                                                 \
+            y[r * y_stride] = hsum256(_mm256_add_ps(acc0[r], acc1[r]))             \
+                              + mins_dot(w->mins, xsum + r * groups, groups);      \
+    }
+
+KH_ROW_KERNEL(1)
+KH_ROW_KERNEL(2)
+KH_ROW_KERNEL(3)
+KH_ROW_KERNEL(4)
+KH_ROW_KERNEL(5)
+KH_ROW_KERNEL(6)
+KH_ROW_KERNEL(7)
+KH_ROW_KERNEL(8)
+
+typedef void (*RowAvx2)(const KhRow *, const float *, const float *, float *, int64_t);
+static const RowAvx2 by_rows[KH_MAX_ROWS + 1] = {
+    0, row_avx2_1, row_avx2_2, row_avx2_3, row_avx2_4,
+    row_avx2_5, row_avx2_6, row_avx2_7, row_avx2_8};
+
+void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
+                        int64_t rows, float *y, int64_t y_stride)
+{
+    by_rows[rows](w, xperm, xsum, y, y_stride);
+}
+
+#else
+typedef int kh_no_x86_simd; /* ISO C forbids an empty translation unit */
+#endif

@@ -1,0 +1,58 @@
+"""Equivalence cases per op (used by tests/test_ops_equivalence.py and the cpu_c tests)."""
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from engined.ops.int4_format import PackedInt4
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    make: Callable  # generator -> positional args for the op
+    elements: int   # weights touched: keeps the Triton interpreter fast
+    atol: float
+    rtol: float = 1e-4
+    seed: int = 0
+
+
+def random_int4(gen: torch.Generator, n: int, k: int, group: int, lead=()) -> dict:
+    """Every byte value, scales of both signs, mins spread around zero."""
+    shape = (*lead, n)
+    return dict(
+        qweight=torch.randint(0, 256, (*shape, k // 2), generator=gen, dtype=torch.uint8),
+        scales=(torch.randn((*shape, k // group), generator=gen) * 0.05).half(),
+        mins=(torch.randn((*shape, k // group), generator=gen) * 0.3).half(),
+    )
+
+
+def gemv_case(m: int, n: int, k: int, group: int, dtype=torch.float32, seed=0) -> Case:
+    def make(gen):
+        w = PackedInt4(group_size=group, **random_int4(gen, n, k, group))
+        return torch.randn((m, k), generator=gen).to(dtype), w
+    tag = "" if dtype == torch.float32 else f"-{str(dtype).split('.')[-1]}"
+    return Case(f"M{m}-N{n}-K{k}-G{group}{tag}", make, n * k, atol=2e-5 * k, seed=seed)
+
+
+GEMV = [
+    gemv_case(1, 40, 96, 32),
+    gemv_case(3, 40, 96, 32, seed=1),
+    gemv_case(8, 40, 96, 32, seed=2),
+    gemv_case(1, 1, 64, 32, seed=3),            # N = 1
+    gemv_case(2, 33, 160, 32, seed=4),          # 5 groups: odd group count
+    gemv_case(3, 24, 96, 16, seed=5),           # group 16: the scalar C kernel
+    gemv_case(5, 17, 192, 64, seed=6),          # group 64: two blocks per group
+    gemv_case(11, 40, 96, 32, seed=7),          # more than 8 rows: runs in chunks
+    gemv_case(2, 40, 96, 32, torch.bfloat16, seed=8),
+    gemv_case(1, 576, 576, 32, seed=9),         # SmolLM2 shapes
+    gemv_case(1, 192, 576, 32, seed=10),
+    gemv_case(1, 1536, 576, 32, seed=11),
+    gemv_case(1, 576, 1536, 32, seed=12),
+]
+
+CASES = {"w4a16_gemv": GEMV}
+
+
+def SMALL_ENOUGH_FOR_INTERPRETER(case: Case) -> bool:  # noqa: N802 (reads as a constant rule)
+    return case.elements <= 256 * 512

@@ -1,0 +1,118 @@
+"""Known-answer tests for the C helper (csrc/ + engined/helper.py)."""
+import numpy as np
+import pytest
+
+from engined import helper
+
+F16 = np.float16
+
+
+def test_unpack_int4_known_answer():
+    # one row, k=4, group 2: bytes 0x21 -> (1, 2), 0xF0 -> (0, 15)
+    q = np.array([[0x21, 0xF0]], dtype=np.uint8)
+    s = np.array([[0.5, 2.0]], dtype=F16)
+    m = np.array([[-1.0, 0.25]], dtype=F16)
+    out = helper.unpack_int4(q, s, m, group=2)
+    assert out.tolist() == [[-0.5, 0.0, 0.25, 30.25]]
+
+
+def test_unpack_int4_subnormal_and_negative_half():
+    q = np.array([[0x30], [0x30]], dtype=np.uint8)  # codes (0, 3) in both rows
+    s = np.array([[2.0 ** -24], [-(2.0 ** -14)]], dtype=F16)  # smallest subnormal, -min normal
+    m = np.array([[0.0], [-3.5]], dtype=F16)
+    assert helper.unpack_int4(q, s, m, group=2).tolist() == [
+        [0.0, 3 * 2.0 ** -24], [-3.5, -3.5 - 3 * 2.0 ** -14]]
+
+
+# Row 0: every code 1 (byte 0x11), s=1, m=0 -> y = sum(x).
+# Row 1: codes 0..15, 0..15 (bytes 0x10, 0x32, ..., 0xFE twice), s=0.5, m=-2.
+ROW1 = [0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE] * 2
+QW = np.array([[0x11] * 16, ROW1], dtype=np.uint8)
+X = np.stack([np.ones(32), np.arange(32)]).astype(np.float32)
+# x=ones:   row0 32,  row1 0.5*240 - 2*32 = 56
+# x=0..31:  row0 496, row1 0.5*(1240 + 3160) - 2*496 = 1208
+WANT = [[32.0, 56.0], [496.0, 1208.0]]
+
+
+def _scales(group):
+    g = 32 // group
+    return (np.array([[1.0] * g, [0.5] * g], dtype=F16), np.array([[0.0] * g, [-2.0] * g], dtype=F16))
+
+
+@pytest.mark.parametrize("group", [32, 16, 2])  # block kernel, scalar kernel, tiny groups
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemv_known_answer(group, threads):
+    s, m = _scales(group)
+    assert helper.gemv_w4a16(X, QW, s, m, group, threads).tolist() == WANT
+
+
+def test_gemv_portable_kernel_known_answer():
+    s, m = _scales(32)
+    before = helper.gemv_simd()
+    try:
+        assert helper.gemv_simd(False) is False
+        assert helper.gemv_w4a16(X, QW, s, m, 32).tolist() == WANT
+    finally:
+        helper.gemv_simd(before)
+
+
+def test_gemv_rows_are_independent_of_each_other():
+    s, m = _scales(32)
+    x = np.tile(X, (4, 1))  # 8 rows: the maximum in one pass
+    assert helper.gemv_w4a16(x, QW, s, m, 32).tolist() == WANT * 4
+
+
+@pytest.mark.parametrize("rows", [0, 9])
+def test_gemv_refuses_row_counts_outside_one_to_eight(rows):
+    s, m = _scales(32)
+    with pytest.raises(ValueError, match="rows"):
+        helper.gemv_w4a16(np.ones((rows, 32), np.float32), QW, s, m, 32)
+
+
+def test_gemv_invalid_args_map_to_helper_error():
+    s, m = _scales(32)
+    with pytest.raises(helper.HelperError, match="invalid argument"):
+        helper.gemv_w4a16(X, QW, s, m, 32, threads=0)
+    q = np.zeros((2, 48), np.uint8)  # k=96 with odd group 3: shapes agree, C refuses
+    with pytest.raises(helper.HelperError, match="invalid argument"):
+        helper.gemv_w4a16(np.ones((1, 96), np.float32), q, np.ones((2, 32), F16),
+                          np.ones((2, 32), F16), 3)
+    with pytest.raises(ValueError, match="bad INT4 shapes"):
+        helper.gemv_w4a16(X, QW, s[:, :0], m, 32)
+    status = helper.lib.gemv_w4a16(helper.ffi.NULL, 1, helper.ffi.NULL, helper.ffi.NULL,
+                                   helper.ffi.NULL, 2, 32, 32, helper.ffi.NULL,
+                                   helper.ffi.NULL, 1)
+    with pytest.raises(helper.HelperError, match="invalid argument"):
+        helper.check(status, "gemv_w4a16")
+
+
+def test_unpack_int4_invalid_shapes():
+    with pytest.raises(ValueError, match="bad INT4 shapes"):
+        helper.unpack_int4(np.zeros((1, 2), np.uint8), np.ones((1, 3), F16), np.ones((1, 3), F16), 2)
+
+
+@pytest.fixture
+def fresh_cap():
+    yield
+    helper.memcap_init(0)
+
+
+def test_memcap_reserve_release_peak(fresh_cap):
+    helper.memcap_init(100)
+    helper.memcap_reserve(60)
+    with pytest.raises(helper.MemoryCapExceeded):
+        helper.memcap_reserve(50)
+    assert helper.memcap_reserved() == 60
+    helper.memcap_reserve(40)
+    helper.memcap_release(70)
+    assert (helper.memcap_reserved(), helper.memcap_peak()) == (30, 100)
+    with pytest.raises(helper.HelperError, match="invalid state"):
+        helper.memcap_release(31)
+    helper.memcap_release(30)
+    assert (helper.memcap_reserved(), helper.memcap_peak()) == (0, 100)
+
+
+def test_memcap_zero_means_unlimited(fresh_cap):
+    helper.memcap_init(0)
+    helper.memcap_reserve(1 << 62)
+    assert helper.memcap_reserved() == 1 << 62

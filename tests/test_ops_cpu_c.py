@@ -1,0 +1,60 @@
+"""cpu_c specifics beyond equivalence: threads, the portable kernel, input checks."""
+import pytest
+import torch
+
+from engined import helper
+from engined.ops import registry
+from engined.ops.int4_format import PackedInt4
+from engined.ops.w4a16_gemv import cpu_c, reference
+from tests.ops_helpers import random_int4
+
+
+@pytest.fixture
+def weight():
+    return PackedInt4(group_size=32, **random_int4(torch.Generator().manual_seed(0), 300, 576, 32))
+
+
+@pytest.fixture
+def threads():
+    yield
+    cpu_c.set_num_threads(None)
+
+
+def test_thread_count_does_not_change_a_single_bit(weight, threads):
+    x = torch.randn(3, 576)
+    cpu_c.set_num_threads(1)
+    one = cpu_c.w4a16_gemv(x, weight)
+    cpu_c.set_num_threads(2)
+    assert torch.equal(cpu_c.w4a16_gemv(x, weight), one)
+
+
+def test_portable_kernel_matches_reference(weight):
+    x = torch.randn(5, 576)
+    before = helper.gemv_simd()
+    try:
+        helper.gemv_simd(False)
+        got = cpu_c.w4a16_gemv(x, weight)
+    finally:
+        helper.gemv_simd(before)
+    torch.testing.assert_close(got, reference.w4a16_gemv(x, weight), atol=1e-2, rtol=1e-4)
+
+
+def test_bad_inputs_get_clear_errors(weight, threads):
+    with pytest.raises(registry.KernelError, match=r"x must be \[M, 576\]"):
+        cpu_c.w4a16_gemv(torch.randn(2, 575), weight)
+    with pytest.raises(registry.KernelError, match="out must be"):
+        cpu_c.w4a16_gemv(torch.randn(2, 576), weight, out=torch.empty(2, 300, dtype=torch.float64))
+    strided = PackedInt4(weight.qweight.t().contiguous().t(), weight.scales, weight.mins, 32)
+    with pytest.raises(registry.KernelError, match="contiguous"):
+        cpu_c.w4a16_gemv(torch.randn(1, 576), strided)
+    with pytest.raises(ValueError, match=">= 1"):
+        cpu_c.set_num_threads(0)
+
+
+def test_weight_pointers_are_dropped_with_the_weight():
+    w = PackedInt4(group_size=32, **random_int4(torch.Generator().manual_seed(1), 8, 64, 32))
+    cpu_c.w4a16_gemv(torch.randn(1, 64), w)
+    key = id(w)
+    assert key in cpu_c._cache
+    del w
+    assert key not in cpu_c._cache
