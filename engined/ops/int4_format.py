@@ -1,6 +1,8 @@
-"""The packed-INT4 weight format shared by every INT4 path in kimi-local (see README.md here).
+"""The packed-INT4 weight format shared by every INT4 path in kimi-local.
 
-Per quantized linear W[N, K] with group size G (K % G == 0, G even):
+The full description, with a worked example, the metadata keys and the GGUF Q4_1 reorder,
+is engined/ops/README.md (the one place it is documented). In short, per quantized linear
+W[N, K] with group size G (K % G == 0, G even):
     <name>.qweight  uint8 [N, K/2]   unsigned codes q in 0..15, element 2j in the low nibble
     <name>.scales   fp16  [N, K/G]   s
     <name>.mins     fp16  [N, K/G]   m          w = s * q + m

@@ -1,0 +1,136 @@
+"""Kimi Delta Attention (reference §2.2): short conv, L2-normed q/k, softplus decay, delta rule.
+
+Two paths over the same state: `chunked_kda` (prefill, WY/UT chunk form, one Python step per
+chunk of CHUNK tokens, none per token) and `recurrent_kda_step` (decode, one token).
+State per sequence: conv windows [3, C, W-1] (last W-1 pre-conv q/k/v inputs) and S [H, K, V] fp32.
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engined.layers.kimi_norms import GatedRMSNorm
+from engined.layers.kimi_proj import Proj
+
+CHUNK = 64
+L2_EPS = 1e-6
+
+
+@dataclass
+class KDAState:
+    conv: torch.Tensor   # [3, C, W-1] pre-conv inputs of q, k, v (act dtype)
+    S: torch.Tensor      # [H, K, V] fp32
+
+
+def short_conv(x: torch.Tensor, weight: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+    """Causal depthwise conv + SiLU, fp32 accumulate. Updates `window` in place.
+
+    x: [T, C]; weight: [C, 1, W]; window: [C, W-1] (the inputs before x) -> [T, C] in x.dtype
+    """
+    t, w = x.shape[0], weight.shape[-1]
+    xx = torch.cat((window.float(), x.float().t()), dim=1)  # [C, W-1+T]
+    y = F.conv1d(xx.unsqueeze(0), weight.float(), groups=weight.shape[0])[0]  # [C, T]
+    window.copy_(xx[:, t:t + w - 1] if w > 1 else window)
+    return F.silu(y).t().to(x.dtype)
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    # x: [..., K] fp32
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
+
+
+def kda_gate(r: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """g = -exp(A_log[h]) * softplus(r + dt_bias) (log-decay, <= 0). r: [T, H, K] -> fp32 [T, H, K]."""
+    h = r.shape[-2]
+    return -A_log.float().view(h, 1).exp() * F.softplus(r.float() + dt_bias.float().view(h, -1))
+
+
+def recurrent_kda_step(q, k, v, g, beta, S, scale: float) -> torch.Tensor:
+    """One token. q, k, g: [H, K]; v: [H, V]; beta: [H]; S: [H, K, V] fp32 updated in place -> o [H, V]."""
+    S.mul_(g.exp().unsqueeze(-1))
+    pred = torch.einsum("hk,hkv->hv", k, S)                     # h: head, k: key dim, v: value dim
+    S.add_(torch.einsum("hk,hv->hkv", beta.unsqueeze(-1) * k, v - pred))
+    return torch.einsum("hk,hkv->hv", q * scale, S)
+
+
+def _pair_decay(gam: torch.Tensor, strict: bool) -> torch.Tensor:
+    """exp(Γ_i - Γ_j) for j < i (strict) or j <= i, else 0. gam: [H, C, K] -> [H, C, C, K]."""
+    c = gam.shape[1]
+    keep = torch.ones(c, c, dtype=torch.bool, device=gam.device).tril(-1 if strict else 0)
+    diff = gam.unsqueeze(2) - gam.unsqueeze(1)                  # [H, i, j, K]
+    return diff.masked_fill(~keep[None, :, :, None], float("-inf")).exp()
+
+
+def _chunk(q, k, v, g, beta, S):
+    """One chunk, all heads (reference §2.2 chunkwise form). q (scaled), k, g: [H, C, K];
+    v: [H, C, V]; beta: [H, C]; S: [H, K, V] -> (o [H, C, V], S_next [H, K, V])."""
+    c = q.shape[1]
+    gam = g.cumsum(1)                                           # Γ: [H, C, K]
+    L = torch.einsum("hik,hjk,hijk->hij", k, k, _pair_decay(gam, strict=True)) * beta.unsqueeze(-1)
+    eye = torch.eye(c, dtype=q.dtype, device=q.device)
+    Tm = torch.linalg.solve_triangular(eye + L, torch.diag_embed(beta), upper=False,
+                                       unitriangular=True)      # (I + L)^-1 Diag(β): [H, C, C]
+    W = Tm @ (gam.exp() * k)                                    # [H, C, K]
+    Vn = Tm @ v - W @ S                                         # [H, C, V]
+    A = torch.einsum("hik,hjk,hijk->hij", q, k, _pair_decay(gam, strict=False))
+    o = (q * gam.exp()) @ S + A @ Vn
+    last = gam[:, -1:, :]                                       # [H, 1, K]
+    S_next = last.transpose(1, 2).exp() * S + ((last - gam).exp() * k).transpose(1, 2) @ Vn
+    return o, S_next
+
+
+def chunked_kda(q, k, v, g, beta, S, scale: float, chunk: int = CHUNK) -> torch.Tensor:
+    """Prefill. q, k, g: [T, H, K]; v: [T, H, V]; beta: [T, H]; S: [H, K, V] fp32 updated in
+    place -> o [T, H, V] fp32. Equal to T recurrent steps."""
+    q, k, v, g, beta = (x.float().transpose(0, 1) for x in (q * scale, k, v, g, beta))
+    outs, state = [], S
+    for c0 in range(0, q.shape[1], chunk):
+        part = slice(c0, c0 + chunk)
+        o, state = _chunk(q[:, part], k[:, part], v[:, part], g[:, part], beta[:, part], state)
+        outs.append(o)
+    S.copy_(state)
+    return torch.cat(outs, dim=1).transpose(0, 1)
+
+
+class KDA:
+    """Per-layer weights and forward. Input a: [T, D] (already input-normed)."""
+
+    def __init__(self, hidden: int, num_heads: int, head_dim: int, conv_size: int, eps: float,
+                 dtype, device="cpu", int4: dict[str, int] | None = None):
+        int4 = int4 or {}
+        width, self.num_heads, self.head_dim = num_heads * head_dim, num_heads, head_dim
+        proj = lambda name, n, k: Proj(n, k, dtype, device, int4.get(name))  # noqa: E731
+        self.q_proj, self.k_proj, self.v_proj = (proj(n, width, hidden) for n in ("q_proj", "k_proj", "v_proj"))
+        self.q_conv1d, self.k_conv1d, self.v_conv1d = (
+            torch.empty(width, 1, conv_size, dtype=dtype, device=device) for _ in range(3))
+        self.f_a_proj, self.f_b_proj = proj("f_a_proj", head_dim, hidden), proj("f_b_proj", width, head_dim)
+        self.g_a_proj, self.g_b_proj = proj("g_a_proj", head_dim, hidden), proj("g_b_proj", width, head_dim)
+        self.b_proj = proj("b_proj", num_heads, hidden)
+        self.A_log = torch.empty(1, 1, num_heads, 1, dtype=torch.float32, device=device)
+        self.dt_bias = torch.empty(width, dtype=torch.float32, device=device)
+        self.o_norm = GatedRMSNorm(head_dim, eps, dtype, device)
+        self.o_proj = proj("o_proj", hidden, width)
+        self.scale = head_dim ** -0.5
+
+    def new_state(self, act_dtype, device) -> KDAState:
+        c, w = self.q_conv1d.shape[0], self.q_conv1d.shape[-1]
+        return KDAState(torch.zeros(3, c, w - 1, dtype=act_dtype, device=device),
+                        torch.zeros(self.num_heads, self.head_dim, self.head_dim,
+                                    dtype=torch.float32, device=device))
+
+    def __call__(self, a: torch.Tensor, state: KDAState) -> torch.Tensor:
+        # a: [T, D] -> [T, D]
+        t, h = a.shape[0], self.num_heads
+        heads = lambda x: x.float().view(t, h, -1)  # noqa: E731  [T, H*K] -> [T, H, K]
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        q, k, v = (short_conv(p(a), w, state.conv[i])
+                   for i, (p, w) in enumerate(zip((self.q_proj, self.k_proj, self.v_proj), convs)))
+        q, k, v = l2norm(heads(q)), l2norm(heads(k)), heads(v)
+        g = kda_gate(heads(self.f_b_proj(self.f_a_proj(a))), self.A_log, self.dt_bias)
+        beta = torch.sigmoid(self.b_proj(a).float())            # [T, H]
+        if t == 1:
+            o = recurrent_kda_step(q[0], k[0], v[0], g[0], beta[0], state.S, self.scale)[None]
+        else:
+            o = chunked_kda(q, k, v, g, beta, state.S, self.scale)
+        y = self.o_norm(o.to(a.dtype), heads(self.g_b_proj(self.g_a_proj(a))))
+        return self.o_proj(y.reshape(t, -1).to(a.dtype))

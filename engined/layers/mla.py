@@ -1,0 +1,77 @@
+"""Multi-head Latent Attention, NoPE (reference §2.4). The cache holds the compressed latent only:
+per position [ĉ (normed latent, R) ; kr (P)], R = kv_lora_rank, P = qk_rope_head_dim.
+
+Prefill expands K/V from the cached latents; decode absorbs kv_b into the query and output.
+Letters: t query, s key position, h head, r latent dim, n nope dim, p rope-slice dim, v value dim.
+"""
+import torch
+
+from engined.layers.kimi_norms import KimiRMSNorm
+from engined.layers.kimi_proj import Proj
+
+LATENT_EPS = 1e-6  # kv_a_layernorm keeps the class default, not rms_norm_eps (§8.9)
+
+
+class MLA:
+    def __init__(self, hidden: int, num_heads: int, kv_lora_rank: int, nope_dim: int,
+                 rope_dim: int, v_dim: int, dtype, device="cpu", int4: dict[str, int] | None = None):
+        int4 = int4 or {}
+        self.num_heads, self.rank, self.nope, self.rope, self.vdim = (
+            num_heads, kv_lora_rank, nope_dim, rope_dim, v_dim)
+        proj = lambda name, n, k: Proj(n, k, dtype, device, int4.get(name))  # noqa: E731
+        self.q_proj = proj("q_proj", num_heads * (nope_dim + rope_dim), hidden)
+        self.kv_a_proj_with_mqa = proj("kv_a_proj_with_mqa", kv_lora_rank + rope_dim, hidden)
+        self.kv_a_layernorm = KimiRMSNorm(kv_lora_rank, LATENT_EPS, dtype, device)
+        self.kv_b_proj = proj("kv_b_proj", num_heads * (nope_dim + v_dim), kv_lora_rank)
+        self.o_proj = proj("o_proj", hidden, num_heads * v_dim)
+        self.scale = (nope_dim + rope_dim) ** -0.5
+        self._absorb: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def latent_width(self) -> int:
+        return self.rank + self.rope
+
+    def __call__(self, a: torch.Tensor, latents: torch.Tensor, start: int) -> torch.Tensor:
+        """a: [T, D] at positions start..start+T-1; latents: [S_max, R+P] cache -> [T, D]."""
+        t, h = a.shape[0], self.num_heads
+        ckr = self.kv_a_proj_with_mqa(a)                        # [T, R+P]
+        c, kr = ckr.split((self.rank, self.rope), dim=-1)
+        latents[start:start + t] = torch.cat((self.kv_a_layernorm(c), kr), -1).to(latents.dtype)
+        q = self.q_proj(a).float().view(t, h, self.nope + self.rope)
+        seen = latents[:start + t].float()                      # [S, R+P]
+        attend = self._absorbed if t == 1 else self._expanded
+        o = attend(q, seen, start)                              # [T, H, V] fp32
+        return self.o_proj(o.reshape(t, -1).to(a.dtype))
+
+    def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK: [H, N, R], W_UV: [H, V, R] fp32 (kv_b rows are per head [k_nope | v]).
+        Built once, at the first decode step (weights are complete by then)."""
+        if self._absorb is None:
+            w = self.kv_b_proj.dense_weight(torch.float32)
+            w = w.view(self.num_heads, self.nope + self.vdim, self.rank)
+            self._absorb = (w[:, :self.nope].contiguous(), w[:, self.nope:].contiguous())
+        return self._absorb
+
+    def _probs(self, scores: torch.Tensor, start: int) -> torch.Tensor:
+        # scores: [H, T, S] -> causal softmax (query t sees s <= start + t), fp32
+        t, s = scores.shape[1:]
+        pos = torch.arange(s, device=scores.device)
+        mask = pos[None, :] > (start + torch.arange(t, device=scores.device))[:, None]
+        return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+
+    def _expanded(self, q, seen, start):
+        c, kr = seen.split((self.rank, self.rope), dim=-1)      # [S, R], [S, P]
+        kv = self.kv_b_proj(c).float().view(-1, self.num_heads, self.nope + self.vdim)
+        kn, v = kv.split((self.nope, self.vdim), dim=-1)        # [S, H, N], [S, H, V]
+        qn, qr = q.split((self.nope, self.rope), dim=-1)        # [T, H, N], [T, H, P]
+        scores = torch.einsum("thn,shn->hts", qn, kn) + torch.einsum("thp,sp->hts", qr, kr)
+        return torch.einsum("hts,shv->thv", self._probs(scores * self.scale, start), v)
+
+    def _absorbed(self, q, seen, start):
+        w_uk, w_uv = self._kv_b()
+        c, kr = seen.split((self.rank, self.rope), dim=-1)
+        qn, qr = q.split((self.nope, self.rope), dim=-1)
+        q_lat = torch.einsum("thn,hnr->thr", qn, w_uk)          # query folded into latent space
+        scores = torch.einsum("thr,sr->hts", q_lat, c) + torch.einsum("thp,sp->hts", qr, kr)
+        mixed = torch.einsum("hts,sr->thr", self._probs(scores * self.scale, start), c)
+        return torch.einsum("thr,hvr->thv", mixed, w_uv)

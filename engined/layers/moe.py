@@ -1,0 +1,107 @@
+"""Kimi-Linear FFNs (reference §2.5, §2.6): SwiGLU (dense layer 0, shared expert) and the
+sigmoid-routed MoE. Mixing weights are the UNBIASED sigmoid scores (vLLM); the correction bias
+only chooses experts (§8.10).
+
+Expert banks are stacked: dense w1/w3 [E, I, D], w2 [E, D, I]; INT4 adds a leading E to each of
+qweight/scales/mins. Letters: t token, e expert, k choice, i expert width, d hidden.
+"""
+import torch
+import torch.nn.functional as F
+
+from engined.layers.kimi_proj import INT4_PARTS, Proj, SlotError
+from engined.ops import int4_format
+
+
+class SwiGLU:
+    def __init__(self, hidden: int, inner: int, dtype, device="cpu", int4: dict[str, int] | None = None):
+        int4 = int4 or {}
+        self.gate_proj = Proj(inner, hidden, dtype, device, int4.get("gate_proj"))
+        self.up_proj = Proj(inner, hidden, dtype, device, int4.get("up_proj"))
+        self.down_proj = Proj(hidden, inner, dtype, device, int4.get("down_proj"))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, D] -> [T, D]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ExpertBank:
+    """E stacked matrices of shape [N, K] (dense or INT4). `slot(part, e)` is expert e's tensor."""
+
+    def __init__(self, num: int, out_features: int, in_features: int, dtype, device, group_size=None):
+        self.group_size, self.shape = group_size, (out_features, in_features)
+        if group_size is None:
+            self.weight = torch.empty(num, out_features, in_features, dtype=dtype, device=device)
+            return
+        groups = in_features // group_size
+        self.qweight = torch.empty(num, out_features, in_features // 2, dtype=torch.uint8, device=device)
+        self.scales = torch.empty(num, out_features, groups, dtype=torch.float16, device=device)
+        self.mins = torch.empty(num, out_features, groups, dtype=torch.float16, device=device)
+
+    def slot(self, part: str, e: int) -> torch.Tensor:
+        allowed = INT4_PARTS if self.group_size else ("weight",)
+        if part not in allowed:
+            raise SlotError(f"expert bank is {'INT4' if self.group_size else 'dense'}; no {part!r}")
+        bank = getattr(self, part)
+        if not 0 <= e < bank.shape[0]:
+            raise SlotError(f"expert {e} out of range 0..{bank.shape[0] - 1}")
+        return bank[e]
+
+    def matrix(self, e: int, dtype) -> torch.Tensor:
+        """Expert e's W: [N, K] in dtype."""
+        if self.group_size is None:
+            return self.weight[e].to(dtype)
+        p = int4_format.PackedInt4(self.qweight[e], self.scales[e], self.mins[e], self.group_size)
+        return int4_format.dequantize(p).to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        parts = INT4_PARTS if self.group_size else ("weight",)
+        return sum(getattr(self, p).numel() * getattr(self, p).element_size() for p in parts)
+
+
+def scope(int4: dict[str, int], prefix: str) -> dict[str, int]:
+    """INT4 group sizes keyed by dotted path -> those under `prefix`, relative to it."""
+    head = prefix + "."
+    return {k[len(head):]: g for k, g in int4.items() if k.startswith(head)}
+
+
+def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool, scaling: float):
+    """logits: [T, E] fp32 -> (experts [T, k] int64, weights [T, k] fp32). Bias picks, never mixes."""
+    scores = torch.sigmoid(logits)
+    experts = torch.topk(scores + bias.float(), top_k, dim=-1).indices
+    weights = scores.gather(-1, experts)
+    if renormalize and top_k > 1:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return experts, weights * scaling
+
+
+class MoE:
+    def __init__(self, hidden: int, inner: int, num_experts: int, top_k: int, num_shared: int,
+                 renormalize: bool, scaling: float, dtype, device="cpu", int4: dict[str, int] | None = None):
+        int4 = int4 or {}
+        self.top_k, self.renormalize, self.scaling = top_k, renormalize, scaling
+        self.gate = torch.empty(num_experts, hidden, dtype=dtype, device=device)       # router [E, D]
+        self.e_score_correction_bias = torch.empty(num_experts, dtype=dtype, device=device)
+        self.w1 = ExpertBank(num_experts, inner, hidden, dtype, device, int4.get("w1"))
+        self.w3 = ExpertBank(num_experts, inner, hidden, dtype, device, int4.get("w3"))
+        self.w2 = ExpertBank(num_experts, hidden, inner, dtype, device, int4.get("w2"))
+        self.shared_experts = (SwiGLU(hidden, inner * num_shared, dtype, device,
+                                      scope(int4, "shared_experts")) if num_shared else None)
+
+    def __call__(self, f: torch.Tensor) -> torch.Tensor:
+        # f: [T, D] -> [T, D]
+        experts, weights = route(f.float() @ self.gate.float().t(), self.e_score_correction_bias,
+                                 self.top_k, self.renormalize, self.scaling)
+        routed = self._routed(f, experts, weights).to(f.dtype)
+        return routed + self.shared_experts(f) if self.shared_experts is not None else routed
+
+    def _routed(self, f, experts, weights) -> torch.Tensor:
+        """Σ_k w_k Expert_{e_k}(f), summed in fp32: one pass per expert that any token chose."""
+        out = torch.zeros(f.shape, dtype=torch.float32, device=f.device)
+        for e in torch.unique(experts).tolist():
+            tok, choice = (experts == e).nonzero(as_tuple=True)
+            x = f[tok]                                          # [n, D]
+            h = F.silu(x @ self.w1.matrix(e, f.dtype).t()) * (x @ self.w3.matrix(e, f.dtype).t())
+            y = (h @ self.w2.matrix(e, f.dtype).t()).float()    # [n, D]
+            out.index_add_(0, tok, y * weights[tok, choice].unsqueeze(-1))
+        return out

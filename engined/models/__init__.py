@@ -1,0 +1,1 @@
+"""Model architectures: each file only wires engined/layers together."""

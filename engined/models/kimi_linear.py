@@ -1,0 +1,120 @@
+"""Kimi-Linear forward: embedding -> [norm, KDA|MLA, norm, dense|MoE] x L -> norm -> lm_head.
+This module only wires layers (engined/layers/{kda,mla,moe,kimi_norms}.py); the checkpoint
+names live in engined/kimi_checkpoint.py's table. Activations run in `dtype`; the KDA state,
+router, softmax and norms compute in fp32.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from engined.layers.kda import KDA, KDAState
+from engined.layers.kimi_norms import KimiRMSNorm
+from engined.layers.kimi_proj import Proj
+from engined.layers.mla import MLA
+from engined.layers.moe import MoE, SwiGLU, scope
+from engined.models.kimi_linear_config import KimiLinearConfig
+
+
+@dataclass
+class KimiCache:
+    """One sequence: KDA state per KDA layer, a latent cache [max_tokens, R+P] per MLA layer.
+    `num_tokens` counts positions already folded into the recurrent state (it cannot rewind)."""
+
+    kda: dict[int, KDAState]
+    mla: dict[int, torch.Tensor]
+    max_tokens: int
+    num_tokens: int = 0
+
+
+class DecoderLayer:
+    """Attribute names follow the checkpoint (self_attn, mlp | block_sparse_moe)."""
+
+    def __init__(self, cfg: KimiLinearConfig, i: int, dtype, device, int4: dict[str, int]):
+        eps, d = cfg.rms_norm_eps, cfg.hidden_size
+        self.input_layernorm = KimiRMSNorm(d, eps, dtype, device)
+        self.post_attention_layernorm = KimiRMSNorm(d, eps, dtype, device)
+        self.is_mla = i in cfg.mla_layers
+        attn = scope(int4, "self_attn")
+        self.self_attn = (
+            MLA(d, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim,
+                cfg.qk_rope_head_dim, cfg.v_head_dim, dtype, device, attn) if self.is_mla else
+            KDA(d, cfg.kda_num_heads, cfg.kda_head_dim, cfg.conv_kernel_size, eps, dtype, device, attn))
+        if cfg.is_moe(i):
+            self.block_sparse_moe = self.ffn = MoE(
+                d, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_token,
+                cfg.num_shared_experts, cfg.moe_renormalize, cfg.routed_scaling_factor,
+                dtype, device, scope(int4, "block_sparse_moe"))
+        else:
+            self.mlp = self.ffn = SwiGLU(d, cfg.intermediate_size, dtype, device, scope(int4, "mlp"))
+
+    def __call__(self, h: torch.Tensor, cache: KimiCache, i: int, start: int) -> torch.Tensor:
+        # h: [T, D]
+        a = self.input_layernorm(h)
+        h = h + (self.self_attn(a, cache.mla[i], start) if self.is_mla else self.self_attn(a, cache.kda[i]))
+        return h + self.ffn(self.post_attention_layernorm(h))
+
+
+class KimiLinearModel:
+    def __init__(self, config: KimiLinearConfig, dtype=torch.float32, device="cpu",
+                 int4: dict[str, int] | None = None, weight_dtype: torch.dtype | None = None):
+        """`dtype`: activations and caches; `weight_dtype` (default `dtype`): dense weights.
+        Allocates every weight empty on `device` (a loader fills them through the table).
+        int4: model path -> group size for packed-INT4 projections, e.g.
+        {'layers.1.self_attn.q_proj': 32, 'layers.1.block_sparse_moe.w1': 32, 'lm_head': 32}."""
+        int4, wd = int4 or {}, weight_dtype or dtype
+        c = self.config = config
+        self.dtype, self.device = dtype, torch.device(device)
+        self.embed_tokens = torch.empty(c.vocab_size, c.hidden_size, dtype=wd, device=device)
+        self.layers = [DecoderLayer(c, i, wd, device, scope(int4, f"layers.{i}")) for i in range(c.num_hidden_layers)]
+        self.norm = KimiRMSNorm(c.hidden_size, c.rms_norm_eps, wd, device)
+        self.lm_head = Proj(c.vocab_size, c.hidden_size, wd, device, int4.get("lm_head"))
+        latent = (c.kv_lora_rank + c.qk_rope_head_dim) * dtype.itemsize
+        self.kv_bytes_per_token = len(c.mla_layers) * latent
+        state = self.new_cache(1)
+        self.state_bytes = sum(s.conv.nbytes + s.S.nbytes for s in state.kda.values())
+        self.weight_bytes = sum(t.nbytes for t in self.tensors())
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every weight tensor once (for byte counts and random fills)."""
+        seen, out = set(), []
+
+        def walk(obj):
+            for v in vars(obj).values():
+                if isinstance(v, torch.Tensor) and id(v) not in seen:
+                    seen.add(id(v))
+                    out.append(v)
+                elif type(v).__module__.startswith("engined."):
+                    walk(v)
+                elif isinstance(v, list):
+                    for x in v:
+                        walk(x)
+        walk(self)
+        return out
+
+    def new_cache(self, max_tokens: int) -> KimiCache:
+        if not 0 < max_tokens <= self.config.context_length:
+            raise ValueError(f"cache of {max_tokens} tokens: must be 1..{self.config.context_length}")
+        kda = {i: layer.self_attn.new_state(self.dtype, self.device)
+               for i, layer in enumerate(self.layers) if not layer.is_mla}
+        mla = {i: torch.zeros(max_tokens, layer.self_attn.latent_width, dtype=self.dtype, device=self.device)
+               for i, layer in enumerate(self.layers) if layer.is_mla}
+        return KimiCache(kda, mla, max_tokens)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KimiCache, start: int,
+                last_only: bool = True) -> torch.Tensor:
+        """tokens: [T] int64 at positions start..start+T-1 -> logits fp32 [1, V] or [T, V]."""
+        t = int(tokens.shape[0])
+        if t == 0 or start < 0 or start + t > cache.max_tokens:
+            raise ValueError(f"positions {start}..{start + t - 1} do not fit a cache of "
+                             f"{cache.max_tokens} tokens")
+        if start != cache.num_tokens:
+            raise ValueError(f"Kimi-Linear's recurrent state holds {cache.num_tokens} tokens; it can "
+                             f"only continue at position {cache.num_tokens}, not {start}")
+        h = self.embed_tokens[tokens.to(self.device)].to(self.dtype)  # [T, D]
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cache, i, start)
+        cache.num_tokens = start + t
+        if last_only:
+            h = h[-1:]
+        return self.lm_head(self.norm(h)).float()                # [T or 1, V]

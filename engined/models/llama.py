@@ -1,0 +1,139 @@
+"""Llama-architecture forward (SmolLM2 and kin): fp32 activations, INT4 linears, one KV cache
+per sequence. This module only wires layers; the checkpoint names are the WEIGHTS table."""
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from engined.layers.attention import Attention
+from engined.layers.embedding import TiedEmbedding
+from engined.layers.linear import Int4Linear
+from engined.layers.mlp import SwiGLU
+from engined.layers.rmsnorm import RMSNorm
+from engined.layers.rope import RotaryEmbedding
+
+# Layer slot -> artifact name ({i}: block index). INT4 names carry .qweight/.scales/.mins.
+NORM_WEIGHTS = {"attn_norm": "blk.{i}.attn_norm.weight", "ffn_norm": "blk.{i}.ffn_norm.weight"}
+INT4_WEIGHTS = {"q": "blk.{i}.attn_q", "k": "blk.{i}.attn_k", "v": "blk.{i}.attn_v",
+                "o": "blk.{i}.attn_output", "gate": "blk.{i}.ffn_gate", "up": "blk.{i}.ffn_up",
+                "down": "blk.{i}.ffn_down"}
+FINAL_NORM = "output_norm.weight"
+EMBEDDING = "token_embd"
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float
+    rms_eps: float
+    context_length: int
+    tie_embeddings: bool
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"{self.num_heads} heads do not split into {self.num_kv_heads} KV groups")
+        if self.head_dim % 2 or min(self.vocab_size, self.hidden_size, self.num_layers,
+                                    self.context_length) <= 0:
+            raise ValueError(f"impossible llama config: {self}")
+        if not self.tie_embeddings:
+            raise ValueError("untied output embeddings are not supported yet")
+
+    @classmethod
+    def from_hparams(cls, hp: dict, vocab_size: int, tie_embeddings: bool) -> "LlamaConfig":
+        """From GGUF llama.* keys (as recorded by the repack)."""
+        heads = int(hp["llama.attention.head_count"])
+        hidden = int(hp["llama.embedding_length"])
+        return cls(vocab_size=int(hp.get("llama.vocab_size", vocab_size)), hidden_size=hidden,
+                   num_layers=int(hp["llama.block_count"]), num_heads=heads,
+                   num_kv_heads=int(hp.get("llama.attention.head_count_kv", heads)),
+                   head_dim=int(hp.get("llama.rope.dimension_count", hidden // heads)),
+                   intermediate_size=int(hp["llama.feed_forward_length"]),
+                   rope_theta=float(hp.get("llama.rope.freq_base", 10000.0)),
+                   rms_eps=float(hp["llama.attention.layer_norm_rms_epsilon"]),
+                   context_length=int(hp["llama.context_length"]), tie_embeddings=tie_embeddings)
+
+    def kv_bytes_per_token(self, kv_dtype: torch.dtype) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * kv_dtype.itemsize
+
+
+@dataclass
+class KVCache:
+    """One sequence. data: [L, 2, max_tokens, KVH, hd]; pages are touched only as they fill."""
+
+    data: torch.Tensor
+
+    @property
+    def max_tokens(self) -> int:
+        return self.data.shape[2]
+
+
+class Block:
+    def __init__(self, attn_norm: RMSNorm, attn: Attention, ffn_norm: RMSNorm, mlp: SwiGLU):
+        self.attn_norm, self.attn, self.ffn_norm, self.mlp = attn_norm, attn, ffn_norm, mlp
+
+    def __call__(self, h, cos, sin, layer_cache: torch.Tensor, start: int) -> torch.Tensor:
+        # h: [T, D]; layer_cache: [2, S_max, KVH, hd]
+        h = h + self.attn(self.attn_norm(h), cos, sin, layer_cache[0], layer_cache[1], start)
+        return h + self.mlp(self.ffn_norm(h))
+
+
+class LlamaModel:
+    def __init__(self, config: LlamaConfig, blocks: list[Block], final_norm: RMSNorm,
+                 embedding: TiedEmbedding, kv_dtype: torch.dtype = torch.float16,
+                 device: str = "cpu"):
+        self.config, self.blocks, self.final_norm, self.embedding = config, blocks, final_norm, embedding
+        self.kv_dtype, self.device = kv_dtype, device
+        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.kv_bytes_per_token = config.kv_bytes_per_token(kv_dtype)
+        norms = [final_norm] + [n for b in blocks for n in (b.attn_norm, b.ffn_norm)]
+        linears = [lin for b in blocks for lin in (b.attn.q, b.attn.k, b.attn.v, b.attn.o,
+                                                   b.mlp.gate, b.mlp.up, b.mlp.down)]
+        self.weight_bytes = (embedding.nbytes + sum(lin.nbytes for lin in linears)
+                             + sum(n.weight.numel() * 4 for n in norms))
+
+    @classmethod
+    def build(cls, config: LlamaConfig, load_norm: Callable[[str], torch.Tensor],
+              load_int4: Callable, embedding_weight: torch.Tensor,
+              kv_dtype: torch.dtype = torch.float16, device: str = "cpu") -> "LlamaModel":
+        """Wire the model from loader callbacks (name -> tensor / PackedInt4), one layer at a time."""
+        blocks = []
+        for i in range(config.num_layers):
+            lin = {slot: Int4Linear(load_int4(name.format(i=i)), device)
+                   for slot, name in INT4_WEIGHTS.items()}
+            norm = {slot: RMSNorm(load_norm(name.format(i=i)), config.rms_eps)
+                    for slot, name in NORM_WEIGHTS.items()}
+            attn = Attention(lin["q"], lin["k"], lin["v"], lin["o"], config.num_heads,
+                             config.num_kv_heads, config.head_dim)
+            blocks.append(Block(norm["attn_norm"], attn, norm["ffn_norm"],
+                                SwiGLU(lin["gate"], lin["up"], lin["down"])))
+        final_norm = RMSNorm(load_norm(FINAL_NORM), config.rms_eps)
+        return cls(config, blocks, final_norm, TiedEmbedding(embedding_weight), kv_dtype, device)
+
+    def new_cache(self, max_tokens: int) -> KVCache:
+        if not 0 < max_tokens <= self.config.context_length:
+            raise ValueError(f"cache of {max_tokens} tokens: must be 1..{self.config.context_length}")
+        c = self.config
+        shape = (c.num_layers, 2, max_tokens, c.num_kv_heads, c.head_dim)
+        return KVCache(torch.empty(shape, dtype=self.kv_dtype, device=self.device))
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, start: int,
+                last_only: bool = True) -> torch.Tensor:
+        """tokens: [T] int64 at positions start..start+T-1 -> logits fp32 [1, V] or [T, V]."""
+        t = int(tokens.shape[0])
+        if t == 0 or start < 0 or start + t > cache.max_tokens:
+            raise ValueError(f"positions {start}..{start + t - 1} do not fit a cache of "
+                             f"{cache.max_tokens} tokens")
+        cos, sin = self.rope.cos_sin(start, t)
+        h = self.embedding.embed(tokens.to(self.device))  # [T, D]
+        for block, layer_cache in zip(self.blocks, cache.data):
+            h = block(h, cos, sin, layer_cache, start)
+        if last_only:
+            h = h[-1:]
+        return self.embedding.logits(self.final_norm(h))  # [T or 1, V]
