@@ -12,6 +12,7 @@
 #include "kimi_helper.h"
 #include "kimi_simd.h"
 
+#include <math.h>
 #include <string.h>
 
 #define BLOCK 32 /* elements per de-interleaved block = 16 code bytes */
@@ -146,6 +147,86 @@ int gemv_w4a16(const float *x, int64_t rows, const uint8_t *qweight,
             KhRow w = {qweight + i * (k / 2), scales + i * (k / group),
                        mins + i * (k / group), k, group};
             row_fn(&w, xperm, xsum, rows, out + i, n);
+        }
+    }
+    return KH_OK;
+}
+
+/* Shared checks of the MoE GEMVs: x has one row (every route reads it) or one per route. */
+static int check_routes(const float *x, int64_t x_rows, const int64_t *expert_ids,
+                        int64_t routes, int64_t num_experts)
+{
+    int64_t i;
+    if (!x || !expert_ids || routes <= 0 || num_experts <= 0) return KH_EINVAL;
+    if (x_rows != 1 && x_rows != routes) return KH_EINVAL;
+    for (i = 0; i < routes; i++)
+        if (expert_ids[i] < 0 || expert_ids[i] >= num_experts) return KH_EINVAL;
+    return KH_OK;
+}
+
+int grouped_gemv_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
+                       int64_t routes, int64_t num_experts, const uint8_t *qweight,
+                       const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,
+                       int64_t group, float *work, float *out, int nthreads)
+{
+    float *xperm = work, *xsum = work + x_rows * k;
+    int64_t groups = k / (group > 0 ? group : 1);
+    KhRowFn row_fn;
+    int status = check_shape(1, n, k, group, nthreads);
+    if (!status) status = check_routes(x, x_rows, expert_ids, routes, num_experts);
+    if (status) return status;
+    if (!qweight || !scales || !mins || !work || !out) return KH_EINVAL;
+    row_fn = kh_pick_row_fn(group);
+    if (routes * n * k < KH_SERIAL_BELOW) nthreads = 1;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t i;
+        prepare_x(x, x_rows, k, group, xperm, xsum);
+#pragma omp for schedule(static)
+        for (i = 0; i < routes * n; i++) { /* output row i % n of route i / n */
+            int64_t route = i / n, xr = x_rows == 1 ? 0 : route;
+            int64_t wrow = expert_ids[route] * n + i % n;
+            KhRow w = {qweight + wrow * (k / 2), scales + wrow * groups, mins + wrow * groups,
+                       k, group};
+            row_fn(&w, xperm + xr * k, xsum + xr * groups, 1, out + i, 1);
+        }
+    }
+    return KH_OK;
+}
+
+int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
+                     int64_t routes, int64_t num_experts, const uint8_t *gate_q,
+                     const uint16_t *gate_s, const uint16_t *gate_m, const uint8_t *up_q,
+                     const uint16_t *up_s, const uint16_t *up_m, int64_t n, int64_t k,
+                     int64_t group, float *work, float *out, int nthreads)
+{
+    float *xperm = work, *xsum = work + x_rows * k;
+    int64_t groups = k / (group > 0 ? group : 1);
+    KhRowFn row_fn;
+    int status = check_shape(1, n, k, group, nthreads);
+    if (!status) status = check_routes(x, x_rows, expert_ids, routes, num_experts);
+    if (status) return status;
+    if (!gate_q || !gate_s || !gate_m || !up_q || !up_s || !up_m || !work || !out)
+        return KH_EINVAL;
+    row_fn = kh_pick_row_fn(group);
+    if (2 * routes * n * k < KH_SERIAL_BELOW) nthreads = 1;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t i;
+        prepare_x(x, x_rows, k, group, xperm, xsum);
+#pragma omp for schedule(static)
+        for (i = 0; i < routes * n; i++) {
+            int64_t route = i / n, xr = x_rows == 1 ? 0 : route;
+            int64_t wrow = expert_ids[route] * n + i % n;
+            const float *xp = xperm + xr * k, *xs = xsum + xr * groups;
+            KhRow g = {gate_q + wrow * (k / 2), gate_s + wrow * groups, gate_m + wrow * groups,
+                       k, group};
+            KhRow u = {up_q + wrow * (k / 2), up_s + wrow * groups, up_m + wrow * groups,
+                       k, group};
+            float gv, uv;
+            row_fn(&g, xp, xs, 1, &gv, 1);
+            row_fn(&u, xp, xs, 1, &uv, 1);
+            out[i] = gv / (1.0f + expf(-gv)) * uv; /* silu(gate) * up */
         }
     }
     return KH_OK;

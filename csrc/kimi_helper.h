@@ -27,6 +27,23 @@ int gemv_w4a16(const float *x, int64_t rows, const uint8_t *qweight,
                const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,
                int64_t group, float *work, float *out, int nthreads);
 
+/* MoE GEMVs for one token: route r multiplies x row (x_rows == 1 ? 0 : r) by expert
+ * expert_ids[r] of a stack qweight [num_experts, n, k/2], scales/mins [num_experts,
+ * n, k/group]; out: [routes, n] fp32. Expert ids outside 0..num_experts-1 are
+ * KH_EINVAL. work: gemv_w4a16_work_floats(x_rows, k, group) floats. */
+int grouped_gemv_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
+                       int64_t routes, int64_t num_experts, const uint8_t *qweight,
+                       const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,
+                       int64_t group, float *work, float *out, int nthreads);
+
+/* Gate and up projections of the selected experts with the SwiGLU epilogue:
+ * out[r, i] = silu(gate_r[i]) * up_r[i], gate and up stacks shaped as above. */
+int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
+                     int64_t routes, int64_t num_experts, const uint8_t *gate_q,
+                     const uint16_t *gate_s, const uint16_t *gate_m, const uint8_t *up_q,
+                     const uint16_t *up_s, const uint16_t *up_m, int64_t n, int64_t k,
+                     int64_t group, float *work, float *out, int nthreads);
+
 /* Whether the GEMVs use the AVX2 kernels: mode 1 allows them (the default) where the
  * CPU has AVX2+FMA+F16C, 0 forces the portable C, -1 only asks. Returns the state. */
 int gemv_simd(int mode);

@@ -35,7 +35,7 @@ ffibuilder.set_source(
     sources=["csrc/kimi_helper.c", "csrc/kimi_gemv.c", "csrc/kimi_gemv_avx2.c"],  # relative: setuptools runs from the root
     include_dirs=["csrc"],
     extra_compile_args=_cflags(),
-    extra_link_args=["-fopenmp", "-lpthread"],
+    extra_link_args=["-fopenmp", "-lpthread", "-lm"],
 )
 
 if __name__ == "__main__":

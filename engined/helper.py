@@ -87,6 +87,49 @@ def gemv_w4a16(x: np.ndarray, qweight: np.ndarray, scales: np.ndarray, mins: np.
     return out
 
 
+def _expert_stack(qweight, scales, mins, group):
+    qweight = np.ascontiguousarray(qweight, dtype=np.uint8)
+    scales = np.ascontiguousarray(scales, dtype=np.float16)
+    mins = np.ascontiguousarray(mins, dtype=np.float16)
+    if qweight.ndim != 3 or group <= 0 or (2 * qweight.shape[2]) % group \
+            or scales.shape != qweight.shape[:2] + (2 * qweight.shape[2] // group,) \
+            or mins.shape != scales.shape:
+        raise ValueError(f"bad expert stack: qweight {qweight.shape}, scales {scales.shape}, "
+                         f"mins {mins.shape}, group {group}")
+    return (_ptr(qweight, "uint8_t *"), _ptr(scales, "uint16_t *"), _ptr(mins, "uint16_t *"),
+            qweight.shape, (qweight, scales, mins))
+
+
+def grouped_gemv_w4a16(x: np.ndarray, expert_ids, stack: tuple, group: int,
+                       threads: int = 1) -> np.ndarray:
+    """out[r] = x[r or 0] @ W[expert_ids[r]]^T; stack = (qweight [E,N,K/2], scales, mins)."""
+    return _routed("grouped_gemv_w4a16", x, expert_ids, [stack], group, threads)
+
+
+def moe_swiglu_w4a16(x: np.ndarray, expert_ids, gate: tuple, up: tuple, group: int,
+                     threads: int = 1) -> np.ndarray:
+    """out[r] = silu(x_r @ G_e^T) * (x_r @ U_e^T), e = expert_ids[r]."""
+    return _routed("moe_swiglu_w4a16", x, expert_ids, [gate, up], group, threads)
+
+
+def _routed(name, x, expert_ids, stacks, group, threads):
+    require()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    ids = np.ascontiguousarray(expert_ids, dtype=np.int64)
+    parts = [_expert_stack(*st, group) for st in stacks]
+    (e, n, half_k), k = parts[0][3], 2 * parts[0][3][2]
+    if x.ndim != 2 or x.shape[1] != k or ids.ndim != 1 or any(p[3] != parts[0][3] for p in parts):
+        raise ValueError(f"bad routed shapes: x {x.shape}, ids {ids.shape}, stacks "
+                         f"{[p[3] for p in parts]}")
+    work = np.empty(max(lib.gemv_w4a16_work_floats(x.shape[0], k, group), 1), dtype=np.float32)
+    out = np.empty((ids.shape[0], n), dtype=np.float32)
+    weights = [ptr for p in parts for ptr in p[:3]]
+    check(getattr(lib, name)(_ptr(x, "float *"), x.shape[0], _ptr(ids, "int64_t *"), ids.shape[0],
+                             e, *weights, n, k, group, _ptr(work, "float *"),
+                             _ptr(out, "float *"), int(threads)), name)
+    return out
+
+
 def gemv_simd(enabled: bool | None = None) -> bool:
     """Allow (True) or forbid (False) the AVX2 GEMV kernels; returns whether they are used."""
     require()

@@ -5,6 +5,7 @@ from typing import Callable
 import torch
 
 from engined.ops.int4_format import PackedInt4
+from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,36 @@ GEMV = [
     gemv_case(1, 576, 1536, 32, seed=12),
 ]
 
-CASES = {"w4a16_gemv": GEMV}
+
+def experts(gen, e, n, k, group) -> PackedInt4Experts:
+    return PackedInt4Experts(group_size=group, **random_int4(gen, n, k, group, lead=(e,)))
+
+
+def routed_case(op: str, e: int, ids: list[int], shared_x: bool, n: int, k: int, group: int,
+                seed=0) -> Case:
+    """Grouped GEMV / SwiGLU: `ids` are the router's picks (duplicates allowed)."""
+    def make(gen):
+        stacks = [experts(gen, e, n, k, group) for _ in range(2 if op == "moe_swiglu" else 1)]
+        x = torch.randn((1 if shared_x else len(ids), k), generator=gen)
+        return (x, *stacks, torch.tensor(ids))
+    tag = "shared" if shared_x else "per-route"
+    return Case(f"E{e}-R{len(ids)}-{tag}-N{n}-K{k}-G{group}", make, len(ids) * n * k,
+                atol=2e-5 * k, seed=seed)
+
+
+def routed(op: str) -> list[Case]:
+    return [
+        routed_case(op, 5, [3], True, 40, 96, 32),
+        routed_case(op, 5, [4, 0, 2], False, 40, 96, 32, seed=1),
+        routed_case(op, 9, [8, 1, 1, 5, 0, 2, 7, 3], True, 33, 160, 32, seed=2),  # duplicate id
+        routed_case(op, 4, [2, 3], False, 1, 64, 32, seed=3),                       # N = 1
+        routed_case(op, 3, [0, 2], True, 24, 96, 16, seed=4),                       # group 16
+        routed_case(op, 6, [5, 1, 4, 0, 3, 2, 1, 0], False, 64, 512, 32, seed=5),
+    ]
+
+
+CASES = {"w4a16_gemv": GEMV, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
+         "moe_swiglu": routed("moe_swiglu")}
 
 
 def SMALL_ENOUGH_FOR_INTERPRETER(case: Case) -> bool:  # noqa: N802 (reads as a constant rule)

@@ -116,3 +116,35 @@ def test_memcap_zero_means_unlimited(fresh_cap):
     helper.memcap_init(0)
     helper.memcap_reserve(1 << 62)
     assert helper.memcap_reserved() == 1 << 62
+
+
+# Two experts: expert 0 is (QW row 0, QW row 1), expert 1 the same rows swapped.
+STACK_Q = np.stack([QW, QW[::-1]])
+STACK_S = np.stack([_scales(32)[0], _scales(32)[0][::-1]])
+STACK_M = np.stack([_scales(32)[1], _scales(32)[1][::-1]])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_grouped_gemv_known_answer(threads):
+    stack = (STACK_Q, STACK_S, STACK_M)
+    shared = helper.grouped_gemv_w4a16(X[:1], [1, 0, 1], stack, 32, threads)
+    assert shared.tolist() == [[56.0, 32.0], [32.0, 56.0], [56.0, 32.0]]
+    per_route = helper.grouped_gemv_w4a16(X, [0, 1], stack, 32, threads)
+    assert per_route.tolist() == [[32.0, 56.0], [1208.0, 496.0]]
+
+
+def test_moe_swiglu_known_answer():
+    def silu(v):
+        return v / (1.0 + np.exp(-v))
+    stack = (STACK_Q, STACK_S, STACK_M)
+    x = X[:1] / 16  # ones/16: row0 = 2, row1 = 0.5*240/16 - 2*2 = 3.5
+    got = helper.moe_swiglu_w4a16(x, [0, 1], stack, stack, 32)
+    want = [[silu(2.0) * 2.0, silu(3.5) * 3.5], [silu(3.5) * 3.5, silu(2.0) * 2.0]]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_routed_bad_expert_id_is_invalid_argument():
+    with pytest.raises(helper.HelperError, match="invalid argument"):
+        helper.grouped_gemv_w4a16(X[:1], [0, 2], (STACK_Q, STACK_S, STACK_M), 32)
+    with pytest.raises(helper.HelperError, match="invalid argument"):
+        helper.grouped_gemv_w4a16(X[:1], [-1], (STACK_Q, STACK_S, STACK_M), 32)

@@ -58,3 +58,28 @@ def test_weight_pointers_are_dropped_with_the_weight():
     assert key in cpu_c._cache
     del w
     assert key not in cpu_c._cache
+
+
+@pytest.mark.parametrize("op", ["w4a16_grouped_gemv", "moe_swiglu"])
+@pytest.mark.parametrize("variant", ["reference", "cpu_c"])
+def test_routed_ops_refuse_bad_routes(op, variant):
+    from tests.ops_helpers import experts
+    gen = torch.Generator().manual_seed(2)
+    stacks = [experts(gen, 5, 8, 64, 32) for _ in range(2 if op == "moe_swiglu" else 1)]
+    fn = registry.variants(op)[variant].fn
+    with pytest.raises(ValueError, match=r"expert ids must lie in 0\.\.4, got 1\.\.5"):
+        fn(torch.randn(1, 64), *stacks, torch.tensor([1, 5]))
+    with pytest.raises(ValueError, match=r"x must be \[1, 64\] or \[2, 64\]"):
+        fn(torch.randn(3, 64), *stacks, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="non-empty 1-D integer"):
+        fn(torch.randn(1, 64), *stacks, torch.tensor([], dtype=torch.int64))
+
+
+def test_grouped_thread_count_does_not_change_a_single_bit(threads):
+    from tests.ops_helpers import experts
+    stack = experts(torch.Generator().manual_seed(3), 4, 96, 256, 32)
+    x, ids = torch.randn(3, 256), torch.tensor([3, 0, 3])
+    cpu_c.set_num_threads(1)
+    one = registry.variants("w4a16_grouped_gemv")["cpu_c"].fn(x, stack, ids)
+    cpu_c.set_num_threads(2)
+    assert torch.equal(registry.variants("w4a16_grouped_gemv")["cpu_c"].fn(x, stack, ids), one)

@@ -1,0 +1,62 @@
+"""A stack of E packed-INT4 linears of one shape: the experts of one MoE projection.
+
+| tensor  | shape       | dtype |
+|---------|-------------|-------|
+| qweight | [E, N, K/2] | uint8 |
+| scales  | [E, N, K/G] | fp16  |
+| mins    | [E, N, K/G] | fp16  |
+
+Expert e is exactly the PackedInt4 (qweight[e], scales[e], mins[e], G).
+"""
+from dataclasses import dataclass
+
+import torch
+
+from engined.ops.int4_format import FormatError, PackedInt4
+
+
+@dataclass(frozen=True, eq=False)
+class PackedInt4Experts:
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor
+    group_size: int
+
+    def __post_init__(self):
+        if self.qweight.dim() != 3:
+            raise FormatError(f"expert qweight must be [E, N, K/2], got {list(self.qweight.shape)}")
+        self.expert(0)  # every expert has the same shape: checking one checks the format
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        e, n, half_k = self.qweight.shape
+        return e, n, 2 * half_k
+
+    @property
+    def num_experts(self) -> int:
+        return self.qweight.shape[0]
+
+    def expert(self, e: int) -> PackedInt4:
+        return PackedInt4(self.qweight[e], self.scales[e], self.mins[e], self.group_size)
+
+    @classmethod
+    def stack(cls, experts: list[PackedInt4]) -> "PackedInt4Experts":
+        groups = {p.group_size for p in experts}
+        if len(groups) != 1:
+            raise FormatError(f"experts mix group sizes {sorted(groups)}")
+        return cls(torch.stack([p.qweight for p in experts]), torch.stack([p.scales for p in experts]),
+                   torch.stack([p.mins for p in experts]), groups.pop())
+
+
+def check_routes(x: torch.Tensor, experts: PackedInt4Experts, expert_ids: torch.Tensor):
+    """x: [1 or R, K]; expert_ids: [R] integers in 0..E-1. Raises ValueError otherwise."""
+    e, _, k = experts.shape
+    if expert_ids.dim() != 1 or expert_ids.numel() == 0 or expert_ids.is_floating_point():
+        raise ValueError(f"expert_ids must be a non-empty 1-D integer tensor, got "
+                         f"{expert_ids.dtype} {list(expert_ids.shape)}")
+    routes = expert_ids.numel()
+    if x.dim() != 2 or x.shape[1] != k or x.shape[0] not in (1, routes):
+        raise ValueError(f"x must be [1, {k}] or [{routes}, {k}], got {list(x.shape)}")
+    lo, hi = int(expert_ids.min()), int(expert_ids.max())
+    if lo < 0 or hi >= e:
+        raise ValueError(f"expert ids must lie in 0..{e - 1}, got {lo}..{hi}")
