@@ -172,6 +172,11 @@ def test_template_helpers(text):
         '4 {"a": "é"} <|im_start|>gena'
 
 
+def test_no_template_falls_back_to_chatml(text):
+    rendered = ChatFormat(None, text[0]).render([{"role": "user", "content": "hi"}])
+    assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_raise_exception_becomes_input_error(text):
     chat = ChatFormat("{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}", text[0])
     with pytest.raises(ChatInputError, match="first must be user"):

@@ -54,18 +54,18 @@ def _assistant(message: dict) -> dict:
 def render_history(messages: list[dict], tools: list[dict] | None, forced: str | None) -> list[dict]:
     """Plain {role, content: str} messages with tools, tool calls and results in hermes text."""
     out: list[dict] = []
+    is_tool_turn = False    # consecutive tool results share one user turn
     for message in messages:
-        if message["role"] == "assistant":
-            out.append(_assistant(message))
-        elif message["role"] == "tool":
-            block = f"<tool_response>\n{message['content']}\n</tool_response>"
-            if out and out[-1].get("is_tool_turn"):
+        role, content = message["role"], message["content"]
+        if role == "tool":
+            block = f"<tool_response>\n{content}\n</tool_response>"
+            if is_tool_turn:
                 out[-1]["content"] += "\n" + block
             else:
-                out.append({"role": "user", "content": block, "is_tool_turn": True})
+                out.append({"role": "user", "content": block})
         else:
-            out.append({"role": message["role"], "content": message["content"]})
-    out = [{"role": m["role"], "content": m["content"]} for m in out]
+            out.append(_assistant(message) if role == "assistant" else {"role": role, "content": content})
+        is_tool_turn = role == "tool"
     if tools and forced is not None:
         prompt = tools_prompt(tools, forced)
         if out[0]["role"] == "system":
