@@ -1,0 +1,179 @@
+"""The proxy's one SQLite file: reasoning ledger rows and stored Responses.
+
+    db = Database(path)                 # creates the file 0600 (parent 0700), WAL, schema
+    responses = ResponseStore(db, max_entries=10_000, ttl_seconds=30 * 86400)
+    responses.put("resp_1", input_items=[...], output_items=[...], previous_id=None, response={...})
+    responses.get("resp_1")  -> StoredResponse | None
+    responses.delete("resp_1") -> bool
+    responses.history("resp_2") -> items of every response in the chain, oldest first:
+                                   each response's input_items then its output_items
+
+``proxy.reasoning.Ledger`` uses the same ``Database``. Every statement runs in autocommit
+mode under one lock (gevent patches it to a cooperative lock), so no transaction is ever
+held across a request; several processes may share the file (busy timeout 5 s).
+``default_db_path()`` is $STATE_DIRECTORY/ledger.sqlite, else
+$XDG_STATE_HOME/kimi/ledger.sqlite, else ~/.local/state/kimi/ledger.sqlite.
+Rows expire after ``ttl_seconds`` and the oldest are evicted past ``max_entries``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger (
+    id TEXT PRIMARY KEY, created REAL NOT NULL, used REAL NOT NULL,
+    reasoning TEXT NOT NULL, message TEXT, fingerprint TEXT);
+CREATE INDEX IF NOT EXISTS ledger_fingerprint ON ledger(fingerprint);
+CREATE INDEX IF NOT EXISTS ledger_used ON ledger(used);
+CREATE INDEX IF NOT EXISTS ledger_created ON ledger(created);
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY, created REAL NOT NULL, previous_id TEXT,
+    input_items TEXT NOT NULL, output_items TEXT NOT NULL, response TEXT);
+CREATE INDEX IF NOT EXISTS responses_created ON responses(created);
+"""
+MAX_CHAIN = 1000
+
+
+class StoreError(Exception):
+    """The state file cannot be opened or used (message names the path)."""
+
+
+def default_db_path(environ=os.environ) -> pathlib.Path:
+    state_dir = environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if state_dir:
+        return pathlib.Path(state_dir) / "ledger.sqlite"
+    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return pathlib.Path(base) / "kimi" / "ledger.sqlite"
+
+
+def create_private_file(path: pathlib.Path) -> None:
+    """Create (or tighten) ``path`` as mode 0600 before SQLite opens it."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+class Database:
+    """One SQLite connection shared by the ledger and the response store, behind a lock."""
+
+    def __init__(self, path: str | os.PathLike, clock: Callable[[], float] = time.time):
+        self.path = pathlib.Path(path)
+        self.clock = clock
+        self.lock = threading.Lock()
+        try:
+            create_private_file(self.path)
+            self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.executescript(SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open state file {self.path}: {exc}") from exc
+
+    def execute(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self.lock:
+            return self.conn.execute(sql, params).fetchall()
+
+    def execute_many(self, statements: list[tuple[str, tuple]]) -> None:
+        """Run a few statements atomically (one short transaction)."""
+        with self.lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    self.conn.execute(sql, params)
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+
+    def meta_value(self, key: str, make: Callable[[], bytes]) -> bytes:
+        """The stored value for key, created once with make() (safe across processes)."""
+        self.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, make()))
+        return bytes(self.execute("SELECT value FROM meta WHERE key = ?", (key,))[0][0])
+
+    def evict(self, table: str, max_entries: int, ttl_seconds: float, lru_column: str = "created") -> None:
+        """Drop expired rows, then the least recently used ones past max_entries."""
+        self.execute(f"DELETE FROM {table} WHERE created < ?", (self.clock() - ttl_seconds,))
+        self.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
+                     f"ORDER BY {lru_column} DESC, rowid DESC LIMIT -1 OFFSET ?)", (max_entries,))
+
+    def count(self, table: str) -> int:
+        return self.execute(f"SELECT COUNT(*) FROM {table}")[0][0]
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
+
+
+def as_database(db_or_path, clock: Callable[[], float] = time.time) -> Database:
+    return db_or_path if isinstance(db_or_path, Database) else Database(db_or_path, clock)
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    id: str
+    created: float
+    previous_id: str | None
+    input_items: list
+    output_items: list
+    response: dict | None
+
+
+class ResponseStore:
+    """Responses kept for ``previous_response_id`` and ``GET/DELETE /v1/responses/{id}``."""
+
+    def __init__(self, db, *, max_entries: int = 10_000, ttl_seconds: float = 30 * 86400):
+        self.db = as_database(db)
+        self.max_entries, self.ttl_seconds = max_entries, ttl_seconds
+
+    def put(self, response_id: str, *, input_items: list, output_items: list,
+            previous_id: str | None = None, response: dict | None = None) -> None:
+        row = (response_id, self.db.clock(), previous_id, json.dumps(input_items), json.dumps(output_items),
+               None if response is None else json.dumps(response))
+        self.db.execute("INSERT OR REPLACE INTO responses(id, created, previous_id, input_items, output_items, "
+                        "response) VALUES (?, ?, ?, ?, ?, ?)", row)
+        self.db.evict("responses", self.max_entries, self.ttl_seconds)
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        rows = self.db.execute("SELECT id, created, previous_id, input_items, output_items, response "
+                               "FROM responses WHERE id = ? AND created >= ?",
+                               (response_id, self.db.clock() - self.ttl_seconds))
+        if not rows:
+            return None
+        rid, created, previous_id, inputs, outputs, response = rows[0]
+        return StoredResponse(rid, created, previous_id, json.loads(inputs), json.loads(outputs),
+                              None if response is None else json.loads(response))
+
+    def delete(self, response_id: str) -> bool:
+        found = bool(self.db.execute("SELECT 1 FROM responses WHERE id = ?", (response_id,)))
+        self.db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+        return found
+
+    def history(self, response_id: str) -> list | None:
+        """All items of the chain ending at response_id, oldest first; None if it is unknown."""
+        chain: list[StoredResponse] = []
+        seen: set[str] = set()
+        current: str | None = response_id
+        while current and current not in seen and len(chain) < MAX_CHAIN:
+            seen.add(current)
+            stored = self.get(current)
+            if stored is None:
+                if not chain:
+                    return None
+                break
+            chain.append(stored)
+            current = stored.previous_id
+        items: list = []
+        for stored in reversed(chain):
+            items += stored.input_items + stored.output_items
+        return items
