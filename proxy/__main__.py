@@ -1,0 +1,115 @@
+from gevent import monkey; monkey.patch_all()  # noqa: E702,I001 - must run before anything else imports socket
+
+"""`kimi-proxy`: serve, replay, doctor."""
+import logging  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+
+import click  # noqa: E402
+
+from proxy import __version__  # noqa: E402
+from proxy import config as config_mod  # noqa: E402
+
+log = logging.getLogger("kimi.proxy")
+
+
+def _options(f):
+    opts = [
+        click.option("--upstream", help="unix:///PATH or http(s)://HOST:PORT/v1 (default: the engine socket)"),
+        click.option("--host", help="address to listen on (default 127.0.0.1)"),
+        click.option("--port", type=int, help="port to listen on (default 8080)"),
+        click.option("--client", help="pin a client preset for its own dialect (default auto)"),
+        click.option("--reasoning-field", help="auto|reasoning_content|reasoning|inline|none"),
+        click.option("--tool-parser", help="auto or a parser name"),
+        click.option("--model", help="model name sent upstream"),
+        click.option("--small-model", help="model for the preset's small-model pattern (e.g. haiku)"),
+        click.option("--model-alias", multiple=True, help="A=B: send B when the client asks for A"),
+        click.option("--ledger", help="SQLite ledger path (mode 0600)"),
+        click.option("--api-key", help="require this key on every route but /health"),
+        click.option("--upstream-api-key", help="bearer token for the upstream"),
+        click.option("--log-file", help="append the request log here"),
+        click.option("--record", help="write cassettes into this directory"),
+        click.option("--allow-origin", multiple=True, help="admit this browser Origin"),
+        click.option("--allow-host", multiple=True, help="admit this non-loopback Host name"),
+        click.option("--config", "config_path", help="TOML config file"),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kimi-proxy")
+def main():
+    """Serve Claude Code, Codex and OpenAI-Chat agents from one local model."""
+
+
+@main.command()
+@_options
+def serve(config_path, **flags):
+    """Run the proxy."""
+    cli = {config_mod.key_of(k): v for k, v in flags.items()}
+    try:
+        cfg = config_mod.load(cli, config_path)
+    except config_mod.ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    _setup_logging(cfg["LOG_FILE"])
+    from proxy.server import serve_forever
+    sys.exit(serve_forever(cfg))
+
+
+def _setup_logging(path):
+    root = logging.getLogger("kimi")
+    root.setLevel(logging.INFO)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+
+    def attach():
+        for h in list(root.handlers):
+            root.removeHandler(h)
+            h.close()
+        handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stderr)
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+
+    attach()
+    if path:
+        signal.signal(signal.SIGHUP, lambda *_: attach())
+
+
+@main.command()
+@click.argument("cassettes", nargs=-1, required=True)
+@click.option("-v", "--verbose", is_flag=True, help="print every difference")
+def replay(cassettes, verbose):
+    """Re-run cassettes through the translation and print the differences."""
+    from proxy.replay import replay_paths
+    sys.exit(replay_paths(cassettes, verbose=verbose, echo=click.echo))
+
+
+@main.command()
+@_options
+def doctor(config_path, **flags):
+    """Check the configuration, the upstream and the port."""
+    cli = {config_mod.key_of(k): v for k, v in flags.items()}
+    try:
+        cfg = config_mod.load(cli, config_path)
+    except config_mod.ConfigError as exc:
+        click.echo(f"x config: {exc}")
+        sys.exit(1)
+    click.echo("ok config")
+    from proxy.upstream import Upstream
+    is_ok, detail = Upstream(cfg["UPSTREAM"], timeout_s=5).health()
+    click.echo(f"{'ok' if is_ok else 'x'} upstream {cfg['UPSTREAM']}: {detail}"
+               + ("" if is_ok else "  (start kimi-engine, or pass --upstream)"))
+    with socket.socket() as s:
+        try:
+            s.bind((cfg["HOST"], cfg["PORT"]))
+            click.echo(f"ok port {cfg['HOST']}:{cfg['PORT']} is free")
+        except OSError as exc:
+            click.echo(f"x port {cfg['HOST']}:{cfg['PORT']}: {exc.strerror} (pick another with --port)")
+            is_ok = False
+    sys.exit(0 if is_ok else 1)
+
+
+if __name__ == "__main__":
+    main()

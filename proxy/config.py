@@ -1,0 +1,184 @@
+"""Proxy configuration: defaults -> --config TOML file -> KIMI_PROXY_* env -> CLI flags.
+
+Keys in the TOML file are the long option names (`upstream`, `reasoning-field`,
+`model-alias = ["a=b"]`, ...); environment variables are `KIMI_PROXY_` plus the name
+upper-cased with dashes as underscores. Everything is validated once, in `validate`,
+with messages that name the key. Flask config keys are the upper-cased names.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import tomllib
+from ipaddress import ip_address
+
+ENV_PREFIX = "KIMI_PROXY_"
+REASONING_FIELDS = ("auto", "reasoning_content", "reasoning", "inline", "none")
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+def default_socket_path() -> str:
+    """The engine's default socket (the same rule as kimi-engine)."""
+    try:
+        from engined.config import default_socket_path as engine_rule  # light module, no torch
+        return str(engine_rule())
+    except ImportError:
+        pass
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        return os.path.join(os.environ["RUNTIME_DIRECTORY"].split(":")[0], "engine.sock")
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "kimi", "engine.sock")
+    return f"/tmp/kimi-{os.getuid()}/engine.sock"
+
+
+def default_ledger_path() -> str:
+    if os.environ.get("STATE_DIRECTORY"):
+        return os.path.join(os.environ["STATE_DIRECTORY"].split(":")[0], "ledger.sqlite")
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(pathlib.Path.home(), ".local", "state")
+    return os.path.join(state, "kimi", "ledger.sqlite")
+
+
+DEFAULTS = {
+    "UPSTREAM": None,            # None: unix:// + the engine's default socket
+    "HOST": "127.0.0.1",
+    "PORT": 8080,
+    "CLIENT": "auto",
+    "REASONING_FIELD": "auto",
+    "TOOL_PARSER": "auto",
+    "MODEL": None,               # None: the client's model name goes upstream
+    "MODEL_ALIAS": {},
+    "SMALL_MODEL": None,
+    "LEDGER": None,
+    "API_KEY": None,
+    "UPSTREAM_API_KEY": None,
+    "LOG_FILE": None,
+    "RECORD": None,
+    "ALLOW_ORIGIN": [],          # browser Origins admitted (exact match)
+    "ALLOW_HOST": [],            # non-loopback Host names admitted
+    "PING_INTERVAL_S": 10.0,     # keep-alive period while the upstream is quiet
+    "UPSTREAM_TIMEOUT_S": 600.0,
+    "MAX_BODY_BYTES": MAX_BODY_BYTES,
+}
+INTS = {"PORT", "MAX_BODY_BYTES"}
+FLOATS = {"PING_INTERVAL_S", "UPSTREAM_TIMEOUT_S"}
+LISTS = {"MODEL_ALIAS", "ALLOW_ORIGIN", "ALLOW_HOST"}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def key_of(name: str) -> str:
+    return name.replace("-", "_").upper()
+
+
+def from_file(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    out = {}
+    for name, value in data.items():
+        key = key_of(name)
+        if key not in DEFAULTS:
+            raise ConfigError(f"config file {path}: unknown key {name!r}")
+        out[key] = value
+    return out
+
+
+def from_env(environ) -> dict:
+    out = {}
+    for name, value in environ.items():
+        if name.startswith(ENV_PREFIX) and name[len(ENV_PREFIX):] in DEFAULTS:
+            key = name[len(ENV_PREFIX):]
+            out[key] = [v for v in value.split(",") if v] if key in LISTS else value
+    return out
+
+
+def load(cli: dict | None = None, config_path: str | None = None, environ=None) -> dict:
+    """Layer the sources and validate; CLI values of None mean "not given"."""
+    environ = os.environ if environ is None else environ
+    merged = dict(DEFAULTS)
+    path = config_path or environ.get(ENV_PREFIX + "CONFIG")
+    if path:
+        merged.update(from_file(path))
+    merged.update(from_env(environ))
+    merged.update({k: v for k, v in (cli or {}).items() if v is not None and v != () and v != []})
+    return validate(merged)
+
+
+def _coerce(key: str, value):
+    try:
+        if key in INTS:
+            return int(value)
+        if key in FLOATS:
+            return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key.lower().replace('_', '-')} must be a number, got {value!r}") from None
+    return value
+
+
+def _aliases(value) -> dict:
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    items = [value] if isinstance(value, str) else list(value or [])
+    out = {}
+    for item in items:
+        if not isinstance(item, str) or "=" not in item or item.startswith("="):
+            raise ConfigError(f"model-alias must look like A=B, got {item!r}")
+        a, b = item.split("=", 1)
+        out[a] = b
+    return out
+
+
+def validate(cfg: dict) -> dict:
+    cfg = {k: _coerce(k, v) for k, v in cfg.items()}
+    cfg["MODEL_ALIAS"] = _aliases(cfg["MODEL_ALIAS"])
+    for key in ("ALLOW_ORIGIN", "ALLOW_HOST"):
+        value = cfg[key]
+        cfg[key] = [value] if isinstance(value, str) else list(value or [])
+    if cfg["UPSTREAM"] is None:
+        cfg["UPSTREAM"] = "unix://" + default_socket_path()
+    if not str(cfg["UPSTREAM"]).startswith(("unix:///", "http://", "https://")):
+        raise ConfigError(f"upstream must be unix:///PATH or http(s)://HOST:PORT/v1, got {cfg['UPSTREAM']!r}")
+    if not 0 < cfg["PORT"] < 65536:
+        raise ConfigError(f"port must be 1..65535, got {cfg['PORT']}")
+    if cfg["REASONING_FIELD"] not in REASONING_FIELDS:
+        raise ConfigError(f"reasoning-field must be one of {', '.join(REASONING_FIELDS)}, "
+                          f"got {cfg['REASONING_FIELD']!r}")
+    _check_names(cfg)
+    if cfg["LEDGER"] is None:
+        cfg["LEDGER"] = default_ledger_path()
+    if cfg["PING_INTERVAL_S"] < 0 or cfg["UPSTREAM_TIMEOUT_S"] <= 0 or cfg["MAX_BODY_BYTES"] < 1:
+        raise ConfigError("ping-interval-s must be >= 0, upstream-timeout-s and max-body-bytes > 0")
+    return cfg
+
+
+def _check_names(cfg: dict) -> None:
+    from proxy import presets
+    from proxy.toolcalls import PARSER_NAMES
+    if cfg["TOOL_PARSER"] != "auto" and cfg["TOOL_PARSER"] not in PARSER_NAMES:
+        raise ConfigError(f"tool-parser must be auto or one of {', '.join(PARSER_NAMES)}, "
+                          f"got {cfg['TOOL_PARSER']!r}")
+    if cfg["CLIENT"] != "auto":
+        try:
+            presets.check_client_name(cfg["CLIENT"])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def is_loopback_host(host_header: str) -> bool:
+    host = host_header.strip()
+    if host.startswith("["):
+        host = host[1:host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.split(":")[0]
+    if host.lower() in ("localhost", ""):
+        return True
+    try:
+        return ip_address(host).is_loopback
+    except ValueError:
+        return False

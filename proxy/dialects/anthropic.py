@@ -1,0 +1,297 @@
+"""Anthropic Messages <-> canonical.
+
+Ingress: `system` blocks, `role:"system"` messages kept in place, thinking blocks with
+their signatures, tool_result blocks (with `is_error` and images) hoisted into a tool
+message before the rest of the user turn, images, text documents, tool_choice,
+`stop_sequences`, `thinking` and `output_config.effort`. Server tools (typed tools such
+as `web_search_20250305`) are not sent to the engine.
+
+Egress stream: message_start and a ping before the engine's first token, pings while it
+is quiet, one content block open at a time with indices 0..n-1, the signature_delta
+inside its thinking block, message_delta (with `stop_sequence`) and message_stop.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from proxy import canonical as c
+from proxy.dialects import common as d
+from proxy.errors import InvalidRequest, ProxyError, anthropic_body
+
+NAME = "anthropic"
+ID_PREFIX = "toolu_"
+STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+        "stop_sequence": "stop_sequence", "content_filter": "refusal", "error": "end_turn"}
+EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+
+
+def to_client_id(engine_id: str) -> str:
+    return ID_PREFIX + engine_id
+
+
+def to_engine_id(client_id: str) -> str:
+    return client_id[len(ID_PREFIX):] if client_id.startswith(ID_PREFIX) else client_id
+
+
+# ---- ingress ---------------------------------------------------------------------------
+def parse_request(body, policy) -> c.Request:
+    body = d.require_object(body)
+    messages = [*_system(body.get("system"))]
+    for i, m in enumerate(d.list_of_objects(body, "messages", True)):
+        messages.extend(_message(m, i))
+    thinking = body.get("thinking") if isinstance(body.get("thinking"), dict) else None
+    enabled = None if thinking is None else thinking.get("type") != "disabled"
+    return c.Request(
+        model=d.opt_str(body, "model") or "", messages=tuple(messages),
+        tools=tuple(t for t in (_tool(t) for t in d.list_of_objects(body, "tools")) if t),
+        tool_choice=_tool_choice(body.get("tool_choice")),
+        max_tokens=d.opt_int(body, "max_tokens") or policy.max_tokens,
+        temperature=_or(d.opt_float(body, "temperature"), policy.temperature),
+        top_p=d.opt_float(body, "top_p"), top_k=d.opt_int(body, "top_k"),
+        stop=d.stop_list(body.get("stop_sequences"), "stop_sequences"),
+        stream=bool(d.opt_bool(body, "stream")),
+        reasoning_effort=_effort(body, thinking) or policy.effort, thinking_enabled=enabled,
+        parallel_tool_calls=_parallel(body.get("tool_choice")),
+        metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {})
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def _effort(body: dict, thinking: dict | None) -> str | None:
+    config = body.get("output_config")
+    if isinstance(config, dict) and config.get("effort") in EFFORT:
+        return EFFORT[config["effort"]]
+    budget = thinking.get("budget_tokens") if thinking else None
+    if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
+        return "low" if budget <= 4096 else "medium" if budget <= 16384 else "high"
+    return None
+
+
+def _system(system) -> list[c.Message]:
+    if system is None:
+        return []
+    if isinstance(system, str):
+        return [c.Message("system", (c.Text(system),))] if system else []
+    if not isinstance(system, list):
+        raise InvalidRequest("`system` must be a string or a list of text blocks", param="system")
+    return [c.Message("system", (c.Text(b["text"]),)) for b in system
+            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) and b["text"]]
+
+
+def _message(m: dict, i: int) -> list[c.Message]:
+    role, content = m.get("role"), m.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    if not isinstance(blocks, list):
+        raise InvalidRequest(f"`messages[{i}].content` must be a string or a list of blocks",
+                             param=f"messages[{i}].content")
+    blocks = [b for b in blocks if isinstance(b, dict)]
+    if role == "assistant":
+        parts = tuple(p for p in (_assistant_block(b) for b in blocks) if p is not None)
+        return [c.Message("assistant", parts)] if parts else []
+    if role == "system":
+        return [c.Message("system", tuple(c.Text(b["text"]) for b in blocks if _is_text(b)))]
+    if role != "user":
+        raise InvalidRequest(f"`messages[{i}].role` must be user, assistant or system",
+                             param=f"messages[{i}].role")
+    results = [_tool_result(b) for b in blocks if b.get("type") == "tool_result"]
+    rest = tuple(p for p in (_user_block(b) for b in blocks if b.get("type") != "tool_result") if p)
+    out = [c.Message("tool", tuple(results))] if results else []
+    return out + ([c.Message("user", rest)] if rest or not results else [])
+
+
+def _is_text(b: dict) -> bool:
+    return b.get("type") == "text" and isinstance(b.get("text"), str)
+
+
+def _assistant_block(b: dict):
+    kind = b.get("type")
+    if _is_text(b):
+        return c.Text(b["text"]) if b["text"] else None
+    if kind == "thinking":
+        return c.Reasoning(str(b.get("thinking") or ""), b.get("signature") or None)
+    if kind == "redacted_thinking":
+        return c.Reasoning("", b.get("data") or None, redacted=True)
+    if kind == "tool_use":
+        args = b.get("input")
+        raw = args if isinstance(args, str) else json.dumps(args if args is not None else {}, ensure_ascii=False)
+        return c.ToolCall(to_engine_id(str(b.get("id") or "")), str(b.get("name") or ""), raw)
+    return None
+
+
+def _user_block(b: dict):
+    if _is_text(b):
+        return c.Text(b["text"]) if b["text"] else None
+    if b.get("type") == "image":
+        return _image(b.get("source"))
+    if b.get("type") == "document":
+        src = b.get("source") if isinstance(b.get("source"), dict) else {}
+        if src.get("type") == "text" and isinstance(src.get("data"), str):
+            return c.Text(src["data"])
+    return None
+
+
+def _image(src) -> c.Image | None:
+    if not isinstance(src, dict):
+        return None
+    if src.get("type") == "base64" and isinstance(src.get("data"), str):
+        return c.Image(str(src.get("media_type") or "image/png"), src["data"])
+    if src.get("type") == "url" and isinstance(src.get("url"), str):
+        return c.Image("image/jpeg", url=src["url"])
+    return None
+
+
+def _tool_result(b: dict) -> c.ToolResult:
+    content, texts, images = b.get("content"), [], []
+    if isinstance(content, str):
+        texts.append(content)
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict) and _is_text(part):
+                texts.append(part["text"])
+            elif isinstance(part, dict) and part.get("type") == "image":
+                img = _image(part.get("source"))
+                images.extend([img] if img else [])
+    elif content is not None:
+        texts.append(json.dumps(content))
+    return c.ToolResult(to_engine_id(str(b.get("tool_use_id") or "")), "\n".join(texts),
+                        is_error=b.get("is_error") is True, images=tuple(images))
+
+
+def _tool(t: dict) -> c.ToolSpec | None:
+    if t.get("type") not in (None, "custom") or not isinstance(t.get("name"), str):
+        return None  # Anthropic server tools run on Anthropic's side; the engine cannot
+    schema = t.get("input_schema") if isinstance(t.get("input_schema"), dict) else None
+    return c.ToolSpec(t["name"], t.get("description") or "", schema or {"type": "object", "properties": {}})
+
+
+def _tool_choice(choice):
+    if not isinstance(choice, dict):
+        return None
+    kind = choice.get("type")
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return {"auto": "auto", "any": "required", "none": "none"}.get(kind)
+
+
+def _parallel(choice) -> bool | None:
+    if isinstance(choice, dict) and choice.get("disable_parallel_tool_use") is True:
+        return False
+    return None
+
+
+# ---- egress ----------------------------------------------------------------------------
+def _shows_thinking(req: c.Request, policy) -> bool:
+    return policy.reasoning == "thinking_blocks" and req.thinking_enabled is not False
+
+
+def usage_body(u: c.Usage) -> dict:
+    return {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_input_tokens}
+
+
+def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> dict:
+    content: list = []
+    if _shows_thinking(req, policy):
+        for r in resp.reasoning():
+            content.append({"type": "redacted_thinking", "data": r.signature or ""} if r.redacted
+                           else {"type": "thinking", "thinking": r.text, "signature": r.signature or ""})
+    text = resp.text()
+    reasoning = "".join(r.text for r in resp.reasoning() if not r.redacted)
+    if policy.reasoning == "inline_tags" and reasoning:
+        text = f"<think>{reasoning}</think>{text}"
+    if text:
+        content.append({"type": "text", "text": text})
+    for t in resp.tool_calls():
+        content.append({"type": "tool_use", "id": to_client_id(t.id), "name": t.name,
+                        "input": d.parse_args_object(t.arguments)})
+    usage = resp.usage if resp.usage.input_tokens else c.Usage(
+        turn.input_estimate, resp.usage.output_tokens, resp.usage.cached_input_tokens)
+    return {"id": turn.id, "type": "message", "role": "assistant", "model": turn.client_model,
+            "content": content or [{"type": "text", "text": ""}],
+            "stop_reason": STOP.get(resp.finish_reason, "end_turn"),
+            "stop_sequence": resp.stop_sequence, "usage": usage_body(usage)}
+
+
+class _Blocks:
+    """At most one open content block; indices 0..n-1 without gaps."""
+
+    def __init__(self):
+        self.num_blocks = 0
+        self.open_kind: str | None = None
+
+    def open(self, kind: str, block: dict) -> list:
+        frames = self.close()
+        self.open_kind = kind
+        frames.append(("content_block_start", {"type": "content_block_start",
+                                               "index": self.num_blocks, "content_block": block}))
+        return frames
+
+    def delta(self, delta: dict) -> tuple:
+        return "content_block_delta", {"type": "content_block_delta", "index": self.num_blocks,
+                                       "delta": delta}
+
+    def close(self) -> list:
+        if self.open_kind is None:
+            return []
+        self.open_kind = None
+        self.num_blocks += 1
+        return [("content_block_stop", {"type": "content_block_stop", "index": self.num_blocks - 1})]
+
+
+def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
+    yield "message_start", {"type": "message_start", "message": {
+        "id": turn.id, "type": "message", "role": "assistant", "model": turn.client_model,
+        "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": usage_body(c.Usage(turn.input_estimate))}}
+    yield "ping", {"type": "ping"}
+    blocks, thinking, inline = _Blocks(), _shows_thinking(req, policy), policy.reasoning == "inline_tags"
+    is_think_open = False
+    for ev in events:
+        if ev is d.KEEPALIVE:
+            yield "ping", {"type": "ping"}
+        elif isinstance(ev, c.ReasoningDelta) and thinking:
+            if blocks.open_kind != "thinking":
+                yield from blocks.open("thinking", {"type": "thinking", "thinking": ""})
+            yield blocks.delta({"type": "thinking_delta", "thinking": ev.text})
+        elif isinstance(ev, c.ReasoningDelta) and inline:
+            if blocks.open_kind != "text":
+                yield from blocks.open("text", {"type": "text", "text": ""})
+            if not is_think_open:
+                is_think_open = True
+                yield blocks.delta({"type": "text_delta", "text": "<think>"})
+            yield blocks.delta({"type": "text_delta", "text": ev.text})
+        elif isinstance(ev, c.ReasoningEnd) and blocks.open_kind == "thinking":
+            yield blocks.delta({"type": "signature_delta", "signature": ev.signature or ""})
+            yield from blocks.close()
+        elif isinstance(ev, c.ReasoningEnd) and is_think_open:
+            is_think_open = False
+            yield blocks.delta({"type": "text_delta", "text": "</think>"})
+        elif isinstance(ev, c.TextDelta):
+            if blocks.open_kind != "text":
+                yield from blocks.open("text", {"type": "text", "text": ""})
+            yield blocks.delta({"type": "text_delta", "text": ev.text})
+        elif isinstance(ev, c.ToolCallStart):
+            yield from blocks.open("tool_use", {"type": "tool_use", "id": to_client_id(ev.id),
+                                                "name": ev.name, "input": {}})
+        elif isinstance(ev, c.ToolCallArgsDelta):
+            yield blocks.delta({"type": "input_json_delta", "partial_json": ev.text})
+        elif isinstance(ev, c.ToolCallEnd):
+            yield from blocks.close()
+        elif isinstance(ev, c.StreamEnd):
+            yield from blocks.close()
+            yield "message_delta", {"type": "message_delta", "delta": {
+                "stop_reason": STOP.get(ev.finish_reason, "end_turn"), "stop_sequence": ev.stop_sequence},
+                "usage": {"input_tokens": ev.usage.input_tokens or turn.input_estimate,
+                          "output_tokens": ev.usage.output_tokens}}
+            yield "message_stop", {"type": "message_stop"}
+
+
+def render_error(err: ProxyError) -> dict:
+    return anthropic_body(err)
+
+
+def stream_error(turn: d.Turn, err: ProxyError) -> list:
+    return [("error", anthropic_body(err))]

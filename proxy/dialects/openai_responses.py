@@ -1,0 +1,192 @@
+"""OpenAI Responses <-> canonical (ingress, errors; egress lives in responses_out.py).
+
+Ingress: `instructions`, string or item-list `input`, developer/system items kept in
+place, reasoning items (`encrypted_content` is the signature), function_call and
+function_call_output, custom (freeform) tools and their calls, `namespace` tools
+flattened into their functions, client-executed `tool_search` as a function, the named
+`tool_choice` form translated, and `previous_response_id` resolved by the caller.
+Hosted tools (web_search, image_generation, file_search, ...) run at OpenAI, so they are
+not offered to the engine. Client-only keys are not forwarded upstream.
+"""
+from __future__ import annotations
+
+import json
+
+from proxy import canonical as c
+from proxy.dialects import common as d
+from proxy.dialects.responses_out import render_response, stream  # noqa: F401 - dialect API
+from proxy.errors import InvalidRequest, ProxyError, openai_body
+
+NAME = "openai_responses"
+CONSUMED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+            "max_output_tokens", "temperature", "top_p", "top_k", "reasoning", "store", "stream",
+            "previous_response_id", "metadata", "include", "text", "prompt_cache_key",
+            "client_metadata", "truncation", "user", "service_tier", "background", "safety_identifier",
+            "stream_options", "prompt", "max_tool_calls", "conversation"}
+TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+CUSTOM_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+
+
+def parse_request(body, policy) -> c.Request:
+    body = d.require_object(body)
+    messages: list[c.Message] = []
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions.strip():
+        messages.append(c.Message("system", (c.Text(instructions),)))
+    messages.extend(parse_input(body.get("input")))
+    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    effort = reasoning.get("effort") if isinstance(reasoning.get("effort"), str) else None
+    return c.Request(
+        model=d.opt_str(body, "model") or "", messages=tuple(messages),
+        tools=tuple(_tools(d.list_of_objects(body, "tools"))),
+        tool_choice=_tool_choice(body.get("tool_choice")),
+        max_tokens=d.opt_int(body, "max_output_tokens") or policy.max_tokens,
+        temperature=_or(d.opt_float(body, "temperature"), policy.temperature),
+        top_p=d.opt_float(body, "top_p"), top_k=d.opt_int(body, "top_k"),
+        stream=bool(d.opt_bool(body, "stream")),
+        reasoning_effort=(None if effort == "none" else effort) or policy.effort,
+        thinking_enabled=False if effort == "none" else None,
+        parallel_tool_calls=d.opt_bool(body, "parallel_tool_calls"),
+        metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
+        passthrough={k: v for k, v in body.items() if k not in CONSUMED},
+        previous_response_id=d.opt_str(body, "previous_response_id"),
+        store=d.opt_bool(body, "store"))
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def parse_input(value) -> list[c.Message]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [c.Message("user", (c.Text(value),))]
+    if not isinstance(value, list):
+        raise InvalidRequest("`input` must be a string or a list of items", param="input")
+    out: list[c.Message] = []
+    assistant: list = []  # consecutive reasoning/message/call items form one assistant turn
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            item = {"type": "message", "role": "user", "content": item}
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"`input[{i}]` must be an object", param=f"input[{i}]")
+        part = _assistant_part(item)
+        if part is not None:
+            assistant.extend(part)
+            continue
+        msg = _other_item(item, i)
+        if msg is None:
+            continue
+        if assistant:
+            out.append(c.Message("assistant", tuple(assistant)))
+            assistant = []
+        out.append(msg)
+    if assistant:
+        out.append(c.Message("assistant", tuple(assistant)))
+    return out
+
+
+def _assistant_part(item: dict) -> list | None:
+    kind = item.get("type") or ("message" if "role" in item else None)
+    if kind == "message" and item.get("role") == "assistant":
+        return _parts(item.get("content"))
+    if kind == "reasoning":
+        summary = item.get("summary") if isinstance(item.get("summary"), list) else []
+        texts = [s.get("text", "") for s in summary if isinstance(s, dict) and isinstance(s.get("text"), str)]
+        if not texts and isinstance(item.get("content"), list):
+            texts = [s.get("text", "") for s in item["content"] if isinstance(s, dict) and isinstance(s.get("text"), str)]
+        sig = item.get("encrypted_content") if isinstance(item.get("encrypted_content"), str) else None
+        return [c.Reasoning("\n".join(texts), sig)] if texts or sig else []
+    if kind == "function_call":
+        args = item.get("arguments")
+        args = args if isinstance(args, str) else json.dumps(args if args is not None else {})
+        return [c.ToolCall(str(item.get("call_id") or item.get("id") or ""), str(item.get("name") or ""), args)]
+    if kind == "custom_tool_call":
+        raw = json.dumps({"input": str(item.get("input") or "")}, ensure_ascii=False)
+        return [c.ToolCall(str(item.get("call_id") or item.get("id") or ""), str(item.get("name") or ""), raw)]
+    return None
+
+
+def _other_item(item: dict, i: int) -> c.Message | None:
+    kind = item.get("type") or ("message" if "role" in item else None)
+    if kind == "message":
+        role = item.get("role")
+        parts = tuple(_parts(item.get("content")))
+        return c.Message("system" if role in ("system", "developer") else "user", parts)
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        return c.Message("tool", (c.ToolResult(str(item.get("call_id") or ""), _output_text(item.get("output"))),))
+    return None  # hosted-tool items and item_reference carry nothing the engine can use
+
+
+def _parts(content) -> list:
+    if isinstance(content, str):
+        return [c.Text(content)] if content else []
+    parts = []
+    for p in content if isinstance(content, list) else ():
+        if not isinstance(p, dict):
+            continue
+        if p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str):
+            parts.append(c.Text(p["text"]))
+        elif p.get("type") == "refusal" and isinstance(p.get("refusal"), str):
+            parts.append(c.Text(p["refusal"]))
+        elif p.get("type") == "input_image":
+            url = p.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if isinstance(url, str) and url:
+                split = d.split_data_url(url)
+                parts.append(c.Image(*split) if split else c.Image("image/jpeg", url=url))
+    return parts
+
+
+def _output_text(output) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return "".join(o if isinstance(o, str) else str(o.get("text", "")) for o in output
+                       if isinstance(o, (str, dict)))
+    return json.dumps(output)
+
+
+def _tools(tools: list[dict]) -> list[c.ToolSpec]:
+    out = []
+    for t in tools:
+        kind = t.get("type")
+        if kind == "namespace":
+            nested = [x for x in t.get("tools") or () if isinstance(x, dict)]
+            out.extend(_function(x, namespace=str(t.get("name") or "")) for x in nested)
+        elif kind == "custom" and isinstance(t.get("name"), str):
+            fmt = t.get("format") if isinstance(t.get("format"), dict) else {}
+            desc = (t.get("description") or "") + (f"\nInput grammar ({fmt.get('syntax')}):\n{fmt['definition']}"
+                                                   if isinstance(fmt.get("definition"), str) else "")
+            out.append(c.ToolSpec(t["name"], desc, CUSTOM_SCHEMA, kind="custom"))
+        elif kind in ("function", "tool_search", None):
+            out.append(_function(t))
+    return [t for t in out if t is not None]
+
+
+def _function(t: dict, namespace: str | None = None) -> c.ToolSpec | None:
+    fn = t.get("function") if isinstance(t.get("function"), dict) else t
+    name = fn.get("name") or (t.get("type") if t.get("type") == "tool_search" else None)
+    if not isinstance(name, str):
+        return None
+    params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else None
+    return c.ToolSpec(name, fn.get("description") or "", params or {"type": "object", "properties": {}},
+                      namespace=namespace)
+
+
+def _tool_choice(choice):
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    if choice in ("auto", "none", "required"):
+        return choice
+    return None
+
+
+def render_error(err: ProxyError) -> dict:
+    return openai_body(err)
+
+
+def stream_error(turn: d.Turn, err: ProxyError) -> list:
+    from proxy.dialects.responses_out import failed_frames
+    return failed_frames(turn, err)

@@ -1,0 +1,207 @@
+"""OpenAI Responses egress: the response envelope, its items, and the event stream.
+
+Every event carries `type` and a `sequence_number` (0, 1, 2, ... per response, error
+events included). One item is open at a time; output indices have no gaps; the terminal
+event (`response.completed`, `.incomplete` or `.failed`) lists exactly the items
+announced. Non-stream bodies are built by the same item builder.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from proxy import canonical as c
+from proxy.dialects import common as d
+from proxy.errors import ProxyError, openai_type
+
+INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def _seq(turn: d.Turn) -> int:
+    n = turn.extra.get("seq", 0)
+    turn.extra["seq"] = n + 1
+    return n
+
+
+def _event(turn: d.Turn, kind: str, **fields) -> tuple:
+    return kind, {"type": kind, **fields, "sequence_number": _seq(turn)}
+
+
+def usage_body(u: c.Usage) -> dict:
+    return {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+            "total_tokens": u.input_tokens + u.output_tokens,
+            "input_tokens_details": {"cached_tokens": u.cached_input_tokens},
+            "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}
+
+
+def envelope(turn: d.Turn, status: str, output: list, usage: c.Usage | None,
+             finish: str | None = None, error: dict | None = None) -> dict:
+    echo = turn.extra.get("echo", {})
+    text = "".join(p["text"] for item in output if item["type"] == "message"
+                   for p in item["content"] if p.get("type") == "output_text")
+    reason = INCOMPLETE.get(finish or "")
+    return {"id": turn.id, "object": "response", "created_at": turn.created, "status": status,
+            "model": turn.client_model, "output": output, "output_text": text,
+            "usage": usage_body(usage) if usage is not None else None,
+            "parallel_tool_calls": echo.get("parallel_tool_calls", True),
+            "tool_choice": echo.get("tool_choice", "auto"), "tools": echo.get("tools", []),
+            "instructions": echo.get("instructions"), "metadata": echo.get("metadata", {}),
+            "previous_response_id": echo.get("previous_response_id"), "store": echo.get("store", True),
+            "incomplete_details": {"reason": reason} if reason and status == "incomplete" else None,
+            "error": error}
+
+
+def final_status(finish: str) -> str:
+    return "incomplete" if finish in INCOMPLETE else "completed"
+
+
+def _item_id(turn: d.Turn, prefix: str, index: int) -> str:
+    return f"{prefix}_{turn.id.removeprefix('resp_')}_{index}"
+
+
+def reasoning_item(turn, index, text, sig, status, redacted=False) -> dict:
+    summary = [] if redacted or not text else [{"type": "summary_text", "text": text}]
+    return {"type": "reasoning", "id": _item_id(turn, "rs", index), "summary": summary,
+            "encrypted_content": sig, "status": status}
+
+
+def message_item(turn, index, text, status) -> dict:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
+    return {"type": "message", "id": _item_id(turn, "msg", index), "role": "assistant",
+            "status": status, "content": content}
+
+
+def call_item(turn, index, call_id, name, arguments, status) -> dict:
+    spec = turn.extra.get("tools_by_name", {}).get(name)
+    if spec is not None and spec.kind == "custom":
+        args = d.parse_args_object(arguments)
+        raw = args.get("input") if isinstance(args.get("input"), str) else arguments
+        return {"type": "custom_tool_call", "id": _item_id(turn, "ctc", index), "call_id": call_id,
+                "name": name, "input": raw if status == "completed" else "", "status": status}
+    item = {"type": "function_call", "id": _item_id(turn, "fc", index), "call_id": call_id,
+            "name": name, "arguments": arguments, "status": status}
+    if spec is not None and spec.namespace:
+        item["namespace"] = spec.namespace
+    return item
+
+
+def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> dict:
+    output = []
+    if policy.reasoning == "responses_item":
+        for r in resp.reasoning():
+            if r.text or r.signature:
+                output.append(reasoning_item(turn, len(output), r.text, r.signature, "completed", r.redacted))
+    if resp.text():
+        output.append(message_item(turn, len(output), resp.text(), "completed"))
+    for t in resp.tool_calls():
+        output.append(call_item(turn, len(output), t.id, t.name, t.arguments, "completed"))
+    return envelope(turn, final_status(resp.finish_reason), output, resp.usage, resp.finish_reason)
+
+
+class _Items:
+    """The stream's item state: announced items and the one open item."""
+
+    def __init__(self, turn: d.Turn):
+        self.turn = turn
+        self.done: list[dict] = []
+        turn.extra["announced"] = self.done
+        self.kind: str | None = None
+        self.buf: list[str] = []
+        self.call: tuple | None = None
+
+    def open(self, kind: str, item: dict, call: tuple | None = None) -> Iterator[tuple]:
+        yield from self.close()
+        self.kind, self.buf, self.call, self.item = kind, [], call, item
+        yield _event(self.turn, "response.output_item.added", output_index=len(self.done), item=item)
+        if kind == "message":
+            yield self._part("response.content_part.added", "")
+        elif kind == "reasoning":
+            yield _event(self.turn, "response.reasoning_summary_part.added", item_id=item["id"],
+                         output_index=len(self.done), summary_index=0,
+                         part={"type": "summary_text", "text": ""})
+
+    def _part(self, kind: str, text: str) -> tuple:
+        return _event(self.turn, kind, item_id=self.item["id"], output_index=len(self.done),
+                      content_index=0, part={"type": "output_text", "text": text, "annotations": []})
+
+    def delta(self, text: str) -> tuple:
+        self.buf.append(text)
+        kind = {"reasoning": "response.reasoning_summary_text.delta", "message": "response.output_text.delta",
+                "call": "response.function_call_arguments.delta"}[self.kind]
+        extra = {"summary_index": 0} if self.kind == "reasoning" else {} if self.kind == "call" else {"content_index": 0}
+        if self.kind == "call" and self.item["type"] == "custom_tool_call":
+            kind = "response.custom_tool_call_input.delta"
+        return _event(self.turn, kind, item_id=self.item["id"], output_index=len(self.done), **extra, delta=text)
+
+    def close(self, signature: str | None = None) -> Iterator[tuple]:
+        if self.kind is None:
+            return
+        turn, index, text, item_id = self.turn, len(self.done), "".join(self.buf), self.item["id"]
+        if self.kind == "reasoning":
+            yield _event(turn, "response.reasoning_summary_text.done", item_id=item_id, output_index=index,
+                         summary_index=0, text=text)
+            yield _event(turn, "response.reasoning_summary_part.done", item_id=item_id, output_index=index,
+                         summary_index=0, part={"type": "summary_text", "text": text})
+            item = reasoning_item(turn, index, text, signature, "completed")
+        elif self.kind == "message":
+            yield _event(turn, "response.output_text.done", item_id=item_id, output_index=index,
+                         content_index=0, text=text)
+            yield self._part("response.content_part.done", text)
+            item = message_item(turn, index, text, "completed")
+        else:
+            call_id, name = self.call
+            item = call_item(turn, index, call_id, name, text, "completed")
+            if item["type"] == "custom_tool_call":
+                yield _event(turn, "response.custom_tool_call_input.done", item_id=item_id,
+                             output_index=index, input=item["input"])
+            else:
+                yield _event(turn, "response.function_call_arguments.done", item_id=item_id,
+                             output_index=index, arguments=text)
+        self.kind = None
+        yield _event(turn, "response.output_item.done", output_index=index, item=item)
+        self.done.append(item)
+
+
+def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
+    skeleton = envelope(turn, "in_progress", [], None)
+    yield _event(turn, "response.created", response=skeleton)
+    yield _event(turn, "response.in_progress", response=skeleton)
+    items, shows_reasoning = _Items(turn), policy.reasoning == "responses_item"
+    for ev in events:
+        if ev is d.KEEPALIVE:
+            yield d.KEEPALIVE
+        elif isinstance(ev, c.ReasoningDelta) and shows_reasoning:
+            if items.kind != "reasoning":
+                yield from items.open("reasoning", reasoning_item(turn, len(items.done), "", None, "in_progress"))
+            yield items.delta(ev.text)
+        elif isinstance(ev, c.ReasoningEnd) and items.kind == "reasoning":
+            yield from items.close(ev.signature)
+        elif isinstance(ev, c.TextDelta):
+            if items.kind != "message":
+                yield from items.open("message", message_item(turn, len(items.done), None, "in_progress"))
+            yield items.delta(ev.text)
+        elif isinstance(ev, c.ToolCallStart):
+            item = call_item(turn, len(items.done), ev.id, ev.name, "", "in_progress")
+            yield from items.open("call", item, (ev.id, ev.name))
+        elif isinstance(ev, c.ToolCallArgsDelta) and items.kind == "call":
+            yield items.delta(ev.text)
+        elif isinstance(ev, c.ToolCallEnd):
+            yield from items.close()
+        elif isinstance(ev, c.StreamEnd):
+            yield from items.close()
+            status = final_status(ev.finish_reason)
+            final = envelope(turn, status, items.done, ev.usage, ev.finish_reason)
+            turn.extra["final"] = final
+            yield _event(turn, f"response.{status}", response=final)
+
+
+def failed_frames(turn: d.Turn, err: ProxyError) -> list:
+    kind = openai_type(err)
+    error = {"code": kind, "message": err.message}
+    final = envelope(turn, "failed", list(turn.extra.get("announced", [])), None, error=error)
+    return [_event(turn, "error", code=kind, message=err.message, param=err.param),
+            _event(turn, "response.failed", response=final)]
+
+
+def dumps_args(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)

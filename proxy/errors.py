@@ -1,0 +1,93 @@
+"""One exception family, with an HTTP status and an error type; rendered once per dialect.
+
+Error types follow the OpenAI/Anthropic public sets:
+  invalid_request_error 400, authentication_error 401, permission_error 403,
+  not_found_error 404, request_too_large 413, rate_limit_error 429,
+  api_error 500/502, overloaded_error 503 (Anthropic) / service_unavailable (OpenAI).
+"""
+from __future__ import annotations
+
+
+class ProxyError(Exception):
+    status = 500
+    type = "api_error"
+    headers: dict = {}
+
+    def __init__(self, message: str, *, param: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if status is not None:
+            self.status = status
+
+
+class InvalidRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class AuthError(ProxyError):
+    status = 401
+    type = "authentication_error"
+
+
+class Forbidden(ProxyError):
+    status = 403
+    type = "permission_error"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "not_found_error"
+
+
+class MethodNotAllowed(ProxyError):
+    status = 405
+    type = "invalid_request_error"
+
+
+class TooLarge(ProxyError):
+    status = 413
+    type = "request_too_large"
+
+
+class UpstreamError(ProxyError):
+    """The upstream answered with an error status (carried through) or a bad body."""
+    status = 502
+    type = "api_error"
+
+
+class UpstreamUnavailable(ProxyError):
+    """The upstream cannot be reached: 503 plus Retry-After."""
+    status = 503
+    type = "overloaded_error"
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}
+
+
+class UpstreamTimeout(UpstreamUnavailable):
+    status = 504
+
+
+def openai_type(err: ProxyError) -> str:
+    """OpenAI names for the types that differ from Anthropic's."""
+    return {"overloaded_error": "service_unavailable", "not_found_error": "not_found_error",
+            "request_too_large": "invalid_request_error"}.get(err.type, err.type)
+
+
+def anthropic_body(err: ProxyError) -> dict:
+    return {"type": "error", "error": {"type": err.type, "message": err.message}}
+
+
+def openai_body(err: ProxyError) -> dict:
+    kind = openai_type(err)
+    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": kind}}
+
+
+def from_exception(exc: BaseException) -> ProxyError:
+    """Any exception as a ProxyError (unexpected ones become a 500 without a traceback)."""
+    if isinstance(exc, ProxyError):
+        return exc
+    return ProxyError(f"internal error: {type(exc).__name__}: {exc}")

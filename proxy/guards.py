@@ -1,0 +1,100 @@
+"""Before every request: a request id, Host/Origin checks, the API key. And the one
+place errors are rendered, in the dialect of the route that failed."""
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import uuid
+
+from flask import Flask, current_app, g, request
+from werkzeug.exceptions import HTTPException
+
+from proxy import config as config_mod
+from proxy.errors import (AuthError, Forbidden, MethodNotAllowed, NotFound, ProxyError, TooLarge,
+                          anthropic_body, from_exception, openai_body)
+
+log = logging.getLogger("kimi.proxy")
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+OPEN_PATHS = ("/health",)
+
+
+def init_app(app: Flask) -> None:
+    app.before_request(_request_id)
+    app.before_request(_host_and_origin)
+    app.before_request(_api_key)
+    app.after_request(_echo_request_id)
+    app.register_error_handler(ProxyError, render_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected)
+
+
+def is_anthropic_route() -> bool:
+    return "/messages" in request.path or (
+        request.path.rstrip("/").endswith("/models") and "anthropic-version" in request.headers)
+
+
+def render_error(err: ProxyError):
+    body = anthropic_body(err) if is_anthropic_route() else openai_body(err)
+    resp = current_app.response_class(current_app.json.dumps(body), status=err.status,
+                                      mimetype="application/json")
+    for key, value in err.headers.items():
+        resp.headers[key] = value
+    ex = g.get("exchange")
+    if ex is not None:
+        ex.status = err.status
+        current_app.extensions["kimi"].log_request(ex)
+    return resp
+
+
+def _http_error(exc: HTTPException):
+    kinds = {404: NotFound, 405: MethodNotAllowed, 413: TooLarge}
+    cls = kinds.get(exc.code)
+    if cls is None:
+        return render_error(ProxyError(exc.description or exc.name, status=exc.code or 500))
+    message = {404: f"no route for {request.method} {request.path}",
+               405: f"{request.method} is not allowed on {request.path}",
+               413: f"request body is larger than {current_app.config['MAX_BODY_BYTES']} bytes"}[exc.code]
+    return render_error(cls(message))
+
+
+def _unexpected(exc: Exception):
+    log.exception("unexpected error on %s", request.path)
+    return render_error(from_exception(exc))
+
+
+def _request_id():
+    given = request.headers.get("x-request-id", "")
+    g.request_id = given if REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+def _echo_request_id(resp):
+    resp.headers["X-Request-Id"] = g.get("request_id", "")
+    return resp
+
+
+def _host_and_origin():
+    cfg = current_app.config
+    host = request.host or ""
+    if not config_mod.is_loopback_host(host) and host.split(":")[0] not in cfg["ALLOW_HOST"] \
+            and not cfg.get("API_KEY"):
+        raise Forbidden(f"Host {host!r} is not a loopback name; allow it with --allow-host or set --api-key")
+    origin = request.headers.get("Origin")
+    if origin and origin not in cfg["ALLOW_ORIGIN"]:
+        raise Forbidden(f"requests from browser origin {origin!r} are refused; allow it with --allow-origin")
+
+
+def _api_key():
+    key = current_app.config.get("API_KEY")
+    if not key or request.path in OPEN_PATHS:
+        return
+    if not is_authorized(key):
+        raise AuthError("missing or invalid API key (send Authorization: Bearer KEY or x-api-key: KEY)")
+
+
+def is_authorized(key: str | None) -> bool:
+    if not key:
+        return True
+    auth = request.headers.get("Authorization", "")
+    token = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+    return hmac.compare_digest(token.encode(), key.encode())

@@ -1,0 +1,121 @@
+"""HTTP routes. Views parse the body, pick the policy and hand over to the handler."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from flask import Blueprint, current_app, g, request
+
+from proxy import handler, policy as policy_mod
+from proxy.dialects import anthropic, openai_chat, openai_responses
+from proxy.errors import InvalidRequest, NotFound
+from proxy.guards import is_authorized
+from proxy.payload import build_payload, tool_to_openai
+
+bp = Blueprint("kimi", __name__)
+log = logging.getLogger("kimi.proxy")
+
+
+def json_body():
+    raw = request.get_data(cache=False)
+    if not raw.strip():
+        raise InvalidRequest("request body is empty; send a JSON object")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"invalid JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _model_request(dialect, route: str):
+    body = json_body()
+    policy = policy_mod.resolve(current_app.config, dialect.NAME, request.path, request.headers, body)
+    info = {"path": request.full_path.rstrip("?"), "headers": dict(request.headers), "body": body}
+    return handler.run(dialect, policy, body, route, info)
+
+
+@bp.post("/v1/chat/completions")
+@bp.post("/chat/completions")
+def chat_completions():
+    return _model_request(openai_chat, "chat")
+
+
+@bp.post("/v1/messages")
+@bp.post("/messages")
+def messages():
+    return _model_request(anthropic, "messages")
+
+
+@bp.post("/v1/responses")
+@bp.post("/responses")
+def responses():
+    return _model_request(openai_responses, "responses")
+
+
+@bp.get("/v1/responses/<response_id>")
+def get_response(response_id: str):
+    record = current_app.extensions["kimi"].responses.get(response_id)
+    if record is None:
+        raise NotFound(f"response {response_id!r} was not found")
+    return record["response"]
+
+
+@bp.delete("/v1/responses/<response_id>")
+def delete_response(response_id: str):
+    if not current_app.extensions["kimi"].responses.delete(response_id):
+        raise NotFound(f"response {response_id!r} was not found")
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+@bp.post("/v1/messages/count_tokens")
+@bp.post("/messages/count_tokens")
+def count_tokens():
+    body = json_body()
+    policy = policy_mod.resolve(current_app.config, "anthropic", "/v1/messages", request.headers, body)
+    req = anthropic.parse_request({**body, "max_tokens": body.get("max_tokens") or 1}, policy)
+    payload = build_payload(req, model=current_app.config["MODEL"] or req.model,
+                            reasoning_field=current_app.config["REASONING_FIELD"])
+    services = current_app.extensions["kimi"]
+    count = services.upstream.tokenize(payload["messages"], payload.get("tools"), payload["model"])
+    if count is None:
+        count = max(1, len(json.dumps(payload["messages"]) + json.dumps(payload.get("tools", []))) // 4)
+        log.warning("%s count_tokens: upstream has no /tokenize; returned an ESTIMATE of %d",
+                    g.request_id, count)
+    return {"input_tokens": count}
+
+
+@bp.get("/v1/models")
+@bp.get("/models")
+def models():
+    dialect = "anthropic" if "anthropic-version" in request.headers else "openai_chat"
+    policy = policy_mod.resolve(current_app.config, dialect, "/v1/models", request.headers, None)
+    names = list(dict.fromkeys([current_app.config["MODEL"] or "kimi-local", *policy.models]))
+    if dialect == "anthropic":
+        data = [{"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"} for n in names]
+        return {"data": data, "has_more": False, "first_id": names[0], "last_id": names[-1]}
+    return {"object": "list", "data": [{"id": n, "object": "model", "created": int(time.time()),
+                                        "owned_by": "kimi-local"} for n in names]}
+
+
+@bp.route("/", methods=["GET", "HEAD"])
+def root():
+    return {"name": "kimi-proxy", "routes": ["/v1/messages", "/v1/chat/completions", "/v1/responses"]}
+
+
+@bp.get("/health")
+def health():
+    services = current_app.extensions["kimi"]
+    is_ok, detail = services.upstream.health()
+    body = {"status": "ok" if is_ok else "degraded"}
+    if is_authorized(current_app.config.get("API_KEY")):
+        body.update(upstream=services.upstream.url, engine=detail)
+    return body, 200 if is_ok else 503
+
+
+@bp.get("/metrics")
+def metrics():
+    services = current_app.extensions["kimi"]
+    return current_app.response_class(services.metrics.render(), mimetype=services.metrics.content_type)

@@ -1,0 +1,64 @@
+"""The gevent WSGI server around the app (TCP_NODELAY on every accepted socket)."""
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+
+from gevent.pywsgi import WSGIHandler, WSGIServer
+
+from proxy import __version__
+
+
+class NoDelayServer(WSGIServer):
+    def handle(self, sock, address):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        return super().handle(sock, address)
+
+
+class QuietHandler(WSGIHandler):
+    def log_request(self):  # the app logs one line per request itself
+        pass
+
+
+def base_url(host: str, port: int) -> str:
+    shown = "localhost" if host in ("0.0.0.0", "127.0.0.1", "::", "localhost") else host
+    return f"http://{shown}:{port}"
+
+
+def banner(cfg: dict) -> str:
+    from proxy.presets import setup_text
+    base = base_url(cfg["HOST"], cfg["PORT"])
+    token = cfg.get("API_KEY") or "local"
+    model = cfg["MODEL"] or "kimi-local"
+    lines = [f"kimi-proxy {__version__} serving on {base}", f"  upstream {cfg['UPSTREAM']}",
+             f"  client   {cfg['CLIENT']}", ""]
+    if cfg.get("RECORD"):
+        lines.insert(3, f"  record   {cfg['RECORD']}")
+    lines.append("Set up a client (copy and paste):")
+    lines.extend("  " + line for line in setup_text(base, model, token).splitlines())
+    return "\n".join(lines)
+
+
+def make_server(cfg: dict, app=None) -> NoDelayServer:
+    from proxy.app import create_app
+    app = app or create_app(cfg)
+    return NoDelayServer((cfg["HOST"], cfg["PORT"]), app, handler_class=QuietHandler, log=None)
+
+
+def serve_forever(cfg: dict) -> int:
+    try:
+        server = make_server(cfg)
+        server.init_socket()
+    except OSError as exc:
+        print(f"kimi-proxy: cannot listen on {cfg['HOST']}:{cfg['PORT']}: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(banner(cfg), flush=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.stop(timeout=5))
+    server.serve_forever()
+    server.application.extensions["kimi"].close()
+    return 0

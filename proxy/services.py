@@ -1,0 +1,85 @@
+"""What a running proxy holds: the upstream client, metrics, state and the recorder.
+
+Created once by `create_app` (`init_app`), reachable as `app.extensions["kimi"]`.
+The request-level hooks the handler calls live here too: `prepare` (previous_response_id),
+`finish` (ledger write at a completed turn), `after_response` / `done` (store, log,
+metrics, cassette).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from proxy import canonical as c
+from proxy.errors import NotFound
+from proxy.metrics import Metrics
+from proxy.recorder import Recorder
+from proxy.state import open_state
+from proxy.upstream import Upstream
+
+log = logging.getLogger("kimi.proxy")
+
+
+class Services:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.metrics = Metrics()
+        self.upstream = Upstream(cfg["UPSTREAM"], timeout_s=cfg["UPSTREAM_TIMEOUT_S"],
+                                 api_key=cfg.get("UPSTREAM_API_KEY"))
+        self.reasoning, self.responses = open_state(cfg, self.metrics)
+        self.recorder = Recorder(cfg["RECORD"]) if cfg.get("RECORD") else None
+
+    def init_app(self, app) -> None:
+        app.extensions["kimi"] = self
+
+    def close(self) -> None:
+        self.upstream.close()
+        self.reasoning.close()
+        self.responses.close()
+        if self.recorder:
+            self.recorder.close()
+
+    # -- request hooks -----------------------------------------------------------------
+    def prepare(self, dialect: str, req: c.Request, body: dict, turn) -> c.Request:
+        if dialect != "openai_responses":
+            return req
+        from proxy.dialects.openai_responses import parse_input
+        turn.extra["echo"] = {k: body[k] for k in ("tools", "tool_choice", "parallel_tool_calls", "instructions",
+                                                   "metadata", "previous_response_id", "store") if k in body}
+        turn.extra["tools_by_name"] = {t.name: t for t in req.tools}
+        items = body.get("input")
+        items = [{"type": "message", "role": "user", "content": items}] if isinstance(items, str) else list(items or [])
+        if req.previous_response_id:
+            record = self.responses.get(req.previous_response_id)
+            if record is None:
+                raise NotFound(f"previous response {req.previous_response_id!r} was not found "
+                               "(it expired, was deleted, or was created with store:false)",
+                               param="previous_response_id")
+            history = record["input"] + record["response"]["output"]
+            lead = [m for m in req.messages[:1] if m.role == "system" and body.get("instructions")]
+            req = req.replace(messages=(*lead, *parse_input(history), *req.messages[len(lead):]))
+            items = history + items
+        turn.extra["input_items"] = items
+        return req
+
+    def finish(self, dialect, req, turn, response: c.Response, ledger_id: str, policy) -> None:
+        self.reasoning.record(ledger_id, response, self.cfg["REASONING_FIELD"])
+
+    def after_response(self, dialect: str, req: c.Request, turn, body: dict) -> None:
+        if dialect == "openai_responses" and req.store is not False:
+            self.responses.put(turn.id, {"input": turn.extra.get("input_items", []), "response": body})
+
+    def done(self, ex) -> None:
+        final = ex.turn.extra.get("final") if ex.turn is not None else None
+        if final is not None and ex.req is not None and ex.req.store is not False:
+            self.responses.put(ex.turn.id, {"input": ex.turn.extra.get("input_items", []), "response": final})
+        self.log_request(ex)
+        if self.recorder:
+            self.recorder.submit(ex)
+
+    def log_request(self, ex) -> None:
+        ms = (time.monotonic() - ex.started) * 1000
+        policy = ex.policy
+        self.metrics.requests.labels(ex.route, policy.preset if policy else "-", str(ex.status)).inc()
+        log.info("%s %s -> %s (%s) status=%s %.1f ms", ex.request_id, ex.route,
+                 policy.preset if policy else "-", policy.reason if policy else "-", ex.status, ms)
