@@ -42,7 +42,7 @@ class Proj:
         self.qweight = torch.empty(out_features, in_features // 2, dtype=torch.uint8, device=device)
         self.scales = torch.empty(out_features, groups, dtype=torch.float16, device=device)
         self.mins = torch.empty(out_features, groups, dtype=torch.float16, device=device)
-        self.gemv = registry.resolve("w4a16_gemv", self.device.type).fn
+        self._gemv = None  # resolved at the first call (a model planned on "meta" never runs)
 
     @property
     def is_int4(self) -> bool:
@@ -70,7 +70,9 @@ class Proj:
         if not self.is_int4:
             return F.linear(x, self.weight.to(x.dtype))  # no-op cast when dtypes agree
         if x.shape[0] <= GEMV_MAX_ROWS:
-            return self.gemv(x, self.packed).to(x.dtype)
+            if self._gemv is None:
+                self._gemv = registry.resolve("w4a16_gemv", self.device.type).fn
+            return self._gemv(x, self.packed).to(x.dtype)
         return F.linear(x, self.dense_weight(x.dtype))
 
     @property

@@ -1,0 +1,180 @@
+"""A tiny Kimi-Linear checkpoint in the real on-disk format (reference §1, §3, §4), built in tests.
+
+Tensor names below are written out from the reference's §3 tables on purpose, independently of
+engined/kimi_checkpoint_table.py, so a wrong row in that table fails the loader tests.
+Layers (one-based in config.json): KDA 1, 2, 4; MLA 3. Layer 0 is dense, the rest MoE.
+"""
+import base64
+import collections
+import json
+import pathlib
+
+import torch
+from safetensors.torch import save_file
+
+SAMPLE_TEXT = ("hello world, the weather in Paris is sunny. def add(a, b): return a + b\n"
+               "The quick brown fox jumps over the lazy dog. 東京 is in Japan. "
+               '{"city": "Paris", "temp_c": 18} get_weather functions.get_weather:0 ') * 4
+NUM_MERGES = 64
+NUM_RESERVED = 256
+KIMI_PAT = "|".join([
+    r"""[\p{Han}]+""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+# offset from the first special id -> token (§4.2: real ids are 163584 + offset)
+SPECIALS = {0: "[BOS]", 1: "[EOS]", 2: "<|im_end|>", 3: "<|im_user|>", 4: "<|im_assistant|>",
+            6: "<|start_header_id|>", 7: "<|end_header_id|>", 9: "[EOT]", 10: "<|im_system|>",
+            11: "<|tool_calls_section_begin|>", 12: "<|tool_calls_section_end|>",
+            13: "<|tool_call_begin|>", 14: "<|tool_call_argument_begin|>", 15: "<|tool_call_end|>",
+            17: "<|im_middle|>", 254: "[UNK]", 255: "[PAD]"}
+
+
+def bpe_ranks(text: str = SAMPLE_TEXT, merges: int = NUM_MERGES) -> list[bytes]:
+    """Byte-level BPE trained greedily on `text`: 256 byte tokens, then `merges` merged ones."""
+    ranks = [bytes([b]) for b in range(256)]
+    words = [[bytes([b]) for b in w.encode()] for w in text.split(" ")]
+    for _ in range(merges):
+        pairs = collections.Counter(p for w in words for p in zip(w, w[1:]))
+        if not pairs:
+            break
+        (a, b), _ = pairs.most_common(1)[0]
+        ranks.append(a + b)
+        words = [_merge(w, a, b) for w in words]
+    return ranks
+
+
+def _merge(word, a, b):
+    out, i = [], 0
+    while i < len(word):
+        if i + 1 < len(word) and word[i] == a and word[i + 1] == b:
+            out.append(a + b)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return out
+
+
+def tiny_config(num_bpe: int, **overrides) -> dict:
+    first = num_bpe
+    cfg = {
+        "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear",
+        "dtype": "bfloat16", "torch_dtype": "bfloat16", "vocab_size": num_bpe + NUM_RESERVED,
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "hidden_act": "silu",
+        "rms_norm_eps": 1e-5, "bos_token_id": first, "eos_token_id": first + 2,
+        "pad_token_id": first + 255, "tie_word_embeddings": False, "rope_theta": 10000.0,
+        "rope_scaling": None, "model_max_length": 512, "q_lora_rank": None, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "mla_use_nope": True,
+        "linear_attn_config": {"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4,
+                               "kda_layers": [1, 2, 4], "full_attn_layers": [3]},
+        "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1,
+        "moe_intermediate_size": 32, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+        "moe_renormalize": True, "moe_router_activation_func": "sigmoid",
+        "routed_scaling_factor": 2.446, "use_grouped_topk": True, "num_expert_group": 1,
+        "topk_group": 1, "num_nextn_predict_layers": 0, "use_cache": True,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def tiny_tensors(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
+    """name -> tensor, BF16 except A_log / dt_bias (F32), shapes per §3 scaled to `cfg`."""
+    g = torch.Generator().manual_seed(seed)
+    d, lin = cfg["hidden_size"], cfg["linear_attn_config"]
+    kda_w, kh = lin["num_heads"] * lin["head_dim"], lin["head_dim"]
+    heads, nope, rope, vd, rank = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"],
+                                   cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"])
+    mi, ne = cfg["moe_intermediate_size"], cfg["num_experts"]
+
+    def mat(n, k):
+        return (torch.randn(n, k, generator=g) * k ** -0.5).bfloat16()
+
+    def norm(n):
+        return (1 + 0.1 * torch.randn(n, generator=g)).bfloat16()
+
+    t = {"model.embed_tokens.weight": torch.randn(cfg["vocab_size"], d, generator=g).bfloat16(),
+         "model.norm.weight": norm(d), "lm_head.weight": mat(cfg["vocab_size"], d)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"] = norm(d), norm(d)
+        if i + 1 in lin["kda_layers"]:
+            for x in "qkv":
+                t[p + f"self_attn.{x}_proj.weight"] = mat(kda_w, d)
+                t[p + f"self_attn.{x}_conv1d.weight"] = (0.5 * torch.randn(kda_w, 1, 4, generator=g)).bfloat16()
+            t[p + "self_attn.f_a_proj.weight"], t[p + "self_attn.f_b_proj.weight"] = mat(kh, d), mat(kda_w, kh)
+            t[p + "self_attn.g_a_proj.weight"], t[p + "self_attn.g_b_proj.weight"] = mat(kh, d), mat(kda_w, kh)
+            t[p + "self_attn.A_log"] = torch.empty(1, 1, lin["num_heads"], 1).uniform_(0, 2.7, generator=g)
+            t[p + "self_attn.dt_bias"] = 0.5 * torch.randn(kda_w, generator=g)
+            t[p + "self_attn.b_proj.weight"] = mat(lin["num_heads"], d)
+            t[p + "self_attn.o_norm.weight"] = norm(kh)
+            t[p + "self_attn.o_proj.weight"] = mat(d, kda_w)
+        else:
+            t[p + "self_attn.q_proj.weight"] = mat(heads * (nope + rope), d)
+            t[p + "self_attn.kv_a_proj_with_mqa.weight"] = mat(rank + rope, d)
+            t[p + "self_attn.kv_a_layernorm.weight"] = norm(rank)
+            t[p + "self_attn.kv_b_proj.weight"] = mat(heads * (nope + vd), rank)
+            t[p + "self_attn.o_proj.weight"] = mat(d, heads * vd)
+        if i < cfg["first_k_dense_replace"]:
+            di = cfg["intermediate_size"]
+            t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"] = mat(di, d), mat(di, d)
+            t[p + "mlp.down_proj.weight"] = mat(d, di)
+            continue
+        m = p + "block_sparse_moe."
+        t[m + "gate.weight"] = mat(ne, d)
+        t[m + "gate.e_score_correction_bias"] = (0.1 * torch.randn(ne, generator=g)).bfloat16()
+        si = mi * cfg["num_shared_experts"]
+        t[m + "shared_experts.gate_proj.weight"], t[m + "shared_experts.up_proj.weight"] = mat(si, d), mat(si, d)
+        t[m + "shared_experts.down_proj.weight"] = mat(d, si)
+        for e in range(ne):
+            t[m + f"experts.{e}.w1.weight"], t[m + f"experts.{e}.w3.weight"] = mat(mi, d), mat(mi, d)
+            t[m + f"experts.{e}.w2.weight"] = mat(d, mi)
+    return t
+
+
+def write_tiktoken(path: pathlib.Path) -> int:
+    ranks = bpe_ranks()
+    path.write_text("".join(f"{base64.b64encode(tok).decode()} {i}\n" for i, tok in enumerate(ranks)))
+    return len(ranks)
+
+
+def tokenizer_config(num_bpe: int, chat_template: str | None = None) -> dict:
+    added = {str(num_bpe + off): {"content": tok, "special": True, "lstrip": False,
+                                   "rstrip": False, "normalized": False, "single_word": False}
+             for off, tok in SPECIALS.items()}
+    cfg = {"added_tokens_decoder": added, "bos_token": "[BOS]", "eos_token": "[EOS]",
+           "pad_token": "[PAD]", "unk_token": "[UNK]", "model_max_length": 1048576,
+           "tokenizer_class": "TikTokenTokenizer"}
+    if chat_template is not None:
+        cfg["chat_template"] = chat_template
+    return cfg
+
+
+def write_tiny_checkpoint(path, seed: int = 0, num_shards: int = 2, chat_template: str | None = None,
+                          **config_overrides) -> pathlib.Path:
+    """config.json, model-0000k-of-0000n.safetensors + index, tiktoken.model, tokenizer_config.json."""
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    num_bpe = write_tiktoken(path / "tiktoken.model")
+    cfg = tiny_config(num_bpe, **config_overrides)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(num_bpe, chat_template)))
+    tensors = tiny_tensors(cfg, seed)
+    names = list(tensors)
+    per = -(-len(names) // num_shards)
+    weight_map, total = {}, 0
+    for k in range(num_shards):
+        fname = f"model-{k + 1:05d}-of-{num_shards:05d}.safetensors"
+        part = {n: tensors[n].contiguous() for n in names[k * per:(k + 1) * per]}
+        save_file(part, str(path / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in part})
+        total += sum(v.numel() * v.element_size() for v in part.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return path
