@@ -57,10 +57,10 @@ def responses():
 
 @bp.get("/v1/responses/<response_id>")
 def get_response(response_id: str):
-    record = current_app.extensions["kimi"].responses.get(response_id)
-    if record is None:
+    body = current_app.extensions["kimi"].responses.get(response_id)
+    if body is None:
         raise NotFound(f"response {response_id!r} was not found")
-    return record["response"]
+    return body
 
 
 @bp.delete("/v1/responses/<response_id>")

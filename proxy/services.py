@@ -49,17 +49,15 @@ class Services:
         turn.extra["tools_by_name"] = {t.name: t for t in req.tools}
         items = body.get("input")
         items = [{"type": "message", "role": "user", "content": items}] if isinstance(items, str) else list(items or [])
+        turn.extra["input_items"] = items
         if req.previous_response_id:
-            record = self.responses.get(req.previous_response_id)
-            if record is None:
+            history = self.responses.history(req.previous_response_id)
+            if history is None:
                 raise NotFound(f"previous response {req.previous_response_id!r} was not found "
                                "(it expired, was deleted, or was created with store:false)",
                                param="previous_response_id")
-            history = record["input"] + record["response"]["output"]
             lead = [m for m in req.messages[:1] if m.role == "system" and body.get("instructions")]
             req = req.replace(messages=(*lead, *parse_input(history), *req.messages[len(lead):]))
-            items = history + items
-        turn.extra["input_items"] = items
         return req
 
     def finish(self, dialect, req, turn, response: c.Response, ledger_id: str, policy) -> None:
@@ -67,12 +65,16 @@ class Services:
 
     def after_response(self, dialect: str, req: c.Request, turn, body: dict) -> None:
         if dialect == "openai_responses" and req.store is not False:
-            self.responses.put(turn.id, {"input": turn.extra.get("input_items", []), "response": body})
+            self._store(req, turn, body)
+
+    def _store(self, req, turn, body: dict) -> None:
+        self.responses.put(turn.id, input_items=turn.extra.get("input_items", []), output_items=body["output"],
+                           previous_id=req.previous_response_id, response=body)
 
     def done(self, ex) -> None:
         final = ex.turn.extra.get("final") if ex.turn is not None else None
         if final is not None and ex.req is not None and ex.req.store is not False:
-            self.responses.put(ex.turn.id, {"input": ex.turn.extra.get("input_items", []), "response": final})
+            self._store(ex.req, ex.turn, final)
         self.log_request(ex)
         if self.recorder:
             self.recorder.submit(ex)

@@ -5,10 +5,11 @@ The handlers see two small interfaces:
     Reasoning: new_turn() -> ledger id;  sign(text, ledger_id) -> signature | None;
                restore(message, reasoning_field) -> upstream assistant dict | None;
                record(ledger_id, response, reasoning_field)
-    Responses: get(id) -> record | None;  put(id, record);  delete(id) -> bool
+    Responses: put(id, input_items=, output_items=, previous_id=, response=);
+               get(id) -> response body | None;  history(id) -> items | None;  delete(id) -> bool
 
-They wrap `proxy.reasoning` / `proxy.store` (SQLite, next to each other in the ledger
-file) and fall back to in-memory versions when those are not installed.
+They wrap `proxy.reasoning` / `proxy.store` (one SQLite file, the ledger). The memory
+versions serve tests that want no file at all.
 """
 from __future__ import annotations
 
@@ -39,25 +40,35 @@ class MemoryReasoning:
 
 
 class MemoryResponses:
-    """Stored Responses in a bounded in-memory LRU."""
+    """Stored Responses in a bounded in-memory LRU (same interface as proxy.store)."""
 
     def __init__(self, max_entries: int = 1024):
         self.max_entries = max_entries
         self._items: OrderedDict[str, dict] = OrderedDict()
         self._lock = threading.Lock()
 
+    def put(self, response_id: str, *, input_items: list, output_items: list,
+            previous_id: str | None = None, response: dict | None = None) -> None:
+        with self._lock:
+            self._items[response_id] = {"input": input_items, "output": output_items,
+                                        "previous": previous_id, "response": response}
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)
+
     def get(self, response_id: str) -> dict | None:
         with self._lock:
             record = self._items.get(response_id)
-            if record is not None:
-                self._items.move_to_end(response_id)
-            return record
+            return None if record is None else record["response"]
 
-    def put(self, response_id: str, record: dict) -> None:
+    def history(self, response_id: str) -> list | None:
+        chain, current = [], response_id
         with self._lock:
-            self._items[response_id] = record
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)
+            while current in self._items and len(chain) < 1000:
+                chain.append(self._items[current])
+                current = self._items[current]["previous"]
+        if not chain:
+            return None
+        return [item for rec in reversed(chain) for item in rec["input"] + rec["output"]]
 
     def delete(self, response_id: str) -> bool:
         with self._lock:
@@ -67,17 +78,76 @@ class MemoryResponses:
         return None
 
 
+class StoredResponses:
+    """proxy.store.ResponseStore, returning the response body on get."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def put(self, response_id: str, **kw) -> None:
+        self.store.put(response_id, **kw)
+
+    def get(self, response_id: str) -> dict | None:
+        stored = self.store.get(response_id)
+        return None if stored is None else stored.response
+
+    def history(self, response_id: str) -> list | None:
+        return self.store.history(response_id)
+
+    def delete(self, response_id: str) -> bool:
+        return self.store.delete(response_id)
+
+    def close(self) -> None:
+        return None
+
+
+def _calls(calls) -> list[dict]:
+    return [{"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+            for t in calls]
+
+
+class LedgerReasoning:
+    """proxy.reasoning.Ledger behind the handler's interface, counting hits and misses."""
+
+    def __init__(self, ledger, metrics=None):
+        self.ledger = ledger
+        self.metrics = metrics
+
+    def new_turn(self) -> str:
+        return self.ledger.new_id()
+
+    def sign(self, text: str, ledger_id: str) -> str | None:
+        return self.ledger.sign(text, ledger_id)
+
+    def restore(self, message: c.Message, reasoning_field: str) -> dict | None:
+        from proxy.payload import assistant_from_echo
+        from proxy.reasoning import apply_reasoning_field
+        parts = message.of(c.Reasoning)
+        echoed = "".join(p.text for p in parts if not p.redacted) or None
+        found = self.ledger.restore(signatures=[p.signature for p in parts if p.signature],
+                                    echoed_reasoning=echoed, text=message.text(),
+                                    tool_calls=_calls(message.of(c.ToolCall)))
+        if self.metrics is not None:
+            self.metrics.ledger.labels(found.source if found else "miss").inc()
+        if found is None:
+            return None
+        plain = c.Message("assistant", tuple(p for p in message.parts if not isinstance(p, c.Reasoning)))
+        base = found.message or assistant_from_echo(plain, "none") or {"role": "assistant", "content": ""}
+        return apply_reasoning_field(base, found.reasoning, reasoning_field)
+
+    def record(self, ledger_id: str, response: c.Response, reasoning_field: str) -> None:
+        message = {k: v for k, v in (response.upstream_message or {}).items()
+                   if k not in ("reasoning_content", "reasoning")}
+        self.ledger.record(ledger_id, reasoning="".join(p.text for p in response.reasoning()),
+                           text=response.text(), tool_calls=_calls(response.tool_calls()), message=message)
+
+    def close(self) -> None:
+        self.ledger.db.close()
+
+
 def open_state(config: dict, metrics=None):
-    """(reasoning, responses) for this app: persistent when the modules exist."""
-    try:
-        from proxy import reasoning as reasoning_mod, store as store_mod  # noqa: F401
-    except ImportError:
-        return MemoryReasoning(), MemoryResponses()
-    return _persistent(config, metrics, reasoning_mod, store_mod)
-
-
-def _persistent(config, metrics, reasoning_mod, store_mod):
-    adapter = getattr(reasoning_mod, "open_for_proxy", None)
-    if adapter is None:
-        return MemoryReasoning(), MemoryResponses()
-    return adapter(config, metrics)
+    """(reasoning, responses) for this app, in the one SQLite file at config["LEDGER"]."""
+    from proxy.reasoning import Ledger
+    from proxy.store import Database, ResponseStore
+    db = Database(config["LEDGER"])
+    return LedgerReasoning(Ledger(db), metrics), StoredResponses(ResponseStore(db))
