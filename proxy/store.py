@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS responses (
 CREATE INDEX IF NOT EXISTS responses_created ON responses(created);
 """
 MAX_CHAIN = 1000
+SWEEP_PERIOD_S = 60.0
 
 
 class StoreError(Exception):
@@ -71,6 +72,8 @@ class Database:
         self.path = pathlib.Path(path)
         self.clock = clock
         self.lock = threading.Lock()
+        self._rows: dict[str, int] = {}      # tracked row counts, refreshed on sweeps
+        self._swept: dict[str, float] = {}   # clock() of each table's last TTL sweep
         try:
             create_private_file(self.path)
             self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
@@ -102,10 +105,20 @@ class Database:
         return bytes(self.execute("SELECT value FROM meta WHERE key = ?", (key,))[0][0])
 
     def evict(self, table: str, max_entries: int, ttl_seconds: float, lru_column: str = "created") -> None:
-        """Drop expired rows, then the least recently used ones past max_entries."""
-        self.execute(f"DELETE FROM {table} WHERE created < ?", (self.clock() - ttl_seconds,))
-        self.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
-                     f"ORDER BY {lru_column} DESC, rowid DESC LIMIT -1 OFFSET ?)", (max_entries,))
+        """After an insert: drop expired rows (at most once a minute) and, when the table may
+        be over max_entries, the least recently used rows past it. Cheap on the common path:
+        the row count is tracked here, not counted per insert."""
+        now = self.clock()
+        if now - self._swept.get(table, float("-inf")) >= SWEEP_PERIOD_S:
+            self._swept[table] = now
+            self.execute(f"DELETE FROM {table} WHERE created < ?", (now - ttl_seconds,))
+            self._rows[table] = self.count(table)
+        else:
+            self._rows[table] = self._rows.get(table, 0) + 1
+        if self._rows[table] > max_entries:
+            self.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
+                         f"ORDER BY {lru_column} DESC, rowid DESC LIMIT -1 OFFSET ?)", (max_entries,))
+            self._rows[table] = self.count(table)
 
     def count(self, table: str) -> int:
         return self.execute(f"SELECT COUNT(*) FROM {table}")[0][0]
@@ -177,3 +190,28 @@ class ResponseStore:
         for stored in reversed(chain):
             items += stored.input_items + stored.output_items
         return items
+
+
+class ProxyResponses:
+    """The handlers' view (``proxy.state``): records are ``{"input": items, "response": body}``."""
+
+    def __init__(self, store: ResponseStore):
+        self.store = store
+
+    def get(self, response_id: str) -> dict | None:
+        stored = self.store.get(response_id)
+        if stored is None:
+            return None
+        return {"input": stored.input_items, "response": stored.response or {"output": stored.output_items}}
+
+    def put(self, response_id: str, record: dict) -> None:
+        response = record.get("response") or {}
+        self.store.put(response_id, input_items=list(record.get("input") or []),
+                       output_items=list(response.get("output") or []),
+                       previous_id=response.get("previous_response_id"), response=response)
+
+    def delete(self, response_id: str) -> bool:
+        return self.store.delete(response_id)
+
+    def close(self) -> None:
+        self.store.db.close()
