@@ -10,6 +10,9 @@ SHIPPED = {
     ("w4a16_gemv", "cpu"): "cpu_c",
     ("w4a16_grouped_gemv", "cpu"): "cpu_c",
     ("moe_swiglu", "cpu"): "cpu_c",
+    ("w4a16_gemv", "cuda"): "triton",
+    ("w4a16_grouped_gemv", "cuda"): "triton",
+    ("moe_swiglu", "cuda"): "triton",
 }
 
 
@@ -69,6 +72,14 @@ def test_resolve_refuses_a_variant_on_the_wrong_device():
     with registry.using("w4a16_gemv", "cpu_c"):
         with pytest.raises(registry.KernelError, match="not cuda"):
             registry.resolve("w4a16_gemv", "cuda")
+
+
+@pytest.mark.parametrize("op", ["w4a16_gemv", "w4a16_grouped_gemv", "moe_swiglu"])
+def test_a_cuda_only_variant_is_refused_on_cpu(op, monkeypatch):
+    monkeypatch.setenv("KIMI_KERNELS", f"{op}=triton")
+    assert registry.variants(op)["triton"].devices == {"cuda"}
+    with pytest.raises(registry.KernelError, match="runs on \\['cuda'\\], not cpu"):
+        registry.resolve(op, "cpu")
 
 
 def test_duplicate_registration_and_unknown_op_are_errors():

@@ -4,6 +4,7 @@ Selection order for `resolve(op, device)`: programmatic override (`using`) -> KI
 (`op=variant,...`) -> the shipped default for the device -> reference.
 """
 import contextlib
+import importlib
 import os
 from dataclasses import dataclass, field
 from typing import Callable
@@ -43,6 +44,25 @@ def register(op: str, name: str, devices=("cpu", "cuda"), description: str = "")
         entry.variants[name] = Variant(name, fn, frozenset(devices), description)
         return fn
     return wrap
+
+
+def lazy(target: str) -> Callable:
+    """A function that imports "module:attr" on its first call, then forwards to it.
+
+    Triton variants register this way: importing triton costs a second on a CPU-only
+    run, and kernels decorated before a test sets TRITON_INTERPRET=1 would be
+    compiled-mode kernels that cannot take CPU tensors."""
+    module, _, attr = target.partition(":")
+    found: list[Callable] = []
+
+    def forward(*args, **kwargs):
+        if not found:
+            found.append(getattr(importlib.import_module(module), attr))
+        return found[0](*args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = attr
+    forward.__doc__ = f"{target}, imported on first call"
+    return forward
 
 
 def set_default(op: str, device: str, name: str):

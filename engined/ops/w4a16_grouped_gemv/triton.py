@@ -1,0 +1,67 @@
+"""w4a16_grouped_gemv in Triton: one program per (route, BLOCK_N outputs of its expert).
+
+Same single-row accumulator along contiguous K as w4a16_gemv (int4_row_dot); the
+expert id is read from the router's tensor inside the kernel, so there is no host
+sync and no per-call partial buffer. Memory traffic per output element: K/2 code
+bytes + 4*K/G bytes of scale and min of the selected expert, read once.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from engined.ops import registry
+from engined.ops.w4a16_gemv.triton import (as_rows, check_packed, int4_row_dot, out_buffer,
+                                           pick_config)
+from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
+
+
+@triton.jit
+def w4a16_grouped_gemv_kernel(x_ptr, ids_ptr, q_ptr, s_ptr, m_ptr, y_ptr, N, K,
+                              X_PER_ROUTE: tl.constexpr, GROUP: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    route = tl.program_id(0)
+    expert = tl.load(ids_ptr + route).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    x_row = x_ptr + route * K if X_PER_ROUTE else x_ptr
+    first = expert * N  # weight row 0 of this expert
+    acc = int4_row_dot(x_row, q_ptr + first * (K // 2), s_ptr + first * (K // GROUP),
+                       m_ptr + first * (K // GROUP), offs_n, n_mask, K, GROUP, BLOCK_N, BLOCK_K)
+    tl.store(y_ptr + route * N + offs_n, acc, mask=n_mask)
+
+
+def route_inputs(x, experts: PackedInt4Experts, expert_ids, what: str):
+    """Checks shared by the routed launchers -> (x fp32 [1 or R, K], ids int64 [R])."""
+    check_packed(experts, what)
+    _, _, k = experts.shape
+    device = experts.qweight.device
+    x = as_rows(x, k, device, what)
+    if expert_ids.dim() != 1 or expert_ids.numel() == 0 or expert_ids.is_floating_point():
+        raise ValueError(f"{what}: expert_ids must be a non-empty 1-D integer tensor, got "
+                         f"{expert_ids.dtype} {list(expert_ids.shape)}")
+    routes = expert_ids.numel()
+    if x.shape[0] not in (1, routes):
+        raise ValueError(f"x must be [1, {k}] or [{routes}, {k}], got {list(x.shape)}")
+    if expert_ids.device != device:
+        raise registry.KernelError(f"{what}: expert_ids on {expert_ids.device}, weights on {device}")
+    # Range is the router's contract; checked here only where it costs no device sync.
+    if device.type == "cpu":
+        lo, hi = int(expert_ids.min()), int(expert_ids.max())
+        if lo < 0 or hi >= experts.num_experts:
+            raise ValueError(f"expert ids must lie in 0..{experts.num_experts - 1}, got {lo}..{hi}")
+    return x, expert_ids.to(torch.int64).contiguous()
+
+
+def w4a16_grouped_gemv(x: torch.Tensor, experts: PackedInt4Experts, expert_ids: torch.Tensor,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    x, ids = route_inputs(x, experts, expert_ids, "w4a16_grouped_gemv")
+    _, n, k = experts.shape
+    routes = ids.numel()
+    out = out_buffer(out, (routes, n), experts.qweight.device, "w4a16_grouped_gemv")
+    cfg = pick_config(n, k, routes)
+    grid = (routes, triton.cdiv(n, cfg["BLOCK_N"]))
+    w4a16_grouped_gemv_kernel[grid](x, ids, experts.qweight, experts.scales, experts.mins, out,
+                                    n, k, X_PER_ROUTE=x.shape[0] > 1, GROUP=experts.group_size,
+                                    **cfg)
+    return out
+
