@@ -1,0 +1,60 @@
+"""kimi-engine: the command line. `serve` layers its options (flag > KIMI_ENGINE_* > --config
+file > default) into one EngineConfig and hands it to the daemon."""
+import os
+import sys
+
+import click
+
+from engined import __version__
+from engined.config import ConfigError, EngineConfig
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="kimi-engine")
+def main():
+    """Serve a local model over HTTP on a Unix socket (OpenAI Chat Completions and more).
+
+    Run `kimi-engine serve --help` for the options; see kimi-engine(8) for signals, files
+    and exit status.
+    """
+
+
+@main.command()
+@click.option("--model", metavar="default|PATH",
+              help="The model to serve: 'default' for the embedded SmolLM2-135M-Instruct, or "
+                   "the path of a GGUF file.  [default: default]")
+@click.option("--socket", metavar="PATH",
+              help="Unix socket to listen on (mode 0660).  [default: "
+                   "$RUNTIME_DIRECTORY/engine.sock, else $XDG_RUNTIME_DIR/kimi/engine.sock, "
+                   "else /tmp/kimi-$UID/engine.sock]")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]),
+              help="Where to run the model; auto picks CUDA when a GPU is present.  "
+                   "[default: auto]")
+@click.option("--memory-cap", metavar="SIZE",
+              help="Refuse to start when the weights plus the KV cache for the maximum "
+                   "context would exceed this, e.g. 600MB, 2GiB or a byte count.  "
+                   "[default: no cap]")
+@click.option("--max-context", type=int, metavar="N",
+              help="Longest prompt + completion in tokens; the KV cache is planned for it.  "
+                   "[default: the model's context, at most 8192]")
+@click.option("--threads", type=int, metavar="N",
+              help="CPU threads for compute.  [default: torch's choice]")
+@click.option("--log-file", metavar="PATH",
+              help="Append status and request lines here instead of standard error; "
+                   "SIGHUP reopens it.")
+@click.option("--config", "config_file", metavar="PATH",
+              help="Read options from this TOML file (keys are the long option names, e.g. "
+                   "memory-cap = \"2GiB\"). Flags and KIMI_ENGINE_* variables override it.")
+def serve(config_file, **flags):
+    """Load the model and serve it until SIGTERM (which drains in-flight requests)."""
+    try:
+        config = EngineConfig.layered(flags, os.environ, config_file)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    from engined import daemon  # torch and the model code load only when serving
+
+    sys.exit(daemon.run(config))
+
+
+if __name__ == "__main__":
+    main(prog_name="kimi-engine")

@@ -1,0 +1,146 @@
+"""Engine configuration: one frozen dataclass, layered and validated once.
+
+Layers, lowest to highest: defaults -> `--config` TOML file -> `KIMI_ENGINE_<KEY>`
+environment -> command-line flags. Keys are the long option names (`memory-cap`).
+"""
+import dataclasses
+import os
+import pathlib
+import re
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+ENV_PREFIX = "KIMI_ENGINE_"
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_MAX_CONTEXT = 8192  # used when the model allows more; bounds the planned KV cache
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kib": 1024, "kb": 1000,
+    "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
+    "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
+    "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
+}
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or invalid; the message says which."""
+
+
+def parse_size(value: Any, what: str = "size") -> int:
+    """600MB (decimal), 2GiB or 2G (binary), 1234 (bytes) -> bytes."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a size like 600MB or 2GiB, got {value!r}")
+    if isinstance(value, int):
+        number, unit = value, ""
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+        if not match or match.group(2).lower() not in _SIZE_UNITS:
+            raise ConfigError(f"{what}: expected a size like 600MB, 2GiB or a byte count, "
+                              f"got {value!r}")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    nbytes = int(number * _SIZE_UNITS[unit])
+    if nbytes < 0:
+        raise ConfigError(f"{what}: must not be negative, got {value!r}")
+    return nbytes
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def default_socket_path(env: Mapping[str, str] = os.environ) -> pathlib.Path:
+    """$RUNTIME_DIRECTORY/engine.sock, else $XDG_RUNTIME_DIR/kimi/engine.sock,
+    else /tmp/kimi-$UID/engine.sock. Creates nothing."""
+    if env.get("RUNTIME_DIRECTORY"):
+        # systemd may list several directories separated by colons; the first is ours.
+        return pathlib.Path(env["RUNTIME_DIRECTORY"].split(":")[0]) / "engine.sock"
+    if env.get("XDG_RUNTIME_DIR"):
+        return pathlib.Path(env["XDG_RUNTIME_DIR"]) / "kimi" / "engine.sock"
+    return pathlib.Path(f"/tmp/kimi-{os.getuid()}") / "engine.sock"
+
+
+def ensure_socket_dir(socket_path: pathlib.Path):
+    """Create missing parents of the socket with mode 0700 (existing ones are left alone)."""
+    missing = [p for p in reversed(socket_path.parents) if not p.exists()]
+    for directory in missing:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "default"
+    socket: pathlib.Path = None  # None -> default_socket_path()
+    device: str = "auto"
+    memory_cap: int = 0  # bytes; 0 = no cap of our own
+    max_context: int = 0  # tokens; 0 = min(model context, DEFAULT_MAX_CONTEXT)
+    threads: int = 0  # 0 = torch's default
+    log_file: pathlib.Path = None  # None -> stderr
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigError("model: expected 'default' or a path")
+        set_("socket", pathlib.Path(self.socket) if self.socket else default_socket_path())
+        if self.device not in DEVICES:
+            raise ConfigError(f"device: expected one of {', '.join(DEVICES)}, got {self.device!r}")
+        set_("memory_cap", parse_size(self.memory_cap, "memory-cap"))
+        set_("max_context", _non_negative_int(self.max_context, "max-context"))
+        set_("threads", _non_negative_int(self.threads, "threads"))
+        if self.log_file:
+            set_("log_file", pathlib.Path(self.log_file))
+
+    @classmethod
+    def layered(cls, flags: Mapping[str, Any], env: Mapping[str, str] = os.environ,
+                config_file: str | os.PathLike | None = None) -> "EngineConfig":
+        """flags: option name -> value, None when not given on the command line."""
+        values: dict[str, Any] = {}
+        if config_file:
+            values.update(read_toml(config_file))
+        for name in _field_names():
+            env_value = env.get(ENV_PREFIX + name.upper())
+            if env_value not in (None, ""):
+                values[name] = env_value
+        values.update({_field_name(k): v for k, v in flags.items() if v is not None})
+        return cls(**values)
+
+
+def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from exc
+    known = {name.replace("_", "-") for name in _field_names()}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown key(s) {', '.join(unknown)}; "
+                          f"known keys: {', '.join(sorted(known))}")
+    return {_field_name(key): value for key, value in raw.items()}
+
+
+def _field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(EngineConfig)]
+
+
+def _field_name(option: str) -> str:
+    return option.replace("-", "_")
+
+
+def _non_negative_int(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a whole number, got {value!r}")
+    try:
+        number = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise ConfigError(f"{what}: expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise ConfigError(f"{what}: must not be negative, got {value!r}")
+    return number

@@ -1,0 +1,223 @@
+"""HTTP/1.1 over a Unix stream socket, in threads, with full control of every write.
+
+- Headers and a small body leave in one write; SSE events leave one chunked-encoding
+  chunk per write, as soon as they exist.
+- Keep-alive connections wait for their next request with select(), so a draining
+  server closes idle connections at once and `Exchange.is_client_alive` can peek for EOF.
+- Bodies are capped before they are read (Content-Length, or while decoding chunks).
+"""
+import http.server
+import json
+import re
+import select
+import socket
+import socketserver
+import time
+import uuid
+from typing import Any
+
+from engined.errors import InvalidRequest, PayloadTooLarge
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+DISCARD_LIMIT = 256 * 1024 * 1024  # read and drop this much of a refused body, then close
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """`app.handle(exchange)` answers every request; `is_draining` closes idle connections."""
+    daemon_threads = False  # server_close() joins in-flight handlers: that is the drain
+    block_on_close = True
+    allow_reuse_address = False
+
+    def __init__(self, listening: socket.socket, app):
+        super().__init__(listening.getsockname(), Handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = listening
+        self.app = app
+        self.is_draining = False
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    rbufsize = 0  # unbuffered, so select() on the socket tells the truth
+    timeout = 120  # a stalled partial read or a client that stops reading
+    server_version = "kimi-engine"
+
+    def handle(self):
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection and self._wait_for_next_request():
+            self.handle_one_request()
+
+    def _wait_for_next_request(self) -> bool:
+        while not self.server.is_draining:
+            readable, _, _ = select.select([self.connection], [], [], 0.2)
+            if readable:
+                return True
+        return False
+
+    def _dispatch(self):
+        self.server.app.handle(Exchange(self))
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _dispatch
+
+    def log_message(self, format, *args):  # the app writes its own one line per request
+        pass
+
+
+class Exchange:
+    """One request and its response on a connection."""
+
+    def __init__(self, handler: Handler):
+        self._handler = handler
+        self._sock: socket.socket = handler.connection
+        self.method = handler.command
+        self.path = handler.path.split("?", 1)[0]
+        self.headers = handler.headers
+        incoming = self.headers.get("x-request-id", "")
+        self.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+        self.status: int | None = None
+        self.is_streaming = False
+        self.start_time = time.monotonic()
+        self.stats: dict[str, Any] = {}
+        self._is_body_read = False
+
+    # -- request ---------------------------------------------------------------------------
+    def read_body(self) -> bytes:
+        body = self._read_body()
+        self._is_body_read = True
+        return body
+
+    def _has_body(self) -> bool:
+        return ("chunked" in self.headers.get("transfer-encoding", "").lower()
+                or self.headers.get("content-length", "0").strip() not in ("", "0"))
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("transfer-encoding", "").lower():
+            return self._read_chunked()
+        length = self.headers.get("content-length")
+        if length is None:
+            return b""
+        if not length.strip().isdigit():
+            self._handler.close_connection = True
+            raise InvalidRequest(f"bad Content-Length {length!r}")
+        size = int(length)
+        if size > MAX_BODY_BYTES:
+            self._discard_after_response = size
+            raise PayloadTooLarge(f"request body of {size} bytes exceeds the "
+                                  f"{MAX_BODY_BYTES} byte limit")
+        return self._read_exact(size)
+
+    def json_body(self) -> Any:
+        body = self.read_body()
+        if not body.strip():
+            raise InvalidRequest("the request body is empty; expected a JSON object")
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+
+    def _read_exact(self, size: int) -> bytes:
+        parts, remaining = [], size
+        while remaining:
+            part = self._handler.rfile.read(min(remaining, 1 << 20))
+            if not part:
+                self._handler.close_connection = True
+                raise InvalidRequest("the request body ended early")
+            parts.append(part)
+            remaining -= len(part)
+        return b"".join(parts)
+
+    def _read_chunked(self) -> bytes:
+        body = bytearray()
+        while True:
+            line = self._handler.rfile.readline(1024).split(b";", 1)[0].strip()
+            try:
+                size = int(line, 16)
+            except ValueError:
+                self._handler.close_connection = True
+                raise InvalidRequest("malformed chunked request body") from None
+            if size == 0:
+                while self._handler.rfile.readline(1024).strip():  # trailers
+                    pass
+                return bytes(body)
+            if len(body) + size > MAX_BODY_BYTES:
+                self._handler.close_connection = True
+                raise PayloadTooLarge(f"chunked request body exceeds the {MAX_BODY_BYTES} "
+                                      "byte limit")
+            body += self._read_exact(size)
+            self._read_exact(2)  # CRLF after each chunk
+
+    _discard_after_response = 0
+
+    def finish_refused_request(self):
+        """After an error answer: an unread body would be parsed as the next request, so
+        close the connection; after 413, first drain what the client is still sending, so
+        it gets to read the answer."""
+        if self._is_body_read or not self._has_body():
+            return
+        self._handler.close_connection = True
+        remaining = min(self._discard_after_response, DISCARD_LIMIT)
+        try:
+            while remaining > 0:
+                part = self._handler.rfile.read(min(remaining, 1 << 20))
+                if not part:
+                    break
+                remaining -= len(part)
+        except OSError:
+            pass
+        self._handler.close_connection = True
+
+    # -- response --------------------------------------------------------------------------
+    def _head(self, status: int, content_type: str, extra: dict[str, str]) -> bytes:
+        self.status = status
+        reason = http.HTTPStatus(status).phrase
+        lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {content_type}",
+                 f"x-request-id: {self.request_id}"]
+        lines += [f"{k}: {v}" for k, v in extra.items()]
+        if self.server_is_draining or self._discard_after_response:
+            lines.append("Connection: close")
+            self._handler.close_connection = True
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    @property
+    def server_is_draining(self) -> bool:
+        return self._handler.server.is_draining
+
+    def send_bytes(self, status: int, body: bytes, content_type: str):
+        head = self._head(status, content_type, {"Content-Length": str(len(body))})
+        self._sock.sendall(head + (b"" if self.method == "HEAD" else body))
+
+    def send_json(self, status: int, obj: Any):
+        self.send_bytes(status, json.dumps(obj, ensure_ascii=False).encode(),
+                        "application/json")
+
+    def start_stream(self, first_event: str):
+        """Headers and the first SSE event in one write."""
+        self.is_streaming = True
+        head = self._head(200, "text/event-stream",
+                          {"Cache-Control": "no-cache", "Transfer-Encoding": "chunked"})
+        self._sock.sendall(head + _chunk(first_event))
+
+    def send_event(self, event: str):
+        self._sock.sendall(_chunk(event))
+
+    def end_stream(self, last_event: str):
+        self._sock.sendall(_chunk(last_event) + b"0\r\n\r\n")
+
+    def is_client_alive(self) -> bool:
+        """False once the client closed its end (EOF or an error on the socket)."""
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            if not readable:
+                return True
+            return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+
+def _chunk(data: str) -> bytes:
+    payload = data.encode()
+    return b"%x\r\n%s\r\n" % (len(payload), payload)

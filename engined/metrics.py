@@ -1,0 +1,43 @@
+"""Prometheus metrics of one engine, in its own registry (nothing global, nothing at import)."""
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+
+class EngineMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.time_to_first_token = Histogram(
+            "kimi_engine_time_to_first_token_seconds",
+            "Arrival of a request to its first generated token", buckets=_LATENCY_BUCKETS,
+            registry=r)
+        self.decode_rate = Histogram(
+            "kimi_engine_decode_tokens_per_second",
+            "Decode speed of each finished request (tokens after the first / seconds)",
+            buckets=_RATE_BUCKETS, registry=r)
+        self.queue_depth = Gauge("kimi_engine_queue_depth",
+                                 "Requests waiting for KV cache room", registry=r)
+        self.running = Gauge("kimi_engine_running_requests",
+                             "Requests being prefilled or decoded", registry=r)
+        self.load_time = Gauge("kimi_engine_load_time_seconds",
+                               "Seconds spent loading the model at start", registry=r)
+        self.requests = Counter("kimi_engine_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=r)
+        self.prompt_tokens = Counter("kimi_engine_prompt_tokens",
+                                     "Prompt tokens prefilled", registry=r)
+        self.generated_tokens = Counter("kimi_engine_generated_tokens",
+                                        "Tokens generated", registry=r)
+        self.cancelled = Counter("kimi_engine_cancelled_requests",
+                                 "Requests cancelled because their client went away", registry=r)
+        self.tokens_after_cancel = Counter(
+            "kimi_engine_tokens_after_cancel",
+            "Tokens generated for a request after its client went away (stays near 0 when "
+            "cancellation stops the loop)", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,167 @@
+"""A Sequence is one request inside the model loop: its tokens, sampling settings, KV cache,
+text decoding with stop strings, and the queue its HTTP handler reads events from.
+
+Only the model thread mutates a Sequence after `Engine.submit`; the handler reads `events`
+and may call `cancel()` (a thread-safe flag).
+"""
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    num_top_logprobs: int | None = None  # None = no logprobs; 0 = the chosen token's only
+    is_prompt_logprobs: bool = False  # /v1/completions echo + logprobs
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float | None  # None for the first prompt token, which has no context
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), best first
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    text: str  # decoded text released by this token ("" while held back)
+    logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True)
+class PromptLogprobsEvent:
+    entries: tuple[TokenLogprob, ...]
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    reason: str  # "stop" | "length" | "cancelled"
+    text: str  # text released at the end (held-back text that turned out not to stop)
+    num_prompt_tokens: int
+    num_completion_tokens: int
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    error: Exception
+
+
+class StopMatcher:
+    """Finds stop strings across token boundaries, holding back text that could start one."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = tuple(s for s in stops if s)
+        self.pending = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """-> (text safe to release, whether a stop string was hit)."""
+        buf = self.pending + text
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.pending = ""
+            return buf[:min(hits)], True
+        hold = max((n for s in self.stops for n in range(1, len(s)) if buf.endswith(s[:n])),
+                   default=0)
+        self.pending = buf[len(buf) - hold:] if hold else ""
+        return buf[:len(buf) - hold], False
+
+    def flush(self) -> str:
+        text, self.pending = self.pending, ""
+        return text
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    decoder: object  # IncrementalDecoder: push(id) -> str, flush() -> str
+    request_id: str = ""
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens already in the KV cache
+    cache: object = None
+    generator: object = None  # torch.Generator, set by the engine
+    finish_reason: str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self):
+        self.stop_matcher = StopMatcher(self.params.stop)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_max_tokens(self) -> int:
+        """KV cache slots this sequence may need: prompt + completion."""
+        return len(self.prompt_ids) + self.params.max_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed < len(self.prompt_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self):
+        """Called by the HTTP handler when its client went away."""
+        self._cancelled.set()
+
+    def next_input_ids(self, chunk: int) -> list[int]:
+        if self.is_prefilling:
+            return self.prompt_ids[self.num_computed:self.num_computed + chunk]
+        return self.output_ids[-1:]
+
+    def append_token(self, token_id: int, logprob: TokenLogprob | None):
+        """Record a sampled token; decide whether the sequence is finished."""
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        self.output_ids.append(token_id)
+        if token_id in self.params.stop_token_ids:
+            return self.finish("stop")  # the stop token counts but has no text or logprob
+        text, is_stop = self.stop_matcher.push(self.decoder.push(token_id))
+        if is_stop:
+            self.events.put(TokenEvent(token_id, text, logprob))
+            return self.finish("stop", flush=False)
+        self.events.put(TokenEvent(token_id, text, logprob))
+        if len(self.output_ids) >= self.params.max_tokens:
+            self.finish("length")
+
+    def finish(self, reason: str, flush: bool = True):
+        tail = ""
+        if flush:
+            tail, is_stop = self.stop_matcher.push(self.decoder.flush())
+            tail += "" if is_stop else self.stop_matcher.flush()
+        self.finish_reason = reason
+        self.finish_time = time.monotonic()
+        self.events.put(FinishEvent(reason, tail, len(self.prompt_ids), len(self.output_ids)))
+
+    def fail(self, error: Exception):
+        self.finish_reason = "error"
+        self.finish_time = time.monotonic()
+        self.events.put(ErrorEvent(error))

@@ -1,0 +1,158 @@
+"""Test helpers for the engine: an HTTP client over a Unix socket and a daemon launcher.
+
+Every call has a timeout; nothing leaves the machine.
+"""
+import http.client
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = pathlib.Path(sys.executable).parent
+TIMEOUT_S = 120
+
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float = TIMEOUT_S):
+        super().__init__("engine", timeout=timeout)
+        self.unix_path = str(path)
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.unix_path)
+
+
+class Response:
+    def __init__(self, status: int, headers, body: bytes):
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self):
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+
+def request(sock: str, method: str, path: str, body=None, headers=None,
+            timeout: float = TIMEOUT_S) -> Response:
+    conn = UnixConnection(sock, timeout)
+    try:
+        data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+        conn.request(method, path, data, {"content-type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        return Response(resp.status, resp.headers, resp.read())
+    finally:
+        conn.close()
+
+
+def post(sock: str, path: str, body, **kw) -> Response:
+    return request(sock, "POST", path, body, **kw)
+
+
+def get(sock: str, path: str, **kw) -> Response:
+    return request(sock, "GET", path, **kw)
+
+
+def stream(sock: str, path: str, body, timeout: float = TIMEOUT_S) -> list:
+    """POST a streaming request -> the list of SSE data payloads (parsed JSON, or "[DONE]")."""
+    conn = UnixConnection(sock, timeout)
+    try:
+        conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        return parse_sse(resp.read().decode())
+    finally:
+        conn.close()
+
+
+def parse_sse(text: str) -> list:
+    events = []
+    for block in text.split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), block
+        data = block[len("data: "):]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def metric(sock: str, name: str, labels: str = "") -> float:
+    """The value of one sample in /metrics (0 when absent)."""
+    for line in get(sock, "/metrics").text.splitlines():
+        if line.startswith(name + (("{" + labels + "}") if labels else " ")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def short_tmpdir() -> pathlib.Path:
+    """Unix socket paths must stay under 108 bytes: pytest's tmp_path can be longer."""
+    return pathlib.Path(tempfile.mkdtemp(prefix="kimi-t-", dir="/tmp"))
+
+
+class Daemon:
+    """A real `kimi-engine serve` subprocess on a temporary socket."""
+
+    def __init__(self, cache_dir: pathlib.Path, *args: str, env: dict | None = None,
+                 workdir: pathlib.Path | None = None):
+        self.dir = workdir or short_tmpdir()
+        self.sock = str(self.dir / "engine.sock")
+        self.log = self.dir / "stderr.log"
+        self.args = ["--socket", self.sock, *args]
+        self.env = {**os.environ, "XDG_CACHE_HOME": str(cache_dir), **(env or {})}
+        self.env.pop("CACHE_DIRECTORY", None)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True, timeout: float = 600) -> "Daemon":
+        self._stderr = open(self.log, "ab")
+        self.proc = subprocess.Popen([str(BIN / "kimi-engine"), "serve", *self.args],
+                                     env=self.env, stderr=self._stderr,
+                                     stdout=subprocess.DEVNULL)
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 600):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kimi-engine exited {self.proc.returncode}:\n{self.stderr()}")
+            try:
+                if get(self.sock, "/health", timeout=5).status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"kimi-engine not ready after {timeout} s:\n{self.stderr()}")
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def signal(self, signum: int):
+        self.proc.send_signal(signum)
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+        finally:
+            self._stderr.close()
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "kimi-engine"), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
