@@ -252,3 +252,11 @@ def test_random_markup_never_raises_leaks_or_depends_on_chunking(name, data):
     assert merged(run(name, [text[:cut], text[cut:]])) == whole
     assert merged(run(name, list(text))) == whole
     assert not any(tok in visible(whole) for tok in CONTROL if tok.startswith("<|"))
+
+
+def test_json_answers_that_are_not_calls_stay_plain_text():
+    answer = '{"name": "Ada", "age": 36}'
+    events = run("json", list(answer), tools=None)
+    assert events == [TextDelta(answer)]
+    truncated = run("json", ['{"name": "ls", "arguments": {"a"'])
+    assert isinstance(truncated[0], ParseFailure) and visible(truncated) == '{"name": "ls", "arguments": {"a"'

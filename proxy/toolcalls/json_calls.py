@@ -8,15 +8,17 @@
 The reply is held only while its start could be a call: optional fence (```` ``` ```` or
 ```` ```json ````), optional ``[``, ``{`` and a first key among ``name``, ``function``,
 ``arguments``, ``parameters``, ``type``. Anything else (``[link](…)``, ``{"a": 1}``,
-```` ```python ````) streams out at once. Arguments keep the model's raw JSON bytes. A held
-reply that fails to parse is emitted as text with a ``ParseFailure``; trailing prose
-after the JSON disqualifies it.
+```` ```python ````) streams out at once. Arguments keep the model's raw JSON bytes.
+Trailing prose after the JSON makes the whole reply text. At the end, a held reply that
+is valid JSON but not a call list (no ``arguments``/``parameters``) is an ordinary answer
+and becomes text; invalid or truncated JSON, an unknown tool or invalid argument JSON also
+become text, with a ``ParseFailure``.
 """
 from __future__ import annotations
 
 import json
 
-from .base import Event
+from .base import Event, TextDelta
 from .jsonraw import array_elements, call_from_object
 from .whole_reply import MAYBE, NO, YES, WholeReplyParser
 
@@ -66,6 +68,14 @@ def strip_closing_fence(text: str, fenced: bool) -> str | None:
     return text[:-len(FENCE)].strip() if text.endswith(FENCE) else None
 
 
+def _is_json(text: str | None) -> bool:
+    try:
+        json.loads(text or "")
+    except ValueError:
+        return False
+    return True
+
+
 class JsonParser(WholeReplyParser):
     name = "json"
 
@@ -88,9 +98,12 @@ class JsonParser(WholeReplyParser):
         body = strip_closing_fence(split_fence(text)[1], fenced)
         items = None if body is None else array_elements(body)
         items = items if items is not None else ([body] if body is not None else None)
-        calls = [call_from_object(item) for item in items or []]
+        calls = [call_from_object(item, require_arguments=True) for item in items or []]
         if not calls or any(c is None for c in calls):
-            self.emit_failure(out, "reply looked like a JSON tool call but is not one", text, text)
+            if _is_json(body):
+                out.append(TextDelta(text))   # JSON, but not a call list: an ordinary answer
+            else:
+                self.emit_failure(out, "reply started like a JSON tool call but is not valid JSON", text, text)
             return
         for item, (name, arguments) in zip(items, calls):
             self.emit_call(out, name, arguments, raw=item, display=item.strip())

@@ -48,28 +48,33 @@ def object_members(text: str) -> dict[str, tuple[object, str]] | None:
         return None
 
 
-def _arguments_raw(members: dict[str, tuple[object, str]]) -> str | None:
+def _arguments_raw(members: dict[str, tuple[object, str]], require: bool) -> str | None:
     for key in ("arguments", "parameters"):
         if key in members:
             value, raw = members[key]
             if value is None:
                 return "{}"
             return value if isinstance(value, str) else raw
-    return "{}"
+    return None if require else "{}"
 
 
-def call_from_object(text: str) -> tuple[str, str] | None:
-    """(name, raw arguments) of a call object, or None when ``text`` is not one."""
+def call_from_object(text: str, require_arguments: bool = False) -> tuple[str, str] | None:
+    """(name, raw arguments) of a call object, or None when ``text`` is not one.
+
+    ``require_arguments``: an object without ``arguments``/``parameters`` is not a call
+    (so a JSON answer such as ``{"name": "Ada", "age": 3}`` stays text).
+    """
     members = object_members(text)
     if members is None:
         return None
     fn = members.get("function")
     if fn is not None and isinstance(fn[0], dict):
-        return call_from_object(fn[1])
+        return call_from_object(fn[1], require_arguments)
     name = members.get("name", fn)
     if name is None or not isinstance(name[0], str):
         return None
-    return name[0], _arguments_raw(members)
+    arguments = _arguments_raw(members, require_arguments)
+    return None if arguments is None else (name[0], arguments)
 
 
 def array_elements(text: str) -> list[str] | None:
