@@ -13,7 +13,8 @@ derived from the live captures in ../shared/fixtures/live-clients/:
 * headers (25 each): ``x-app: cli``, ``anthropic-beta: claude-code-…``,
   ``x-claude-code-session-id`` (Claude Code); ``originator: codex_…``, ``x-codex-*`` (Codex);
   ``x-session-affinity`` (opencode); ``http-referer: cline.bot``, ``x-title: Cline``;
-  ``x-msh-*`` (Kimi Code, provisional);
+  ``x-msh-*`` (Kimi Code, provisional); ``x-stainless-lang`` (the OpenAI/Anthropic SDKs,
+  which are also the route fallbacks, so this only names the client);
 * the system prompt (30): Cline's CLI sends only the generic AI-SDK user agent, so its
   prompt ("You are Cline, …") is its signal.
 
@@ -71,8 +72,8 @@ SIGNALS: dict[str, Signals] = {
     "opencode": Signals(
         user_agent=(r"(?i)^opencode/",), headers=(("x-session-affinity", r"."),), weight=20),
     "aider": Signals(user_agent=(r"(?i)\baider\b",), weight=10),
-    "openai-sdk": Signals(user_agent=(r"^(Async)?OpenAI/",)),
-    "anthropic-sdk": Signals(user_agent=(r"^(Async)?Anthropic/",)),
+    "openai-sdk": Signals(user_agent=(r"^(Async)?OpenAI/",), headers=(("x-stainless-lang", r"."),)),
+    "anthropic-sdk": Signals(user_agent=(r"^(Async)?Anthropic/",), headers=(("x-stainless-lang", r"."),)),
 }
 ORDER = ("claude-code", "codex", "kimi-code", "cline", "opencode", "aider", "openai-sdk", "anthropic-sdk")
 # Clients recognised only to label logs and metrics; the route fallback serves them.

@@ -139,3 +139,11 @@ def test_recorded_cassettes_keep_their_presets(shared_dir):
         request = cassette["request"]
         detection = detect(request["path"], request["headers"], request["body"])
         assert detection.preset.name == renamed.get(cassette["preset"], cassette["preset"]), path.name
+
+
+def test_sdk_headers_name_the_sdk_but_never_beat_a_client():
+    stainless = {"x-stainless-lang": "python", "user-agent": "my-agent/1.0"}
+    sdk = detect("/v1/chat/completions", stainless, {})
+    assert sdk.preset.name == "openai-sdk" and not sdk.is_fallback and sdk.reasons == ("header x-stainless-lang",)
+    kimi = detect("/v1/chat/completions", {**stainless, "user-agent": "KimiCLI/1.12.0"}, {})
+    assert kimi.preset.name == "kimi-code" and kimi.preset.status == "provisional"
