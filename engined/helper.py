@@ -2,6 +2,9 @@
 
 The compiled module is `engined._kimi_helper` (built by `_helper_build.py` at install).
 """
+import os
+import pathlib
+
 import numpy as np
 
 try:
@@ -159,3 +162,60 @@ def memcap_peak() -> int:
 def memcap_reserved() -> int:
     require()
     return int(lib.memcap_reserved())
+
+
+# Memory the kernel will actually grant: the cgroup limit (v2 memory.max, v1
+# memory.limit_in_bytes) and this process's resident set, so the engine can refuse
+# a plan cleanly instead of being OOM-killed half-way through loading.
+UNLIMITED_V1 = 1 << 60  # v1 reports "no limit" as a page-rounded 2**63 - 1
+
+
+def _read_limit(path: pathlib.Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max" or not text.isdigit() or int(text) >= UNLIMITED_V1:
+        return None
+    return int(text)
+
+
+def cgroup_memory_limit(proc_cgroup: str = "/proc/self/cgroup",
+                        cgroup_root: str = "/sys/fs/cgroup") -> int | None:
+    """The tightest memory limit on this process's cgroup and its ancestors, or None."""
+    root = pathlib.Path(cgroup_root)
+    try:
+        lines = pathlib.Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2 unified hierarchy
+            base, leaf = root, "memory.max"
+        elif "memory" in controllers.split(","):  # v1 memory controller
+            base, leaf = root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        rel = pathlib.PurePosixPath(path.strip() or "/")
+        for parent in [rel, *rel.parents]:  # a namespaced mount shows only some levels
+            limits.append(_read_limit(base / str(parent).lstrip("/") / leaf))
+    found = [v for v in limits if v is not None]
+    return min(found) if found else None
+
+
+def effective_cap(requested_bytes: int, **roots) -> int:
+    """min(requested, cgroup limit); requested 0 means "no cap of our own"."""
+    limit = cgroup_memory_limit(**roots)
+    if limit is None:
+        return int(requested_bytes)
+    return limit if requested_bytes <= 0 else min(int(requested_bytes), limit)
+
+
+def current_rss(statm: str = "/proc/self/statm") -> int:
+    """Resident set size of this process in bytes (0 where /proc is unavailable)."""
+    try:
+        resident_pages = int(pathlib.Path(statm).read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")

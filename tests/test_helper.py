@@ -148,3 +148,48 @@ def test_routed_bad_expert_id_is_invalid_argument():
         helper.grouped_gemv_w4a16(X[:1], [0, 2], (STACK_Q, STACK_S, STACK_M), 32)
     with pytest.raises(helper.HelperError, match="invalid argument"):
         helper.grouped_gemv_w4a16(X[:1], [-1], (STACK_Q, STACK_S, STACK_M), 32)
+
+
+def _fake_cgroup(tmp_path, proc_line: str, files: dict[str, str]):
+    proc = tmp_path / "cgroup"
+    proc.write_text(proc_line + "\n")
+    for rel, text in files.items():
+        f = tmp_path / "fs" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text + "\n")
+    return dict(proc_cgroup=str(proc), cgroup_root=str(tmp_path / "fs"))
+
+
+def test_cgroup_v2_limit_takes_the_tightest_ancestor(tmp_path):
+    roots = _fake_cgroup(tmp_path, "0::/user.slice/kimi.service", {
+        "user.slice/kimi.service/memory.max": "max",
+        "user.slice/memory.max": "2147483648",
+    })
+    assert helper.cgroup_memory_limit(**roots) == 2 << 30
+    assert helper.effective_cap(4 << 30, **roots) == 2 << 30
+    assert helper.effective_cap(1 << 30, **roots) == 1 << 30
+    assert helper.effective_cap(0, **roots) == 2 << 30  # no cap of ours: the cgroup's
+
+
+def test_cgroup_v1_limit_and_unlimited_sentinel(tmp_path):
+    roots = _fake_cgroup(tmp_path, "4:memory:/docker/abc", {
+        "memory/docker/abc/memory.limit_in_bytes": "536870912",
+        "memory/memory.limit_in_bytes": "9223372036854771712",
+    })
+    assert helper.cgroup_memory_limit(**roots) == 512 << 20
+
+
+def test_no_cgroup_limit_leaves_the_request(tmp_path):
+    roots = _fake_cgroup(tmp_path, "0::/", {"memory.max": "max"})
+    assert helper.cgroup_memory_limit(**roots) is None
+    assert helper.effective_cap(123, **roots) == 123
+    assert helper.effective_cap(0, proc_cgroup=str(tmp_path / "missing")) == 0
+
+
+def test_current_rss_reads_resident_pages(tmp_path):
+    import os
+    statm = tmp_path / "statm"
+    statm.write_text("765 441 413 5 0 123 0\n")
+    assert helper.current_rss(str(statm)) == 441 * os.sysconf("SC_PAGE_SIZE")
+    assert helper.current_rss() > 10 << 20  # this interpreter, with numpy and the helper loaded
+    assert helper.current_rss(str(tmp_path / "missing")) == 0
