@@ -260,3 +260,17 @@ def test_json_answers_that_are_not_calls_stay_plain_text():
     assert events == [TextDelta(answer)]
     truncated = run("json", ['{"name": "ls", "arguments": {"a"'])
     assert isinstance(truncated[0], ParseFailure) and visible(truncated) == '{"name": "ls", "arguments": {"a"'
+
+
+def test_k3_parallel_calls_keep_order_and_unescape_attributes():
+    text = ("<|open|>tools<|sep|>"
+            + K3_CALL.format(name="ls", body="")
+            + K3_CALL.format(name="get_weather", body=K3_ARG.format(k="city", t="string", v='Say "hi" & <b>')
+                             + K3_ARG.format(k="days", t="null", v="null"))
+            + "<|close|>tools<|sep|>")
+    tools = TOOLS + [{"type": "function", "function": {"name": "a&b", "parameters": {}}}]
+    events = run("kimi_k3", list(text), tools=tools)
+    assert calls(events) == [("ls", "{}"), ("get_weather", '{"city": "Say \\"hi\\" & <b>", "days": null}')]
+    assert [e.index for e in events if isinstance(e, ToolCallStart)] == [0, 1]
+    escaped = K3_CALL.format(name="a&amp;b", body="")
+    assert calls(run("kimi_k3", [escaped], tools=tools)) == [("a&b", "{}")]
