@@ -110,11 +110,14 @@ def route_dialect(path: str, headers: Mapping[str, str] | None = None) -> str | 
 
 
 def normalize_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> dict[str, str]:
-    items = headers.items() if isinstance(headers, Mapping) else (headers or ())
+    """Lower-cased names; repeated headers joined with commas; junk input gives {}."""
     out: dict[str, str] = {}
-    for name, value in items:
-        key = str(name).lower()
-        out[key] = f"{out[key]},{value}" if key in out else str(value)
+    try:
+        for name, value in headers.items() if isinstance(headers, Mapping) else (headers or ()):
+            key = str(name).lower()
+            out[key] = f"{out[key]},{value}" if key in out else str(value)
+    except (TypeError, ValueError):
+        return {}
     return out
 
 

@@ -4,6 +4,7 @@ import json
 import pathlib
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from proxy.detect import detect, normalize_headers, route_dialect, system_texts
 from proxy.presets import (ANTHROPIC, CHAT, PRESET_NAMES, RESPONSES, Preset, check_client_name,
@@ -147,3 +148,20 @@ def test_sdk_headers_name_the_sdk_but_never_beat_a_client():
     assert sdk.preset.name == "openai-sdk" and not sdk.is_fallback and sdk.reasons == ("header x-stainless-lang",)
     kimi = detect("/v1/chat/completions", {**stainless, "user-agent": "KimiCLI/1.12.0"}, {})
     assert kimi.preset.name == "kimi-code" and kimi.preset.status == "provisional"
+
+
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                       lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+                       max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(path=st.sampled_from(["/v1/messages", "/v1/chat/completions", "/v1/responses", "/v1/models", "/", "/x?y"]),
+       headers=st.one_of(st.none(), st.integers(), st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=5),
+                         st.lists(st.tuples(st.text(max_size=20), st.text(max_size=40)), max_size=5)),
+       body=JSONISH)
+def test_detection_never_raises(path, headers, body):
+    detection = detect(path, headers, body)
+    assert detection.preset.dialect == detection.dialect
+    messages = {"messages": [{"role": "system", "content": body}], "system": body, "input": [body]}
+    assert detect(path, headers, messages).preset is not None
