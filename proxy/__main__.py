@@ -80,10 +80,11 @@ def _setup_logging(path):
 @main.command()
 @click.argument("cassettes", nargs=-1, required=True)
 @click.option("-v", "--verbose", is_flag=True, help="print every difference")
-def replay(cassettes, verbose):
+@click.option("--allowlist", help="JSON file of explained differences per cassette")
+def replay(cassettes, verbose, allowlist):
     """Re-run cassettes through the translation and print the differences."""
     from proxy.replay import replay_paths
-    sys.exit(replay_paths(cassettes, verbose=verbose, echo=click.echo))
+    sys.exit(replay_paths(cassettes, verbose=verbose, echo=click.echo, allowlist=allowlist))
 
 
 @main.command()
