@@ -126,9 +126,12 @@ def apply_reasoning_field(message: dict, reasoning: str | None, field_name: str)
 
     ``reasoning_content``/``auto`` (default) and any other name are used as the key; ``none``
     omits it; ``inline`` prefixes the content with ``<think>R</think>``. Sentinels never
-    become keys.
+    become keys. Reasoning already in the message (its keys, or ``<think>`` spans in a
+    stored inline-mode content) is removed first, so it is never doubled.
     """
     out = {k: v for k, v in message.items() if k not in ("reasoning_content", "reasoning", field_name)}
+    if isinstance(out.get("content"), str) and "<think>" in out["content"]:
+        out["content"] = split_think(out["content"])[1]
     if not reasoning or field_name == "none":
         return out
     if field_name == "inline":
@@ -246,64 +249,3 @@ class Ledger:
     def count(self) -> int:
         return self.db.count("ledger")
 
-
-class ProxyReasoning:
-    """The handlers' view (``proxy.state``) over a Ledger, speaking ``proxy.canonical`` types."""
-
-    def __init__(self, ledger: Ledger, metrics=None):
-        self.ledger, self.metrics = ledger, metrics
-
-    def new_turn(self) -> str:
-        return self.ledger.new_id()
-
-    def sign(self, text: str, ledger_id: str) -> str:
-        return self.ledger.sign(text, ledger_id)
-
-    def restore(self, message, reasoning_field: str) -> dict | None:
-        """The upstream assistant dict for an echoed canonical assistant message, or None."""
-        from proxy import canonical as c
-        parts = message.of(c.Reasoning)
-        calls = [{"id": p.id, "type": "function", "function": {"name": p.name, "arguments": p.arguments}}
-                 for p in message.of(c.ToolCall)]
-        text = message.text()
-        restored = self.ledger.restore(
-            signatures=[p.signature for p in parts if p.signature],
-            echoed_reasoning="".join(p.text for p in parts if not p.redacted) or None,
-            text=text, tool_calls=calls)
-        if self.metrics is not None:
-            self.metrics.ledger.labels(restored.source if restored else "miss").inc()
-        if restored is None:
-            return None
-        base = restored.message or {"role": "assistant", "content": split_think(text)[1], **(
-            {"tool_calls": calls} if calls else {})}
-        return apply_reasoning_field(base, restored.reasoning, reasoning_field)
-
-    def record(self, ledger_id: str, response, reasoning_field: str) -> None:
-        """Store a completed turn (skipped when it has neither reasoning nor tool calls)."""
-        reasoning = "".join(p.text for p in response.reasoning() if not p.redacted)
-        calls = [{"name": p.name, "arguments": p.arguments} for p in response.tool_calls()]
-        if not reasoning and not calls:
-            return
-        message = dict(response.upstream_message or {"role": "assistant", "content": response.text()})
-        if isinstance(message.get("content"), str):
-            message["content"] = split_think(message["content"])[1]
-        message = apply_reasoning_field(message, None, "none")
-        self.ledger.record(ledger_id, reasoning=reasoning, text=response.text(), tool_calls=calls, message=message)
-
-    def close(self) -> None:
-        self.ledger.db.close()
-
-
-def open_for_proxy(config: dict, metrics=None):
-    """(ProxyReasoning, ProxyResponses) over one SQLite file; used by ``proxy.state``.
-
-    Config keys: LEDGER (path; default ``store.default_db_path()``), LEDGER_MAX_ENTRIES,
-    LEDGER_TTL_S, RESPONSES_MAX_ENTRIES, RESPONSES_TTL_S (all optional).
-    """
-    from .store import Database, ProxyResponses, ResponseStore, default_db_path
-    db = Database(config.get("LEDGER") or default_db_path())
-    ledger = Ledger(db, max_entries=int(config.get("LEDGER_MAX_ENTRIES") or 100_000),
-                    ttl_seconds=float(config.get("LEDGER_TTL_S") or 30 * 86400))
-    responses = ResponseStore(db, max_entries=int(config.get("RESPONSES_MAX_ENTRIES") or 10_000),
-                              ttl_seconds=float(config.get("RESPONSES_TTL_S") or 30 * 86400))
-    return ProxyReasoning(ledger, metrics), ProxyResponses(responses)

@@ -191,27 +191,3 @@ class ResponseStore:
             items += stored.input_items + stored.output_items
         return items
 
-
-class ProxyResponses:
-    """The handlers' view (``proxy.state``): records are ``{"input": items, "response": body}``."""
-
-    def __init__(self, store: ResponseStore):
-        self.store = store
-
-    def get(self, response_id: str) -> dict | None:
-        stored = self.store.get(response_id)
-        if stored is None:
-            return None
-        return {"input": stored.input_items, "response": stored.response or {"output": stored.output_items}}
-
-    def put(self, response_id: str, record: dict) -> None:
-        response = record.get("response") or {}
-        self.store.put(response_id, input_items=list(record.get("input") or []),
-                       output_items=list(response.get("output") or []),
-                       previous_id=response.get("previous_response_id"), response=response)
-
-    def delete(self, response_id: str) -> bool:
-        return self.store.delete(response_id)
-
-    def close(self) -> None:
-        self.store.db.close()

@@ -289,37 +289,12 @@ def test_default_path_rules(tmp_path):
         Ledger(Database(tmp_path / "x.sqlite"), max_entries=0)
 
 
-def test_proxy_adapters_round_trip_canonical_turns_across_restart(db_path):
-    from proxy import canonical as c
-    from proxy.reasoning import open_for_proxy
 
-    config = {"LEDGER": str(db_path)}
-    reasoning, responses = open_for_proxy(config)
-    turn = reasoning.new_turn()
-    sig = reasoning.sign("Need the listing.", turn)
-    upstream = {"role": "assistant", "content": "<think>Need the listing.</think>On it.",
-                "reasoning_content": "Need the listing.",
-                "tool_calls": [{"id": "functions.Bash:0", "type": "function",
-                                "function": {"name": "Bash", "arguments": '{"command":  "ls"}'}}]}
-    response = c.Response(id="r1", model="m", parts=(c.Reasoning("Need the listing.", sig), c.Text("On it."),
-                                                       c.ToolCall("functions.Bash:0", "Bash", '{"command":  "ls"}')),
-                          upstream_message=upstream)
-    reasoning.record(turn, response, "auto")
-    responses.put("resp_1", {"input": [{"role": "user", "content": "hi"}], "response": {"id": "resp_1", "output": [1]}})
-    reasoning.close()
-    responses.close()
-
-    reasoning, responses = open_for_proxy(config)
-    assert responses.get("resp_1") == {"input": [{"role": "user", "content": "hi"}],
-                                       "response": {"id": "resp_1", "output": [1]}}
-    echoed_call = c.ToolCall("functions.Bash:0", "Bash", '{"command": "ls"}')
-    with_sig = c.Message("assistant", (c.Reasoning("Need the listing.", sig), c.Text("On it."), echoed_call))
-    expected = {"role": "assistant", "content": "On it.", "tool_calls": upstream["tool_calls"],
-                "reasoning_content": "Need the listing."}
-    assert reasoning.restore(with_sig, "auto") == expected
-    bare = c.Message("assistant", (c.Text("On it."), echoed_call))
-    inline = reasoning.restore(bare, "inline")
-    assert inline["content"] == "<think>Need the listing.</think>On it." and "reasoning_content" not in inline
-    assert inline["tool_calls"][0]["function"]["arguments"] == '{"command":  "ls"}'
-    assert reasoning.restore(c.Message("assistant", (c.Text("never said"),)), "auto") is None
-    assert reasoning.ledger.stats.hits == {"ledger": 1, "fingerprint": 1, "signature": 0, "echo": 0}
+def test_inline_mode_message_stored_with_think_is_not_doubled(db_path, clock):
+    ledger = make_ledger(db_path, clock)
+    stored = {"role": "assistant", "content": "<think>R</think>Hello", "tool_calls": [CALL]}
+    ledger.record(reasoning="R", text="Hello", tool_calls=[CALL], message=stored)
+    restored = ledger.restore(text="Hello", tool_calls=[CALL])
+    assert apply_reasoning_field(restored.message, restored.reasoning, "inline")["content"] == "<think>R</think>Hello"
+    plain = apply_reasoning_field(restored.message, restored.reasoning, "reasoning_content")
+    assert (plain["content"], plain["reasoning_content"]) == ("Hello", "R")
