@@ -109,8 +109,10 @@ class _Items:
         self.buf: list[str] = []
         self.call: tuple | None = None
 
-    def open(self, kind: str, item: dict, call: tuple | None = None) -> Iterator[tuple]:
+    def open(self, kind: str, make_item, call: tuple | None = None) -> Iterator[tuple]:
+        """make_item(output_index) builds the item once the previous one is closed."""
         yield from self.close()
+        item = make_item(len(self.done))
         self.kind, self.buf, self.call, self.item = kind, [], call, item
         yield _event(self.turn, "response.output_item.added", output_index=len(self.done), item=item)
         if kind == "message":
@@ -172,17 +174,17 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
             yield d.KEEPALIVE
         elif isinstance(ev, c.ReasoningDelta) and shows_reasoning:
             if items.kind != "reasoning":
-                yield from items.open("reasoning", reasoning_item(turn, len(items.done), "", None, "in_progress"))
+                yield from items.open("reasoning", lambda i: reasoning_item(turn, i, "", None, "in_progress"))
             yield items.delta(ev.text)
         elif isinstance(ev, c.ReasoningEnd) and items.kind == "reasoning":
             yield from items.close(ev.signature)
         elif isinstance(ev, c.TextDelta):
             if items.kind != "message":
-                yield from items.open("message", message_item(turn, len(items.done), None, "in_progress"))
+                yield from items.open("message", lambda i: message_item(turn, i, None, "in_progress"))
             yield items.delta(ev.text)
         elif isinstance(ev, c.ToolCallStart):
-            item = call_item(turn, len(items.done), ev.id, ev.name, "", "in_progress")
-            yield from items.open("call", item, (ev.id, ev.name))
+            yield from items.open("call", lambda i, ev=ev: call_item(turn, i, ev.id, ev.name, "", "in_progress"),
+                                  (ev.id, ev.name))
         elif isinstance(ev, c.ToolCallArgsDelta) and items.kind == "call":
             yield items.delta(ev.text)
         elif isinstance(ev, c.ToolCallEnd):
