@@ -156,3 +156,73 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300
             ) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "kimi-engine"), *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
+
+
+class ScriptedModel:
+    """A stand-in for the model: each forward pass on a cache yields the next token of
+    `script` (prefill counts as the first pass). `fail_at` raises on that pass."""
+
+    kv_bytes_per_token = 16
+
+    def __init__(self, vocab_size: int, script: list[int] | None = None,
+                 delay_s: float = 0.0, fail_at: int | None = None):
+        self.vocab_size, self.script, self.delay_s, self.fail_at = vocab_size, script or [], delay_s, fail_at
+
+    def new_cache(self, max_tokens: int) -> dict:
+        return {"passes": 0, "max_tokens": max_tokens}
+
+    def forward(self, tokens, cache, start, last_only=True):
+        import torch
+
+        step, cache["passes"] = cache["passes"], cache["passes"] + 1
+        assert start + len(tokens) <= cache["max_tokens"]
+        time.sleep(self.delay_s)
+        if step == self.fail_at:
+            raise RuntimeError("scripted model failure")
+        rows = 1 if last_only else len(tokens)
+        logits = torch.full((rows, self.vocab_size), -10.0)  # [rows, V]
+        logits[-1, self.script[min(step, len(self.script) - 1)]] = 10.0
+        return logits
+
+
+class InProcessEngine:
+    """The real App, Engine and HTTP server in this process, around any model object."""
+
+    def __init__(self, model, tokenizer, chat, max_context: int = 512):
+        from engined.chat import IncrementalDecoder
+        from engined.engine import Engine
+        from engined.generate import Served
+        from engined.http import UnixHTTPServer
+        from engined.listen import Listener
+        from engined.logs import LogSink
+        from engined.metrics import EngineMetrics
+        from engined.server import App
+
+        self.dir = short_tmpdir()
+        self.sock = str(self.dir / "engine.sock")
+        self.metrics = EngineMetrics()
+        self.engine = Engine(model, max_context, self.metrics)
+        served = Served(self.engine, tokenizer, chat, "scripted-model", max_context,
+                        IncrementalDecoder)
+        self.listener = Listener(pathlib.Path(self.sock))
+        self.log = LogSink(self.dir / "engine.log")
+        self.server = UnixHTTPServer(self.listener.sock, App(served, self.metrics, self.log))
+        self._thread = None
+
+    def __enter__(self) -> "InProcessEngine":
+        import threading
+
+        self.engine.start()
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        import shutil
+
+        self.server.is_draining = True
+        self.server.shutdown()
+        self.server.server_close()
+        self.engine.stop()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
