@@ -84,8 +84,9 @@ def tiny_config(num_bpe: int, **overrides) -> dict:
     return cfg
 
 
-def tiny_tensors(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
-    """name -> tensor, BF16 except A_log / dt_bias (F32), shapes per §3 scaled to `cfg`."""
+def tiny_tensors(cfg: dict, seed: int = 0, router_scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """name -> tensor, BF16 except A_log / dt_bias (F32), shapes per §3 scaled to `cfg`.
+    router_scale 0 makes routing depend on the correction bias alone (no expert flips)."""
     g = torch.Generator().manual_seed(seed)
     d, lin = cfg["hidden_size"], cfg["linear_attn_config"]
     kda_w, kh = lin["num_heads"] * lin["head_dim"], lin["head_dim"]
@@ -127,7 +128,7 @@ def tiny_tensors(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
             t[p + "mlp.down_proj.weight"] = mat(d, di)
             continue
         m = p + "block_sparse_moe."
-        t[m + "gate.weight"] = mat(ne, d)
+        t[m + "gate.weight"] = (mat(ne, d).float() * router_scale).bfloat16()
         t[m + "gate.e_score_correction_bias"] = (0.1 * torch.randn(ne, generator=g)).bfloat16()
         si = mi * cfg["num_shared_experts"]
         t[m + "shared_experts.gate_proj.weight"], t[m + "shared_experts.up_proj.weight"] = mat(si, d), mat(si, d)
@@ -157,7 +158,7 @@ def tokenizer_config(num_bpe: int, chat_template: str | None = None) -> dict:
 
 
 def write_tiny_checkpoint(path, seed: int = 0, num_shards: int = 2, chat_template: str | None = None,
-                          **config_overrides) -> pathlib.Path:
+                          router_scale: float = 1.0, **config_overrides) -> pathlib.Path:
     """config.json, model-0000k-of-0000n.safetensors + index, tiktoken.model, tokenizer_config.json."""
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -165,7 +166,7 @@ def write_tiny_checkpoint(path, seed: int = 0, num_shards: int = 2, chat_templat
     cfg = tiny_config(num_bpe, **config_overrides)
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(num_bpe, chat_template)))
-    tensors = tiny_tensors(cfg, seed)
+    tensors = tiny_tensors(cfg, seed, router_scale)
     names = list(tensors)
     per = -(-len(names) // num_shards)
     weight_map, total = {}, 0
