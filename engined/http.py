@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from engined.errors import InvalidRequest, PayloadTooLarge
+from engined.errors import EngineError, InvalidRequest, PayloadTooLarge
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 DISCARD_LIMIT = 256 * 1024 * 1024  # read and drop this much of a refused body, then close
@@ -151,22 +151,28 @@ class Exchange:
     _discard_after_response = 0
 
     def finish_refused_request(self):
-        """After an error answer: an unread body would be parsed as the next request, so
-        close the connection; after 413, first drain what the client is still sending, so
-        it gets to read the answer."""
+        """After an error answer, read and drop the body the route never read: left
+        unread it would be parsed as the next request, and closing early would break
+        the client's send before it reads the answer. Over DISCARD_LIMIT (or 413), close."""
         if self._is_body_read or not self._has_body():
             return
-        self._handler.close_connection = True
-        remaining = min(self._discard_after_response, DISCARD_LIMIT)
         try:
-            while remaining > 0:
-                part = self._handler.rfile.read(min(remaining, 1 << 20))
+            if "chunked" in self.headers.get("transfer-encoding", "").lower():
+                self._read_chunked()
+                return
+            size = int(self.headers.get("content-length", "0").strip())
+            if size > DISCARD_LIMIT:
+                self._handler.close_connection = True
+                return
+            while size > 0:
+                part = self._handler.rfile.read(min(size, 1 << 20))
                 if not part:
                     break
-                remaining -= len(part)
-        except OSError:
-            pass
-        self._handler.close_connection = True
+                size -= len(part)
+        except (OSError, ValueError, EngineError):
+            self._handler.close_connection = True
+        if self._discard_after_response:
+            self._handler.close_connection = True
 
     # -- response --------------------------------------------------------------------------
     def _head(self, status: int, content_type: str, extra: dict[str, str]) -> bytes:
