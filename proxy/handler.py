@@ -21,7 +21,7 @@ from flask import Response, current_app, g
 from proxy import canonical as c
 from proxy import sse
 from proxy.dialects import common as d
-from proxy.errors import ProxyError, from_exception
+from proxy.errors import InvalidRequest, ProxyError, from_exception
 from proxy.payload import build_payload, tool_to_openai
 from proxy.pipeline import Options, Pipeline, chunks_from_json, one_call_at_a_time
 from proxy.toolcalls import get_parser
@@ -67,6 +67,9 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     turn = d.Turn(client_model=req.model or cfg["MODEL"] or "kimi-local",
                   id=ID_PREFIX[dialect.NAME] + d.new_hex())
     req = services.prepare(dialect.NAME, req, body, turn)
+    if not any(m.role != "system" for m in req.messages):
+        raise InvalidRequest("there is nothing to answer: send at least one user message"
+                             + (" in `input`" if dialect.NAME == "openai_responses" else " in `messages`"))
     ledger_id = services.reasoning.new_turn()
     field_ = cfg["REASONING_FIELD"]
     payload = build_payload(req, model=upstream_model(cfg, policy, req.model), reasoning_field=field_,

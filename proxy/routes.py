@@ -76,6 +76,8 @@ def count_tokens():
     body = json_body()
     policy = policy_mod.resolve(current_app.config, "anthropic", "/v1/messages", request.headers, body)
     req = anthropic.parse_request({**body, "max_tokens": body.get("max_tokens") or 1}, policy)
+    if not any(m.role != "system" for m in req.messages):
+        raise InvalidRequest("there is nothing to count: send at least one message in `messages`")
     payload = build_payload(req, model=current_app.config["MODEL"] or req.model,
                             reasoning_field=current_app.config["REASONING_FIELD"])
     services = current_app.extensions["kimi"]
