@@ -13,11 +13,15 @@ versions serve tests that want no file at all.
 """
 from __future__ import annotations
 
+import logging
+import queue
 import secrets
 import threading
 from collections import OrderedDict
 
 from proxy import canonical as c
+
+log = logging.getLogger("kimi.proxy")
 
 
 class MemoryReasoning:
@@ -107,11 +111,17 @@ def _calls(calls) -> list[dict]:
 
 
 class LedgerReasoning:
-    """proxy.reasoning.Ledger behind the handler's interface, counting hits and misses."""
+    """proxy.reasoning.Ledger behind the handler's interface, counting hits and misses.
+
+    Writes happen on a writer thread (a greenlet under gevent), off the response path;
+    a restore first waits for pending writes, so turn 2 always sees turn 1.
+    """
 
     def __init__(self, ledger, metrics=None):
         self.ledger = ledger
         self.metrics = metrics
+        self._pending: queue.Queue = queue.Queue()
+        threading.Thread(target=self._writer, daemon=True, name="kimi-ledger-writer").start()
 
     def new_turn(self) -> str:
         return self.ledger.new_id()
@@ -122,6 +132,7 @@ class LedgerReasoning:
     def restore(self, message: c.Message, reasoning_field: str) -> dict | None:
         from proxy.payload import assistant_from_echo
         from proxy.reasoning import apply_reasoning_field
+        self._pending.join()
         parts = message.of(c.Reasoning)
         echoed = "".join(p.text for p in parts if not p.redacted) or None
         found = self.ledger.restore(signatures=[p.signature for p in parts if p.signature],
@@ -136,12 +147,33 @@ class LedgerReasoning:
         return apply_reasoning_field(base, found.reasoning, reasoning_field)
 
     def record(self, ledger_id: str, response: c.Response, reasoning_field: str) -> None:
+        """Queue one completed turn; a turn with neither reasoning nor calls has nothing to restore."""
+        if not response.reasoning() and not response.tool_calls():
+            return
         message = {k: v for k, v in (response.upstream_message or {}).items()
                    if k not in ("reasoning_content", "reasoning")}
-        self.ledger.record(ledger_id, reasoning="".join(p.text for p in response.reasoning()),
-                           text=response.text(), tool_calls=_calls(response.tool_calls()), message=message)
+        self._pending.put((ledger_id, "".join(p.text for p in response.reasoning()), response.text(),
+                           _calls(response.tool_calls()), message))
+
+    def _writer(self) -> None:
+        while True:
+            item = self._pending.get()
+            try:
+                if item is None:
+                    return
+                ledger_id, reasoning, text, calls, message = item
+                self.ledger.record(ledger_id, reasoning=reasoning, text=text, tool_calls=calls, message=message)
+            except Exception as exc:  # noqa: BLE001 - a failed write must not kill the writer
+                log.warning("ledger write failed: %s", exc)
+            finally:
+                self._pending.task_done()
+
+    def flush(self) -> None:
+        self._pending.join()
 
     def close(self) -> None:
+        self._pending.join()
+        self._pending.put(None)
         self.ledger.db.close()
 
 
