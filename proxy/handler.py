@@ -128,8 +128,9 @@ def _frames(dialect, policy, req, turn, opts, ex, services, stream, ledger_id):
     events = finished(Pipeline(opts).run(recorded(stream)))
     if dialect.NAME != "openai_chat":
         events = one_call_at_a_time(events)
-    interval = policy.ping_interval_s if dialect.NAME == "anthropic" else None
-    interval = interval or current_app.config["PING_INTERVAL_S"]
+    interval = current_app.config["PING_INTERVAL_S"]  # 0 turns keep-alives off
+    if interval and policy.ping_interval_s:
+        interval = min(interval, policy.ping_interval_s)
     return dialect.stream(turn, req, with_keepalive(events, interval), policy)
 
 
