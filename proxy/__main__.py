@@ -53,7 +53,8 @@ def serve(config_path, **flags):
     try:
         cfg = config_mod.load(cli, config_path)
     except config_mod.ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+        click.echo(f"kimi-proxy: {exc}", err=True)
+        sys.exit(1)
     _setup_logging(cfg["LOG_FILE"])
     from proxy.server import serve_forever
     sys.exit(serve_forever(cfg))
