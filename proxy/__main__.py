@@ -23,15 +23,11 @@ def _options(f):
         click.option("--reasoning-field", help="auto|reasoning_content|reasoning|inline|none"),
         click.option("--tool-parser", help="auto or a parser name"),
         click.option("--model", help="model name sent upstream"),
-        click.option("--small-model", help="model for the preset's small-model pattern (e.g. haiku)"),
         click.option("--model-alias", multiple=True, help="A=B: send B when the client asks for A"),
         click.option("--ledger", help="SQLite ledger path (mode 0600)"),
         click.option("--api-key", help="require this key on every route but /health"),
-        click.option("--upstream-api-key", help="bearer token for the upstream"),
         click.option("--log-file", help="append the request log here"),
         click.option("--record", help="write cassettes into this directory"),
-        click.option("--allow-origin", multiple=True, help="admit this browser Origin"),
-        click.option("--allow-host", multiple=True, help="admit this non-loopback Host name"),
         click.option("--config", "config_path", help="TOML config file"),
     ]
     for opt in reversed(opts):

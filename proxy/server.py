@@ -1,6 +1,7 @@
 """The gevent WSGI server around the app (TCP_NODELAY on every accepted socket)."""
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -49,6 +50,19 @@ def make_server(cfg: dict, app=None) -> NoDelayServer:
     return NoDelayServer((cfg["HOST"], cfg["PORT"]), app, handler_class=QuietHandler, log=None)
 
 
+def sd_notify(state: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return
+    addr = "\0" + path[1:] if path.startswith("@") else path
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(state.encode(), addr)
+    except OSError:
+        pass
+
+
 def serve_forever(cfg: dict) -> int:
     try:
         server = make_server(cfg)
@@ -57,8 +71,14 @@ def serve_forever(cfg: dict) -> int:
         print(f"kimi-proxy: cannot listen on {cfg['HOST']}:{cfg['PORT']}: {exc.strerror}", file=sys.stderr)
         return 1
     print(banner(cfg), flush=True)
+
+    def stop(*_):
+        sd_notify("STOPPING=1")
+        server.stop(timeout=5)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.stop(timeout=5))
+        signal.signal(sig, stop)
+    server.start()
+    sd_notify("READY=1")
     server.serve_forever()
     server.application.extensions["kimi"].close()
     return 0

@@ -55,12 +55,17 @@ def test_version_and_bad_config(env):
 def test_serve_banner_sdks_and_sighup(tmp_path, env):
     fake = FakeUpstream(Reply.text("Hi from gevent.", reasoning="hmm"))
     port, log = free_port(), tmp_path / "proxy.log"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify"))
+    notify.settimeout(30)
+    env = {**env, "NOTIFY_SOCKET": str(tmp_path / "notify")}
     with fake.serve() as upstream:
         proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", upstream,
                                  "--log-file", str(log), "--api-key", "k3y"],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             wait_port(port, proc)
+            assert notify.recv(64) == b"READY=1"  # systemd Type=notify
             base = f"http://127.0.0.1:{port}"
             oa = openai.OpenAI(base_url=base + "/v1", api_key="k3y", max_retries=0, timeout=10)
             chunks = list(oa.chat.completions.create(model="m", stream=True,
