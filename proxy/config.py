@@ -8,7 +8,6 @@ with messages that name the key. Flask config keys are the upper-cased names.
 from __future__ import annotations
 
 import os
-import pathlib
 import tomllib
 from ipaddress import ip_address
 
@@ -17,25 +16,24 @@ REASONING_FIELDS = ("auto", "reasoning_content", "reasoning", "inline", "none")
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
-def default_socket_path() -> str:
-    """The engine's default socket (the same rule as kimi-engine)."""
+def default_socket_path(environ=None) -> str:
+    """The engine's default socket (kimi-engine's rule, from its torch-free config module)."""
+    environ = os.environ if environ is None else environ
     try:
-        from engined.config import default_socket_path as engine_rule  # light module, no torch
-        return str(engine_rule())
-    except ImportError:
+        from engined.config import default_socket_path as engine_rule
+        return str(engine_rule(environ))
+    except ImportError:  # the proxy installed without the engine: the same rule, here
         pass
-    if os.environ.get("RUNTIME_DIRECTORY"):
-        return os.path.join(os.environ["RUNTIME_DIRECTORY"].split(":")[0], "engine.sock")
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "kimi", "engine.sock")
+    if environ.get("RUNTIME_DIRECTORY"):
+        return os.path.join(environ["RUNTIME_DIRECTORY"].split(":")[0], "engine.sock")
+    if environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(environ["XDG_RUNTIME_DIR"], "kimi", "engine.sock")
     return f"/tmp/kimi-{os.getuid()}/engine.sock"
 
 
-def default_ledger_path() -> str:
-    if os.environ.get("STATE_DIRECTORY"):
-        return os.path.join(os.environ["STATE_DIRECTORY"].split(":")[0], "ledger.sqlite")
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(pathlib.Path.home(), ".local", "state")
-    return os.path.join(state, "kimi", "ledger.sqlite")
+def default_ledger_path(environ=None) -> str:
+    from proxy.store import default_db_path
+    return str(default_db_path(os.environ if environ is None else environ))
 
 
 DEFAULTS = {
@@ -107,7 +105,7 @@ def load(cli: dict | None = None, config_path: str | None = None, environ=None) 
         merged.update(from_file(path))
     merged.update(from_env(environ))
     merged.update({k: v for k, v in (cli or {}).items() if v is not None and v != () and v != []})
-    return validate(merged)
+    return validate(merged, environ)
 
 
 def _coerce(key: str, value):
@@ -134,14 +132,14 @@ def _aliases(value) -> dict:
     return out
 
 
-def validate(cfg: dict) -> dict:
+def validate(cfg: dict, environ=None) -> dict:
     cfg = {k: _coerce(k, v) for k, v in cfg.items()}
     cfg["MODEL_ALIAS"] = _aliases(cfg["MODEL_ALIAS"])
     for key in ("ALLOW_ORIGIN", "ALLOW_HOST"):
         value = cfg[key]
         cfg[key] = [value] if isinstance(value, str) else list(value or [])
     if cfg["UPSTREAM"] is None:
-        cfg["UPSTREAM"] = "unix://" + default_socket_path()
+        cfg["UPSTREAM"] = "unix://" + default_socket_path(environ)
     if not str(cfg["UPSTREAM"]).startswith(("unix:///", "http://", "https://")):
         raise ConfigError(f"upstream must be unix:///PATH or http(s)://HOST:PORT/v1, got {cfg['UPSTREAM']!r}")
     if not 0 < cfg["PORT"] < 65536:
@@ -151,7 +149,7 @@ def validate(cfg: dict) -> dict:
                           f"got {cfg['REASONING_FIELD']!r}")
     _check_names(cfg)
     if cfg["LEDGER"] is None:
-        cfg["LEDGER"] = default_ledger_path()
+        cfg["LEDGER"] = default_ledger_path(environ)
     if cfg["PING_INTERVAL_S"] < 0 or cfg["UPSTREAM_TIMEOUT_S"] <= 0 or cfg["MAX_BODY_BYTES"] < 1:
         raise ConfigError("ping-interval-s must be >= 0, upstream-timeout-s and max-body-bytes > 0")
     return cfg

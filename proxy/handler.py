@@ -198,6 +198,7 @@ def _encoded(frames, dialect, turn, ex, services, stream):
             yield data
     finally:
         stream.close()
+        services.metrics.upstream_latency.labels(ex.route).observe(time.monotonic() - ex.started)
         services.done(ex)
 
 

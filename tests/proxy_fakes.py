@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import socketserver
 import threading
 import time
 from dataclasses import dataclass, field
@@ -117,6 +118,18 @@ class FakeUpstream:
             server.shutdown()
             server.server_close()
 
+    @contextlib.contextmanager
+    def serve_unix(self, path: str):
+        """The same server on a Unix socket (like the engine); yields the unix:// URL."""
+        server = _UnixServer(path, _handler_for(self))
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"unix://{path}"
+        finally:
+            server.shutdown()
+            server.server_close()
+
     def client(self) -> "InProcessClient":
         return InProcessClient(self)
 
@@ -129,6 +142,14 @@ class _Server(ThreadingHTTPServer):
         sock, addr = super().get_request()
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock, addr
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def get_request(self):
+        sock, _addr = super().get_request()
+        return sock, ("unix", 0)
 
 
 def _handler_for(fake: FakeUpstream):

@@ -160,7 +160,9 @@ def test_config_layering_and_errors(tmp_path):
     cfg = config.load({"MODEL": "from-cli", "LEDGER": str(tmp_path / "l")}, str(path), env)
     assert (cfg["PORT"], cfg["MODEL"], cfg["MODEL_ALIAS"]) == (9002, "from-cli", {"a": "b"})
     assert config.load({}, str(path), {})["PORT"] == 9001
-    assert config.load({}, None, {"XDG_RUNTIME_DIR": "/run/user/5"})["UPSTREAM"].startswith("unix:///")
+    assert config.load({}, None, {"XDG_RUNTIME_DIR": "/run/user/5"})["UPSTREAM"] == \
+        "unix:///run/user/5/kimi/engine.sock"
+    assert config.load({}, None, {"RUNTIME_DIRECTORY": "/run/kimi"})["UPSTREAM"] == "unix:///run/kimi/engine.sock"
     for bad, message in [({"REASONING_FIELD": "x"}, "reasoning-field"), ({"TOOL_PARSER": "nope"}, "tool-parser"),
                          ({"CLIENT": "nope"}, "unknown client"), ({"UPSTREAM": "ftp://x"}, "upstream"),
                          ({"PORT": "abc"}, "port"), ({"MODEL_ALIAS": ["bad"]}, "A=B")]:
@@ -200,3 +202,16 @@ def test_real_socket_streams_are_forwarded_per_chunk(tmp_path):
         conn.close()
     assert len(arrivals) == 6
     assert arrivals[-1] - arrivals[0] >= 0.5  # each letter arrived on its own, not coalesced at the end
+
+
+def test_unix_socket_upstream(tmp_path):
+    fake = FakeUpstream(Reply.text("over the socket", reasoning="r"))
+    with fake.serve_unix(str(tmp_path / "engine.sock")) as url:
+        app = create_app(proxy_config(url, tmp_path))
+        client = app.test_client()
+        out = client.post("/v1/messages", json=ANTH).get_json()
+        frames = sse.parse_frames(client.post("/v1/messages", json={**ANTH, "stream": True}).get_data())
+        count = client.post("/v1/messages/count_tokens", json=ANTH).get_json()
+        assert client.get("/health").get_json()["status"] == "ok"
+    assert out["content"][-1]["text"] == "over the socket"
+    assert [e for e, _d in frames][-1] == "message_stop" and count == {"input_tokens": 42}
