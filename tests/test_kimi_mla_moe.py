@@ -107,3 +107,29 @@ def test_router_bias_selects_but_never_mixes():
     assert got[0] == pytest.approx(2.0 * s[0] / (s[0] + s[3]), rel=1e-6)
     assert got[3] == pytest.approx(2.0 * s[3] / (s[0] + s[3]), rel=1e-6)
     assert sum(got.values()) == pytest.approx(2.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("t", [1, 4])
+def test_int4_moe_matches_loop_on_dequantized_experts(t):
+    """INT4 banks: decode runs the registered grouped kernels, prefill dequantizes per expert."""
+    from engined.ops import int4_format
+    dense = _moe(seed=7, experts=5, top_k=3)
+    packed = MoE(D, 16, 5, 3, 1, True, 2.446, torch.float32,
+                 int4={"w1": 16, "w2": 16, "w3": 16, "shared_experts.gate_proj": 16})
+    packed.gate.copy_(dense.gate)
+    packed.e_score_correction_bias.copy_(dense.e_score_correction_bias)
+    for name in ("w1", "w2", "w3"):
+        src, dst = getattr(dense, name), getattr(packed, name)
+        for e in range(5):
+            p = int4_format.quantize_sym(src.weight[e], 16)
+            for part in ("qweight", "scales", "mins"):
+                dst.slot(part, e).copy_(getattr(p, part))
+            src.weight[e].copy_(int4_format.dequantize(p))
+    p = int4_format.quantize_sym(dense.shared_experts.gate_proj.weight, 16)
+    for part in ("qweight", "scales", "mins"):
+        packed.shared_experts.gate_proj.slot(part).copy_(getattr(p, part))
+    dense.shared_experts.gate_proj.weight.copy_(int4_format.dequantize(p))
+    for name in ("up_proj", "down_proj"):
+        getattr(packed.shared_experts, name).weight.copy_(getattr(dense.shared_experts, name).weight)
+    f = torch.randn(t, D, generator=torch.Generator().manual_seed(11))
+    torch.testing.assert_close(packed(f), moe_loop(dense, f), atol=1e-4, rtol=1e-4)

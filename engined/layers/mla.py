@@ -28,6 +28,11 @@ class MLA:
         self._absorb: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
+    def absorbed_bytes(self) -> int:
+        """Bytes of the fp32 W_UK/W_UV copies decode reads each step (0 before the first one)."""
+        return sum(t.nbytes for t in self._absorb) if self._absorb is not None else 0
+
+    @property
     def latent_width(self) -> int:
         return self.rank + self.rope
 

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from engined.layers.kimi_proj import INT4_PARTS, Proj, SlotError
-from engined.ops import int4_format
+from engined.ops import int4_format, registry
+from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 
 
 class SwiGLU:
@@ -45,6 +46,10 @@ class ExpertBank:
         if not 0 <= e < bank.shape[0]:
             raise SlotError(f"expert {e} out of range 0..{bank.shape[0] - 1}")
         return bank[e]
+
+    @property
+    def packed(self) -> PackedInt4Experts:
+        return PackedInt4Experts(self.qweight, self.scales, self.mins, self.group_size)
 
     def matrix(self, e: int, dtype) -> torch.Tensor:
         """Expert e's W: [N, K] in dtype."""
@@ -92,7 +97,10 @@ class MoE:
         # f: [T, D] -> [T, D]
         experts, weights = route(f.float() @ self.gate.float().t(), self.e_score_correction_bias,
                                  self.top_k, self.renormalize, self.scaling)
-        routed = self._routed(f, experts, weights).to(f.dtype)
+        if f.shape[0] == 1:
+            routed = self._routed_one(f, experts[0], weights[0]).to(f.dtype)
+        else:
+            routed = self._routed(f, experts, weights).to(f.dtype)
         return routed + self.shared_experts(f) if self.shared_experts is not None else routed
 
     def _routed(self, f, experts, weights) -> torch.Tensor:
@@ -105,3 +113,18 @@ class MoE:
             y = (h @ self.w2.matrix(e, f.dtype).t()).float()    # [n, D]
             out.index_add_(0, tok, y * weights[tok, choice].unsqueeze(-1))
         return out
+
+    def _routed_one(self, f, ids, weights) -> torch.Tensor:
+        """Decode (one token), no host sync: INT4 banks run the registered grouped kernels
+        (moe_swiglu, w4a16_grouped_gemv); dense banks gather the k chosen experts.
+        f: [1, D]; ids, weights: [k] -> [1, D] fp32."""
+        if self.w1.group_size and self.w3.group_size and self.w2.group_size:
+            device = f.device.type
+            h = registry.resolve("moe_swiglu", device).fn(f, self.w1.packed, self.w3.packed, ids)  # [k, I]
+            y = registry.resolve("w4a16_grouped_gemv", device).fn(h, self.w2.packed, ids)       # [k, D]
+            return (weights.unsqueeze(-1) * y).sum(0, keepdim=True)
+        x = f[0]
+        w1, w3, w2 = (bank.weight[ids].to(f.dtype) for bank in (self.w1, self.w3, self.w2))
+        h = F.silu(torch.einsum("d,kid->ki", x, w1)) * torch.einsum("d,kid->ki", x, w3)
+        y = torch.einsum("ki,kdi->kd", h, w2).float()
+        return (weights.unsqueeze(-1) * y).sum(0, keepdim=True)

@@ -26,6 +26,24 @@ class KimiCache:
     num_tokens: int = 0
 
 
+def weight_tensors(obj) -> list[torch.Tensor]:
+    """Every weight tensor held by `obj` and the engined objects under it, each once."""
+    seen, out = set(), []
+
+    def walk(o):
+        for v in vars(o).values():
+            if isinstance(v, torch.Tensor) and id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+            elif isinstance(v, list):
+                for x in v:
+                    walk(x)
+            elif type(v).__module__.startswith("engined."):
+                walk(v)
+    walk(obj)
+    return out
+
+
 class DecoderLayer:
     """Attribute names follow the checkpoint (self_attn, mlp | block_sparse_moe)."""
 
@@ -75,21 +93,7 @@ class KimiLinearModel:
         self.weight_bytes = sum(t.nbytes for t in self.tensors())
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every weight tensor once (for byte counts and random fills)."""
-        seen, out = set(), []
-
-        def walk(obj):
-            for v in vars(obj).values():
-                if isinstance(v, torch.Tensor) and id(v) not in seen:
-                    seen.add(id(v))
-                    out.append(v)
-                elif type(v).__module__.startswith("engined."):
-                    walk(v)
-                elif isinstance(v, list):
-                    for x in v:
-                        walk(x)
-        walk(self)
-        return out
+        return weight_tensors(self)
 
     def new_cache(self, max_tokens: int) -> KimiCache:
         if not 0 < max_tokens <= self.config.context_length:
