@@ -153,7 +153,7 @@ def sse_records(frames: list[str]) -> list[dict]:
     return out
 
 
-MISSING, UNEXPECTED = "<missing>", "<unexpected>"
+from proxy.replay_allow import MISSING, UNEXPECTED, _allowed, unexplained  # noqa: F401,E402 - re-exported
 
 
 def diff(a, b, path: str = "$", out: list | None = None, limit: int = 500) -> list[tuple]:
@@ -286,43 +286,3 @@ def replay_paths(paths, verbose: bool = False, echo=print, allowlist: str | None
             echo(f"    {d}")
     echo(f"{num_ok}/{len(files)} cassettes match")
     return 0 if num_ok == len(files) else 1
-
-
-# ---- allowlist -------------------------------------------------------------------------
-def _resolve(doc, path: str):
-    for key in re.findall(r"\.([A-Za-z_]+)|\[(\d+)\]", path):
-        if doc is None:
-            return None
-        doc = doc.get(key[0]) if key[0] and isinstance(doc, dict) else (
-            doc[int(key[1])] if key[1] and isinstance(doc, list) and int(key[1]) < len(doc) else None)
-    return doc
-
-
-def _is_subsequence(small, big) -> bool:
-    it = iter(big or [])
-    return isinstance(small, list) and all(any(x == y for y in it) for x in small)
-
-
-def _allowed(d: tuple, entry: dict, docs: dict) -> bool:
-    path, a, b = d
-    kind = entry.get("kind", "any")
-    if kind == "superset":  # the recorded list is a subsequence of the replayed one
-        if not path.startswith(entry["path"]):
-            return False
-        rec, rep = docs.get(entry["side"], (None, None))
-        return _is_subsequence(_resolve(rec, entry["path"]), _resolve(rep, entry["path"]))
-    if not re.fullmatch(entry["path"], path):
-        return False
-    squash = lambda x: re.sub(r"\s+", " ", x).strip() if isinstance(x, str) else x  # noqa: E731
-    return {"any": True, "missing": b is MISSING, "unexpected": a is UNEXPECTED,
-            "whitespace": isinstance(a, str) and isinstance(b, str) and squash(a) == squash(b),
-            "text-parts": isinstance(a, str) and isinstance(b, list) and a == "".join(
-                p.get("text", "") for p in b if isinstance(p, dict)),
-            "prefix": isinstance(b, str) and b == entry.get("value", "") + str(a)}.get(kind, False)
-
-
-def unexplained(result: dict, entries: list[dict]) -> list[tuple[str, tuple]]:
-    """The differences no allowlist entry explains, as (part, difference)."""
-    docs = result.get("docs", {})
-    return [(part, d) for part in ("status", "upstream", "client") for d in result[part]
-            if not any(e["side"] == part and _allowed(d, e, docs) for e in entries)]

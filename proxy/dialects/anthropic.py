@@ -5,29 +5,18 @@ their signatures, tool_result blocks (with `is_error` and images) hoisted into a
 message before the rest of the user turn, images, text documents, tool_choice,
 `stop_sequences`, `thinking` and `output_config.effort`. Server tools (typed tools such
 as `web_search_20250305`) are not sent to the engine.
-
-Egress stream: message_start and a ping before the engine's first token, pings while it
-is quiet, one content block open at a time with indices 0..n-1, the signature_delta
-inside its thinking block, message_delta (with `stop_sequence`) and message_stop.
+Egress lives in anthropic_out.py.
 """
 from __future__ import annotations
 
 import json
-from typing import Iterator
-
 from proxy import canonical as c
 from proxy.dialects import common as d
+from proxy.dialects.anthropic_out import ID_PREFIX, render_response, stream, to_client_id  # noqa: F401 - API
 from proxy.errors import InvalidRequest, ProxyError, anthropic_body
 
 NAME = "anthropic"
-ID_PREFIX = "toolu_"
-STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
-        "stop_sequence": "stop_sequence", "content_filter": "refusal", "error": "end_turn"}
 EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
-
-
-def to_client_id(engine_id: str) -> str:
-    return ID_PREFIX + engine_id
 
 
 def to_engine_id(client_id: str) -> str:
@@ -180,113 +169,6 @@ def _parallel(choice) -> bool | None:
     if isinstance(choice, dict) and choice.get("disable_parallel_tool_use") is True:
         return False
     return None
-
-
-# ---- egress ----------------------------------------------------------------------------
-def _shows_thinking(req: c.Request, policy) -> bool:
-    return policy.reasoning == "thinking_blocks" and req.thinking_enabled is not False
-
-
-def usage_body(u: c.Usage) -> dict:
-    return {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_input_tokens}
-
-
-def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> dict:
-    content: list = []
-    if _shows_thinking(req, policy):
-        for r in resp.reasoning():
-            content.append({"type": "redacted_thinking", "data": r.signature or ""} if r.redacted
-                           else {"type": "thinking", "thinking": r.text, "signature": r.signature or ""})
-    text = resp.text()
-    reasoning = "".join(r.text for r in resp.reasoning() if not r.redacted)
-    if policy.reasoning == "inline_tags" and reasoning:
-        text = f"<think>{reasoning}</think>{text}"
-    if text:
-        content.append({"type": "text", "text": text})
-    for t in resp.tool_calls():
-        content.append({"type": "tool_use", "id": to_client_id(t.id), "name": t.name,
-                        "input": d.parse_args_object(t.arguments)})
-    usage = resp.usage if resp.usage.input_tokens else c.Usage(
-        turn.input_estimate, resp.usage.output_tokens, resp.usage.cached_input_tokens)
-    return {"id": turn.id, "type": "message", "role": "assistant", "model": turn.client_model,
-            "content": content or [{"type": "text", "text": ""}],
-            "stop_reason": STOP.get(resp.finish_reason, "end_turn"),
-            "stop_sequence": resp.stop_sequence, "usage": usage_body(usage)}
-
-
-class _Blocks:
-    """At most one open content block; indices 0..n-1 without gaps."""
-
-    def __init__(self):
-        self.num_blocks = 0
-        self.open_kind: str | None = None
-
-    def open(self, kind: str, block: dict) -> list:
-        frames = self.close()
-        self.open_kind = kind
-        frames.append(("content_block_start", {"type": "content_block_start",
-                                               "index": self.num_blocks, "content_block": block}))
-        return frames
-
-    def delta(self, delta: dict) -> tuple:
-        return "content_block_delta", {"type": "content_block_delta", "index": self.num_blocks,
-                                       "delta": delta}
-
-    def close(self) -> list:
-        if self.open_kind is None:
-            return []
-        self.open_kind = None
-        self.num_blocks += 1
-        return [("content_block_stop", {"type": "content_block_stop", "index": self.num_blocks - 1})]
-
-
-def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
-    yield "message_start", {"type": "message_start", "message": {
-        "id": turn.id, "type": "message", "role": "assistant", "model": turn.client_model,
-        "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": usage_body(c.Usage(turn.input_estimate))}}
-    yield "ping", {"type": "ping"}
-    blocks, thinking, inline = _Blocks(), _shows_thinking(req, policy), policy.reasoning == "inline_tags"
-    is_think_open = False
-    for ev in events:
-        if ev is d.KEEPALIVE:
-            yield "ping", {"type": "ping"}
-        elif isinstance(ev, c.ReasoningDelta) and thinking:
-            if blocks.open_kind != "thinking":
-                yield from blocks.open("thinking", {"type": "thinking", "thinking": ""})
-            yield blocks.delta({"type": "thinking_delta", "thinking": ev.text})
-        elif isinstance(ev, c.ReasoningDelta) and inline:
-            if blocks.open_kind != "text":
-                yield from blocks.open("text", {"type": "text", "text": ""})
-            if not is_think_open:
-                is_think_open = True
-                yield blocks.delta({"type": "text_delta", "text": "<think>"})
-            yield blocks.delta({"type": "text_delta", "text": ev.text})
-        elif isinstance(ev, c.ReasoningEnd) and blocks.open_kind == "thinking":
-            yield blocks.delta({"type": "signature_delta", "signature": ev.signature or ""})
-            yield from blocks.close()
-        elif isinstance(ev, c.ReasoningEnd) and is_think_open:
-            is_think_open = False
-            yield blocks.delta({"type": "text_delta", "text": "</think>"})
-        elif isinstance(ev, c.TextDelta):
-            if blocks.open_kind != "text":
-                yield from blocks.open("text", {"type": "text", "text": ""})
-            yield blocks.delta({"type": "text_delta", "text": ev.text})
-        elif isinstance(ev, c.ToolCallStart):
-            yield from blocks.open("tool_use", {"type": "tool_use", "id": to_client_id(ev.id),
-                                                "name": ev.name, "input": {}})
-        elif isinstance(ev, c.ToolCallArgsDelta):
-            yield blocks.delta({"type": "input_json_delta", "partial_json": ev.text})
-        elif isinstance(ev, c.ToolCallEnd):
-            yield from blocks.close()
-        elif isinstance(ev, c.StreamEnd):
-            yield from blocks.close()
-            yield "message_delta", {"type": "message_delta", "delta": {
-                "stop_reason": STOP.get(ev.finish_reason, "end_turn"), "stop_sequence": ev.stop_sequence},
-                "usage": {"input_tokens": ev.usage.input_tokens or turn.input_estimate,
-                          "output_tokens": ev.usage.output_tokens}}
-            yield "message_stop", {"type": "message_stop"}
 
 
 def render_error(err: ProxyError) -> dict:

@@ -1,0 +1,149 @@
+"""Anthropic Messages egress: the non-stream message and the event stream.
+
+Stream: message_start and a ping before the engine's first token, pings while it is
+quiet, one content block open at a time with indices 0..n-1, the signature_delta inside
+its thinking block, message_delta (with `stop_sequence`) and message_stop.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from proxy import canonical as c
+from proxy.dialects import common as d
+
+ID_PREFIX = "toolu_"
+STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+        "stop_sequence": "stop_sequence", "content_filter": "refusal", "error": "end_turn"}
+
+
+def to_client_id(engine_id: str) -> str:
+    return ID_PREFIX + engine_id
+
+
+def _shows_thinking(req: c.Request, policy) -> bool:
+    return policy.reasoning == "thinking_blocks" and req.thinking_enabled is not False
+
+
+def usage_body(u: c.Usage) -> dict:
+    return {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_input_tokens}
+
+
+def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> dict:
+    content: list = []
+    if _shows_thinking(req, policy):
+        for r in resp.reasoning():
+            content.append({"type": "redacted_thinking", "data": r.signature or ""} if r.redacted
+                           else {"type": "thinking", "thinking": r.text, "signature": r.signature or ""})
+    text = resp.text()
+    reasoning = "".join(r.text for r in resp.reasoning() if not r.redacted)
+    if policy.reasoning == "inline_tags" and reasoning:
+        text = f"<think>{reasoning}</think>{text}"
+    if text:
+        content.append({"type": "text", "text": text})
+    for t in resp.tool_calls():
+        content.append({"type": "tool_use", "id": to_client_id(t.id), "name": t.name,
+                        "input": d.parse_args_object(t.arguments)})
+    usage = resp.usage if resp.usage.input_tokens else c.Usage(
+        turn.input_estimate, resp.usage.output_tokens, resp.usage.cached_input_tokens)
+    return {"id": turn.id, "type": "message", "role": "assistant", "model": turn.client_model,
+            "content": content or [{"type": "text", "text": ""}],
+            "stop_reason": STOP.get(resp.finish_reason, "end_turn"),
+            "stop_sequence": resp.stop_sequence, "usage": usage_body(usage)}
+
+
+class _Blocks:
+    """At most one open content block; indices 0..n-1 without gaps."""
+
+    def __init__(self):
+        self.num_blocks = 0
+        self.open_kind: str | None = None
+
+    def open(self, kind: str, block: dict) -> list:
+        frames = self.close()
+        self.open_kind = kind
+        frames.append(("content_block_start", {"type": "content_block_start",
+                                               "index": self.num_blocks, "content_block": block}))
+        return frames
+
+    def delta(self, delta: dict) -> tuple:
+        return "content_block_delta", {"type": "content_block_delta", "index": self.num_blocks,
+                                       "delta": delta}
+
+    def close(self) -> list:
+        if self.open_kind is None:
+            return []
+        self.open_kind = None
+        self.num_blocks += 1
+        return [("content_block_stop", {"type": "content_block_stop", "index": self.num_blocks - 1})]
+
+
+def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
+    yield "message_start", {"type": "message_start", "message": {
+        "id": turn.id, "type": "message", "role": "assistant", "model": turn.client_model,
+        "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": usage_body(c.Usage(turn.input_estimate))}}
+    yield "ping", {"type": "ping"}
+    out = _Stream(turn, _shows_thinking(req, policy), policy.reasoning == "inline_tags")
+    for ev in events:
+        yield from out.on(ev)
+
+
+class _Stream:
+    """Canonical events -> Anthropic frames, one handler per event type."""
+
+    def __init__(self, turn: d.Turn, shows_thinking: bool, is_inline: bool):
+        self.turn, self.shows_thinking, self.is_inline = turn, shows_thinking, is_inline
+        self.blocks = _Blocks()
+        self.is_think_open = False
+
+    def on(self, ev) -> Iterator:
+        if ev is d.KEEPALIVE:
+            return iter([("ping", {"type": "ping"})])
+        handler = getattr(self, "_" + type(ev).__name__, None)
+        return handler(ev) if handler else iter(())
+
+    def _ensure(self, kind: str, block: dict) -> Iterator:
+        if self.blocks.open_kind != kind:
+            yield from self.blocks.open(kind, block)
+
+    def _ReasoningDelta(self, ev: c.ReasoningDelta) -> Iterator:
+        if self.shows_thinking:
+            yield from self._ensure("thinking", {"type": "thinking", "thinking": ""})
+            yield self.blocks.delta({"type": "thinking_delta", "thinking": ev.text})
+        elif self.is_inline:
+            yield from self._ensure("text", {"type": "text", "text": ""})
+            if not self.is_think_open:
+                self.is_think_open = True
+                yield self.blocks.delta({"type": "text_delta", "text": "<think>"})
+            yield self.blocks.delta({"type": "text_delta", "text": ev.text})
+
+    def _ReasoningEnd(self, ev: c.ReasoningEnd) -> Iterator:
+        if self.blocks.open_kind == "thinking":  # the signature lands inside its own block
+            yield self.blocks.delta({"type": "signature_delta", "signature": ev.signature or ""})
+            yield from self.blocks.close()
+        elif self.is_think_open:
+            self.is_think_open = False
+            yield self.blocks.delta({"type": "text_delta", "text": "</think>"})
+
+    def _TextDelta(self, ev: c.TextDelta) -> Iterator:
+        yield from self._ensure("text", {"type": "text", "text": ""})
+        yield self.blocks.delta({"type": "text_delta", "text": ev.text})
+
+    def _ToolCallStart(self, ev: c.ToolCallStart) -> Iterator:
+        yield from self.blocks.open("tool_use", {"type": "tool_use", "id": to_client_id(ev.id),
+                                                 "name": ev.name, "input": {}})
+
+    def _ToolCallArgsDelta(self, ev: c.ToolCallArgsDelta) -> Iterator:
+        yield self.blocks.delta({"type": "input_json_delta", "partial_json": ev.text})
+
+    def _ToolCallEnd(self, ev: c.ToolCallEnd) -> Iterator:
+        yield from self.blocks.close()
+
+    def _StreamEnd(self, ev: c.StreamEnd) -> Iterator:
+        yield from self.blocks.close()
+        yield "message_delta", {"type": "message_delta", "delta": {
+            "stop_reason": STOP.get(ev.finish_reason, "end_turn"), "stop_sequence": ev.stop_sequence},
+            "usage": {"input_tokens": ev.usage.input_tokens or self.turn.input_estimate,
+                      "output_tokens": ev.usage.output_tokens}}
+        yield "message_stop", {"type": "message_stop"}
