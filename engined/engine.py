@@ -15,6 +15,7 @@ from engined.scheduler import Scheduler
 from engined.sequence import PromptLogprobsEvent, Sequence
 
 PREFILL_CHUNK = 256  # prompt tokens per step, so other requests keep decoding meanwhile
+SCORING_CHUNK = 64  # prompt tokens per step when every row's logits are kept: [64, V] fp32
 
 
 class Engine:
@@ -62,7 +63,8 @@ class Engine:
             self.postprocess(seq, logits)
         except Exception as exc:  # a model failure ends this request, not the daemon
             self.log(f"model error on request {seq.request_id}: {exc!r}")
-            self.scheduler.finish(seq)
+            if seq in self.scheduler.running:
+                self.scheduler.finish(seq)
             self._release(seq)
             seq.fail(InternalError(f"model error: {exc}"))
 
@@ -82,21 +84,20 @@ class Engine:
 
     def run(self, seq: Sequence) -> torch.Tensor:
         """Prefill a chunk of the prompt, or decode one token. -> logits [1, V] or [T, V]."""
-        is_whole_prompt = seq.params.is_prompt_logprobs and seq.is_prefilling
-        chunk = len(seq.prompt_ids) if is_whole_prompt else PREFILL_CHUNK
-        input_ids = seq.next_input_ids(chunk)
+        is_scoring = seq.params.is_prompt_logprobs and seq.is_prefilling  # keep every row
+        input_ids = seq.next_input_ids(SCORING_CHUNK if is_scoring else PREFILL_CHUNK)
         tokens = torch.tensor(input_ids, dtype=torch.int64)  # [T]
-        logits = self.model.forward(tokens, seq.cache, seq.num_computed,
-                                    last_only=not is_whole_prompt)
+        logits = self.model.forward(tokens, seq.cache, seq.num_computed, last_only=not is_scoring)
         if seq.is_prefilling:
             self.metrics.prompt_tokens.inc(len(input_ids))
         seq.num_computed += len(input_ids)
-        return logits
+        return logits.float().cpu()  # the sampler's generator lives on the CPU
 
     def postprocess(self, seq: Sequence, logits: torch.Tensor):
-        if seq.params.is_prompt_logprobs and not seq.is_prefilling and not seq.output_ids:
+        if seq.params.is_prompt_logprobs and not seq.output_ids:  # this step was a prefill
+            start = seq.num_computed - logits.shape[0]
             seq.events.put(PromptLogprobsEvent(sampler.prompt_logprobs(
-                logits, seq.prompt_ids, seq.params.num_top_logprobs or 0)))
+                logits, seq.prompt_ids, start, seq.params.num_top_logprobs or 0)))
         if seq.is_prefilling:
             return
         if seq.params.max_tokens == 0:  # scoring only (echo + logprobs)

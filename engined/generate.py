@@ -74,6 +74,14 @@ def events(seq: Sequence, ex):
             return
 
 
+def start_stream(seq: Sequence, ex, text: str):
+    try:
+        ex.start_stream(text)
+    except OSError:
+        seq.cancel()
+        raise ClientGone() from None
+
+
 def send_events(seq: Sequence, ex, text: str, last: bool = False):
     """A write that fails means the client is gone: cancel the generation."""
     try:
@@ -108,7 +116,7 @@ def chat_completions(served: Served, ex):
 
 
 def _stream_chat(seq, ex, parser, shaper, lp, include_usage: bool):
-    ex.start_stream(sse(shaper.chat_chunk({"role": "assistant", "content": ""})))
+    start_stream(seq, ex, sse(shaper.chat_chunk({"role": "assistant", "content": ""})))
     pending = []  # logprob entries not yet attached to a chunk
     try:
         for event in events(seq, ex):
@@ -169,8 +177,8 @@ def completions(served: Served, ex):
 def _stream_completion(seq, ex, shaper, lp, req, prompt_text: str):
     is_logprobs = req.num_top_logprobs is not None
     echoed = prompt_text if req.echo else ""
-    ex.start_stream(sse(shaper.completion(shaper.text_choice(echoed, None, None))))
-    offset = len(echoed)  # text_offset of the next generated token
+    start_stream(seq, ex, sse(shaper.completion(shaper.text_choice(echoed, None, None))))
+    prompt_offset, offset = 0, len(echoed)  # text_offset of the next prompt / generated token
     try:
         for event in events(seq, ex):
             if isinstance(event, FinishEvent):
@@ -180,7 +188,8 @@ def _stream_completion(seq, ex, shaper, lp, req, prompt_text: str):
                                                    event.num_completion_tokens))
                 return send_events(seq, ex, tail + DONE, last=True)
             if isinstance(event, PromptLogprobsEvent):  # echo: logprobs of the prompt tokens
-                text, entries, start = "", list(event.entries), 0
+                text, entries, start = "", list(event.entries), prompt_offset
+                prompt_offset += sum(len(lp.token(e.token_id)[0]) for e in entries)
             else:
                 text, entries, start = event.text, [event.logprob] if event.logprob else [], offset
                 offset += len(text)

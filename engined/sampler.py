@@ -41,7 +41,11 @@ def _mask_top_p(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def token_logprob(logits: torch.Tensor, token_id: int, num_top: int) -> TokenLogprob:
     """logits: [V] -> the chosen token's logprob plus the num_top best alternatives."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [V]
+    return _entry(torch.log_softmax(logits.float(), dim=-1), token_id, num_top)
+
+
+def _entry(logprobs: torch.Tensor, token_id: int, num_top: int) -> TokenLogprob:
+    """logprobs: [V] (already normalized)."""
     top = ()
     if num_top > 0:
         values, ids = torch.topk(logprobs, num_top)
@@ -49,10 +53,15 @@ def token_logprob(logits: torch.Tensor, token_id: int, num_top: int) -> TokenLog
     return TokenLogprob(token_id, float(logprobs[token_id]), top)
 
 
-def prompt_logprobs(logits: torch.Tensor, prompt_ids: list[int], num_top: int
+def prompt_logprobs(logits: torch.Tensor, prompt_ids: list[int], start: int, num_top: int
                     ) -> tuple[TokenLogprob, ...]:
-    """logits: [T, V] over the whole prompt -> one entry per prompt token (the first has none)."""
-    entries = [TokenLogprob(prompt_ids[0], None)]
-    for position in range(1, len(prompt_ids)):
-        entries.append(token_logprob(logits[position - 1], prompt_ids[position], num_top))
+    """logits: [T, V] for prompt positions start..start+T-1; row r predicts the token at
+    start+r+1. -> entries for the prompt tokens it scores (the first token has no context)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [T, V]
+    entries = [TokenLogprob(prompt_ids[0], None)] if start == 0 else []
+    for row in range(logits.shape[0]):
+        position = start + row + 1
+        if position >= len(prompt_ids):
+            break
+        entries.append(_entry(logprobs[row], prompt_ids[position], num_top))
     return tuple(entries)

@@ -84,6 +84,9 @@ class App:
                            f"{''.join(traceback.format_exception(exc)).strip()}")
             self._send_error(ex, InternalError(f"internal error: {exc}"))
         finally:
+            seq = ex.stats.get("seq")
+            if seq is not None and not seq.is_finished:
+                seq.cancel()  # nobody reads it any more: free the model for others
             self._account(ex, route)
 
     def _route(self, ex):
