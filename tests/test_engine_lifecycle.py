@@ -35,11 +35,15 @@ def make_stale_socket(path: str):
 
 def test_stale_socket_sighup_and_sigterm_drain(engine_cache, workdir):
     log = workdir / "engine.log"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(workdir / "notify"))
+    notify.settimeout(5)
     daemon = Daemon(engine_cache, "--max-context", "512", "--log-file", str(log),
-                    workdir=workdir)
+                    workdir=workdir, env={"NOTIFY_SOCKET": str(workdir / "notify")})
     make_stale_socket(daemon.sock)
     daemon.start()
     try:
+        assert notify.recv(256).split(b"\n")[0] == b"READY=1"  # sent once the socket listens
         assert stat.S_IMODE(os.stat(daemon.sock).st_mode) == 0o660
         post(daemon.sock, "/v1/chat/completions", {"messages": CAPITAL, "max_tokens": 2},
              headers={"x-request-id": "before-rotate"})
@@ -69,7 +73,9 @@ def test_stale_socket_sighup_and_sigterm_drain(engine_cache, workdir):
         assert daemon.proc.wait(60) == 0
         assert not os.path.exists(daemon.sock)
         assert "stopped" in log.read_text()
+        assert notify.recv(256) == b"STOPPING=1"
     finally:
+        notify.close()
         daemon.stop()
 
 
