@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from engine_helpers import Daemon, get, post, run_cli, short_tmpdir
+from engine_helpers import Daemon, post, run_cli, short_tmpdir
 
 CAPITAL = [{"role": "user", "content": "Which city is the capital of France?"}]
 
