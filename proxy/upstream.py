@@ -19,7 +19,21 @@ from proxy import sse
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 
-class _UnixConnection(http.client.HTTPConnection):
+class _OneWrite:
+    """Send the request line, headers and a bytes body in one write (http.client uses two,
+    which costs a loopback round of wake-ups per request)."""
+
+    def _send_output(self, message_body=None, encode_chunked=False):
+        if isinstance(message_body, bytes) and not encode_chunked:
+            self._buffer.extend((b"", b""))
+            msg = b"\r\n".join(self._buffer) + message_body
+            del self._buffer[:]
+            self.send(msg)
+            return
+        super()._send_output(message_body, encode_chunked)
+
+
+class _UnixConnection(_OneWrite, http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float):
         super().__init__("localhost", timeout=timeout)
         self.unix_path = path
@@ -31,13 +45,13 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-class _TCPConnection(http.client.HTTPConnection):
+class _TCPConnection(_OneWrite, http.client.HTTPConnection):
     def connect(self):
         super().connect()
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-class _TLSConnection(http.client.HTTPSConnection):
+class _TLSConnection(_OneWrite, http.client.HTTPSConnection):
     def connect(self):
         super().connect()
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
