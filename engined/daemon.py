@@ -4,6 +4,7 @@ Exit status: 0 after a clean shutdown, 1 when the model cannot be loaded, the me
 exceeds the cap, or the socket is in use.
 """
 import signal
+import sys
 import threading
 import time
 
@@ -46,7 +47,12 @@ class Signals:
 
 
 def run(config: EngineConfig) -> int:
-    log = LogSink(config.log_file)
+    try:
+        log = LogSink(config.log_file)
+    except OSError as exc:
+        print(f"kimi-engine: cannot open --log-file {config.log_file}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
     signals = Signals()
     signals.install_reopen()
     try:
@@ -56,6 +62,9 @@ def run(config: EngineConfig) -> int:
             ValueError, OSError) as exc:  # ModelLoadError and the chat errors are ValueErrors
         log.write(f"kimi-engine: {exc}")
         return 1
+    except KeyboardInterrupt:
+        log.write("kimi-engine: interrupted while starting")
+        return 130
     server = UnixHTTPServer(listener.sock, App(served, metrics, log))
     serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                                name="kimi-accept")

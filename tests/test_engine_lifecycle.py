@@ -130,3 +130,14 @@ def test_bad_config_file_is_a_usage_error(workdir, content, expected):
     result = run_cli("serve", "--config", str(config), timeout=60)
     assert result.returncode == 2
     assert expected in result.stderr
+
+
+@pytest.mark.parametrize("args,expected", [
+    (("--model", "/nonexistent/model.gguf"), "no such file"),
+    (("--log-file", "/nonexistent/dir/engine.log"), "cannot open --log-file"),
+])
+def test_start_failures_exit_1_with_a_message(engine_cache, workdir, args, expected):
+    result = run_cli("serve", "--socket", str(workdir / "e.sock"), *args,
+                     env={"XDG_CACHE_HOME": str(engine_cache)})
+    assert result.returncode == 1
+    assert expected in result.stderr and "Traceback" not in result.stderr
