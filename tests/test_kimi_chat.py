@@ -152,3 +152,11 @@ def test_split_anywhere_equals_whole(cuts):
     chunks = [MODEL_OUTPUT[a:b] for a, b in zip(bounds, bounds[1:])]
     (whole, whole_calls, _), (split, split_calls, _) = _parse([MODEL_OUTPUT]), _parse(chunks)
     assert split == whole and split_calls == whole_calls
+
+
+def test_chat_format_hands_out_the_k2_parser(tok):
+    parser = KimiChatFormat(None, tok).output_parser(tools_enabled=True)
+    assert isinstance(parser, KimiOutputParser)
+    parser.feed(MODEL_OUTPUT)
+    parser.finish()
+    assert [c["id"] for c in parser.tool_calls] == ["functions.get_weather:0", "functions.get_time:1"]

@@ -87,6 +87,11 @@ class KimiChatFormat:
         self.stop_token_ids = frozenset(i for i in ids if i is not None)
         self.stop_strings = tuple(tokenizer.id_to_token(i) for i in sorted(self.stop_token_ids))
 
+    def output_parser(self, tools_enabled: bool, in_reasoning: bool = False):
+        """The streaming parser for this format's output (K2 tool-call markers, <think>)."""
+        from engined.chat.kimi_output import KimiOutputParser
+        return KimiOutputParser(tools_enabled, in_reasoning)
+
     @classmethod
     def from_dir(cls, path, tokenizer) -> "KimiChatFormat":
         return cls(_shipped_template(pathlib.Path(path)), tokenizer)
