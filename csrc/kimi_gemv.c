@@ -6,9 +6,9 @@
  * so x is de-interleaved once per call into blocks of 32: [x0 x2 .. x30 | x1 x3 .. x31];
  * a block of 16 code bytes then meets two contiguous runs of x.
  *
- * Paths: group % 32 == 0 uses the block kernels (AVX2/FMA/F16C chosen at run time on
- * x86-64, else portable C the compiler vectorizes); any other even group uses the
- * plain scalar kernel on the raw x. */
+ * Paths: group % 32 == 0 uses the block kernels (AVX-512 or AVX2/FMA/F16C chosen at
+ * run time on x86-64, else portable C the compiler vectorizes); any other even group
+ * uses the plain scalar kernel on the raw x. */
 #include "kimi_helper.h"
 #include "kimi_simd.h"
 
@@ -93,23 +93,27 @@ static void row_scalar(const KhRow *w, const float *x, const float *xsum,
     }
 }
 
-static int simd_allowed = 1;
+static int simd_level = 2; /* highest kernel allowed: 0 portable C, 1 AVX2, 2 AVX-512 */
 
 int gemv_simd(int mode)
 {
-    if (mode == 0 || mode == 1) simd_allowed = mode;
+    if (mode >= 0 && mode <= 2) simd_level = mode;
 #if KH_HAVE_X86_SIMD
-    return simd_allowed && kh_cpu_has_avx2();
-#else
-    return 0;
+    if (simd_level >= 2 && kh_cpu_has_avx512()) return 2;
+    if (simd_level >= 1 && kh_cpu_has_avx2()) return 1;
 #endif
+    return 0;
 }
 
 KhRowFn kh_pick_row_fn(int64_t group)
 {
     if (group % BLOCK) return row_scalar;
 #if KH_HAVE_X86_SIMD
-    if (gemv_simd(-1)) return kh_row_blocks_avx2;
+    switch (gemv_simd(-1)) {
+    case 2: return kh_row_blocks_avx512;
+    case 1: return kh_row_blocks_avx2;
+    default: break;
+    }
 #endif
     return row_blocks_c;
 }

@@ -52,17 +52,40 @@ static KH_TARGET float mins_dot(const uint16_t *mins, const float *xsum, int64_t
     __m256 h0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));                      \
     __m256 h1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)))
 
-/* acc[r] += sc * dot(block codes, x_r block) for every row r. */
-#define KH_BLOCK(ROWS, BLK, SC, ACC)                                                      \
+/* n fp16 scales -> fp32 (n <= KH_SCALE_CHUNK), 8 at a time. */
+static KH_TARGET void halves_to_floats(const uint16_t *h, int64_t n, float *out)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i,
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++) out[i] = _cvtsh_ss(h[i]);
+}
+
+/* acc[r] += sc * dot(block codes, x_r block) for every row r. One row: scale the
+ * dot product; several: scale the codes once, then 4 FMAs per row. */
+#define KH_BLOCK(ROWS, BLK, SC, ACC)                                               \
     do {                                                                           \
         KH_UNPACK(w->q + (BLK) * 16);                                              \
-        for (r = 0; r < ROWS; r++) {                                               \
-            const float *xe = xperm + r * w->k + (BLK) * 32;                       \
+        if (ROWS == 1) {                                                           \
+            const float *xe = xperm + (BLK) * 32;                                  \
             __m256 t = _mm256_mul_ps(l0, _mm256_loadu_ps(xe));                     \
             t = _mm256_fmadd_ps(l1, _mm256_loadu_ps(xe + 8), t);                   \
             t = _mm256_fmadd_ps(h0, _mm256_loadu_ps(xe + 16), t);                  \
             t = _mm256_fmadd_ps(h1, _mm256_loadu_ps(xe + 24), t);                  \
-            ACC[r] = _mm256_fmadd_ps(SC, t, ACC[r]);                               \
+            ACC[0] = _mm256_fmadd_ps(SC, t, ACC[0]);                               \
+        } else {                                                                   \
+            l0 = _mm256_mul_ps(l0, SC);                                            \
+            l1 = _mm256_mul_ps(l1, SC);                                            \
+            h0 = _mm256_mul_ps(h0, SC);                                            \
+            h1 = _mm256_mul_ps(h1, SC);                                            \
+            for (r = 0; r < ROWS; r++) {                                           \
+                const float *xe = xperm + r * w->k + (BLK) * 32;                   \
+                ACC[r] = _mm256_fmadd_ps(l0, _mm256_loadu_ps(xe), ACC[r]);         \
+                ACC[r] = _mm256_fmadd_ps(l1, _mm256_loadu_ps(xe + 8), ACC[r]);     \
+                ACC[r] = _mm256_fmadd_ps(h0, _mm256_loadu_ps(xe + 16), ACC[r]);    \
+                ACC[r] = _mm256_fmadd_ps(h1, _mm256_loadu_ps(xe + 24), ACC[r]);    \
+            }                                                                      \
         }                                                                          \
     } while (0)
 
@@ -81,23 +104,33 @@ static KH_TARGET float mins_dot(const uint16_t *mins, const float *xsum, int64_t
         int r;                                                                     \
         for (r = 0; r < ROWS; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();        \
         if (blocks == 1) {                                                         \
-            for (g = 0; g + 1 < groups; g += 2) {                                  \
-                __m256 sc0 = KH_SCALE(g), sc1 = KH_SCALE(g + 1);                   \
-                KH_BLOCK(ROWS, g, sc0, acc0);                                            \
-                KH_BLOCK(ROWS, g + 1, sc1, acc1);                                        \
-            }                                                                      \
-            if (g < groups) {                                                      \
-                __m256 sc0 = KH_SCALE(g);                                          \
-                KH_BLOCK(ROWS, g, sc0, acc0);                                            \
+            int64_t g0;                                                            \
+            for (g0 = 0; g0 < groups; g0 += KH_SCALE_CHUNK) {                      \
+                int64_t gend = g0 + KH_SCALE_CHUNK;                               \
+                float scf[KH_SCALE_CHUNK];                                         \
+                if (gend > groups) gend = groups;                                  \
+                halves_to_floats(w->scales + g0, gend - g0, scf);                  \
+                for (g = g0; g + 1 < gend; g += 2) {                               \
+                    __m256 sc0 = _mm256_broadcast_ss(scf + g - g0);                \
+                    __m256 sc1 = _mm256_broadcast_ss(scf + g + 1 - g0);            \
+                    _mm_prefetch((const char *)(w->q + g * 16 + KH_PREFETCH),      \
+                                 _MM_HINT_T0);                                     \
+                    KH_BLOCK(ROWS, g, sc0, acc0);                                  \
+                    KH_BLOCK(ROWS, g + 1, sc1, acc1);                              \
+                }                                                                  \
+                if (g < gend) {                                                    \
+                    __m256 sc0 = _mm256_broadcast_ss(scf + g - g0);                \
+                    KH_BLOCK(ROWS, g, sc0, acc0);                                  \
+                }                                                                  \
             }                                                                      \
         } else {                                                                   \
             for (g = 0; g < groups; g++) {                                         \
                 __m256 sc0 = KH_SCALE(g);                                          \
                 for (b = 0; b + 1 < blocks; b += 2) {                              \
-                    KH_BLOCK(ROWS, g * blocks + b, sc0, acc0);                           \
-                    KH_BLOCK(ROWS, g * blocks + b + 1, sc0, acc1);                       \
+                    KH_BLOCK(ROWS, g * blocks + b, sc0, acc0);                     \
+                    KH_BLOCK(ROWS, g * blocks + b + 1, sc0, acc1);                 \
                 }                                                                  \
-                if (b < blocks) KH_BLOCK(ROWS, g * blocks + b, sc0, acc0);               \
+                if (b < blocks) KH_BLOCK(ROWS, g * blocks + b, sc0, acc0);         \
             }                                                                      \
         }                                                                          \
         for (r = 0; r < ROWS; r++)                                                 \

@@ -3,33 +3,6 @@
 #include "kimi_simd.h"
 
 #include <pthread.h>
-#include <string.h>
-
-/* IEEE 754 binary16 bits -> float, exact for every input (incl. subnormals). */
-float kh_half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    uint32_t bits;
-    float f;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: normalise */
-            int e = -1;
-            do { e++; man <<= 1; } while ((man & 0x400u) == 0);
-            man &= 0x3ffu;
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
-        }
-    } else if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
 int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
                 const uint16_t *mins, int64_t n, int64_t k, int64_t group,

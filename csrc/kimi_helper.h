@@ -44,8 +44,8 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
                      const uint16_t *up_s, const uint16_t *up_m, int64_t n, int64_t k,
                      int64_t group, float *work, float *out, int nthreads);
 
-/* Whether the GEMVs use the AVX2 kernels: mode 1 allows them (the default) where the
- * CPU has AVX2+FMA+F16C, 0 forces the portable C, -1 only asks. Returns the state. */
+/* The highest GEMV kernel allowed: 2 AVX-512 (the default), 1 AVX2+FMA+F16C, 0 the
+ * portable C; -1 only asks. Returns the kernel in use (capped by what the CPU has). */
 int gemv_simd(int mode);
 
 /* Memory cap: one process-wide budget in bytes (0 = unlimited). */

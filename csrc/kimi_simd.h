@@ -4,11 +4,18 @@
 #define KIMI_SIMD_H
 
 #include <stdint.h>
+#include <string.h>
 
 #define KH_MAX_ROWS 8            /* rows of x handled in one pass over the weights */
+#ifndef KH_PREFETCH
+#define KH_PREFETCH 2048         /* bytes of codes to prefetch ahead of the kernel */
+#endif
+#define KH_SCALE_CHUNK 64        /* scales converted to fp32 per batch in the kernels */
 #define KH_SERIAL_BELOW 16384    /* n*k below this runs on one thread: fork/join costs more */
 
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+/* -DKH_NO_X86_SIMD builds what a non-x86 machine gets: the portable kernels only. */
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) \
+    && !defined(KH_NO_X86_SIMD)
 #define KH_HAVE_X86_SIMD 1
 #else
 #define KH_HAVE_X86_SIMD 0
@@ -28,12 +35,40 @@ typedef void (*KhRowFn)(const KhRow *w, const float *xperm, const float *xsum,
                         int64_t rows, float *y, int64_t y_stride);
 
 KhRowFn kh_pick_row_fn(int64_t group);
-float kh_half_to_float(uint16_t h); /* exact IEEE binary16 -> float */
 
 #if KH_HAVE_X86_SIMD
 int kh_cpu_has_avx2(void);
 void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
                         int64_t rows, float *y, int64_t y_stride);
+int kh_cpu_has_avx512(void);
+void kh_row_blocks_avx512(const KhRow *w, const float *xperm, const float *xsum,
+                          int64_t rows, float *y, int64_t y_stride);
 #endif
+
+/* IEEE 754 binary16 bits -> float, exact for every input (incl. subnormals). */
+static inline float kh_half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    float f;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do { e++; man <<= 1; } while ((man & 0x400u) == 0);
+            man &= 0x3ffu;
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
+        }
+    } else if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 #endif

@@ -32,7 +32,8 @@ ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "engined._kimi_helper",
     '#include "kimi_helper.h"',
-    sources=["csrc/kimi_helper.c", "csrc/kimi_gemv.c", "csrc/kimi_gemv_avx2.c"],  # relative: setuptools runs from the root
+    sources=["csrc/kimi_helper.c", "csrc/kimi_gemv.c", "csrc/kimi_gemv_avx2.c",
+             "csrc/kimi_gemv_avx512.c"],  # relative: setuptools runs from the root
     include_dirs=["csrc"],
     extra_compile_args=_cflags(),
     extra_link_args=["-fopenmp", "-lpthread", "-lm"],

@@ -133,10 +133,16 @@ def _routed(name, x, expert_ids, stacks, group, threads):
     return out
 
 
-def gemv_simd(enabled: bool | None = None) -> bool:
-    """Allow (True) or forbid (False) the AVX2 GEMV kernels; returns whether they are used."""
+SIMD_LEVELS = {0: "portable C", 1: "AVX2", 2: "AVX-512"}
+
+
+def gemv_simd(level: int | None = None) -> int:
+    """Cap the GEMV kernels at `level` (0 portable C, 1 AVX2, 2 AVX-512; None only asks).
+    Returns the level in use, which is also capped by what this CPU has."""
     require()
-    return bool(lib.gemv_simd(-1 if enabled is None else int(bool(enabled))))
+    if level is not None and level not in SIMD_LEVELS:
+        raise ValueError(f"SIMD level must be one of {sorted(SIMD_LEVELS)}, got {level}")
+    return int(lib.gemv_simd(-1 if level is None else level))
 
 
 def memcap_init(cap_bytes: int):

@@ -46,14 +46,19 @@ def test_gemv_known_answer(group, threads):
     assert helper.gemv_w4a16(X, QW, s, m, group, threads).tolist() == WANT
 
 
-def test_gemv_portable_kernel_known_answer():
-    s, m = _scales(32)
+@pytest.fixture
+def simd_level():
     before = helper.gemv_simd()
-    try:
-        assert helper.gemv_simd(False) is False
-        assert helper.gemv_w4a16(X, QW, s, m, 32).tolist() == WANT
-    finally:
-        helper.gemv_simd(before)
+    yield
+    helper.gemv_simd(2)  # the default cap
+    assert helper.gemv_simd() == before
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_gemv_every_kernel_level_known_answer(level, simd_level):
+    s, m = _scales(32)
+    assert helper.gemv_simd(level) <= level
+    assert helper.gemv_w4a16(np.tile(X, (3, 1)), QW, s, m, 32).tolist() == WANT * 3
 
 
 def test_gemv_rows_are_independent_of_each_other():

@@ -28,14 +28,15 @@ def test_thread_count_does_not_change_a_single_bit(weight, threads):
     assert torch.equal(cpu_c.w4a16_gemv(x, weight), one)
 
 
-def test_portable_kernel_matches_reference(weight):
-    x = torch.randn(5, 576)
-    before = helper.gemv_simd()
+@pytest.mark.parametrize("level", [0, 1, 2])  # portable C, AVX2, AVX-512 (as the CPU allows)
+@pytest.mark.parametrize("rows", [1, 5, 8])
+def test_every_kernel_level_matches_reference(weight, level, rows):
+    x = torch.randn(rows, 576)
     try:
-        helper.gemv_simd(False)
+        helper.gemv_simd(level)
         got = cpu_c.w4a16_gemv(x, weight)
     finally:
-        helper.gemv_simd(before)
+        helper.gemv_simd(2)
     torch.testing.assert_close(got, reference.w4a16_gemv(x, weight), atol=1e-2, rtol=1e-4)
 
 
