@@ -83,15 +83,27 @@ class Engine:
         return self.scheduler.next()
 
     def run(self, seq: Sequence) -> torch.Tensor:
-        """Prefill a chunk of the prompt, or decode one token. -> logits [1, V] or [T, V]."""
-        is_scoring = seq.params.is_prompt_logprobs and seq.is_prefilling  # keep every row
-        input_ids = seq.next_input_ids(SCORING_CHUNK if is_scoring else PREFILL_CHUNK)
-        tokens = torch.tensor(input_ids, dtype=torch.int64)  # [T]
+        """-> logits [1, V] (or [T, V] while scoring a prompt), on the CPU for the sampler."""
+        logits = self.prefill(seq) if seq.is_prefilling else self.decode(seq)
+        return logits.float().cpu()
+
+    def prefill(self, seq: Sequence) -> torch.Tensor:
+        """The next chunk of the prompt into the KV cache; every row kept when scoring."""
+        is_scoring = seq.params.is_prompt_logprobs
+        chunk = seq.prompt_ids[seq.num_computed:
+                               seq.num_computed + (SCORING_CHUNK if is_scoring else PREFILL_CHUNK)]
+        tokens = torch.tensor(chunk, dtype=torch.int64)  # [T]
         logits = self.model.forward(tokens, seq.cache, seq.num_computed, last_only=not is_scoring)
-        if seq.is_prefilling:
-            self.metrics.prompt_tokens.inc(len(input_ids))
-        seq.num_computed += len(input_ids)
-        return logits.float().cpu()  # the sampler's generator lives on the CPU
+        seq.num_computed += len(chunk)
+        self.metrics.prompt_tokens.inc(len(chunk))
+        return logits
+
+    def decode(self, seq: Sequence) -> torch.Tensor:
+        """One token: the last sampled one goes in, the next one's logits come out."""
+        tokens = torch.tensor(seq.output_ids[-1:], dtype=torch.int64)  # [1]
+        logits = self.model.forward(tokens, seq.cache, seq.num_computed)
+        seq.num_computed += 1
+        return logits
 
     def postprocess(self, seq: Sequence, logits: torch.Tensor):
         if seq.params.is_prompt_logprobs and not seq.output_ids:  # this step was a prefill

@@ -132,11 +132,6 @@ class Sequence:
         """Called by the HTTP handler when its client went away."""
         self._cancelled.set()
 
-    def next_input_ids(self, chunk: int) -> list[int]:
-        if self.is_prefilling:
-            return self.prompt_ids[self.num_computed:self.num_computed + chunk]
-        return self.output_ids[-1:]
-
     def append_token(self, token_id: int, logprob: TokenLogprob | None):
         """Record a sampled token; decide whether the sequence is finished."""
         if self.first_token_time is None:
