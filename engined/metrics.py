@@ -2,6 +2,8 @@
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from engined import helper
+
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
@@ -34,6 +36,11 @@ class EngineMetrics:
                                         "Tokens generated", registry=r)
         self.cancelled = Counter("kimi_engine_cancelled_requests",
                                  "Requests cancelled because their client went away", registry=r)
+        Gauge("kimi_engine_resident_bytes", "Resident set size of the engine process",
+              registry=r).set_function(helper.current_rss)
+        Gauge("kimi_engine_memory_reserved_bytes",
+              "Bytes reserved against the memory cap: weights + running sequences' KV",
+              registry=r).set_function(helper.memcap_reserved)
         self.tokens_after_cancel = Counter(
             "kimi_engine_tokens_after_cancel",
             "Tokens generated for a request after its client went away (stays near 0 when "

@@ -12,7 +12,8 @@ METRICS = ["kimi_engine_time_to_first_token_seconds", "kimi_engine_decode_tokens
            "kimi_engine_queue_depth", "kimi_engine_running_requests",
            "kimi_engine_load_time_seconds", "kimi_engine_requests_total",
            "kimi_engine_prompt_tokens_total", "kimi_engine_generated_tokens_total",
-           "kimi_engine_cancelled_requests_total", "kimi_engine_tokens_after_cancel_total"]
+           "kimi_engine_cancelled_requests_total", "kimi_engine_tokens_after_cancel_total",
+           "kimi_engine_resident_bytes", "kimi_engine_memory_reserved_bytes"]
 
 
 @pytest.fixture(scope="session")
@@ -155,7 +156,13 @@ def test_keep_alive_and_chunked_request_body(sock):
 
 
 def test_metrics_names(sock):
+    get(sock, "/v1/models")
     text = get(sock, "/metrics").text
     for name in METRICS:
         assert re.search(rf"^{name}(\{{|_bucket|_count| )", text, re.M), name
     assert 'kimi_engine_requests_total{route="GET /v1/models",status="200"}' in text
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+              for line in text.splitlines() if line and not line.startswith("#")}
+    assert 50e6 < values["kimi_engine_resident_bytes"] < 2e9
+    # idle: only the weights are reserved (the plan's weight bytes, > 100 MB for SmolLM2)
+    assert 100e6 < values["kimi_engine_memory_reserved_bytes"] < 200e6
