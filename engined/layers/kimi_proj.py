@@ -43,6 +43,7 @@ class Proj:
         self.scales = torch.empty(out_features, groups, dtype=torch.float16, device=device)
         self.mins = torch.empty(out_features, groups, dtype=torch.float16, device=device)
         self._gemv = None  # resolved at the first call (a model planned on "meta" never runs)
+        self._packed = None
 
     @property
     def is_int4(self) -> bool:
@@ -57,7 +58,11 @@ class Proj:
 
     @property
     def packed(self) -> int4_format.PackedInt4:
-        return int4_format.PackedInt4(self.qweight, self.scales, self.mins, self.group_size)
+        """One object for the life of the projection (kernels cache per-object pointers);
+        the loader fills the same tensors in place, so building it late is safe."""
+        if self._packed is None:
+            self._packed = int4_format.PackedInt4(self.qweight, self.scales, self.mins, self.group_size)
+        return self._packed
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """W: [N, K] in dtype (dequantized for INT4)."""

@@ -30,6 +30,7 @@ class ExpertBank:
 
     def __init__(self, num: int, out_features: int, in_features: int, dtype, device, group_size=None):
         self.group_size, self.shape = group_size, (out_features, in_features)
+        self._packed = None
         if group_size is None:
             self.weight = torch.empty(num, out_features, in_features, dtype=dtype, device=device)
             return
@@ -49,7 +50,9 @@ class ExpertBank:
 
     @property
     def packed(self) -> PackedInt4Experts:
-        return PackedInt4Experts(self.qweight, self.scales, self.mins, self.group_size)
+        if self._packed is None:  # one object: kernels cache per-object pointers
+            self._packed = PackedInt4Experts(self.qweight, self.scales, self.mins, self.group_size)
+        return self._packed
 
     def matrix(self, e: int, dtype) -> torch.Tensor:
         """Expert e's W: [N, K] in dtype."""
