@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from engined.layers import mla as mla_module
 from engined.layers.mla import MLA
 from engined.layers.moe import MoE, route
 
@@ -47,13 +48,17 @@ def mla_loop(m: MLA, a: torch.Tensor) -> torch.Tensor:
     return torch.stack(out)
 
 
-def test_mla_prefill_matches_per_head_loop():
+@pytest.mark.parametrize("absorb_max_t", [0, 128])   # expanded and absorbed prefill
+def test_mla_prefill_matches_per_head_loop(monkeypatch, absorb_max_t):
+    monkeypatch.setattr(mla_module, "ABSORB_MAX_T", absorb_max_t)
     m, a = _mla(), torch.randn(7, D, generator=torch.Generator().manual_seed(1))
     got = m(a, torch.zeros(16, R + P), 0)
     torch.testing.assert_close(got, mla_loop(m, a), atol=1e-5, rtol=1e-4)
 
 
-def test_mla_absorbed_decode_matches_loop_and_cache_holds_only_latents():
+@pytest.mark.parametrize("absorb_max_t", [1, 128])
+def test_mla_absorbed_decode_matches_loop_and_cache_holds_only_latents(monkeypatch, absorb_max_t):
+    monkeypatch.setattr(mla_module, "ABSORB_MAX_T", absorb_max_t)
     m, a = _mla(2), torch.randn(9, D, generator=torch.Generator().manual_seed(3))
     cache = torch.full((12, R + P), float("nan"))   # poisoned: rows past the prefix must never be read
     parts = [m(a[:4], cache, 0)] + [m(a[i:i + 1], cache, i) for i in range(4, 9)]

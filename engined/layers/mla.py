@@ -1,7 +1,8 @@
 """Multi-head Latent Attention, NoPE (reference §2.4). The cache holds the compressed latent only:
 per position [ĉ (normed latent, R) ; kr (P)], R = kv_lora_rank, P = qk_rope_head_dim.
 
-Prefill expands K/V from the cached latents; decode absorbs kv_b into the query and output.
+Short calls (decode, small prefill chunks) absorb kv_b into the query and output; long prefill
+chunks expand K/V from the cached latents.
 Letters: t query, s key position, h head, r latent dim, n nope dim, p rope-slice dim, v value dim.
 """
 import torch
@@ -10,6 +11,9 @@ from engined.layers.kimi_norms import KimiRMSNorm
 from engined.layers.kimi_proj import Proj
 
 LATENT_EPS = 1e-6  # kv_a_layernorm keeps the class default, not rms_norm_eps (§8.9)
+# Absorbed attention costs ~T*(2R+P) per head and key, expanded ~R*(N+V) + T*(N+P+V): with the
+# real shapes (R=512) absorbing is cheaper below T ~ 170 new tokens.
+ABSORB_MAX_T = 128
 
 
 class MLA:
@@ -44,7 +48,7 @@ class MLA:
         latents[start:start + t] = torch.cat((self.kv_a_layernorm(c), kr), -1).to(latents.dtype)
         q = self.q_proj(a).float().view(t, h, self.nope + self.rope)
         seen = latents[:start + t].float()                      # [S, R+P]
-        attend = self._absorbed if t == 1 else self._expanded
+        attend = self._absorbed if t <= ABSORB_MAX_T else self._expanded
         o = attend(q, seen, start)                              # [T, H, V] fp32
         return self.o_proj(o.reshape(t, -1).to(a.dtype))
 
