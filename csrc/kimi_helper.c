@@ -1,4 +1,4 @@
-/* kimi_helper.c: see kimi_helper.h. Plain C99 + POSIX threads, no Python.h. */
+/* kimi_helper.c: see kimi_helper.h. Plain C99 + POSIX threads + OpenMP, no Python.h. */
 #include "kimi_helper.h"
 #include "kimi_simd.h"
 
@@ -8,21 +8,22 @@ int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
                 const uint16_t *mins, int64_t n, int64_t k, int64_t group,
                 float *out)
 {
-    int64_t row, j, groups;
+    int64_t row;
     if (!qweight || !scales || !mins || !out) return KH_EINVAL;
     if (n <= 0 || k <= 0 || group <= 0 || group % 2 || k % group) return KH_EINVAL;
-    groups = k / group;
+    /* Prefill dequantizes whole matrices: rows split over the OpenMP team. */
+#pragma omp parallel for schedule(static) if (n * k >= (1 << 18))
     for (row = 0; row < n; row++) {
-        const uint8_t *q = qweight + row * (k / 2);
-        const uint16_t *s = scales + row * groups;
-        const uint16_t *m = mins + row * groups;
-        float *o = out + row * k;
-        for (j = 0; j < k; j += 2) {
-            int64_t g = j / group;
-            float sc = kh_half_to_float(s[g]), mn = kh_half_to_float(m[g]);
-            uint8_t byte = q[j / 2];
-            o[j] = sc * (float)(byte & 0x0f) + mn;
-            o[j + 1] = sc * (float)(byte >> 4) + mn;
+        int64_t g, j, groups = k / group;
+        for (g = 0; g < groups; g++) {
+            const uint8_t *q = qweight + row * (k / 2) + g * (group / 2);
+            float sc = kh_half_to_float(scales[row * groups + g]);
+            float mn = kh_half_to_float(mins[row * groups + g]);
+            float *o = out + row * k + g * group;
+            for (j = 0; j < group / 2; j++) {
+                o[2 * j] = sc * (float)(q[j] & 0x0f) + mn;
+                o[2 * j + 1] = sc * (float)(q[j] >> 4) + mn;
+            }
         }
     }
     return KH_OK;

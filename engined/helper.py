@@ -2,15 +2,16 @@
 
 The compiled module is `engined._kimi_helper` (built by `_helper_build.py` at install).
 """
+from __future__ import annotations
+
 import os
 import pathlib
 
-import numpy as np
-
-try:
+try:  # the GPU image has neither numpy nor cffi: importing this module must still work
+    import numpy as np
     from engined._kimi_helper import ffi, lib
-except ImportError as exc:  # pragma: no cover - exercised only on a broken install
-    ffi = lib = None
+except ImportError as exc:
+    np = ffi = lib = None
     _IMPORT_ERROR = exc
 else:
     _IMPORT_ERROR = None

@@ -87,3 +87,26 @@ def test_duplicate_registration_and_unknown_op_are_errors():
         registry.register("w4a16_gemv", "cpu_c")(lambda *a: None)
     with pytest.raises(registry.KernelError, match="unknown op"):
         registry.resolve("no_such_op")
+
+
+def test_ops_import_without_numpy_cffi_or_triton():
+    """The GPU image has no numpy or cffi; a CPU run should not pay for importing triton."""
+    import subprocess
+    import sys
+    script = (
+        "import sys\n"
+        "for name in ('numpy', 'engined._kimi_helper', 'cffi'): sys.modules[name] = None\n"
+        "from engined import ops\n"
+        "from engined.ops import registry\n"
+        "assert registry.resolve('w4a16_gemv', 'cuda').name == 'triton'\n"
+        "assert 'triton' not in sys.modules, 'triton imported eagerly'\n"
+        "from engined import helper\n"
+        "try:\n"
+        "    helper.require()\n"
+        "except helper.HelperError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refused: C helper not built" in done.stdout
