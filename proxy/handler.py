@@ -49,7 +49,8 @@ class Exchange:
     request_info: dict | None = None
 
 
-def upstream_model(cfg: dict, policy, requested: str) -> str:
+def upstream_model(cfg: dict, policy, requested: str, served: str | None) -> str:
+    """Alias -> preset passthrough -> small model -> --model -> the upstream's own name."""
     aliases = cfg["MODEL_ALIAS"]
     if requested in aliases:
         return aliases[requested]
@@ -57,7 +58,7 @@ def upstream_model(cfg: dict, policy, requested: str) -> str:
         return requested
     if cfg.get("SMALL_MODEL") and policy.small_model and re.search(policy.small_model, requested or ""):
         return cfg["SMALL_MODEL"]
-    return cfg["MODEL"] or requested or "default"
+    return cfg["MODEL"] or served or requested or "default"
 
 
 def run(dialect, policy, body: dict, route: str, request_info: dict | None = None) -> Response:
@@ -72,7 +73,8 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
                              + (" in `input`" if dialect.NAME == "openai_responses" else " in `messages`"))
     ledger_id = services.reasoning.new_turn()
     field_ = cfg["REASONING_FIELD"]
-    payload = build_payload(req, model=upstream_model(cfg, policy, req.model), reasoning_field=field_,
+    model = upstream_model(cfg, policy, req.model, None if cfg["MODEL"] else services.served_model())
+    payload = build_payload(req, model=model, reasoning_field=field_,
                             restore=lambda m: services.reasoning.restore(m, field_), effort=policy.effort)
     turn.input_estimate = max(1, len(sse.dumps(payload["messages"])) // 4)
     ex = Exchange(route, policy, payload, request_id=g.request_id, turn=turn, req=req)

@@ -28,6 +28,16 @@ class Services:
                                  api_key=cfg.get("UPSTREAM_API_KEY"))
         self.reasoning, self.responses = open_state(cfg, self.metrics)
         self.recorder = Recorder(cfg["RECORD"]) if cfg.get("RECORD") else None
+        self._served_model: str | None = None
+        self._next_ask = 0.0
+
+    def served_model(self) -> str | None:
+        """The upstream's model name: asked once, or again 30 s after it gave none."""
+        if self._served_model is None and time.monotonic() >= self._next_ask:
+            ask = getattr(self.upstream, "served_model", None)
+            self._served_model = ask() if ask else None
+            self._next_ask = time.monotonic() + 30.0
+        return self._served_model
 
     def init_app(self, app) -> None:
         app.extensions["kimi"] = self

@@ -263,6 +263,16 @@ class Upstream:
         tokens = data.get("tokens")
         return len(tokens) if isinstance(tokens, list) else None
 
+    def served_model(self) -> str | None:
+        """The upstream's own model name (first of GET /v1/models), or None."""
+        try:
+            status, body = self.request_json("GET", self.target.api_prefix + "/models")
+        except Exception:  # noqa: BLE001 - no answer: the caller keeps the client's name
+            return None
+        data = body.get("data") if isinstance(body, dict) and status < 400 else None
+        first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+        return first.get("id") if isinstance(first.get("id"), str) else None
+
     def health(self) -> tuple[bool, str]:
         try:
             status, _ = self.request_json("GET", self.target.api_prefix + "/models")

@@ -42,7 +42,8 @@ def test_chat_non_stream_and_stream(stack):
                                                    messages=[{"role": "user", "content": "hi"}]))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello there!"
     assert chunks[-1].usage.completion_tokens == 5
-    assert fake.requests[-1]["stream"] is True and fake.requests[-1]["model"] == "kimi"
+    assert fake.requests[-1]["stream"] is True and fake.requests[-1]["model"] == "fake"  # the upstream's own
+    assert out.model == "kimi" and chunks[0].model == "kimi"  # the client sees the name it asked for
 
 
 def test_chat_two_turn_tool_loop_restores_reasoning(stack):
