@@ -131,6 +131,13 @@ class Stream:
         conn.close()
 
 
+class ListStream(list):
+    """Chunks already in hand, with the Stream interface."""
+
+    def close(self):
+        pass
+
+
 def _decode_chunk(payload: str) -> dict:
     try:
         chunk = json.loads(payload)
@@ -248,7 +255,21 @@ class Upstream:
             except ValueError:
                 body = data.decode("utf-8", "replace")
             raise _status_error(resp.status, body)
+        if (resp.getheader("Content-Type") or "").startswith("application/json"):
+            return self._json_as_stream(conn, resp)  # a server that ignored stream:true
         return Stream(self, conn, resp)
+
+    def _json_as_stream(self, conn, resp) -> "ListStream":
+        from proxy.pipeline import chunks_from_json
+        try:
+            body = json.loads(resp.read())
+        except (ValueError, OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise UpstreamError(f"upstream sent a bad JSON body: {exc}") from exc
+        self._release(conn) if not resp.will_close else conn.close()
+        if not isinstance(body, dict):
+            raise UpstreamError("upstream answered with a body that is not a JSON object")
+        return ListStream(chunks_from_json(body))
 
     def tokenize(self, messages: list, tools: list | None, model: str) -> int | None:
         """The upstream's real token count via root /tokenize, or None if it has none."""

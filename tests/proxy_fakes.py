@@ -96,6 +96,7 @@ class FakeUpstream:
         self.cancelled = 0
         self.completed = 0
         self.has_tokenize = tokenize
+        self.is_json_only = False  # answer streaming requests with JSON, as some servers do
         self._lock = threading.Lock()
 
     def push(self, *replies: Reply) -> None:
@@ -180,7 +181,7 @@ def _handler_for(fake: FakeUpstream):
             model = payload.get("model", "fake")
             if reply.status >= 400:
                 return self._send_json(reply.status, {"error": {"message": "scripted failure", "type": "x"}})
-            if not payload.get("stream"):
+            if not payload.get("stream") or fake.is_json_only:
                 return self._send_json(200, reply.completion(model))
             self._stream(reply, model)
 

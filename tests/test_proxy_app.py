@@ -215,3 +215,15 @@ def test_unix_socket_upstream(tmp_path):
         assert client.get("/health").get_json()["status"] == "ok"
     assert out["content"][-1]["text"] == "over the socket"
     assert [e for e, _d in frames][-1] == "message_stop" and count == {"input_tokens": 42}
+
+
+def test_upstream_that_ignores_stream_true(tmp_path):
+    from proxy.upstream import Upstream
+
+    fake = FakeUpstream(Reply.text("plain json", reasoning="r"))
+    fake.is_json_only = True
+    with fake.serve() as url:
+        stream = Upstream(url).open_stream({"model": "m", "stream": True, "messages": []})
+        chunks = list(stream)
+    assert chunks[0]["choices"][0]["delta"] == {"reasoning_content": "r"}
+    assert chunks[1]["choices"][0]["delta"] == {"content": "plain json"}
