@@ -16,6 +16,7 @@ def test_bench_command_runs_tiny_on_cpu_and_appends(tmp_path):
                                      "--record", str(results)])
     assert out.exit_code == 0, out.output
     assert "Kimi-Linear synthetic tiny BF16 on cpu" in out.output and "tok/s" in out.output
+    assert "64/64 tokens equal the eager forward's" in out.output   # the timed decoder is checked
     lines = results.read_text().splitlines()
     assert lines[0] == "# header" and "tok/s" in lines[1]
 

@@ -41,13 +41,19 @@ class MLA:
         return self.rank + self.rope
 
     def __call__(self, a: torch.Tensor, latents: torch.Tensor, start: int) -> torch.Tensor:
-        """a: [T, D] at positions start..start+T-1; latents: [S_max, R+P] cache -> [T, D]."""
+        """a: [T, D] at positions start..start+T-1; latents: [S_max, R+P] cache -> [T, D].
+        `start` may be a 0-d device tensor when T == 1 (graph-capturable decode)."""
         t, h = a.shape[0], self.num_heads
         ckr = self.kv_a_proj_with_mqa(a)                        # [T, R+P]
         c, kr = ckr.split((self.rank, self.rope), dim=-1)
-        latents[start:start + t] = torch.cat((self.kv_a_layernorm(c), kr), -1).to(latents.dtype)
+        latent = torch.cat((self.kv_a_layernorm(c), kr), -1).to(latents.dtype)
+        if isinstance(start, torch.Tensor):                     # static decode (CUDA graphs):
+            latents.index_copy_(0, start.view(1), latent)       # all of the capacity, masked;
+            seen = latents.float()                              # rows are zeros, never NaN (§8.2)
+        else:
+            latents[start:start + t] = latent
+            seen = latents[:start + t].float()                  # [S, R+P]
         q = self.q_proj(a).float().view(t, h, self.nope + self.rope)
-        seen = latents[:start + t].float()                      # [S, R+P]
         attend = self._absorbed if t <= ABSORB_MAX_T else self._expanded
         o = attend(q, seen, start)                              # [T, H, V] fp32
         return self.o_proj(o.reshape(t, -1).to(a.dtype))

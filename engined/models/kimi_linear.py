@@ -25,6 +25,15 @@ class KimiCache:
     max_tokens: int
     num_tokens: int = 0
 
+    def reset(self):
+        """Back to an empty sequence, in place (tensor addresses stay valid for a captured graph)."""
+        for state in self.kda.values():
+            state.conv.zero_()
+            state.S.zero_()
+        for latents in self.mla.values():
+            latents.zero_()
+        self.num_tokens = 0
+
 
 def weight_tensors(obj) -> list[torch.Tensor]:
     """Every weight tensor held by `obj` and the engined objects under it, each once."""
@@ -122,3 +131,12 @@ class KimiLinearModel:
         if last_only:
             h = h[-1:]
         return self.lm_head(self.norm(h)).float()                # [T or 1, V]
+
+    def decode_step(self, token: torch.Tensor, cache: KimiCache, pos: torch.Tensor) -> torch.Tensor:
+        """One token with its position as a 0-d device tensor: no host sync and no Python value
+        that changes per step, so it can be captured once in a CUDA graph and replayed.
+        token: [1] int64 on the device -> logits fp32 [1, V]. The caller owns cache.num_tokens."""
+        h = self.embed_tokens[token].to(self.dtype)              # [1, D]
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cache, i, pos)
+        return self.lm_head(self.norm(h)).float()
