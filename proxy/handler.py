@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from flask import Response, current_app, g
+from flask import Response, current_app, g, request
 
 from proxy import canonical as c
 from proxy import sse
@@ -76,7 +76,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     model = upstream_model(cfg, policy, req.model, None if cfg["MODEL"] else services.served_model())
     payload = build_payload(req, model=model, reasoning_field=field_,
                             restore=lambda m: services.reasoning.restore(m, field_), effort=policy.effort)
-    turn.input_estimate = max(1, len(sse.dumps(payload["messages"])) // 4)
+    turn.input_estimate = max(1, (request.content_length or 0) // 4)  # until the engine's real count
     ex = Exchange(route, policy, payload, request_id=g.request_id, turn=turn, req=req)
     ex.request_info = request_info
     g.exchange = ex
