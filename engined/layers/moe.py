@@ -88,7 +88,8 @@ class MoE:
                  renormalize: bool, scaling: float, dtype, device="cpu", int4: dict[str, int] | None = None):
         int4 = int4 or {}
         self.top_k, self.renormalize, self.scaling = top_k, renormalize, scaling
-        self.gate = torch.empty(num_experts, hidden, dtype=dtype, device=device)       # router [E, D]
+        # router [E, D] kept in fp32 (logits are fp32 as in HF/vLLM): no per-step cast of a bf16 copy
+        self.gate = torch.empty(num_experts, hidden, dtype=torch.float32, device=device)
         self.e_score_correction_bias = torch.empty(num_experts, dtype=dtype, device=device)
         self.w1 = ExpertBank(num_experts, inner, hidden, dtype, device, int4.get("w1"))
         self.w3 = ExpertBank(num_experts, inner, hidden, dtype, device, int4.get("w3"))
@@ -98,7 +99,7 @@ class MoE:
 
     def __call__(self, f: torch.Tensor) -> torch.Tensor:
         # f: [T, D] -> [T, D]
-        experts, weights = route(f.float() @ self.gate.float().t(), self.e_score_correction_bias,
+        experts, weights = route(f.float() @ self.gate.t(), self.e_score_correction_bias,
                                  self.top_k, self.renormalize, self.scaling)
         if f.shape[0] == 1:
             routed = self._routed_one(f, experts[0], weights[0]).to(f.dtype)
