@@ -118,9 +118,9 @@ class Pipeline:
         content = _content_text(delta.get("content"))
         if content:
             yield from self._content(content)
-        for frag in delta.get("tool_calls") or ():
+        for position, frag in enumerate(delta.get("tool_calls") or ()):
             if isinstance(frag, dict):
-                yield from self._native_fragment(frag)
+                yield from self._native_fragment(frag, position)
         if choice.get("finish_reason"):
             self.finish = FINISH_MAP.get(choice["finish_reason"], "stop")
             stop_reason = choice.get("stop_reason")
@@ -182,15 +182,15 @@ class Pipeline:
         return c.ToolCallEnd(index, call_id, name, args)
 
     # -- native tool calls ---------------------------------------------------------------
-    def _native_fragment(self, frag: dict) -> Iterator[c.Event]:
-        key = frag.get("index") if isinstance(frag.get("index"), int) else 0
+    def _native_fragment(self, frag: dict, position: int) -> Iterator[c.Event]:
+        key = frag.get("index") if isinstance(frag.get("index"), int) else position  # index-less servers
         call = self.native.setdefault(key, _Native())
         if isinstance(frag.get("id"), str) and frag["id"] and call.id is None:
             call.id = frag["id"]
         fn = frag.get("function") if isinstance(frag.get("function"), dict) else {}
         name = fn.get("name")
-        if isinstance(name, str) and name and not call.is_args_begun and name != call.name:
-            call.name += name
+        if isinstance(name, str) and name and name != call.name and (not call.is_args_begun or not call.name):
+            call.name += name  # name pieces join until arguments begin; a repeated full name is ignored
         args = fn.get("arguments")
         if isinstance(args, (dict, list)):
             args = json.dumps(args)
