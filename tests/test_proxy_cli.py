@@ -90,3 +90,12 @@ def test_serve_banner_sdks_and_sighup(tmp_path, env):
     for needle in ("ANTHROPIC_BASE_URL=http://localhost:", "codex", "opencode", "aider", "OPENAI_BASE_URL=",
                    "ANTHROPIC_API_KEY=k3y"):
         assert needle in out, out
+
+
+def test_doctor(env):
+    port = free_port()
+    down = run_cli("doctor", "--upstream", "http://127.0.0.1:1/v1", "--port", str(port), env=env)
+    assert down.returncode == 1 and "x upstream http://127.0.0.1:1/v1" in down.stdout and "Traceback" not in down.stderr
+    with FakeUpstream().serve() as upstream:
+        ok = run_cli("doctor", "--upstream", upstream, "--port", str(port), env=env)
+    assert ok.returncode == 0 and "ok upstream" in ok.stdout and f"ok port 127.0.0.1:{port}" in ok.stdout
