@@ -148,3 +148,19 @@ def test_plan_none_and_refusals(tmp_path):
         quantize_checkpoint(tmp_path / "bf16", tmp_path / "again", progress=False)
     with pytest.raises(QuantizeError, match="plan"):
         quantize_checkpoint(src, tmp_path / "x", plan="some", progress=False)
+
+
+def test_plan_all_runs_int4_lm_head_and_low_rank_projections(tmp_path):
+    src = kimi_tiny.write_tiny_checkpoint(tmp_path / "src", num_shards=1)
+    manifest = quantize_checkpoint(src, tmp_path / "all", plan="all", group_size=16, progress=False)
+    for stem in ("lm_head", "model.layers.0.self_attn.f_b_proj", "model.layers.2.self_attn.kv_a_proj_with_mqa"):
+        assert stem + ".qweight" in manifest["tensors"]
+    reference = _fp32_model(src)
+    for name, (path, expert) in table.expand(reference.config).items():
+        if policy(name, "all") == "int4":
+            w = table.slot(reference, path, "weight", expert)
+            w.copy_(int4_format.dequantize(int4_format.quantize_sym(w, 16)))
+    quantized = load_kimi_linear(tmp_path / "all", progress=False).model
+    assert quantized.lm_head.is_int4
+    tokens = torch.randint(0, 300, (12,), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(_logits(quantized, tokens), _logits(reference, tokens), atol=1e-4, rtol=1e-4)
