@@ -84,59 +84,91 @@ def tiny_config(num_bpe: int, **overrides) -> dict:
     return cfg
 
 
-def tiny_tensors(cfg: dict, seed: int = 0, router_scale: float = 1.0) -> dict[str, torch.Tensor]:
-    """name -> tensor, BF16 except A_log / dt_bias (F32), shapes per §3 scaled to `cfg`.
-    router_scale 0 makes routing depend on the correction bias alone (no expert flips)."""
-    g = torch.Generator().manual_seed(seed)
+def tensor_shapes(cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, safetensors dtype) for every tensor of a Kimi-Linear checkpoint (§3)."""
     d, lin = cfg["hidden_size"], cfg["linear_attn_config"]
-    kda_w, kh = lin["num_heads"] * lin["head_dim"], lin["head_dim"]
+    kda_w, kh, kheads = lin["num_heads"] * lin["head_dim"], lin["head_dim"], lin["num_heads"]
     heads, nope, rope, vd, rank = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"],
                                    cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"])
-    mi, ne = cfg["moe_intermediate_size"], cfg["num_experts"]
-
-    def mat(n, k):
-        return (torch.randn(n, k, generator=g) * k ** -0.5).bfloat16()
-
-    def norm(n):
-        return (1 + 0.1 * torch.randn(n, generator=g)).bfloat16()
-
-    t = {"model.embed_tokens.weight": torch.randn(cfg["vocab_size"], d, generator=g).bfloat16(),
-         "model.norm.weight": norm(d), "lm_head.weight": mat(cfg["vocab_size"], d)}
+    mi, ne, si = cfg["moe_intermediate_size"], cfg["num_experts"], cfg["moe_intermediate_size"] * cfg["num_shared_experts"]
+    t = {"model.embed_tokens.weight": (cfg["vocab_size"], d), "model.norm.weight": (d,),
+         "lm_head.weight": (cfg["vocab_size"], d)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"] = norm(d), norm(d)
+        t[p + "input_layernorm.weight"] = t[p + "post_attention_layernorm.weight"] = (d,)
+        a = p + "self_attn."
         if i + 1 in lin["kda_layers"]:
             for x in "qkv":
-                t[p + f"self_attn.{x}_proj.weight"] = mat(kda_w, d)
-                t[p + f"self_attn.{x}_conv1d.weight"] = (0.5 * torch.randn(kda_w, 1, 4, generator=g)).bfloat16()
-            t[p + "self_attn.f_a_proj.weight"], t[p + "self_attn.f_b_proj.weight"] = mat(kh, d), mat(kda_w, kh)
-            t[p + "self_attn.g_a_proj.weight"], t[p + "self_attn.g_b_proj.weight"] = mat(kh, d), mat(kda_w, kh)
-            t[p + "self_attn.A_log"] = torch.empty(1, 1, lin["num_heads"], 1).uniform_(0, 2.7, generator=g)
-            t[p + "self_attn.dt_bias"] = 0.5 * torch.randn(kda_w, generator=g)
-            t[p + "self_attn.b_proj.weight"] = mat(lin["num_heads"], d)
-            t[p + "self_attn.o_norm.weight"] = norm(kh)
-            t[p + "self_attn.o_proj.weight"] = mat(d, kda_w)
+                t[a + f"{x}_proj.weight"], t[a + f"{x}_conv1d.weight"] = (kda_w, d), (kda_w, 1, 4)
+            t[a + "f_a_proj.weight"], t[a + "f_b_proj.weight"] = (kh, d), (kda_w, kh)
+            t[a + "g_a_proj.weight"], t[a + "g_b_proj.weight"] = (kh, d), (kda_w, kh)
+            t[a + "A_log"], t[a + "dt_bias"], t[a + "b_proj.weight"] = (1, 1, kheads, 1), (kda_w,), (kheads, d)
+            t[a + "o_norm.weight"], t[a + "o_proj.weight"] = (kh,), (d, kda_w)
         else:
-            t[p + "self_attn.q_proj.weight"] = mat(heads * (nope + rope), d)
-            t[p + "self_attn.kv_a_proj_with_mqa.weight"] = mat(rank + rope, d)
-            t[p + "self_attn.kv_a_layernorm.weight"] = norm(rank)
-            t[p + "self_attn.kv_b_proj.weight"] = mat(heads * (nope + vd), rank)
-            t[p + "self_attn.o_proj.weight"] = mat(d, heads * vd)
+            t[a + "q_proj.weight"], t[a + "kv_a_proj_with_mqa.weight"] = (heads * (nope + rope), d), (rank + rope, d)
+            t[a + "kv_a_layernorm.weight"], t[a + "kv_b_proj.weight"] = (rank,), (heads * (nope + vd), rank)
+            t[a + "o_proj.weight"] = (d, heads * vd)
         if i < cfg["first_k_dense_replace"]:
             di = cfg["intermediate_size"]
-            t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"] = mat(di, d), mat(di, d)
-            t[p + "mlp.down_proj.weight"] = mat(d, di)
+            t[p + "mlp.gate_proj.weight"] = t[p + "mlp.up_proj.weight"] = (di, d)
+            t[p + "mlp.down_proj.weight"] = (d, di)
             continue
         m = p + "block_sparse_moe."
-        t[m + "gate.weight"] = (mat(ne, d).float() * router_scale).bfloat16()
-        t[m + "gate.e_score_correction_bias"] = (0.1 * torch.randn(ne, generator=g)).bfloat16()
-        si = mi * cfg["num_shared_experts"]
-        t[m + "shared_experts.gate_proj.weight"], t[m + "shared_experts.up_proj.weight"] = mat(si, d), mat(si, d)
-        t[m + "shared_experts.down_proj.weight"] = mat(d, si)
+        t[m + "gate.weight"], t[m + "gate.e_score_correction_bias"] = (ne, d), (ne,)
+        t[m + "shared_experts.gate_proj.weight"] = t[m + "shared_experts.up_proj.weight"] = (si, d)
+        t[m + "shared_experts.down_proj.weight"] = (d, si)
         for e in range(ne):
-            t[m + f"experts.{e}.w1.weight"], t[m + f"experts.{e}.w3.weight"] = mat(mi, d), mat(mi, d)
-            t[m + f"experts.{e}.w2.weight"] = mat(d, mi)
-    return t
+            t[m + f"experts.{e}.w1.weight"] = t[m + f"experts.{e}.w3.weight"] = (mi, d)
+            t[m + f"experts.{e}.w2.weight"] = (d, mi)
+    return {n: (shape, "F32" if n.endswith(("A_log", "dt_bias")) else "BF16") for n, shape in t.items()}
+
+
+def _init(name: str, shape, g, router_scale: float) -> torch.Tensor:
+    if name.endswith("norm.weight"):
+        x = 1 + 0.1 * torch.randn(shape, generator=g)
+    elif name.endswith("A_log"):
+        return torch.empty(shape).uniform_(0, 2.7, generator=g)
+    elif name.endswith("dt_bias"):
+        return 0.5 * torch.randn(shape, generator=g)
+    elif name.endswith("conv1d.weight"):
+        x = 0.5 * torch.randn(shape, generator=g)
+    elif name.endswith("e_score_correction_bias"):
+        x = 0.1 * torch.randn(shape, generator=g)
+    elif name == "model.embed_tokens.weight":
+        x = torch.randn(shape, generator=g)
+    else:
+        x = torch.randn(shape, generator=g) * shape[-1] ** -0.5
+        x = x * router_scale if name.endswith("block_sparse_moe.gate.weight") else x
+    return x.bfloat16()
+
+
+def tiny_tensors(cfg: dict, seed: int = 0, router_scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """name -> random tensor of tensor_shapes(cfg). router_scale 0 makes routing depend on the
+    correction bias alone (no expert flips)."""
+    g = torch.Generator().manual_seed(seed)
+    return {n: _init(n, shape, g, router_scale) for n, (shape, _) in tensor_shapes(cfg).items()}
+
+
+def write_header_only(path: pathlib.Path, cfg: dict, num_shards: int = 20) -> int:
+    """A checkpoint of `cfg` whose shards hold headers and no data (for planning tests at full
+    size). Returns the byte size the data would have."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    specs = list(tensor_shapes(cfg).items())
+    per, weight_map, total = -(-len(specs) // num_shards), {}, 0
+    for k in range(num_shards):
+        fname, header, offset = f"model-{k + 1:05d}-of-{num_shards:05d}.safetensors", {}, 0
+        for name, (shape, dtype) in specs[k * per:(k + 1) * per]:
+            size = (4 if dtype == "F32" else 2) * int(torch.Size(shape).numel())
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+            offset += size
+            weight_map[name] = fname
+        header["__metadata__"] = {"format": "pt"}
+        raw = json.dumps(header).encode()
+        (path / fname).write_bytes(len(raw).to_bytes(8, "little") + raw)
+        total += offset
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return total
 
 
 def write_tiktoken(path: pathlib.Path) -> int:

@@ -113,3 +113,31 @@ def test_bad_configs_are_refused(tiny, tmp_path, change, message):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=message):
         plan_kimi_linear(bad)
+
+
+KDA_48B = [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26]
+MLA_48B = [4, 8, 12, 16, 20, 24, 27]
+
+
+def test_full_size_header_contract_plan_and_selective_policy(tmp_path):
+    """The real 48B shapes (§1, §3) as header-only shards: the table accepts all 20,493 tensors,
+    the plan adds up, and the selective policy picks exactly §5.2's 20,150 matrices."""
+    from engined.kimi_checkpoint import open_checkpoint
+    from engined.quantize import plan_tensors
+    cfg = kimi_tiny.tiny_config(
+        163_584, hidden_size=2304, intermediate_size=9216, num_hidden_layers=27, num_attention_heads=32,
+        num_key_value_heads=32, head_dim=72, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, num_experts=256, num_experts_per_token=8, moe_intermediate_size=1024,
+        model_max_length=1_048_576, linear_attn_config={
+            "head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4,
+            "kda_layers": KDA_48B, "full_attn_layers": MLA_48B})
+    path = tmp_path / "k48"
+    assert kimi_tiny.write_header_only(path, cfg) == 98_245_528_576          # §3.7 total bytes
+    ckpt = open_checkpoint(path)
+    assert len(ckpt.names) == 20_493
+    plan = plan_kimi_linear(path, device="cuda")                            # bf16 activations
+    state = 20 * (32 * 128 * 128 * 4 + 3 * 4096 * 3 * 2)
+    assert plan.kv_bytes_per_token == 8_064 and plan.context_length == 1_048_576
+    assert plan.weight_bytes == 98_245_528_576 + 15_335_424 * 2 + state     # router held in fp32
+    decisions = plan_tensors(ckpt.headers, "selective", 32)
+    assert sum(d == "int4" for d in decisions.values()) == 20_150
