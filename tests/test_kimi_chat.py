@@ -160,3 +160,8 @@ def test_chat_format_hands_out_the_k2_parser(tok):
     parser.feed(MODEL_OUTPUT)
     parser.finish()
     assert [c["id"] for c in parser.tool_calls] == ["functions.get_weather:0", "functions.get_time:1"]
+
+
+def test_long_runs_are_cut_before_tiktoken_and_round_trip(tok):
+    text = "a" * 30_000 + " " * 30_000 + "東京" * 20
+    assert tok.decode(tok.encode(text)) == text

@@ -164,3 +164,19 @@ def test_plan_all_runs_int4_lm_head_and_low_rank_projections(tmp_path):
     assert quantized.lm_head.is_int4
     tokens = torch.randint(0, 300, (12,), generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(_logits(quantized, tokens), _logits(reference, tokens), atol=1e-4, rtol=1e-4)
+
+
+def test_cli_quantize_verify_and_clear_errors(tmp_path):
+    from click.testing import CliRunner
+    from engined.kimi_cli import quantize, verify
+    src = kimi_tiny.write_tiny_checkpoint(tmp_path / "src", num_shards=1)
+    runner = CliRunner()
+    done = runner.invoke(quantize, [str(src), str(tmp_path / "q"), "--quiet"])
+    assert done.exit_code == 0 and "99 INT4 matrices" in done.output, done.output
+    done = runner.invoke(verify, [str(tmp_path / "q")])
+    assert done.exit_code == 0 and done.output.startswith("OK ")
+    (tmp_path / "q" / "config.json").write_text("{}")
+    done = runner.invoke(verify, [str(tmp_path / "q")])
+    assert done.exit_code == 1 and "config.json: size" in done.output and "Traceback" not in done.output
+    done = runner.invoke(quantize, [str(tmp_path / "q"), str(tmp_path / "q2")])
+    assert done.exit_code == 1 and "Error:" in done.output and "Traceback" not in done.output
