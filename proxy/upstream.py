@@ -1,14 +1,13 @@
 """The upstream client: the engine on a Unix socket, or any OpenAI-compatible server.
 
 URLs: `unix:///path/engine.sock` (API under /v1, tokenizer at the root) or
-`http(s)://host:port/v1`. Built on http.client, so under the proxy's gevent patching
-every socket call is cooperative. Keep-alive connections are pooled; streamed bodies
+`http(s)://host:port/v1`. Built on plain sockets (proxy.http11), so under the proxy's
+gevent patching every socket call is cooperative. Keep-alive connections are pooled; streamed bodies
 are forwarded per read (no coalescing); closing a stream closes its socket, which
 cancels the engine request. TCP_NODELAY is set on every TCP socket.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import ssl
@@ -16,45 +15,8 @@ import threading
 from urllib.parse import urlsplit
 
 from proxy import sse
+from proxy.http11 import Connection, Response
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
-
-
-class _OneWrite:
-    """Send the request line, headers and a bytes body in one write (http.client uses two,
-    which costs a loopback round of wake-ups per request)."""
-
-    def _send_output(self, message_body=None, encode_chunked=False):
-        if isinstance(message_body, bytes) and not encode_chunked:
-            self._buffer.extend((b"", b""))
-            msg = b"\r\n".join(self._buffer) + message_body
-            del self._buffer[:]
-            self.send(msg)
-            return
-        super()._send_output(message_body, encode_chunked)
-
-
-class _UnixConnection(_OneWrite, http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self.unix_path)
-        self.sock = sock
-
-
-class _TCPConnection(_OneWrite, http.client.HTTPConnection):
-    def connect(self):
-        super().connect()
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class _TLSConnection(_OneWrite, http.client.HTTPSConnection):
-    def connect(self):
-        super().connect()
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class Target:
@@ -76,13 +38,21 @@ class Target:
         else:
             raise ValueError(f"upstream URL must be unix:///path or http(s)://host:port/v1, got {url!r}")
 
-    def connection(self, timeout: float) -> http.client.HTTPConnection:
+    def connect(self, timeout: float) -> socket.socket:
         if self.scheme == "unix":
-            return _UnixConnection(self.unix_path, timeout)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            try:
+                sock.connect(self.unix_path)
+            except OSError:
+                sock.close()
+                raise
+            return sock
+        sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.scheme == "https":
-            return _TLSConnection(self.host, self.port, timeout=timeout,
-                                  context=ssl.create_default_context())
-        return _TCPConnection(self.host, self.port, timeout=timeout)
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+        return sock
 
 
 class Stream:
@@ -94,11 +64,12 @@ class Stream:
 
     def __iter__(self):
         dec = sse.Decoder()
+        pieces = self._resp.pieces()
         try:
             while True:
                 try:
-                    data = self._resp.read1(65536)
-                except (OSError, http.client.HTTPException) as exc:
+                    data = next(pieces, b"")
+                except OSError as exc:
                     raise UpstreamError(f"upstream stream broke: {exc}") from exc
                 frames = dec.feed(data) if data else dec.flush()
                 for _event, payload in frames:
@@ -116,17 +87,12 @@ class Stream:
         if self._conn is None:
             return
         conn, self._conn = self._conn, None
-        if not self._done and conn.sock is not None:
-            try:  # wakes a reader blocked in recv on another thread
-                conn.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._done and self._resp.isclosed() is False:
+        if self._done and not self._resp.will_close:
             try:  # drain the terminating chunk so the connection can be reused
                 self._resp.read()
                 self._upstream._release(conn)
                 return
-            except (OSError, http.client.HTTPException):
+            except OSError:
                 pass
         conn.close()
 
@@ -170,36 +136,34 @@ class Upstream:
         return self.target.url
 
     # -- connections -------------------------------------------------------------------
-    def _acquire(self):
+    def _acquire(self) -> tuple[Connection, bool]:
         with self._lock:
             if self._idle:
                 return self._idle.pop(), True
-        return self.target.connection(self.connect_timeout_s), False
+        return Connection(lambda: self.target.connect(self.connect_timeout_s), self.timeout_s), False
 
-    def _release(self, conn):
+    def _release(self, conn: Connection) -> None:
         with self._lock:
-            if len(self._idle) < self.pool_size:
+            if len(self._idle) < self.pool_size and not conn.buf:
                 self._idle.append(conn)
                 return
         conn.close()
 
-    def _send(self, method: str, path: str, body: bytes | None, headers: dict):
+    def _send(self, method: str, path: str, body: bytes | None, headers: dict) -> tuple[Connection, Response]:
         """Send one request; retry once on a stale pooled connection."""
         for attempt in (0, 1):
             conn, reused = self._acquire()
             try:
-                if conn.sock is None:
-                    conn.connect()
-                conn.sock.settimeout(self.timeout_s)
-                conn.request(method, path, body=body, headers=headers)
-                return conn, conn.getresponse()
+                conn.open()
+                conn.send_request(method, path, headers, body)
+                return conn, conn.read_response()
             except (ConnectionRefusedError, FileNotFoundError) as exc:
                 conn.close()
                 raise UpstreamUnavailable(f"cannot reach the upstream at {self.url}: {exc}") from exc
             except TimeoutError as exc:
                 conn.close()
                 raise UpstreamTimeout(f"upstream at {self.url} timed out: {exc}") from exc
-            except (OSError, http.client.HTTPException) as exc:
+            except OSError as exc:
                 conn.close()
                 if reused and attempt == 0:
                     continue
@@ -221,7 +185,7 @@ class Upstream:
         conn, resp = self._send(method, path, raw, self._headers(headers))
         try:
             data = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
+        except OSError as exc:
             conn.close()
             raise UpstreamError(f"upstream broke while answering: {exc}") from exc
         if resp.will_close:
@@ -248,7 +212,10 @@ class Upstream:
         conn, resp = self._send("POST", self.target.api_prefix + "/chat/completions", raw,
                                 self._headers(headers, stream=True))
         if resp.status >= 400:
-            data = resp.read()
+            try:
+                data = resp.read()
+            except OSError:
+                data = b""
             conn.close()
             try:
                 body = json.loads(data)
@@ -263,7 +230,7 @@ class Upstream:
         from proxy.pipeline import chunks_from_json
         try:
             body = json.loads(resp.read())
-        except (ValueError, OSError, http.client.HTTPException) as exc:
+        except (ValueError, OSError) as exc:
             conn.close()
             raise UpstreamError(f"upstream sent a bad JSON body: {exc}") from exc
         self._release(conn) if not resp.will_close else conn.close()
