@@ -59,3 +59,48 @@ def test_streamed_chat_equals_direct_greedy_decode(served):
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events
                    if isinstance(e, dict) and e.get("choices"))
     assert text == want
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Get current weather",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+K2_CALL = ('<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0'
+           '<|tool_call_argument_begin|>{"city": "Rome"}<|tool_call_end|><|tool_calls_section_end|>')
+
+
+@pytest.fixture()
+def scripted_kimi(served, monkeypatch):
+    """The Kimi tokenizer and chat format around a scripted model. The server still builds the
+    hermes OutputParser itself; until it asks the chat format (`chat.output_parser`), this test
+    substitutes the K2 parser at that one point."""
+    from engine_helpers import ScriptedModel
+
+    import engined.generate
+    _, loaded = served
+    monkeypatch.setattr(engined.generate, "OutputParser", loaded.chat.output_parser)
+    model = ScriptedModel(loaded.tokenizer.vocab_size)
+    model.script = loaded.tokenizer.encode(K2_CALL) + [loaded.tokenizer.token_to_id("<|im_end|>")]
+    with InProcessEngine(model, loaded.tokenizer, loaded.chat) as engine:
+        yield engine
+
+
+def test_k2_tool_call_becomes_native_tool_calls(scripted_kimi):
+    resp = post(scripted_kimi.sock, "/v1/chat/completions",
+                {"messages": ASK, "tools": TOOLS, "max_tokens": 40}, timeout=60)
+    assert resp.status == 200, resp.body
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["tool_calls"] == [{"id": "functions.get_weather:0", "type": "function",
+                                                "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]
+
+
+def test_k2_tool_call_streams_incrementally(scripted_kimi):
+    events = stream(scripted_kimi.sock, "/v1/chat/completions",
+                    {"messages": ASK, "tools": TOOLS, "max_tokens": 40, "stream": True}, timeout=60)
+    calls = [c for e in events if isinstance(e, dict) and e.get("choices")
+             for c in e["choices"][0]["delta"].get("tool_calls", [])]
+    assert calls[0]["id"] == "functions.get_weather:0" and calls[0]["function"]["name"] == "get_weather"
+    assert len(calls) > 2                                   # arguments arrive in several pieces
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"city": "Rome"}'
+    last = [e for e in events if isinstance(e, dict) and e.get("choices")][-1]
+    assert last["choices"][0]["finish_reason"] == "tool_calls"
