@@ -33,6 +33,7 @@ class CheckpointError(ValueError):
 class Header:
     meta: dict[str, str]
     tensors: dict[str, tuple[str, tuple[int, ...]]]  # name -> (safetensors dtype, shape)
+    spans: dict[str, tuple[int, int]]                 # name -> absolute [begin, end) file offsets
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,13 @@ def read_header(path: pathlib.Path) -> Header:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{path.name}: header is not JSON ({exc})") from None
     meta = raw.pop("__metadata__", None) or {}
-    tensors = {n: (e["dtype"], tuple(e["shape"])) for n, e in raw.items()}
-    return Header(meta, tensors)
+    try:
+        tensors = {n: (e["dtype"], tuple(e["shape"])) for n, e in raw.items()}
+        spans = {n: (8 + length + e["data_offsets"][0], 8 + length + e["data_offsets"][1])
+                 for n, e in raw.items()}
+    except (KeyError, TypeError, IndexError) as exc:
+        raise CheckpointError(f"{path.name}: malformed tensor entry ({exc!r})") from None
+    return Header(meta, tensors, spans)
 
 
 def _shards(path: pathlib.Path) -> tuple[pathlib.Path, ...]:
@@ -213,18 +219,41 @@ def plan_kimi_linear(path, device="cpu"):
                     ckpt.config.context_length)
 
 
+def _read_into(f, name: str, header: Header, slot: torch.Tensor):
+    """Read one tensor's bytes from the open shard straight into its slot when the slot is CPU
+    memory of the same dtype (no second copy); otherwise via one CPU buffer of that tensor."""
+    dtype_name, shape = header.tensors[name]
+    begin, end = header.spans[name]
+    if dtype_name not in ST_DTYPES:
+        raise CheckpointError(f"{name}: dtype {dtype_name} is not supported")
+    dtype = ST_DTYPES[dtype_name]
+    want = dtype.itemsize * int(torch.Size(shape).numel())
+    if end - begin != want:
+        raise CheckpointError(f"{name}: {end - begin} bytes on disk, {want} expected for {dtype_name} {list(shape)}")
+    if tuple(slot.shape) != tuple(shape):
+        raise SlotError(f"{name}: checkpoint shape {list(shape)} != model shape {list(slot.shape)}")
+    direct = slot.device.type == "cpu" and slot.dtype == dtype and slot.is_contiguous()
+    target = slot if direct else torch.empty(shape, dtype=dtype)
+    f.seek(begin)
+    if f.readinto(memoryview(target.view(-1).view(torch.uint8).numpy())) != want:
+        raise CheckpointError(f"{name}: file ends inside the tensor's data")
+    if not direct:
+        fill(slot, target, name)
+
+
 def load_weights(ckpt: Checkpoint, model: KimiLinearModel, progress: bool = True):
-    """Shard by shard, tensor by tensor: read one tensor, copy it into its slot, drop it."""
-    from safetensors import safe_open
+    """Shard by shard, tensor by tensor, in file order: each tensor's bytes go straight into its
+    preallocated slot (CPU) or through one buffer of that tensor alone (other devices, casts)."""
     from tqdm import tqdm
     expected = table.expand(ckpt.config)
     with tqdm(total=len(ckpt.names), desc=f"loading {ckpt.path.name}", unit="tensor",
               disable=not progress) as bar:
         for shard in ckpt.shards:
-            with safe_open(str(shard), framework="pt", device="cpu") as f:
-                for name in f.keys():
+            header = ckpt.headers[shard]
+            with open(shard, "rb") as f:
+                for name in sorted(header.tensors, key=lambda n: header.spans[n][0]):
                     base, part = table.split_part(name)
-                    fill(table.slot(model, *_path_part(expected, base, part)), f.get_tensor(name), name)
+                    _read_into(f, name, header, table.slot(model, *_path_part(expected, base, part)))
                     bar.update(1)
 
 

@@ -60,6 +60,8 @@ def test_plan_reads_headers_only_and_matches_the_loaded_model(tiny, tmp_path):
         raw = shard.read_bytes()
         shard.write_bytes(raw[:8 + int.from_bytes(raw[:8], "little")])
     assert plan_kimi_linear(hollow) == plan
+    with pytest.raises(CheckpointError, match="file ends inside"):
+        load_kimi_linear(hollow, progress=False)
 
 
 def _copy(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
