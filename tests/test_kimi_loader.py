@@ -143,3 +143,19 @@ def test_full_size_header_contract_plan_and_selective_policy(tmp_path):
     assert plan.weight_bytes == 98_245_528_576 + 15_335_424 * 2 + state     # router held in fp32
     decisions = plan_tensors(ckpt.headers, "selective", 32)
     assert sum(d == "int4" for d in decisions.values()) == 20_150
+
+
+def test_tied_embeddings_share_one_tensor(tmp_path):
+    path = kimi_tiny.write_tiny_checkpoint(tmp_path / "tied", num_shards=1, tie_word_embeddings=True)
+    shard = next(path.glob("*.safetensors"))
+    tensors = load_file(str(shard))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    (path / "model.safetensors.index.json").unlink()
+    model = load_kimi_linear(path, progress=False).model
+    assert model.lm_head.weight is model.embed_tokens
+    tokens = torch.tensor([5, 6, 7])
+    want = kimi_reference.forward({**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"]},
+                                  json.loads((path / "config.json").read_text()), tokens)
+    torch.testing.assert_close(model.forward(tokens, model.new_cache(8), 0, last_only=False), want,
+                               atol=2e-4, rtol=1e-4)

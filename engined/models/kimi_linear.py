@@ -95,6 +95,8 @@ class KimiLinearModel:
         self.layers = [DecoderLayer(c, i, wd, device, scope(int4, f"layers.{i}")) for i in range(c.num_hidden_layers)]
         self.norm = KimiRMSNorm(c.hidden_size, c.rms_norm_eps, wd, device)
         self.lm_head = Proj(c.vocab_size, c.hidden_size, wd, device, int4.get("lm_head"))
+        if c.tie_word_embeddings and not self.lm_head.is_int4:
+            self.lm_head.weight = self.embed_tokens              # one tensor, filled once
         latent = (c.kv_lora_rank + c.qk_rope_head_dim) * dtype.itemsize
         self.kv_bytes_per_token = len(c.mla_layers) * latent
         state = self.new_cache(1)
