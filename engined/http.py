@@ -51,10 +51,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _wait_for_next_request(self) -> bool:
         while not self.server.is_draining:
-            readable, _, _ = select.select([self.connection], [], [], 0.2)
-            if readable:
+            if _is_readable(self.connection, 0.2):
                 return True
         return False
+
+    def send_error(self, code, message=None, explain=None):
+        """Malformed HTTP (before any route runs): an OpenAI-shaped error, then close."""
+        self.close_connection = True
+        status = http.HTTPStatus(code)
+        body = json.dumps({"error": {"message": message or status.phrase,
+                                     "type": "invalid_request_error", "param": None,
+                                     "code": None}}).encode()
+        head = (f"HTTP/1.1 {code} {status.phrase}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        try:
+            self.wfile.write(head + body)
+            _drop_pending_input(self.connection)  # unread input at close would reset the reply
+        except OSError:
+            pass
 
     def _dispatch(self):
         self.server.app.handle(Exchange(self))
@@ -214,14 +228,30 @@ class Exchange:
     def is_client_alive(self) -> bool:
         """False once the client closed its end (EOF or an error on the socket)."""
         try:
-            readable, _, _ = select.select([self._sock], [], [], 0)
-            if not readable:
+            if not _is_readable(self._sock, 0):
                 return True
             return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
         except BlockingIOError:
             return True
         except OSError:
             return False
+
+
+def _is_readable(sock: socket.socket, timeout_s: float) -> bool:
+    """poll(), not select(): descriptors above FD_SETSIZE are fine. EOF and errors count
+    as readable, so the caller's next read sees them."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(timeout_s * 1000))
+
+
+def _drop_pending_input(sock: socket.socket, limit: int = 1 << 16):
+    """Read what has already arrived (a socket timeout would make recv wait, so poll)."""
+    while limit > 0 and _is_readable(sock, 0):
+        data = sock.recv(min(limit, 4096))
+        if not data:
+            return
+        limit -= len(data)
 
 
 def _chunk(data: str) -> bytes:

@@ -166,3 +166,19 @@ def test_metrics_names(sock):
     assert 50e6 < values["kimi_engine_resident_bytes"] < 2e9
     # idle: only the weights are reserved (the plan's weight bytes, > 100 MB for SmolLM2)
     assert 100e6 < values["kimi_engine_memory_reserved_bytes"] < 200e6
+
+
+def test_malformed_http_gets_a_json_error(sock):
+    import socket as socket_module
+
+    with socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(sock)
+        s.sendall(b"THIS IS NOT HTTP\r\n\r\n")
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    assert set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
+    assert get(sock, "/health").status == 200
