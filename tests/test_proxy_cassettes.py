@@ -61,3 +61,12 @@ def test_a_changed_upstream_payload_is_caught():
     mutated["request"]["body"]["messages"][0]["content"] += " (edited)"
     left = replay.unexplained(replay.replay(mutated), [])
     assert any(part == "upstream" and p.startswith("$.messages") for part, (p, _a, _b) in left)
+
+
+def test_replay_command_reports_every_cassette():
+    lines = []
+    assert replay.replay_paths([str(DIR)], echo=lines.append, allowlist=str(DIR / "allowlist.json")) == 0
+    assert lines[-1] == "11/11 cassettes match" and sum(line.startswith("pass ") for line in lines) == 11
+    lines.clear()
+    assert replay.replay_paths([str(DIR / "openai-sdk-stream.json.gz")], echo=lines.append) == 1  # no allowlist
+    assert lines[0].startswith("FAIL") and "reasoning_content" in lines[1]
