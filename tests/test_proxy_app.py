@@ -227,3 +227,16 @@ def test_upstream_that_ignores_stream_true(tmp_path):
         chunks = list(stream)
     assert chunks[0]["choices"][0]["delta"] == {"reasoning_content": "r"}
     assert chunks[1]["choices"][0]["delta"] == {"content": "plain json"}
+
+
+def test_structured_output_becomes_response_format(tmp_path):
+    app, fake = make(tmp_path, Reply.text('{"a": 1}'))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    app.test_client().post("/v1/responses", json={"model": "m", "input": "x", "text": {
+        "format": {"type": "json_schema", "name": "thing", "schema": schema, "strict": True}}})
+    assert fake.requests[-1]["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "thing", "schema": schema, "strict": True}}
+    app.test_client().post("/v1/messages", json={**ANTH, "output_format": {"type": "json_schema", "schema": schema}})
+    assert fake.requests[-1]["response_format"]["json_schema"]["schema"] == schema
+    app.test_client().post("/v1/responses", json={"model": "m", "input": "x", "text": {"verbosity": "low"}})
+    assert "response_format" not in fake.requests[-1] and "text" not in fake.requests[-1]

@@ -42,7 +42,17 @@ def parse_request(body, policy) -> c.Request:
         stream=bool(d.opt_bool(body, "stream")),
         reasoning_effort=_effort(body, thinking) or policy.effort, thinking_enabled=enabled,
         parallel_tool_calls=_parallel(body.get("tool_choice")),
-        metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {})
+        metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
+        passthrough=_output_format(body))
+
+
+def _output_format(body: dict) -> dict:
+    """Structured outputs (`output_format` or `output_config.format`) -> Chat `response_format`."""
+    config = body.get("output_config") if isinstance(body.get("output_config"), dict) else {}
+    fmt = body.get("output_format") or config.get("format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        return {}
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}}
 
 
 def _or(value, default):

@@ -48,9 +48,20 @@ def parse_request(body, policy) -> c.Request:
         thinking_enabled=False if effort == "none" else None,
         parallel_tool_calls=d.opt_bool(body, "parallel_tool_calls"),
         metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
-        passthrough={k: v for k, v in body.items() if k not in CONSUMED},
+        passthrough={**{k: v for k, v in body.items() if k not in CONSUMED}, **_response_format(body.get("text"))},
         previous_response_id=d.opt_str(body, "previous_response_id"),
         store=d.opt_bool(body, "store"))
+
+
+def _response_format(text) -> dict:
+    """Responses `text.format` -> Chat `response_format` (structured output)."""
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("json_schema", "json_object"):
+        return {}
+    if fmt["type"] == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", **spec}}}
 
 
 def _or(value, default):
