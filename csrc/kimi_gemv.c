@@ -18,13 +18,12 @@
 #define BLOCK 32 /* elements per de-interleaved block = 16 code bytes */
 
 /* xperm: [rows, k] de-interleaved per block (raw copy when group % 32 != 0);
- * xsum: [rows, k/group]. Called inside the parallel region. */
+ * xsum: [rows, k/group]. */
 static void prepare_x(const float *x, int64_t rows, int64_t k, int64_t group,
                       float *xperm, float *xsum)
 {
     int64_t groups = k / group, i;
     int blocked = group % BLOCK == 0;
-#pragma omp for schedule(static)
     for (i = 0; i < rows * groups; i++) {
         int64_t r = i / groups, g = i % groups, j;
         const float *src = x + r * k + g * group;
@@ -46,29 +45,35 @@ static void prepare_x(const float *x, int64_t rows, int64_t k, int64_t group,
     }
 }
 
-/* Portable block kernel: one weight row against `rows` rows of de-interleaved x. */
+/* Portable block kernel: one weight row against `rows` rows of de-interleaved x.
+ * Each block of codes is converted (and scaled) once, then met by every row. */
 static void row_blocks_c(const KhRow *w, const float *xperm, const float *xsum,
                          int64_t rows, float *y, int64_t y_stride)
 {
-    int64_t r, g, b, j;
-    int64_t groups = w->k / w->group, blocks = w->group / BLOCK;
-    for (r = 0; r < rows; r++) {
-        float acc[BLOCK / 2] = {0}, macc = 0.0f, total = 0.0f;
-        const float *xr = xperm + r * w->k;
-        for (g = 0; g < groups; g++) {
-            float t[BLOCK / 2] = {0};
-            float sc = kh_half_to_float(w->scales[g]);
-            for (b = 0; b < blocks; b++) {
-                const uint8_t *q = w->q + (g * blocks + b) * (BLOCK / 2);
-                const float *xe = xr + (g * blocks + b) * BLOCK, *xo = xe + BLOCK / 2;
-                for (j = 0; j < BLOCK / 2; j++)
-                    t[j] += (float)(q[j] & 0x0f) * xe[j] + (float)(q[j] >> 4) * xo[j];
+    float acc[KH_MAX_ROWS][BLOCK / 2], even[BLOCK / 2], odd[BLOCK / 2];
+    int64_t r, g, b, j, groups = w->k / w->group, blocks = w->group / BLOCK;
+    memset(acc, 0, sizeof acc);
+    for (g = 0; g < groups; g++) {
+        float sc = kh_half_to_float(w->scales[g]);
+        for (b = 0; b < blocks; b++) {
+            int64_t blk = g * blocks + b;
+            const uint8_t *q = w->q + blk * (BLOCK / 2);
+            for (j = 0; j < BLOCK / 2; j++) {
+                even[j] = sc * (float)(q[j] & 0x0f);
+                odd[j] = sc * (float)(q[j] >> 4);
             }
-            for (j = 0; j < BLOCK / 2; j++) acc[j] += sc * t[j];
-            macc += kh_half_to_float(w->mins[g]) * xsum[r * groups + g];
+            for (r = 0; r < rows; r++) {
+                const float *xe = xperm + r * w->k + blk * BLOCK, *xo = xe + BLOCK / 2;
+                for (j = 0; j < BLOCK / 2; j++) acc[r][j] += even[j] * xe[j] + odd[j] * xo[j];
+            }
         }
-        for (j = 0; j < BLOCK / 2; j++) total += acc[j];
-        y[r * y_stride] = total + macc;
+    }
+    for (r = 0; r < rows; r++) {
+        float total = 0.0f;
+        for (j = 0; j < BLOCK / 2; j++) total += acc[r][j];
+        for (g = 0; g < groups; g++)
+            total += kh_half_to_float(w->mins[g]) * xsum[r * groups + g];
+        y[r * y_stride] = total;
     }
 }
 
@@ -131,29 +136,88 @@ static int check_shape(int64_t rows, int64_t n, int64_t k, int64_t group, int nt
     return KH_OK;
 }
 
+/* One call's work, split into chunks of output rows for kh_parallel. Dense: output
+ * row i is weight row i for all x rows. Routed: i = route * n + row of expert
+ * expert_ids[route]; with swiglu, out = silu(gate row) * up row. */
+typedef struct {
+    KhRowFn row_fn;
+    const uint8_t *q[2];
+    const uint16_t *s[2], *m[2];
+    const int64_t *expert_ids; /* NULL: dense */
+    int swiglu;
+    int64_t x_rows, n, k, group, total, per_chunk;
+    const float *xperm, *xsum;
+    float *out;
+} GemvJob;
+
+static void routed_row(const GemvJob *job, int64_t i)
+{
+    int64_t k = job->k, groups = k / job->group, route = i / job->n;
+    int64_t xr = job->x_rows == 1 ? 0 : route;
+    int64_t wrow = job->expert_ids[route] * job->n + i % job->n;
+    const float *xp = job->xperm + xr * k, *xs = job->xsum + xr * groups;
+    float v[2];
+    int t;
+    for (t = 0; t <= job->swiglu; t++) {
+        KhRow w = {job->q[t] + wrow * (k / 2), job->s[t] + wrow * groups,
+                   job->m[t] + wrow * groups, k, job->group};
+        job->row_fn(&w, xp, xs, 1, &v[t], 1);
+    }
+    job->out[i] = job->swiglu ? v[0] / (1.0f + expf(-v[0])) * v[1] : v[0];
+}
+
+static void gemv_chunk(void *ctx, int64_t chunk)
+{
+    const GemvJob *job = ctx;
+    int64_t i = chunk * job->per_chunk, end = i + job->per_chunk;
+    int64_t k = job->k, groups = k / job->group;
+    if (end > job->total) end = job->total;
+    for (; i < end; i++) {
+        if (job->expert_ids) {
+            routed_row(job, i);
+        } else {
+            KhRow w = {job->q[0] + i * (k / 2), job->s[0] + i * groups, job->m[0] + i * groups,
+                       k, job->group};
+            job->row_fn(&w, job->xperm, job->xsum, job->x_rows, job->out + i, job->n);
+        }
+    }
+}
+
+/* Prepares x, then runs every output row: chunks of at least 8 rows, about 8 chunks
+ * per thread so a helper that starts late still finds work. */
+static int run_job(GemvJob *job, const float *x, float *work, int nthreads)
+{
+    float *xperm = work, *xsum = work + job->x_rows * job->k;
+    int64_t per_thread;
+    prepare_x(x, job->x_rows, job->k, job->group, xperm, xsum);
+    job->xperm = xperm;
+    job->xsum = xsum;
+    job->row_fn = kh_pick_row_fn(job->group);
+    if (job->total * job->k * (job->swiglu + 1) < KH_SERIAL_BELOW) nthreads = 1;
+    per_thread = (job->total + nthreads - 1) / nthreads;
+    job->per_chunk = nthreads == 1 ? job->total : (per_thread + 7) / 8;
+    if (job->per_chunk < 8) job->per_chunk = 8;
+    kh_parallel(gemv_chunk, job, (job->total + job->per_chunk - 1) / job->per_chunk, nthreads);
+    return KH_OK;
+}
+
 int gemv_w4a16(const float *x, int64_t rows, const uint8_t *qweight,
                const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,
                int64_t group, float *work, float *out, int nthreads)
 {
-    float *xperm = work, *xsum = work + rows * k;
-    KhRowFn row_fn;
+    GemvJob job = {0};
     int status = check_shape(rows, n, k, group, nthreads);
     if (status) return status;
     if (!x || !qweight || !scales || !mins || !work || !out) return KH_EINVAL;
-    row_fn = kh_pick_row_fn(group);
-    if (n * k < KH_SERIAL_BELOW) nthreads = 1;
-#pragma omp parallel num_threads(nthreads)
-    {
-        int64_t i;
-        prepare_x(x, rows, k, group, xperm, xsum);
-#pragma omp for schedule(static)
-        for (i = 0; i < n; i++) {
-            KhRow w = {qweight + i * (k / 2), scales + i * (k / group),
-                       mins + i * (k / group), k, group};
-            row_fn(&w, xperm, xsum, rows, out + i, n);
-        }
-    }
-    return KH_OK;
+    job.q[0] = qweight;
+    job.s[0] = scales;
+    job.m[0] = mins;
+    job.x_rows = rows;
+    job.n = job.total = n;
+    job.k = k;
+    job.group = group;
+    job.out = out;
+    return run_job(&job, x, work, nthreads);
 }
 
 /* Shared checks of the MoE GEMVs: x has one row (every route reads it) or one per route. */
@@ -168,34 +232,35 @@ static int check_routes(const float *x, int64_t x_rows, const int64_t *expert_id
     return KH_OK;
 }
 
+static GemvJob routed_job(const int64_t *expert_ids, int64_t x_rows, int64_t routes,
+                          int64_t n, int64_t k, int64_t group, float *out)
+{
+    GemvJob job = {0};
+    job.expert_ids = expert_ids;
+    job.x_rows = x_rows;
+    job.n = n;
+    job.total = routes * n;
+    job.k = k;
+    job.group = group;
+    job.out = out;
+    return job;
+}
+
 int grouped_gemv_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
                        int64_t routes, int64_t num_experts, const uint8_t *qweight,
                        const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,
                        int64_t group, float *work, float *out, int nthreads)
 {
-    float *xperm = work, *xsum = work + x_rows * k;
-    int64_t groups = k / (group > 0 ? group : 1);
-    KhRowFn row_fn;
+    GemvJob job;
     int status = check_shape(1, n, k, group, nthreads);
     if (!status) status = check_routes(x, x_rows, expert_ids, routes, num_experts);
     if (status) return status;
     if (!qweight || !scales || !mins || !work || !out) return KH_EINVAL;
-    row_fn = kh_pick_row_fn(group);
-    if (routes * n * k < KH_SERIAL_BELOW) nthreads = 1;
-#pragma omp parallel num_threads(nthreads)
-    {
-        int64_t i;
-        prepare_x(x, x_rows, k, group, xperm, xsum);
-#pragma omp for schedule(static)
-        for (i = 0; i < routes * n; i++) { /* output row i % n of route i / n */
-            int64_t route = i / n, xr = x_rows == 1 ? 0 : route;
-            int64_t wrow = expert_ids[route] * n + i % n;
-            KhRow w = {qweight + wrow * (k / 2), scales + wrow * groups, mins + wrow * groups,
-                       k, group};
-            row_fn(&w, xperm + xr * k, xsum + xr * groups, 1, out + i, 1);
-        }
-    }
-    return KH_OK;
+    job = routed_job(expert_ids, x_rows, routes, n, k, group, out);
+    job.q[0] = qweight;
+    job.s[0] = scales;
+    job.m[0] = mins;
+    return run_job(&job, x, work, nthreads);
 }
 
 int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
@@ -204,34 +269,19 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
                      const uint16_t *up_s, const uint16_t *up_m, int64_t n, int64_t k,
                      int64_t group, float *work, float *out, int nthreads)
 {
-    float *xperm = work, *xsum = work + x_rows * k;
-    int64_t groups = k / (group > 0 ? group : 1);
-    KhRowFn row_fn;
+    GemvJob job;
     int status = check_shape(1, n, k, group, nthreads);
     if (!status) status = check_routes(x, x_rows, expert_ids, routes, num_experts);
     if (status) return status;
     if (!gate_q || !gate_s || !gate_m || !up_q || !up_s || !up_m || !work || !out)
         return KH_EINVAL;
-    row_fn = kh_pick_row_fn(group);
-    if (2 * routes * n * k < KH_SERIAL_BELOW) nthreads = 1;
-#pragma omp parallel num_threads(nthreads)
-    {
-        int64_t i;
-        prepare_x(x, x_rows, k, group, xperm, xsum);
-#pragma omp for schedule(static)
-        for (i = 0; i < routes * n; i++) {
-            int64_t route = i / n, xr = x_rows == 1 ? 0 : route;
-            int64_t wrow = expert_ids[route] * n + i % n;
-            const float *xp = xperm + xr * k, *xs = xsum + xr * groups;
-            KhRow g = {gate_q + wrow * (k / 2), gate_s + wrow * groups, gate_m + wrow * groups,
-                       k, group};
-            KhRow u = {up_q + wrow * (k / 2), up_s + wrow * groups, up_m + wrow * groups,
-                       k, group};
-            float gv, uv;
-            row_fn(&g, xp, xs, 1, &gv, 1);
-            row_fn(&u, xp, xs, 1, &uv, 1);
-            out[i] = gv / (1.0f + expf(-gv)) * uv; /* silu(gate) * up */
-        }
-    }
-    return KH_OK;
+    job = routed_job(expert_ids, x_rows, routes, n, k, group, out);
+    job.swiglu = 1;
+    job.q[0] = gate_q;
+    job.s[0] = gate_s;
+    job.m[0] = gate_m;
+    job.q[1] = up_q;
+    job.s[1] = up_s;
+    job.m[1] = up_m;
+    return run_job(&job, x, work, nthreads);
 }

@@ -1,31 +1,45 @@
-/* kimi_helper.c: see kimi_helper.h. Plain C99 + POSIX threads + OpenMP, no Python.h. */
+/* kimi_helper.c: see kimi_helper.h. Plain C99 + POSIX threads, no Python.h. */
 #include "kimi_helper.h"
 #include "kimi_simd.h"
 
 #include <pthread.h>
 
-int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
-                const uint16_t *mins, int64_t n, int64_t k, int64_t group,
-                float *out)
+typedef struct {
+    const uint8_t *qweight;
+    const uint16_t *scales, *mins;
+    int64_t n, k, group, per_chunk;
+    float *out;
+} UnpackJob;
+
+static void unpack_rows(void *ctx, int64_t chunk)
 {
-    int64_t row;
-    if (!qweight || !scales || !mins || !out) return KH_EINVAL;
-    if (n <= 0 || k <= 0 || group <= 0 || group % 2 || k % group) return KH_EINVAL;
-    /* Prefill dequantizes whole matrices: rows split over the OpenMP team. */
-#pragma omp parallel for schedule(static) if (n * k >= (1 << 18))
-    for (row = 0; row < n; row++) {
-        int64_t g, j, groups = k / group;
+    const UnpackJob *job = ctx;
+    int64_t row = chunk * job->per_chunk, end = row + job->per_chunk;
+    int64_t k = job->k, group = job->group, groups = k / group, g, j;
+    if (end > job->n) end = job->n;
+    for (; row < end; row++) {
         for (g = 0; g < groups; g++) {
-            const uint8_t *q = qweight + row * (k / 2) + g * (group / 2);
-            float sc = kh_half_to_float(scales[row * groups + g]);
-            float mn = kh_half_to_float(mins[row * groups + g]);
-            float *o = out + row * k + g * group;
+            const uint8_t *q = job->qweight + row * (k / 2) + g * (group / 2);
+            float sc = kh_half_to_float(job->scales[row * groups + g]);
+            float mn = kh_half_to_float(job->mins[row * groups + g]);
+            float *o = job->out + row * k + g * group;
             for (j = 0; j < group / 2; j++) {
                 o[2 * j] = sc * (float)(q[j] & 0x0f) + mn;
                 o[2 * j + 1] = sc * (float)(q[j] >> 4) + mn;
             }
         }
     }
+}
+
+int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
+                const uint16_t *mins, int64_t n, int64_t k, int64_t group,
+                float *out, int nthreads)
+{
+    UnpackJob job = {qweight, scales, mins, n, k, group, 0, out};
+    if (!qweight || !scales || !mins || !out || nthreads <= 0) return KH_EINVAL;
+    if (n <= 0 || k <= 0 || group <= 0 || group % 2 || k % group) return KH_EINVAL;
+    job.per_chunk = (n * k < (1 << 18)) ? n : 16; /* prefill: whole matrices, many chunks */
+    kh_parallel(unpack_rows, &job, (n + job.per_chunk - 1) / job.per_chunk, nthreads);
     return KH_OK;
 }
 

@@ -13,15 +13,17 @@
 
 /* Packed INT4 -> fp32, w = s*q + m.
  * qweight: [n, k/2] uint8, element 2j in the low nibble, 2j+1 in the high one.
- * scales, mins: [n, k/group] IEEE half bits. out: [n, k] fp32. */
+ * scales, mins: [n, k/group] IEEE half bits. out: [n, k] fp32.
+ * nthreads >= 1: the caller plus up to nthreads-1 pool threads. */
 int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
                 const uint16_t *mins, int64_t n, int64_t k, int64_t group,
-                float *out);
+                float *out, int nthreads);
 
 /* Dense W4A16 GEMV: out[r, i] = sum_k x[r, k] * w[i, k] for r < rows (1..8),
  * w = s*q + m as above. x: [rows, k] fp32; out: [rows, n] fp32.
  * work: caller buffer of gemv_w4a16_work_floats(rows, k, group) floats.
- * Each weight byte is read once for all rows; nthreads >= 1 OpenMP threads. */
+ * Each weight byte is read once for all rows; nthreads >= 1 threads: the caller
+ * and pool threads that never make it wait for one that has not started. */
 int64_t gemv_w4a16_work_floats(int64_t rows, int64_t k, int64_t group);
 int gemv_w4a16(const float *x, int64_t rows, const uint8_t *qweight,
                const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,

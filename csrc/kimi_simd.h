@@ -36,6 +36,11 @@ typedef void (*KhRowFn)(const KhRow *w, const float *xperm, const float *xsum,
 
 KhRowFn kh_pick_row_fn(int64_t group);
 
+/* Runs fn(ctx, c) for every chunk c < nchunks on the caller and up to nthreads-1
+ * pool threads (kimi_pool.c); returns when all chunks are done. */
+typedef void (*KhTask)(void *ctx, int64_t chunk);
+void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads);
+
 #if KH_HAVE_X86_SIMD
 int kh_cpu_has_avx2(void);
 void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,

@@ -21,7 +21,7 @@ def _cdef() -> str:
 
 
 def _cflags() -> list[str]:
-    flags = ["-O3", "-std=c99", "-D_POSIX_C_SOURCE=200809L", "-fopenmp"]
+    flags = ["-O3", "-std=c99", "-D_POSIX_C_SOURCE=200809L"]
     if os.environ.get("KIMI_NATIVE") == "1":
         flags.append("-march=native")  # only when building for this very machine
     return flags
@@ -33,10 +33,10 @@ ffibuilder.set_source(
     "engined._kimi_helper",
     '#include "kimi_helper.h"',
     sources=["csrc/kimi_helper.c", "csrc/kimi_gemv.c", "csrc/kimi_gemv_avx2.c",
-             "csrc/kimi_gemv_avx512.c"],  # relative: setuptools runs from the root
+             "csrc/kimi_gemv_avx512.c", "csrc/kimi_pool.c"],  # relative: setuptools runs from the root
     include_dirs=["csrc"],
     extra_compile_args=_cflags(),
-    extra_link_args=["-fopenmp", "-lpthread", "-lm"],
+    extra_link_args=["-lpthread", "-lm"],
 )
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 try:  # the GPU image has neither numpy nor cffi: importing this module must still work
     import numpy as np
@@ -45,7 +46,14 @@ def _ptr(array: np.ndarray, ctype: str):
     return ffi.cast(ctype, ffi.from_buffer(array))
 
 
-def unpack_int4(qweight: np.ndarray, scales: np.ndarray, mins: np.ndarray, group: int) -> np.ndarray:
+def default_threads() -> int:
+    """torch's thread count when torch is loaded (the engine's setting), else 1."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else 1
+
+
+def unpack_int4(qweight: np.ndarray, scales: np.ndarray, mins: np.ndarray, group: int,
+                threads: int | None = None) -> np.ndarray:
     """Packed INT4 -> fp32. qweight: [N, K/2] uint8; scales, mins: [N, K/G] fp16 -> [N, K] fp32."""
     require()
     qweight = np.ascontiguousarray(qweight, dtype=np.uint8)
@@ -58,7 +66,8 @@ def unpack_int4(qweight: np.ndarray, scales: np.ndarray, mins: np.ndarray, group
                          f"mins {mins.shape}, group {group}")
     out = np.empty((n, k), dtype=np.float32)
     check(lib.unpack_int4(_ptr(qweight, "uint8_t *"), _ptr(scales, "uint16_t *"),
-                           _ptr(mins, "uint16_t *"), n, k, group, _ptr(out, "float *")),
+                           _ptr(mins, "uint16_t *"), n, k, group, _ptr(out, "float *"),
+                           int(threads or default_threads())),
            "unpack_int4")
     return out
 

@@ -7,13 +7,25 @@ from engined import helper
 F16 = np.float16
 
 
-def test_unpack_int4_known_answer():
+@pytest.mark.parametrize("threads", [1, 3])
+def test_unpack_int4_known_answer(threads):
     # one row, k=4, group 2: bytes 0x21 -> (1, 2), 0xF0 -> (0, 15)
     q = np.array([[0x21, 0xF0]], dtype=np.uint8)
     s = np.array([[0.5, 2.0]], dtype=F16)
     m = np.array([[-1.0, 0.25]], dtype=F16)
-    out = helper.unpack_int4(q, s, m, group=2)
+    out = helper.unpack_int4(q, s, m, group=2, threads=threads)
     assert out.tolist() == [[-0.5, 0.0, 0.25, 30.25]]
+
+
+def test_unpack_int4_large_matrix_on_threads_matches_numpy():
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 256, (700, 256), dtype=np.uint8)  # big enough to be split
+    s = rng.standard_normal((700, 16)).astype(F16)
+    m = rng.standard_normal((700, 16)).astype(F16)
+    codes = np.stack([q & 15, q >> 4], axis=-1).reshape(700, 512).astype(np.float32)
+    want = (codes.reshape(700, 16, 32) * s.astype(np.float32)[..., None]
+            + m.astype(np.float32)[..., None]).reshape(700, 512)
+    np.testing.assert_array_equal(helper.unpack_int4(q, s, m, 32, threads=2), want)
 
 
 def test_unpack_int4_subnormal_and_negative_half():

@@ -84,3 +84,27 @@ def test_grouped_thread_count_does_not_change_a_single_bit(threads):
     one = registry.variants("w4a16_grouped_gemv")["cpu_c"].fn(x, stack, ids)
     cpu_c.set_num_threads(2)
     assert torch.equal(registry.variants("w4a16_grouped_gemv")["cpu_c"].fn(x, stack, ids), one)
+
+
+def test_concurrent_callers_share_the_pool_safely(threads):
+    """Python threads call in at once (the GIL is released in C), each job split over
+    the pool: every result must equal its single-threaded answer bit for bit."""
+    import concurrent.futures
+    gen = torch.Generator().manual_seed(4)
+    cases = []
+    for n, k, m in ((257, 64, 1), (40, 96, 3), (600, 256, 2), (33, 160, 8)):
+        w = PackedInt4(group_size=32, **random_int4(gen, n, k, 32))
+        cases.append((torch.randn(m, k, generator=gen), w))
+    cpu_c.set_num_threads(1)
+    want = [cpu_c.w4a16_gemv(x, w) for x, w in cases]
+    cpu_c.set_num_threads(3)
+
+    def hammer(seed):
+        for i in range(150):
+            j = (seed + i) % len(cases)
+            if not torch.equal(cpu_c.w4a16_gemv(*cases[j]), want[j]):
+                return f"case {j} differs on call {i}"
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(hammer, range(4))) == [None] * 4

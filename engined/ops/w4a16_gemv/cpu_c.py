@@ -1,4 +1,4 @@
-"""w4a16_gemv on CPU through the C helper: fused unpack + dot, OpenMP threads.
+"""w4a16_gemv on CPU through the C helper: fused unpack + dot on the helper's threads.
 
 Each weight byte is read once per call for up to 8 rows of x (more rows run in
 chunks of 8). Per-weight checks and cffi pointers are cached for the life of the

@@ -1,6 +1,6 @@
 """w4a16_grouped_gemv on CPU through the C helper: one pass over each selected expert.
 
-The (route, output row) pairs are split across OpenMP threads; no partial buffers.
+The (route, output row) pairs are split across the helper's threads; no partial buffers.
 """
 import torch
 
