@@ -20,8 +20,13 @@ def dequantize_q8_0(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
 class TiedEmbedding:
     """Token embedding whose matrix is also the LM head. weight: [V, D] in `dtype`.
 
-    The head runs in the weight's dtype (fp16 halves the bytes read per token; see
-    engined/ops/README.md for the measured choice) and returns fp32 logits."""
+    With a 16-bit weight the head runs as one 16-bit matmul (half the bytes of fp32 per decode
+    step), whose output is rounded to 16 bits: near the top of the distribution that rounding
+    (2^-6 at |logit| ~ 20 in fp16) can tie or swap close candidates. So the REFINE largest
+    logits of each row are recomputed in fp32 from the same weight rows; the rest keep the
+    16-bit values. engined/ops/README.md records the measurements behind this choice."""
+
+    REFINE = 64
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
@@ -32,7 +37,13 @@ class TiedEmbedding:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] fp32 -> [T, V] fp32
-        return F.linear(x.to(self.weight.dtype), self.weight).float()
+        if self.weight.dtype == torch.float32:
+            return F.linear(x, self.weight)
+        logits = F.linear(x.to(self.weight.dtype), self.weight).float()  # [T, V]
+        top = logits.topk(min(self.REFINE, logits.shape[-1]), dim=-1).indices  # [T, R]
+        rows = self.weight[top].float()  # [T, R, D]
+        exact = torch.einsum("trd,td->tr", rows, x)  # t: token, r: candidate, d: hidden
+        return logits.scatter_(-1, top, exact)
 
     @property
     def nbytes(self) -> int:

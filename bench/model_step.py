@@ -1,0 +1,86 @@
+"""Model-level step timing for the default model (not a test): RSS after load, decode tok/s at
+batch 1 (greedy, 17-token prompt), prefill tok/s for a 512-token prompt.
+
+    .venv/bin/python bench/model_step.py [--kernel cpu_c|reference] [--embed-dtype float16]
+                                         [--kv-dtype float16] [--threads 2]
+
+Run one configuration per process so RSS figures do not mix.
+"""
+import argparse
+import json
+import resource
+import statistics
+import time
+
+import torch
+
+from engined import loader
+from engined.ops import registry
+
+
+def rss_mb() -> tuple[float, float]:
+    """(current, peak) resident set size in MiB."""
+    with open("/proc/self/statm") as f:
+        current = int(f.read().split()[1]) * resource.getpagesize()
+    return current / 2**20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def decode_tok_s(model, prompt: torch.Tensor, new_tokens: int) -> float:
+    cache = model.new_cache(len(prompt) + new_tokens)
+    logits = model.forward(prompt, cache, 0)
+    pos = len(prompt)
+    begin = time.perf_counter()
+    for _ in range(new_tokens):
+        token = logits[0].argmax().view(1)
+        logits = model.forward(token, cache, pos)
+        pos += 1
+    return new_tokens / (time.perf_counter() - begin)
+
+
+def prefill_tok_s(model, prompt: torch.Tensor) -> float:
+    cache = model.new_cache(len(prompt))
+    begin = time.perf_counter()
+    model.forward(prompt, cache, 0)
+    return len(prompt) / (time.perf_counter() - begin)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", default=None, help="w4a16_gemv variant (default: shipped)")
+    parser.add_argument("--embed-dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--kv-dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    base = rss_mb()
+    with registry.using("w4a16_gemv", args.kernel) if args.kernel else _nothing():
+        lm = loader.load_model("default", threads=args.threads, progress=False,
+                               embed_dtype=getattr(torch, args.embed_dtype),
+                               kv_dtype=getattr(torch, args.kv_dtype))
+        loaded = rss_mb()
+        gen = torch.Generator().manual_seed(0)
+        short = torch.randint(0, 49152, (17,), generator=gen)
+        long = torch.randint(0, 49152, (512,), generator=gen)
+        decode_tok_s(lm.model, short, 4)  # warm-up
+        decode = [decode_tok_s(lm.model, short, args.new_tokens) for _ in range(args.repeats)]
+        prefill = [prefill_tok_s(lm.model, long) for _ in range(args.repeats)]
+    result = {"kernel": registry.selected_name("w4a16_gemv", "cpu") if not args.kernel else args.kernel,
+              "embed_dtype": args.embed_dtype, "kv_dtype": args.kv_dtype, "threads": args.threads,
+              "decode_tok_s": round(statistics.median(decode), 2),
+              "prefill_tok_s": round(statistics.median(prefill), 1),
+              "rss_import_mb": round(base[0]), "rss_after_load_mb": round(loaded[0]),
+              "rss_peak_mb": round(rss_mb()[1]), "weight_bytes": lm.model.weight_bytes}
+    print(json.dumps(result))
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    main()
