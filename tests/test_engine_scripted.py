@@ -161,3 +161,35 @@ def test_detokenize_round_trip(scripted):
     bad = post(scripted.sock, "/detokenize", {"tokens": [10**9]})
     assert bad.status == 400 and bad.json()["error"]["param"] == "tokens"
     assert json.loads(get(scripted.sock, "/v1/models").body)["data"][0]["id"] == "scripted-model"
+
+
+def test_requests_beyond_the_kv_budget_queue_then_complete(scripted):
+    """Two requests of 300 + prompt tokens each cannot share a 512-token KV budget: the
+    second waits (queue_depth 1) until the first finishes, then completes too."""
+    import threading
+    import time
+
+    from engine_helpers import metric
+
+    script(scripted, "word " * 10, end=False)
+    scripted.model.delay_s = 0.002
+    results = [None, None]
+
+    def ask(i):
+        results[i] = chat(scripted, max_tokens=300)
+
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        deadline, depths = time.monotonic() + 30, set()
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            depths.add(metric(scripted.sock, "kimi_engine_queue_depth"))
+            time.sleep(0.05)
+        for t in threads:
+            t.join(60)
+    finally:
+        scripted.model.delay_s = 0.0
+    assert 1.0 in depths
+    assert [r["usage"]["completion_tokens"] for r in results] == [300, 300]
+    assert metric(scripted.sock, "kimi_engine_queue_depth") == 0
