@@ -74,10 +74,10 @@ def check(client, route, raw: bytes, must_fail: bool = False):
 # 1,000 mutated + 200 non-object bodies per route (the issue asks for >= 1,000 per route).
 @pytest.mark.parametrize("route", FUZZ_ROUTES)
 def test_generated_malformed_bodies_get_4xx_in_dialect(app, route):
-    @settings(max_examples=1000, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     seen = []
 
+    @settings(max_examples=1000, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(mutated_bodies(route))
     def run(body):
         seen.append(1)
