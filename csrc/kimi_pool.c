@@ -95,8 +95,20 @@ static void *helper_main(void *arg)
     return 0;
 }
 
+/* A forked child has none of the parent's threads, and a lock held by one of them
+ * would stay held: start over with fresh locks and no helpers. */
+static void reset_in_child(void)
+{
+    pthread_mutex_init(&submit_lock, 0);
+    pthread_mutex_init(&wake_lock, 0);
+    pthread_cond_init(&wake_cond, 0);
+    num_helpers = 0;
+}
+
 static void start_helpers(int wanted)
 {
+    static int atfork_done;
+    if (!atfork_done) atfork_done = pthread_atfork(0, 0, reset_in_child) == 0;
     if (wanted > KH_POOL_MAX) wanted = KH_POOL_MAX;
     while (num_helpers < wanted) {
         pthread_t thread;

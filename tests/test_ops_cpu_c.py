@@ -108,3 +108,17 @@ def test_concurrent_callers_share_the_pool_safely(threads):
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         assert list(pool.map(hammer, range(4))) == [None] * 4
+
+
+def test_a_forked_child_can_still_multiply(weight, threads):
+    """The pool's threads do not survive fork(); the child must start afresh, not hang."""
+    import os
+    cpu_c.set_num_threads(2)
+    x = torch.randn(2, 576)
+    want = cpu_c.w4a16_gemv(x, weight)  # parent's helpers are running now
+    pid = os.fork()
+    if pid == 0:  # child: exit status says whether the answer matched
+        ok = torch.equal(cpu_c.w4a16_gemv(x, weight), want)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
