@@ -47,6 +47,7 @@ class Exchange:
     turn: object = None
     req: object = None
     request_info: dict | None = None
+    is_recording: bool = False  # keep chunks and frames only for a cassette
 
 
 def upstream_model(cfg: dict, policy, requested: str, served: str | None) -> str:
@@ -79,6 +80,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     turn.input_estimate = max(1, (request.content_length or 0) // 4)  # until the engine's real count
     ex = Exchange(route, policy, payload, request_id=g.request_id, turn=turn, req=req)
     ex.request_info = request_info
+    ex.is_recording = services.recorder is not None
     g.exchange = ex
     opts = Options(client_model=turn.client_model,
                    parser=get_parser(policy.tool_parser, [tool_to_openai(t) for t in req.tools] or None),
@@ -118,7 +120,8 @@ def _frames(dialect, policy, req, turn, opts, ex, services, stream, ledger_id):
             if ex.first_token is None:
                 ex.first_token = time.monotonic()
                 services.metrics.ttft.labels(ex.route).observe(ex.first_token - ex.started)
-            ex.chunks.append(chunk)
+            if ex.is_recording:
+                ex.chunks.append(chunk)
             yield chunk
 
     def finished(events):
@@ -184,7 +187,8 @@ def _encoded(frames, dialect, turn, ex, services, stream):
     try:
         for frame in frames:
             data = _encode(frame)
-            ex.frames.append(data)
+            if ex.is_recording:
+                ex.frames.append(data)
             yield data
     except GeneratorExit:
         ex.status = 499
@@ -196,7 +200,8 @@ def _encoded(frames, dialect, turn, ex, services, stream):
         services.metrics.stream_errors.labels(ex.route).inc()
         for frame in dialect.stream_error(turn, error):
             data = _encode(frame)
-            ex.frames.append(data)
+            if ex.is_recording:
+                ex.frames.append(data)
             yield data
     finally:
         stream.close()

@@ -93,5 +93,6 @@ class Services:
         ms = (time.monotonic() - ex.started) * 1000
         policy = ex.policy
         self.metrics.requests.labels(ex.route, policy.preset if policy else "-", str(ex.status)).inc()
-        log.info("%s %s -> %s (%s) status=%s %.1f ms", ex.request_id, ex.route,
-                 policy.preset if policy else "-", policy.reason if policy else "-", ex.status, ms)
+        log.info("%s %s -> %s client=%s (%s) status=%s %.1f ms", ex.request_id, ex.route,
+                 policy.preset if policy else "-", policy.client if policy else "-",
+                 policy.reason if policy else "-", ex.status, ms)
