@@ -135,6 +135,7 @@ class Response:
     stop_sequence: str | None = None
     usage: Usage = Usage()
     upstream_message: dict | None = None  # the exact assistant message to echo next turn
+    logprobs: tuple | None = None         # OpenAI `logprobs.content` entries, when asked for
 
     def text(self) -> str:
         return "".join(p.text for p in self.parts if isinstance(p, Text))
@@ -191,6 +192,11 @@ class ToolCallEnd:
 
 
 @dataclass(frozen=True)
+class LogprobsDelta:
+    content: tuple  # OpenAI `logprobs.content` entries for the tokens just streamed
+
+
+@dataclass(frozen=True)
 class UsageUpdate:
     usage: Usage
 
@@ -204,4 +210,4 @@ class StreamEnd:
 
 
 Event = Union[StreamStart, ReasoningDelta, ReasoningEnd, TextDelta, ToolCallStart,
-              ToolCallArgsDelta, ToolCallEnd, UsageUpdate, StreamEnd]
+              ToolCallArgsDelta, ToolCallEnd, LogprobsDelta, UsageUpdate, StreamEnd]

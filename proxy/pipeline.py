@@ -56,6 +56,8 @@ def chunks_from_json(body: dict) -> list[dict]:
         if isinstance(call, dict):
             out.append({**ident, "choices": [{"index": 0, "delta": {"tool_calls": [{**call, "index": i}]}}]})
     final = {"index": 0, "delta": {}, "finish_reason": choice.get("finish_reason")}
+    if isinstance(choice.get("logprobs"), dict):
+        final["logprobs"] = choice["logprobs"]
     if "stop_reason" in choice:
         final["stop_reason"] = choice["stop_reason"]
     out.append({**ident, "choices": [final], "usage": body.get("usage")})
@@ -90,6 +92,7 @@ class Pipeline:
         self.parsed: dict[int, dict] = {}         # parser index -> {index,id,name,args}
         self.calls: dict[int, c.ToolCall] = {}    # canonical index -> finished call
         self.num_started = 0
+        self.logprobs: list = []
 
     def run(self, chunks: Iterable[dict]) -> Iterator[c.Event]:
         started = False
@@ -121,6 +124,10 @@ class Pipeline:
         for position, frag in enumerate(delta.get("tool_calls") or ()):
             if isinstance(frag, dict):
                 yield from self._native_fragment(frag, position)
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list) and logprobs["content"]:
+            self.logprobs.extend(logprobs["content"])
+            yield c.LogprobsDelta(tuple(logprobs["content"]))
         if choice.get("finish_reason"):
             self.finish = FINISH_MAP.get(choice["finish_reason"], "stop")
             stop_reason = choice.get("stop_reason")
@@ -247,7 +254,8 @@ class Pipeline:
         calls = [self.calls[i] for i in sorted(self.calls)]
         parts = (*self.reasoning_parts, *([c.Text(text)] if text else []), *calls)
         return c.Response(self.id, self.opts.client_model, parts, finish, self.stop_sequence,
-                          usage, self._upstream_message(text, reasoning, calls))
+                          usage, self._upstream_message(text, reasoning, calls),
+                          tuple(self.logprobs) if self.logprobs else None)
 
     def _upstream_message(self, text: str, reasoning: str, calls: list[c.ToolCall]) -> dict:
         msg = {"role": "assistant", "content": text}

@@ -188,3 +188,18 @@ def test_responses_named_tool_choice_and_incomplete(run):
     assert frames[-1][0] == "response.incomplete"
     assert frames[-1][1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     assert run.fake.requests[-1]["tool_choice"] == {"type": "function", "function": {"name": "g"}}
+
+
+def test_chat_logprobs_pass_through(run):
+    entry = {"token": "hi", "logprob": -0.1, "bytes": [104, 105], "top_logprobs": []}
+    def reply():
+        return Reply.text("hi", extra_choice={"logprobs": {"content": [entry]}})
+    out = run("/v1/chat/completions", {**CHAT_BODY, "logprobs": True}, reply())
+    assert out["choices"][0]["logprobs"] == {"content": [entry]}
+    assert run.fake.requests[-1]["logprobs"] is True
+    frames = run("/v1/chat/completions", {**CHAT_BODY, "stream": True, "logprobs": True}, reply())
+    got = [d["choices"][0]["logprobs"] for _e, d in frames[:-1] if d["choices"] and "logprobs" in d["choices"][0]]
+    assert got == [{"content": [entry]}]
+    assert run("/v1/chat/completions", CHAT_BODY, Reply.text("x"))["choices"][0]["logprobs"] is None
+    anth = run("/v1/messages", {**ANTH_BODY, "stream": True}, reply())
+    assert_no_foreign("anthropic", anth) and not any("logprobs" in keys_deep(d) for _e, d in anth)

@@ -152,7 +152,8 @@ def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> d
     return {"id": turn.id, "object": "chat.completion", "created": turn.created,
             "model": turn.client_model,
             "choices": [{"index": 0, "message": message,
-                         "finish_reason": finish_reason(resp.finish_reason), "logprobs": None}],
+                         "finish_reason": finish_reason(resp.finish_reason),
+                         "logprobs": {"content": list(resp.logprobs)} if resp.logprobs else None}],
             "usage": usage_body(resp.usage)}
 
 
@@ -185,6 +186,10 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
                                          "function": {"name": ev.name, "arguments": ""}}]})
         elif isinstance(ev, c.ToolCallArgsDelta):
             yield chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]})
+        elif isinstance(ev, c.LogprobsDelta):
+            frame = chunk({})
+            frame[1]["choices"][0]["logprobs"] = {"content": list(ev.content)}
+            yield frame
         elif isinstance(ev, c.StreamEnd):
             yield chunk({}, finish_reason(ev.finish_reason))
             if req.include_usage is not False:
