@@ -75,9 +75,9 @@ class Engine:
         for seq in self.scheduler.admit():
             try:
                 self._allocate(seq)
-            except helper.MemoryCapExceeded as exc:
+            except Exception as exc:  # no memory, or the model refused the cache size
                 self.scheduler.finish(seq)
-                seq.fail(InternalError(f"no memory for the KV cache: {exc}"))
+                seq.fail(InternalError(f"cannot allocate the KV cache: {exc}"))
         self.metrics.queue_depth.set(self.scheduler.num_waiting)
         self.metrics.running.set(self.scheduler.num_running)
         return self.scheduler.next()
@@ -142,7 +142,11 @@ class Engine:
 
     def _allocate(self, seq: Sequence):
         helper.memcap_reserve(self._kv_bytes(seq))
-        seq.cache = self.model.new_cache(seq.num_max_tokens)
+        try:
+            seq.cache = self.model.new_cache(seq.num_max_tokens)
+        except Exception:
+            helper.memcap_release(self._kv_bytes(seq))
+            raise
 
     def _release(self, seq: Sequence):
         if seq.cache is not None:

@@ -168,7 +168,11 @@ class ScriptedModel:
                  delay_s: float = 0.0, fail_at: int | None = None):
         self.vocab_size, self.script, self.delay_s, self.fail_at = vocab_size, script or [], delay_s, fail_at
 
+    cache_limit: int | None = None  # new_cache refuses more tokens than this
+
     def new_cache(self, max_tokens: int) -> dict:
+        if self.cache_limit is not None and max_tokens > self.cache_limit:
+            raise ValueError(f"cache of {max_tokens} tokens: must be 1..{self.cache_limit}")
         return {"passes": 0, "max_tokens": max_tokens}
 
     def forward(self, tokens, cache, start, last_only=True):

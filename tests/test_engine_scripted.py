@@ -139,6 +139,17 @@ def test_model_failure_is_an_error_and_the_engine_keeps_serving(scripted):
     assert get(scripted.sock, "/health").status == 200
 
 
+def test_a_refused_cache_fails_only_that_request(scripted):
+    script(scripted, "Fine.")
+    scripted.model.cache_limit = 10
+    try:
+        resp = post(scripted.sock, "/v1/chat/completions", {"messages": ASK}, timeout=30)
+    finally:
+        scripted.model.cache_limit = None
+    assert resp.status == 500 and "cannot allocate the KV cache" in resp.json()["error"]["message"]
+    assert chat(scripted)["choices"][0]["message"]["content"] == "Fine."
+
+
 def test_legacy_completion_echo_and_logprobs(scripted):
     script(scripted, " Paris.", end=True)
     body = post(scripted.sock, "/v1/completions", {
