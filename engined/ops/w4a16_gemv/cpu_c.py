@@ -69,17 +69,20 @@ _local = threading.local()
 
 def workspace(nfloats: int):
     """A per-thread scratch buffer of at least `nfloats` fp32, as a cffi pointer."""
-    buf = getattr(_local, "buf", None)
-    if buf is None or buf.numel() < nfloats:
-        buf = _local.buf = torch.empty(max(nfloats, 1 << 16), dtype=torch.float32)
-        _local.ptr = helper.ffi.cast("float *", buf.data_ptr())
-    return _local.ptr
+    local = _local.__dict__
+    if local.get("size", 0) < nfloats:
+        local["buf"] = torch.empty(max(nfloats, 1 << 16), dtype=torch.float32)
+        local["size"] = local["buf"].numel()
+        local["ptr"] = helper.ffi.cast("float *", local["buf"].data_ptr())
+    return local["ptr"]
 
 
 def as_rows(x: torch.Tensor, k: int) -> torch.Tensor:
     """x: [M, K] any float -> contiguous fp32 [M, K] on the CPU, or a clear error."""
     if x.dim() != 2 or x.shape[1] != k:
         raise registry.KernelError(f"x must be [M, {k}], got {list(x.shape)}")
+    if x.device.type != "cpu":
+        raise registry.KernelError(f"cpu_c kernels need x on the CPU, got {x.device}")
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.to(torch.float32).contiguous()
     return x
@@ -104,14 +107,14 @@ def w4a16_gemv(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | N
     x = as_rows(x, cw.k)
     rows = x.shape[0]
     out = out_buffer(out, (rows, cw.n))
-    lib, ffi, threads = helper.lib, helper.ffi, num_threads()
+    lib, cast, threads = helper.lib, helper.ffi.cast, num_threads()
     x_addr, out_addr = x.data_ptr(), out.data_ptr()
     for start in range(0, rows, helper.MAX_ROWS):  # one pass when rows <= 8
         m = min(helper.MAX_ROWS, rows - start)
-        work = workspace(lib.gemv_w4a16_work_floats(m, cw.k, cw.group))
-        status = lib.gemv_w4a16(ffi.cast("float *", x_addr + 4 * start * cw.k), m,
+        work = workspace(m * cw.k + m * (cw.k // cw.group))  # gemv_w4a16_work_floats
+        status = lib.gemv_w4a16(cast("float *", x_addr + 4 * start * cw.k), m,
                                 cw.q, cw.s, cw.m, cw.n, cw.k, cw.group, work,
-                                ffi.cast("float *", out_addr + 4 * start * cw.n), threads)
+                                cast("float *", out_addr + 4 * start * cw.n), threads)
         if status:
             helper.check(status, "gemv_w4a16")
     return out
