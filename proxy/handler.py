@@ -117,15 +117,15 @@ def _json(dialect, policy, req, turn, opts, ex, services, headers, ledger_id) ->
 def _frames(dialect, policy, req, turn, opts, ex, services, stream, ledger_id):
     def recorded(chunks):
         for chunk in chunks:
-            if ex.first_token is None:
-                ex.first_token = time.monotonic()
-                services.metrics.ttft.labels(ex.route).observe(ex.first_token - ex.started)
             if ex.is_recording:
                 ex.chunks.append(chunk)
             yield chunk
 
     def finished(events):
         for ev in events:
+            if ex.first_token is None and isinstance(ev, (c.TextDelta, c.ReasoningDelta, c.ToolCallStart)):
+                ex.first_token = time.monotonic()  # the first model token the client can see
+                services.metrics.ttft.labels(ex.route).observe(ex.first_token - ex.started)
             if isinstance(ev, c.StreamEnd):
                 services.finish(dialect.NAME, req, turn, ev.response, ledger_id, policy)
             yield ev
