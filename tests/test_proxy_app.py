@@ -90,9 +90,12 @@ def test_metrics_count_requests_and_parse_failures(tmp_path):
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}],
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
     assert client.post("/v1/chat/completions", json=body).status_code == 200
+    client.post("/v1/chat/completions", json={**body, "stream": True}).get_data()
     text = client.get("/metrics").get_data(as_text=True)
-    assert 'kimi_proxy_requests_total{preset="openai-sdk",route="chat",status="200"} 1.0' in text
-    assert 'kimi_proxy_tool_parse_failures_total{parser="hermes"} 1.0' in text
+    assert 'kimi_proxy_ttft_seconds_count{route="chat"} 1.0' in text
+    assert 'kimi_proxy_upstream_seconds_count{route="chat"} 2.0' in text
+    assert 'kimi_proxy_requests_total{preset="openai-sdk",route="chat",status="200"} 2.0' in text
+    assert 'kimi_proxy_tool_parse_failures_total{parser="hermes"} 2.0' in text
 
 
 def test_record_writes_private_cassettes_that_replay(tmp_path):
