@@ -205,3 +205,18 @@ def test_api_key_origin_host_and_request_id(tmp_path):
     rebound = open_app.test_client().get("/v1/models", headers={"Host": "evil.example:8080"})
     assert_shape(rebound, "openai", 403)
     assert open_app.test_client().get("/v1/models", headers={"Host": "localhost:8080"}).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_upstream_error_status_reaches_the_client_in_dialect(tmp_path, stream):
+    fake = FakeUpstream()
+    with fake.serve() as url:
+        client = create_app(proxy_config(url, tmp_path)).test_client()
+        for status, kind in [(400, "invalid_request_error"), (500, "api_error"), (503, "overloaded_error")]:
+            fake.script = [Reply(status=status)]
+            resp = client.post("/v1/messages", json={**VALID["/v1/messages"], "stream": stream})
+            assert_shape(resp, "anthropic", status)
+            assert resp.get_json()["error"]["type"] == kind and "scripted failure" in resp.get_json()["error"]["message"]
+            assert ("Retry-After" in resp.headers) == (status == 503)
+            resp = client.post("/v1/chat/completions", json={**VALID["/v1/chat/completions"], "stream": stream})
+            assert_shape(resp, "openai", status)
