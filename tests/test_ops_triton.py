@@ -48,5 +48,12 @@ def test_configs_come_from_one_table(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     table = gemv_triton.configs()
     for n, k, rows in ((576, 576, 1), (4096, 2304, 1), (1024, 2304, 8)):
-        cfg = gemv_triton.pick_config(n, k, rows)
+        cfg = gemv_triton.pick_config(n, k, 32, rows)
         assert cfg in table and all(name.isupper() for name in cfg if name.startswith("BLOCK"))
+    assert gemv_triton.pick_config(576, 1024, 512)["BLOCK_K"] == 512  # whole groups per tile
+
+
+def test_group_size_must_be_a_power_of_two():
+    w = PackedInt4(group_size=6, **random_int4(torch.Generator().manual_seed(2), 4, 96, 6))
+    with pytest.raises(registry.KernelError, match="power-of-two group size"):
+        gemv_triton.w4a16_gemv(torch.randn(1, 96), w)

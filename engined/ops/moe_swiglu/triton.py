@@ -40,7 +40,7 @@ def moe_swiglu(x: torch.Tensor, gate: PackedInt4Experts, up: PackedInt4Experts,
     _, n, k = gate.shape
     routes = ids.numel()
     out = out_buffer(out, (routes, n), gate.qweight.device, "moe_swiglu")
-    cfg = pick_config(n, k, routes)
+    cfg = pick_config(n, k, gate.group_size, routes)
     grid = (routes, triton.cdiv(n, cfg["BLOCK_N"]))
     moe_swiglu_kernel[grid](x, ids, gate.qweight, gate.scales, gate.mins, up.qweight, up.scales,
                             up.mins, out, n, k, X_PER_ROUTE=x.shape[0] > 1,

@@ -19,24 +19,33 @@ from engined.ops import int4_format, registry
 @triton.jit
 def int4_row_dot(x_row, q_rows, s_rows, m_rows, offs_n, n_mask, K,
                  GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc[i] = sum_k x_row[k] * (s*q + m)[offs_n[i], k]; *_rows point at weight row 0."""
+    """acc[i] = sum_k x_row[k] * (s*q + m)[offs_n[i], k]; *_rows point at weight row 0.
+
+    Per group g: s_g * dot(q_g, x_g) + m_g * sum(x_g), so the inner loop is one
+    multiply-add per weight and scales/mins are loaded once per group. A K tile is
+    [BLOCK_N, BLOCK_K/GROUP groups, GROUP/2 bytes]; byte j of a group holds
+    elements 2j (low nibble) and 2j+1 (high nibble)."""
     half_k = K // 2
     groups = K // GROUP
-    offs_b = tl.arange(0, BLOCK_K // 2)  # byte j of the tile holds elements 2j, 2j+1
+    offs_g = tl.arange(0, BLOCK_K // GROUP)  # [NG] groups of the tile
+    offs_j = tl.arange(0, GROUP // 2)        # [G/2] bytes of a group
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        b = k0 // 2 + offs_b
-        b_mask = b < half_k
-        mask = n_mask[:, None] & b_mask[None, :]
-        q = tl.load(q_rows + offs_n[:, None] * half_k + b[None, :], mask=mask, other=0)
-        g = offs_n[:, None] * groups + (2 * b[None, :]) // GROUP
-        s = tl.load(s_rows + g, mask=mask, other=0.0).to(tl.float32)
-        m = tl.load(m_rows + g, mask=mask, other=0.0).to(tl.float32)
-        x_even = tl.load(x_row + 2 * b, mask=b_mask, other=0.0)
-        x_odd = tl.load(x_row + 2 * b + 1, mask=b_mask, other=0.0)
-        w_even = (q & 0xF).to(tl.float32) * s + m
-        w_odd = (q >> 4).to(tl.float32) * s + m
-        acc += tl.sum(w_even * x_even[None, :] + w_odd * x_odd[None, :], axis=1)
+        g = k0 // GROUP + offs_g
+        g_mask = g < groups
+        b = g[:, None] * (GROUP // 2) + offs_j[None, :]  # [NG, G/2] byte index in a row
+        x_even = tl.load(x_row + 2 * b, mask=g_mask[:, None], other=0.0)
+        x_odd = tl.load(x_row + 2 * b + 1, mask=g_mask[:, None], other=0.0)
+        q_mask = n_mask[:, None, None] & g_mask[None, :, None]
+        q = tl.load(q_rows + offs_n[:, None, None] * half_k + b[None, :, :], mask=q_mask, other=0)
+        dot = tl.sum((q & 0xF).to(tl.float32) * x_even[None, :, :]
+                     + (q >> 4).to(tl.float32) * x_odd[None, :, :], axis=2)  # [BLOCK_N, NG]
+        x_sum = tl.sum(x_even + x_odd, axis=1)  # [NG]
+        sm_mask = n_mask[:, None] & g_mask[None, :]
+        sm = offs_n[:, None] * groups + g[None, :]
+        s = tl.load(s_rows + sm, mask=sm_mask, other=0.0).to(tl.float32)
+        m = tl.load(m_rows + sm, mask=sm_mask, other=0.0).to(tl.float32)
+        acc += tl.sum(s * dot + m * x_sum[None, :], axis=1)
     return acc
 
 
@@ -57,13 +66,16 @@ def configs() -> list[dict]:
             for bn, bk, w in ((16, 256, 4), (32, 256, 4), (64, 256, 8))]
 
 
-def pick_config(n: int, k: int, programs_per_row: int = 1) -> dict:
-    """A fixed rule (no autotune sweep): enough N tiles to fill the GPU, long K tiles."""
+def pick_config(n: int, k: int, group: int, programs_per_row: int = 1) -> dict:
+    """A fixed rule (no autotune sweep): enough N tiles to fill the GPU, long K tiles,
+    whole groups per K tile (BLOCK_K >= GROUP, both powers of two)."""
     interpreted = triton_interpreted()
+    chosen = configs()[0]
     for cfg in reversed(configs()) if interpreted else configs():
         if interpreted or triton.cdiv(n, cfg["BLOCK_N"]) * programs_per_row >= 256:
-            return cfg
-    return configs()[0]
+            chosen = cfg
+            break
+    return dict(chosen, BLOCK_K=max(chosen["BLOCK_K"], group))
 
 
 def triton_interpreted() -> bool:
@@ -73,6 +85,10 @@ def triton_interpreted() -> bool:
 
 def check_packed(w, what: str):
     """Constraints every Triton INT4 launcher shares, each with its message."""
+    g = w.group_size
+    if g < 2 or g & (g - 1):
+        raise registry.KernelError(f"{what}: the triton variant needs a power-of-two group "
+                                   f"size (tl.arange), got {g}")
     tensors = (w.qweight, w.scales, w.mins)
     if not all(t.is_contiguous() for t in tensors):
         raise registry.KernelError(f"{what}: qweight, scales and mins must be contiguous")
@@ -107,7 +123,7 @@ def w4a16_gemv(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | N
     n, k = w.shape
     x = as_rows(x, k, w.qweight.device, "w4a16_gemv")
     out = out_buffer(out, (x.shape[0], n), w.qweight.device, "w4a16_gemv")
-    cfg = pick_config(n, k, x.shape[0])
+    cfg = pick_config(n, k, w.group_size, x.shape[0])
     grid = (x.shape[0], triton.cdiv(n, cfg["BLOCK_N"]))
     w4a16_gemv_kernel[grid](x, w.qweight, w.scales, w.mins, out, n, k, GROUP=w.group_size, **cfg)
     return out

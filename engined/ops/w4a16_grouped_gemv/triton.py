@@ -58,7 +58,7 @@ def w4a16_grouped_gemv(x: torch.Tensor, experts: PackedInt4Experts, expert_ids: 
     _, n, k = experts.shape
     routes = ids.numel()
     out = out_buffer(out, (routes, n), experts.qweight.device, "w4a16_grouped_gemv")
-    cfg = pick_config(n, k, routes)
+    cfg = pick_config(n, k, experts.group_size, routes)
     grid = (routes, triton.cdiv(n, cfg["BLOCK_N"]))
     w4a16_grouped_gemv_kernel[grid](x, ids, experts.qweight, experts.scales, experts.mins, out,
                                     n, k, X_PER_ROUTE=x.shape[0] > 1, GROUP=experts.group_size,
