@@ -38,6 +38,10 @@ class Engine:
         self.scheduler.wake()
         self._thread.join(timeout)
 
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def submit(self, seq: Sequence):
         seq.generator = sampler.new_generator(seq.params.seed)
         self.scheduler.add(seq)
@@ -49,7 +53,11 @@ class Engine:
         with torch.inference_mode():
             while not self._stopping.is_set():
                 self.scheduler.wait_for_work(timeout=0.5)
-                self.step()
+                try:
+                    self.step()
+                except Exception as exc:  # noqa: BLE001 - a bug here must not strand requests
+                    self.log(f"model loop error: {exc!r}")
+                    time.sleep(0.1)
         for seq in self.scheduler.drain_all():
             self._release(seq)
             seq.fail(InternalError("the engine stopped"))

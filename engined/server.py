@@ -6,7 +6,8 @@ import traceback
 
 from engined import api, generate
 from engined.chat.errors import ChatInputError
-from engined.errors import EngineError, InternalError, InvalidRequest, MethodNotAllowed, NotFound
+from engined.errors import (EngineError, InternalError, InvalidRequest, MethodNotAllowed, NotFound,
+                            Unavailable)
 from engined.generate import ClientGone, Served
 from engined.logs import LogSink, request_line
 from engined.metrics import EngineMetrics
@@ -22,6 +23,8 @@ def models(served: Served, ex):
 
 
 def health(served: Served, ex):
+    if not served.engine.is_alive:
+        raise Unavailable("the model thread is not running")
     return {"status": "ok", "model": served.model_id}
 
 

@@ -204,3 +204,12 @@ def test_requests_beyond_the_kv_budget_queue_then_complete(scripted):
     assert 1.0 in depths
     assert [r["usage"]["completion_tokens"] for r in results] == [300, 300]
     assert metric(scripted.sock, "kimi_engine_queue_depth") == 0
+
+
+def test_health_is_503_when_the_model_thread_stopped(text_side):
+    tokenizer, chat = text_side
+    with InProcessEngine(ScriptedModel(tokenizer.vocab_size), tokenizer, chat) as engine:
+        assert get(engine.sock, "/health").status == 200
+        engine.engine.stop()
+        resp = get(engine.sock, "/health")
+        assert resp.status == 503 and resp.json()["error"]["code"] == "unavailable"
