@@ -92,10 +92,12 @@ def send_events(seq: Sequence, ex, text: str, last: bool = False):
 
 
 # -- POST /v1/chat/completions -------------------------------------------------------------
-def new_output_parser(chat, is_tools: bool):
-    """The chat format's own parser (e.g. Kimi K2's tool-call tokens), else the hermes one."""
-    make = getattr(chat, "output_parser", None)
-    return make(is_tools) if make is not None else OutputParser(tools_enabled=is_tools)
+def new_output_parser(chat, is_tools: bool, prompt: str):
+    """The chat format's own parser (e.g. Kimi K2's tool-call tokens), else the hermes one.
+    A generation prompt that opens <think> makes the output start as reasoning."""
+    in_reasoning = prompt.rstrip().endswith("<think>")
+    make = getattr(chat, "output_parser", None) or OutputParser
+    return make(is_tools, in_reasoning)
 
 
 def chat_completions(served: Served, ex):
@@ -105,7 +107,8 @@ def chat_completions(served: Served, ex):
     max_tokens = api.fit_context(len(prompt_ids), req.max_tokens, served.max_context)
     is_tools = forced_tool(req.tool_choice, normalize_tools(req.tools)) is not None
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, req.num_top_logprobs)
-    parser, shaper = new_output_parser(served.chat, is_tools), Shaper(served.model_id, "chatcmpl")
+    parser = new_output_parser(served.chat, is_tools, prompt)
+    shaper = Shaper(served.model_id, "chatcmpl")
     lp = served.logprob_format if req.num_top_logprobs is not None else None
     if req.stream:
         return _stream_chat(seq, ex, parser, shaper, lp, req.include_usage)

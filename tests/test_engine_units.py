@@ -240,3 +240,20 @@ def test_sd_notify_sends_ready(tmp_path):
         assert sd_notify("READY=1", {"NOTIFY_SOCKET": address})
         assert listener.recv(64) == b"READY=1"
     assert not sd_notify("READY=1", {})
+
+
+def test_a_prompt_that_opens_think_starts_the_output_as_reasoning():
+    from engined.chat.output import ContentDelta, ReasoningDelta
+    from engined.generate import new_output_parser
+
+    class PlainChat:  # a chat format without its own parser: the hermes one is used
+        pass
+
+    def split(prompt):
+        parser = new_output_parser(PlainChat(), False, prompt)
+        deltas = parser.feed("Let me see.</think>Paris.") + parser.finish()
+        return ("".join(d.text for d in deltas if isinstance(d, ReasoningDelta)),
+                "".join(d.text for d in deltas if isinstance(d, ContentDelta)))
+
+    assert split("<|im_start|>assistant\n<think>\n") == ("Let me see.", "Paris.")
+    assert split("<|im_start|>assistant\n") == ("", "Let me see.</think>Paris.")
