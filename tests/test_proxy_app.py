@@ -243,3 +243,20 @@ def test_structured_output_becomes_response_format(tmp_path):
     assert fake.requests[-1]["response_format"]["json_schema"]["schema"] == schema
     app.test_client().post("/v1/responses", json={"model": "m", "input": "x", "text": {"verbosity": "low"}})
     assert "response_format" not in fake.requests[-1] and "text" not in fake.requests[-1]
+
+
+def test_stale_pooled_connection_is_retried_once(tmp_path):
+    import socket
+
+    from proxy.upstream import Upstream
+    fake = FakeUpstream(Reply.text("again"))
+    with fake.serve() as url:
+        upstream = Upstream(url)
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+        assert upstream.chat(body)["choices"][0]["message"]["content"] == "again"
+        assert len(upstream._idle) == 1
+        stale, peer = socket.socketpair()
+        peer.close()  # the server dropped this keep-alive connection
+        upstream._idle[0].sock = stale
+        assert upstream.chat(body)["choices"][0]["message"]["content"] == "again"
+        assert len(fake.requests) == 2
