@@ -260,3 +260,17 @@ def test_stale_pooled_connection_is_retried_once(tmp_path):
         upstream._idle[0].sock = stale
         assert upstream.chat(body)["choices"][0]["message"]["content"] == "again"
         assert len(fake.requests) == 2
+
+
+def test_the_shipped_example_config_loads_with_every_key(tmp_path):
+    import pathlib
+    import re
+    example = pathlib.Path(__file__).resolve().parent.parent / "etc" / "proxy.toml"
+    if not example.exists():
+        pytest.skip("etc/proxy.toml is not in this checkout")
+    text = re.sub(r"^# ([a-z-]+ = .*?)([ \t]+#.*)?$", r"\1", example.read_text(), flags=re.M)
+    path = tmp_path / "proxy.toml"
+    path.write_text(text)
+    cfg = config.load({}, str(path), {})
+    assert cfg["UPSTREAM"] == "unix:///run/kimi/engine.sock" and cfg["API_KEY"] == "change-me"
+    assert cfg["MODEL_ALIAS"] == {"claude-sonnet-4-5": "kimi-local"} and cfg["PORT"] == 8080
