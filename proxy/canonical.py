@@ -18,7 +18,6 @@ from typing import Any, Literal, Union
 
 Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "stop_sequence", "error"]
-FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "stop_sequence", "error")
 
 
 # ---- content parts ---------------------------------------------------------------------

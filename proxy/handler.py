@@ -21,7 +21,7 @@ from flask import Response, current_app, g, request
 from proxy import canonical as c
 from proxy import sse
 from proxy.dialects import common as d
-from proxy.errors import InvalidRequest, ProxyError, from_exception
+from proxy.errors import InvalidRequest, from_exception
 from proxy.payload import build_payload, tool_to_openai
 from proxy.pipeline import Options, Pipeline, chunks_from_json, one_call_at_a_time
 from proxy.toolcalls import get_parser
@@ -215,8 +215,3 @@ def _encode(frame) -> bytes:
     if frame is d.DONE:
         return sse.encode_done()
     return sse.encode(*frame)
-
-
-def stream_error_frames(dialect, err: ProxyError) -> bytes:
-    turn = d.Turn(client_model="", id=ID_PREFIX[dialect.NAME] + d.new_hex())
-    return b"".join(_encode(f) for f in dialect.stream_error(turn, err))

@@ -110,6 +110,7 @@ class Pipeline:
     def _chunk(self, chunk: dict) -> Iterator[c.Event]:
         if chunk.get("usage"):
             self.usage = self.usage.merged(usage_from(chunk["usage"]))
+            yield c.UsageUpdate(self.usage)
         choices = chunk.get("choices") or []
         choice = choices[0] if choices and isinstance(choices[0], dict) else {}
         delta = choice.get("delta")

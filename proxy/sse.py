@@ -1,13 +1,12 @@
-"""Server-sent events: the one place that frames, keeps alive and decodes SSE.
+"""Server-sent events: the one place that frames and decodes SSE.
 
 Dialect modules yield `(event_name | None, payload_dict)` pairs; this module turns them
-into bytes. `[DONE]` exists only for Chat Completions (`encode_done`).
+into bytes; a keep-alive is a comment frame (`COMMENT_KEEPALIVE`; handler.with_keepalive
+decides when). `[DONE]` exists only for Chat Completions (`encode_done`).
 """
 from __future__ import annotations
 
 import json
-from typing import Iterable, Iterator
-
 DONE = b"data: [DONE]\n\n"
 COMMENT_KEEPALIVE = b": keep-alive\n\n"
 
@@ -27,11 +26,6 @@ def encode(event: str | None, data) -> bytes:
 
 def encode_done() -> bytes:
     return DONE
-
-
-def encode_all(frames: Iterable[tuple[str | None, dict]]) -> Iterator[bytes]:
-    for name, data in frames:
-        yield encode(name, data)
 
 
 class Decoder:
@@ -93,13 +87,3 @@ def parse_frames(raw: bytes) -> list[tuple[str | None, str]]:
     """Decode a complete SSE body (tests and replay)."""
     dec = Decoder()
     return dec.feed(raw) + dec.flush()
-
-
-class Keepalive:
-    """When to send a keep-alive: after `interval_s` without any frame written."""
-
-    def __init__(self, interval_s: float):
-        self.interval_s = interval_s
-
-    def timeout(self) -> float | None:
-        return self.interval_s if self.interval_s > 0 else None

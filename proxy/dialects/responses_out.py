@@ -7,7 +7,6 @@ announced. Non-stream bodies are built by the same item builder.
 """
 from __future__ import annotations
 
-import json
 from typing import Iterator
 
 from proxy import canonical as c
@@ -203,7 +202,3 @@ def failed_frames(turn: d.Turn, err: ProxyError) -> list:
     final = envelope(turn, "failed", list(turn.extra.get("announced", [])), None, error=error)
     return [_event(turn, "error", code=kind, message=err.message, param=err.param),
             _event(turn, "response.failed", response=final)]
-
-
-def dumps_args(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
