@@ -1,4 +1,8 @@
 """Equivalence cases per op (used by tests/test_ops_equivalence.py and the cpu_c tests)."""
+import os
+import pathlib
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -86,3 +90,22 @@ CASES = {"w4a16_gemv": GEMV, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
 
 def SMALL_ENOUGH_FOR_INTERPRETER(case: Case) -> bool:  # noqa: N802 (reads as a constant rule)
     return case.elements <= 256 * 512
+
+
+def interpreter_ready() -> bool:
+    """Whether the loaded triton was imported in interpreter mode (tl.zeros, tl.sum are
+    jit functions, decorated once when triton.language is first imported)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(tl.zeros, InterpretedFunction)
+
+
+def run_fresh(test_file: str, keyword: str):
+    """Run `-k keyword` of a test file in a child whose TRITON_INTERPRET=1 precedes triton."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           test_file, "-k", keyword], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-2000:]
