@@ -92,6 +92,16 @@ def metric(sock: str, name: str, labels: str = "") -> float:
     return 0.0
 
 
+def eventually(check, timeout: float = 10.0) -> bool:
+    """True once check() is; the request log line is written just after the response."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def short_tmpdir() -> pathlib.Path:
     """Unix socket paths must stay under 108 bytes: pytest's tmp_path can be longer."""
     return pathlib.Path(tempfile.mkdtemp(prefix="kimi-t-", dir="/tmp"))

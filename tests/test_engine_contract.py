@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from engine_helpers import Daemon, UnixConnection, get, post, stream
+from engine_helpers import Daemon, UnixConnection, eventually, get, post, stream
 
 HI = [{"role": "user", "content": "Say hello."}]
 METRICS = ["kimi_engine_time_to_first_token_seconds", "kimi_engine_decode_tokens_per_second",
@@ -157,10 +157,11 @@ def test_keep_alive_and_chunked_request_body(sock):
 
 def test_metrics_names(sock):
     get(sock, "/v1/models")
+    sample = 'kimi_engine_requests_total{route="GET /v1/models",status="200"}'
+    assert eventually(lambda: sample in get(sock, "/metrics").text)  # counted after the reply
     text = get(sock, "/metrics").text
     for name in METRICS:
         assert re.search(rf"^{name}(\{{|_bucket|_count| )", text, re.M), name
-    assert 'kimi_engine_requests_total{route="GET /v1/models",status="200"}' in text
     values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
               for line in text.splitlines() if line and not line.startswith("#")}
     assert 50e6 < values["kimi_engine_resident_bytes"] < 2e9

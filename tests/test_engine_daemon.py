@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from engine_helpers import Daemon, get, metric, post, stream
+from engine_helpers import Daemon, eventually, get, metric, post, stream
 
 CAPITAL = [{"role": "user", "content": "Which city is the capital of France?"}]
 
@@ -214,7 +214,7 @@ def test_request_id_is_echoed_or_generated(engine):
     generated = get(engine.sock, "/v1/models").headers["x-request-id"]
     assert len(generated) >= 16
     chat(engine.sock, CAPITAL, max_tokens=2, headers={"x-request-id": "req-logged-42"})
-    assert "request_id=req-logged-42" in engine.stderr()
+    assert eventually(lambda: "request_id=req-logged-42" in engine.stderr())
 
 
 def test_live_socket_is_refused(engine, engine_cache):

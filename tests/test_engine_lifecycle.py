@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from engine_helpers import Daemon, post, run_cli, short_tmpdir
+from engine_helpers import Daemon, eventually, post, run_cli, short_tmpdir
 
 CAPITAL = [{"role": "user", "content": "Which city is the capital of France?"}]
 
@@ -47,6 +47,7 @@ def test_stale_socket_sighup_and_sigterm_drain(engine_cache, workdir):
         assert stat.S_IMODE(os.stat(daemon.sock).st_mode) == 0o660
         post(daemon.sock, "/v1/chat/completions", {"messages": CAPITAL, "max_tokens": 2},
              headers={"x-request-id": "before-rotate"})
+        assert eventually(lambda: "request_id=before-rotate" in log.read_text())
         rotated = workdir / "engine.log.1"
         os.rename(log, rotated)
         daemon.signal(signal.SIGHUP)
@@ -57,7 +58,7 @@ def test_stale_socket_sighup_and_sigterm_drain(engine_cache, workdir):
         post(daemon.sock, "/v1/chat/completions", {"messages": CAPITAL, "max_tokens": 2},
              headers={"x-request-id": "after-rotate"})
         assert "request_id=before-rotate" in rotated.read_text()
-        assert "request_id=after-rotate" in log.read_text()
+        assert eventually(lambda: "request_id=after-rotate" in log.read_text())
         assert "after-rotate" not in rotated.read_text()
 
         result = {}
