@@ -21,13 +21,17 @@ def redact(headers: dict) -> dict:
     return {k.lower(): ("<redacted>" if k.lower() in REDACT else v) for k, v in headers.items()}
 
 
-def cassette(ex) -> dict:
+REPLAY_KEYS = ("CLIENT", "TOOL_PARSER", "REASONING_FIELD", "MODEL", "MODEL_ALIAS", "SMALL_MODEL")
+
+
+def cassette(ex, config: dict | None = None) -> dict:
     streamed = isinstance(ex.frames, list)
     info = getattr(ex, "request_info", None) or {}
     return {
         "k3_cassette": 1, "name": "", "recorded_at": time.time(), "source": "recorded",
         "preset": ex.policy.preset if ex.policy else "", "detected_via": ex.policy.reason if ex.policy else "",
         "streamed": streamed,
+        "proxy_config": {k: (config or {}).get(k) for k in REPLAY_KEYS},  # what replay must reuse
         "request": {"path": info.get("path", ex.route), "headers": redact(info.get("headers", {})),
                     "body": info.get("body")},
         "upstream": {"request": ex.payload, "chunks": ex.chunks if streamed else [],
@@ -38,8 +42,9 @@ def cassette(ex) -> dict:
 
 
 class Recorder:
-    def __init__(self, directory: str, max_pending: int = 256):
+    def __init__(self, directory: str, config: dict | None = None, max_pending: int = 256):
         self.directory = directory
+        self.config = config or {}
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._run, daemon=True, name="kimi-proxy-recorder")
@@ -47,7 +52,7 @@ class Recorder:
 
     def submit(self, ex) -> None:
         try:
-            self._queue.put_nowait(cassette(ex))
+            self._queue.put_nowait(cassette(ex, self.config))
         except queue.Full:
             log.warning("recorder is behind; a cassette was dropped")
 

@@ -226,8 +226,8 @@ def replay(cassette: dict, config: dict | None = None) -> dict:
     from proxy import config as config_mod
     from proxy.app import create_app
     with tempfile.TemporaryDirectory() as tmp:
-        cli = {"UPSTREAM": "http://replay.invalid/v1", "LEDGER": f"{tmp}/ledger.sqlite", "MODEL": "k3",
-               "TOOL_PARSER": "kimi_k3",  # the format the recording engine wrote
+        recorded = cassette.get("proxy_config") or {"MODEL": "k3", "TOOL_PARSER": "kimi_k3"}  # k3's setup
+        cli = {"UPSTREAM": "http://replay.invalid/v1", "LEDGER": f"{tmp}/ledger.sqlite", **recorded,
                **(config or {})}
         app = create_app(config_mod.load(cli, environ={}))
         services = app.extensions["kimi"]

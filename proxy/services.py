@@ -27,7 +27,7 @@ class Services:
         self.upstream = Upstream(cfg["UPSTREAM"], timeout_s=cfg["UPSTREAM_TIMEOUT_S"],
                                  api_key=cfg.get("UPSTREAM_API_KEY"))
         self.reasoning, self.responses = open_state(cfg, self.metrics)
-        self.recorder = Recorder(cfg["RECORD"]) if cfg.get("RECORD") else None
+        self.recorder = Recorder(cfg["RECORD"], cfg) if cfg.get("RECORD") else None
         self._served_model: str | None = None
         self._next_ask = 0.0
 

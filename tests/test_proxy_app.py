@@ -111,7 +111,8 @@ def test_record_writes_private_cassettes_that_replay(tmp_path):
     cassette = load(files[0])
     assert "secret-key" not in files[0].read_text() and cassette["request"]["headers"]["x-api-key"] == "<redacted>"
     assert cassette["preset"] == "claude-code" and cassette["upstream"]["chunks"]
-    result = replay(cassette, {"TOOL_PARSER": "kimi", "MODEL": None})
+    assert cassette["proxy_config"]["TOOL_PARSER"] == "auto"
+    result = replay(cassette)  # with the configuration it was recorded under
     assert unexplained(result, []) == []
 
 
