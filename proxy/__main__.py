@@ -99,6 +99,13 @@ def doctor(config_path, **flags):
     is_ok, detail = Upstream(cfg["UPSTREAM"], timeout_s=5).health()
     click.echo(f"{'ok' if is_ok else 'x'} upstream {cfg['UPSTREAM']}: {detail}"
                + ("" if is_ok else "  (start kimi-engine, or pass --upstream)"))
+    try:
+        from proxy.store import Database
+        Database(cfg["LEDGER"]).close()
+        click.echo(f"ok ledger {cfg['LEDGER']}")
+    except Exception as exc:  # noqa: BLE001 - doctor reports every failure as one line
+        click.echo(f"x ledger {cfg['LEDGER']}: {exc} (pass --ledger PATH in a writable directory)")
+        is_ok = False
     with socket.socket() as s:
         try:
             s.bind((cfg["HOST"], cfg["PORT"]))

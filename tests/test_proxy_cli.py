@@ -99,3 +99,6 @@ def test_doctor(env):
     with FakeUpstream().serve() as upstream:
         ok = run_cli("doctor", "--upstream", upstream, "--port", str(port), env=env)
     assert ok.returncode == 0 and "ok upstream" in ok.stdout and f"ok port 127.0.0.1:{port}" in ok.stdout
+    assert "ok ledger" in ok.stdout
+    bad = run_cli("doctor", "--upstream", "http://127.0.0.1:1/v1", "--ledger", "/proc/nope/ledger.sqlite", env=env)
+    assert bad.returncode == 1 and "x ledger /proc/nope/ledger.sqlite" in bad.stdout
