@@ -122,3 +122,13 @@ def test_a_forked_child_can_still_multiply(weight, threads):
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_weight_given_new_storage_is_reread():
+    gen = torch.Generator().manual_seed(5)
+    w = PackedInt4(group_size=32, **random_int4(gen, 8, 64, 32))
+    x = torch.randn(1, 64)
+    cpu_c.w4a16_gemv(x, w)
+    w.qweight.set_(torch.randint(0, 256, (8, 32), dtype=torch.uint8, generator=gen))
+    torch.testing.assert_close(cpu_c.w4a16_gemv(x, w), reference.w4a16_gemv(x, w),
+                               atol=1e-3, rtol=1e-4)

@@ -38,6 +38,7 @@ class CWeight:
     n: int
     k: int
     group: int
+    q_addr: int  # qweight.data_ptr() when cached: a tensor given new storage is re-read
 
 
 _cache: dict[int, CWeight] = {}
@@ -46,9 +47,11 @@ _cache: dict[int, CWeight] = {}
 def c_weight(w) -> CWeight:
     """Validate `w` once (CPU, contiguous, format dtypes) and cache its pointers."""
     found = _cache.get(id(w))
-    if found is not None:
+    if found is not None and found.q_addr == w.qweight.data_ptr():
         return found
     tensors = (w.qweight, w.scales, w.mins)
+    if (w.qweight.dtype, w.scales.dtype, w.mins.dtype) != (torch.uint8, torch.float16, torch.float16):
+        raise registry.KernelError("cpu_c kernels need uint8 qweight and fp16 scales and mins")
     if any(t.device.type != "cpu" for t in tensors):
         raise registry.KernelError("cpu_c kernels need the packed weight on the CPU")
     if not all(t.is_contiguous() for t in tensors):
@@ -58,9 +61,11 @@ def c_weight(w) -> CWeight:
     found = CWeight(ffi.cast("uint8_t *", w.qweight.data_ptr()),
                     ffi.cast("uint16_t *", w.scales.data_ptr()),
                     ffi.cast("uint16_t *", w.mins.data_ptr()),
-                    w.qweight.shape[-2], w.qweight.shape[-1] * 2, w.group_size)
+                    w.qweight.shape[-2], w.qweight.shape[-1] * 2, w.group_size,
+                    w.qweight.data_ptr())
+    if id(w) not in _cache:
+        weakref.finalize(w, _cache.pop, id(w), None)
     _cache[id(w)] = found
-    weakref.finalize(w, _cache.pop, id(w), None)
     return found
 
 
