@@ -1,6 +1,11 @@
 """Thin wrapper over the C helper: validates inputs, allocates outputs, maps status codes.
 
 The compiled module is `engined._kimi_helper` (built by `_helper_build.py` at install).
+- unpack_int4, gemv_w4a16, grouped_gemv_w4a16, moe_swiglu_w4a16: numpy entry points with
+  known-answer tests (the torch hot paths in engined/ops/*/cpu_c.py call `lib` directly);
+  `threads` counts the caller plus the helper's own pool threads (csrc/kimi_pool.c).
+- memcap_*: the process-wide reservation budget; effective_cap / current_rss: what the
+  kernel will grant (cgroup limit) and what this process already holds (RSS).
 """
 from __future__ import annotations
 

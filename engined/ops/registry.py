@@ -1,7 +1,9 @@
 """Kernel registry: one `reference` per op, any number of variants checked against it.
 
 Selection order for `resolve(op, device)`: programmatic override (`using`) -> KIMI_KERNELS
-(`op=variant,...`) -> the shipped default for the device -> reference.
+(`op=variant,...`; entries for ops not registered are ignored) -> the shipped default for
+the device -> reference. `resolve` refuses a variant that does not declare the device.
+Triton variants register through `lazy`, so a CPU-only run never imports triton.
 """
 import contextlib
 import importlib
