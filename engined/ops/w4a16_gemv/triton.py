@@ -9,6 +9,8 @@ element: K/2 code bytes + 4*K/G bytes of fp16 scale and min, read once per row o
 Written against basic tl ops only, so it runs on triton 3.6 (GPU image) and 3.9 (CI),
 and under TRITON_INTERPRET=1 on the CPU.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -79,7 +81,6 @@ def pick_config(n: int, k: int, group: int, programs_per_row: int = 1) -> dict:
 
 
 def triton_interpreted() -> bool:
-    import os
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
