@@ -86,8 +86,7 @@ class Engine:
             except Exception as exc:  # no memory, or the model refused the cache size
                 self.scheduler.finish(seq)
                 seq.fail(InternalError(f"cannot allocate the KV cache: {exc}"))
-        self.metrics.queue_depth.set(self.scheduler.num_waiting)
-        self.metrics.running.set(self.scheduler.num_running)
+        self._update_gauges()
         return self.scheduler.next()
 
     def run(self, seq: Sequence) -> torch.Tensor:
@@ -128,6 +127,7 @@ class Engine:
             self._observe_finished(seq)
             self.scheduler.finish(seq)
             self._release(seq)
+            self._update_gauges()
 
     def _append_sampled(self, seq: Sequence, last_logits: torch.Tensor):
         token_id = sampler.sample(last_logits, seq.params, seq.generator)
@@ -140,6 +140,10 @@ class Engine:
             self.metrics.time_to_first_token.observe(time.monotonic() - seq.arrival_time)
         self.metrics.generated_tokens.inc()
         seq.append_token(token_id, logprob)
+
+    def _update_gauges(self):
+        self.metrics.queue_depth.set(self.scheduler.num_waiting)
+        self.metrics.running.set(self.scheduler.num_running)
 
     def _observe_finished(self, seq: Sequence):
         if seq.first_token_time is None or len(seq.output_ids) < 2:

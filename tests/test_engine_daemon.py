@@ -119,7 +119,7 @@ def test_health_answers_during_a_long_generation(engine):
     time.sleep(0.5)
     start = time.monotonic()
     assert get(engine.sock, "/health", timeout=10).status == 200
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 3.0
     assert worker.is_alive()  # the generation was still running while /health answered
     worker.join(300)
     assert result["resp"].status == 200

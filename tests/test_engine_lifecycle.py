@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from engine_helpers import Daemon, eventually, post, run_cli, short_tmpdir
+from engine_helpers import Daemon, eventually, metric, post, run_cli, short_tmpdir
 
 CAPITAL = [{"role": "user", "content": "Which city is the capital of France?"}]
 
@@ -66,8 +66,8 @@ def test_stale_socket_sighup_and_sigterm_drain(engine_cache, workdir):
             daemon.sock, "/v1/chat/completions",
             {"messages": CAPITAL, "max_tokens": 60, "ignore_eos": True, "temperature": 0})))
         worker.start()
-        time.sleep(1.0)  # the request is in flight
-        daemon.signal(signal.SIGTERM)
+        assert eventually(lambda: metric(daemon.sock, "kimi_engine_running_requests") == 1)
+        daemon.signal(signal.SIGTERM)  # while the request is generating
         worker.join(120)
         assert result["resp"].status == 200
         assert result["resp"].json()["usage"]["completion_tokens"] == 60
