@@ -15,6 +15,7 @@ from gguf import GGUFReader
 from tqdm import tqdm
 
 from engined import artifact, gguf_repack
+from engined.chat import load_text
 from engined.default_model import default_gguf_path
 from engined.layers.embedding import dequantize_q8_0
 from engined.models.llama import EMBEDDING, LlamaConfig, LlamaModel
@@ -120,7 +121,6 @@ def load_model(spec: str, device: str = "cpu", threads: int | None = None,
     plan_model(spec)  # refuses unsupported files before any repack work
     header = artifact.read_header(gguf_repack.cached_artifact(source, progress))
     model = _build(header, device, progress, embed_dtype, kv_dtype)
-    from engined.chat import load_text
     tokenizer, chat = load_text(source)
     return LoadedModel(model_id_for(source), model, tokenizer, chat,
                        model.config.context_length, source)
