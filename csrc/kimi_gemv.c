@@ -197,7 +197,8 @@ static int run_job(GemvJob *job, const float *x, float *work, int nthreads)
     per_thread = (job->total + nthreads - 1) / nthreads;
     job->per_chunk = nthreads == 1 ? job->total : (per_thread + 7) / 8;
     if (job->per_chunk < 8) job->per_chunk = 8;
-    kh_parallel(gemv_chunk, job, (job->total + job->per_chunk - 1) / job->per_chunk, nthreads);
+    kh_parallel(gemv_chunk, job, (job->total + job->per_chunk - 1) / job->per_chunk, nthreads,
+                job->total * job->k * (job->swiglu + 1) >= KH_WAKE_WORTH);
     return KH_OK;
 }
 

@@ -39,7 +39,8 @@ int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
     if (!qweight || !scales || !mins || !out || nthreads <= 0) return KH_EINVAL;
     if (n <= 0 || k <= 0 || group <= 0 || group % 2 || k % group) return KH_EINVAL;
     job.per_chunk = (n * k < (1 << 18)) ? n : 16; /* prefill: whole matrices, many chunks */
-    kh_parallel(unpack_rows, &job, (n + job.per_chunk - 1) / job.per_chunk, nthreads);
+    kh_parallel(unpack_rows, &job, (n + job.per_chunk - 1) / job.per_chunk, nthreads,
+                n * k >= KH_WAKE_WORTH);
     return KH_OK;
 }
 

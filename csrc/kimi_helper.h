@@ -46,6 +46,10 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
                      const uint16_t *up_s, const uint16_t *up_m, int64_t n, int64_t k,
                      int64_t group, float *work, float *out, int nthreads);
 
+/* Counters of the worker pool: jobs handed to it (not run on the caller alone) and
+ * chunks its helper threads ran. */
+void pool_stats(int64_t *jobs, int64_t *helper_chunks);
+
 /* The highest GEMV kernel allowed: 2 AVX-512 (the default), 1 AVX2+FMA+F16C, 0 the
  * portable C; -1 only asks. Returns the kernel in use (capped by what the CPU has). */
 int gemv_simd(int mode);

@@ -6,6 +6,9 @@
  * starts on the chunks at once and never waits for a helper that has not begun:
  * it waits only for chunks a helper has already claimed. Helpers spin briefly
  * after a job (back-to-back GEMVs find them awake), then sleep on a condition.
+ * Waking a sleeping helper costs the caller ~15 us on this VM (a futex call and an
+ * IPI), more than a small GEMV takes: small jobs run on the caller alone unless a
+ * helper is still awake.
  *
  * A chunk is claimed with one compare-and-swap on (generation << 32 | next chunk),
  * so a helper that wakes late can never take a chunk of a later job. */
@@ -22,9 +25,11 @@ static pthread_mutex_t submit_lock = PTHREAD_MUTEX_INITIALIZER; /* one job at a 
 static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake_cond = PTHREAD_COND_INITIALIZER;
 static int num_helpers;             /* threads started (under submit_lock) */
+static int num_sleeping;            /* helpers blocked on wake_cond (under wake_lock) */
 static uint32_t generation;         /* job number, published under wake_lock */
 static uint64_t ticket;             /* generation << 32 | next unclaimed chunk */
 static int64_t chunks_done;
+static int64_t stat_jobs, stat_helper_chunks; /* pool_stats(); atomic */
 static KhTask job_fn;               /* the fields below are stable while chunks remain */
 static void *job_ctx;
 static int64_t job_chunks;
@@ -59,13 +64,20 @@ static int claim(uint32_t gen, int64_t *chunk)
     }
 }
 
-static void run_chunks(uint32_t gen)
+static void run_chunks(uint32_t gen, int is_helper)
 {
     int64_t chunk;
     while (claim(gen, &chunk)) {
         job_fn(job_ctx, chunk);
+        if (is_helper) __atomic_add_fetch(&stat_helper_chunks, 1, __ATOMIC_RELAXED);
         __atomic_add_fetch(&chunks_done, 1, __ATOMIC_RELEASE);
     }
+}
+
+void pool_stats(int64_t *jobs, int64_t *helper_chunks)
+{
+    *jobs = __atomic_load_n(&stat_jobs, __ATOMIC_RELAXED);
+    *helper_chunks = __atomic_load_n(&stat_helper_chunks, __ATOMIC_RELAXED);
 }
 
 static uint32_t wait_for_job(uint32_t seen)
@@ -77,8 +89,10 @@ static uint32_t wait_for_job(uint32_t seen)
         cpu_relax();
         if (++polls % 64 || now_ns() - start < KH_IDLE_SPIN_NS) continue;
         pthread_mutex_lock(&wake_lock);
+        num_sleeping++;
         while ((gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE)) == seen)
             pthread_cond_wait(&wake_cond, &wake_lock);
+        num_sleeping--;
         pthread_mutex_unlock(&wake_lock);
     }
     return gen;
@@ -90,7 +104,7 @@ static void *helper_main(void *arg)
     uint32_t seen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
     for (;;) {
         seen = wait_for_job(seen);
-        if (id < __atomic_load_n(&job_helpers, __ATOMIC_RELAXED)) run_chunks(seen);
+        if (id < __atomic_load_n(&job_helpers, __ATOMIC_RELAXED)) run_chunks(seen, 1);
     }
     return 0;
 }
@@ -103,6 +117,7 @@ static void reset_in_child(void)
     pthread_mutex_init(&wake_lock, 0);
     pthread_cond_init(&wake_cond, 0);
     num_helpers = 0;
+    num_sleeping = 0;
 }
 
 static void start_helpers(int wanted)
@@ -123,16 +138,31 @@ static void start_helpers(int wanted)
     }
 }
 
-void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads)
+static void run_serial(KhTask fn, void *ctx, int64_t nchunks)
+{
+    int64_t chunk;
+    for (chunk = 0; chunk < nchunks; chunk++) fn(ctx, chunk);
+}
+
+void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads, int worth_waking)
 {
     uint32_t gen;
-    int64_t chunk, spins = 0;
+    int64_t spins = 0;
+    int all_asleep;
     if (nthreads <= 1 || nchunks <= 1) {
-        for (chunk = 0; chunk < nchunks; chunk++) fn(ctx, chunk);
+        run_serial(fn, ctx, nchunks);
         return;
     }
     pthread_mutex_lock(&submit_lock);
     start_helpers(nthreads - 1);
+    pthread_mutex_lock(&wake_lock);
+    all_asleep = num_sleeping == num_helpers;
+    pthread_mutex_unlock(&wake_lock);
+    if (all_asleep && !worth_waking) { /* a wake-up costs more than this job */
+        pthread_mutex_unlock(&submit_lock);
+        run_serial(fn, ctx, nchunks);
+        return;
+    }
     job_fn = fn;
     job_ctx = ctx;
     __atomic_store_n(&job_chunks, nchunks, __ATOMIC_RELAXED);
@@ -142,9 +172,10 @@ void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads)
     __atomic_store_n(&ticket, (uint64_t)gen << 32, __ATOMIC_RELEASE);
     pthread_mutex_lock(&wake_lock);
     __atomic_store_n(&generation, gen, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&wake_cond);
+    if (num_sleeping) pthread_cond_broadcast(&wake_cond); /* spinning helpers need no call */
     pthread_mutex_unlock(&wake_lock);
-    run_chunks(gen);
+    __atomic_add_fetch(&stat_jobs, 1, __ATOMIC_RELAXED);
+    run_chunks(gen, 0);
     while (__atomic_load_n(&chunks_done, __ATOMIC_ACQUIRE) < nchunks) { /* claimed, running */
         if (++spins % 256) cpu_relax();
         else sched_yield();

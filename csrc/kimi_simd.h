@@ -12,6 +12,7 @@
 #endif
 #define KH_SCALE_CHUNK 64        /* scales converted to fp32 per batch in the kernels */
 #define KH_SERIAL_BELOW 16384    /* n*k below this runs on one thread: fork/join costs more */
+#define KH_WAKE_WORTH (1 << 20)  /* n*k from which waking sleeping helpers pays (~50 us) */
 
 /* -DKH_NO_X86_SIMD builds what a non-x86 machine gets: the portable kernels only. */
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) \
@@ -37,9 +38,10 @@ typedef void (*KhRowFn)(const KhRow *w, const float *xperm, const float *xsum,
 KhRowFn kh_pick_row_fn(int64_t group);
 
 /* Runs fn(ctx, c) for every chunk c < nchunks on the caller and up to nthreads-1
- * pool threads (kimi_pool.c); returns when all chunks are done. */
+ * pool threads (kimi_pool.c); returns when all chunks are done. worth_waking: the
+ * job is big enough to wake sleeping helpers (else only awake ones join). */
 typedef void (*KhTask)(void *ctx, int64_t chunk);
-void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads);
+void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads, int worth_waking);
 
 #if KH_HAVE_X86_SIMD
 int kh_cpu_has_avx2(void);

@@ -160,6 +160,14 @@ def gemv_simd(level: int | None = None) -> int:
     return int(lib.gemv_simd(-1 if level is None else level))
 
 
+def pool_stats() -> tuple[int, int]:
+    """(jobs handed to the worker pool, chunks its helper threads ran) since start."""
+    require()
+    jobs, chunks = ffi.new("int64_t *"), ffi.new("int64_t *")
+    lib.pool_stats(jobs, chunks)
+    return int(jobs[0]), int(chunks[0])
+
+
 def memcap_init(cap_bytes: int):
     require()
     check(lib.memcap_init(int(cap_bytes)), "memcap_init")

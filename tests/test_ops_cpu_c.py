@@ -14,18 +14,27 @@ def weight():
     return PackedInt4(group_size=32, **random_int4(torch.Generator().manual_seed(0), 300, 576, 32))
 
 
+@pytest.fixture(scope="module")
+def big_weight():
+    """n*k = 2**20: large enough that the C helper wakes its pool threads (KH_WAKE_WORTH)."""
+    return PackedInt4(group_size=32, **random_int4(torch.Generator().manual_seed(9), 1024, 1024, 32))
+
+
 @pytest.fixture
 def threads():
     yield
     cpu_c.set_num_threads(None)
 
 
-def test_thread_count_does_not_change_a_single_bit(weight, threads):
-    x = torch.randn(3, 576)
+@pytest.mark.parametrize("size", ["small", "big"])
+def test_thread_count_does_not_change_a_single_bit(weight, big_weight, threads, size):
+    w = weight if size == "small" else big_weight
+    x = torch.randn(3, w.shape[1])
     cpu_c.set_num_threads(1)
-    one = cpu_c.w4a16_gemv(x, weight)
-    cpu_c.set_num_threads(2)
-    assert torch.equal(cpu_c.w4a16_gemv(x, weight), one)
+    one = cpu_c.w4a16_gemv(x, w)
+    for n in (2, 3):
+        cpu_c.set_num_threads(n)
+        assert torch.equal(cpu_c.w4a16_gemv(x, w), one)
 
 
 @pytest.mark.parametrize("level", [0, 1, 2])  # portable C, AVX2, AVX-512 (as the CPU allows)
@@ -92,7 +101,7 @@ def test_concurrent_callers_share_the_pool_safely(threads):
     import concurrent.futures
     gen = torch.Generator().manual_seed(4)
     cases = []
-    for n, k, m in ((257, 64, 1), (40, 96, 3), (600, 256, 2), (33, 160, 8)):
+    for n, k, m in ((257, 64, 1), (40, 96, 3), (1024, 1024, 2), (33, 160, 8), (2048, 512, 1)):
         w = PackedInt4(group_size=32, **random_int4(gen, n, k, 32))
         cases.append((torch.randn(m, k, generator=gen), w))
     cpu_c.set_num_threads(1)
@@ -100,25 +109,27 @@ def test_concurrent_callers_share_the_pool_safely(threads):
     cpu_c.set_num_threads(3)
 
     def hammer(seed):
-        for i in range(150):
+        for i in range(60):
             j = (seed + i) % len(cases)
             if not torch.equal(cpu_c.w4a16_gemv(*cases[j]), want[j]):
                 return f"case {j} differs on call {i}"
         return None
 
+    jobs_before, _ = helper.pool_stats()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         assert list(pool.map(hammer, range(4))) == [None] * 4
+    assert helper.pool_stats()[0] > jobs_before, "no call reached the worker pool"
 
 
-def test_a_forked_child_can_still_multiply(weight, threads):
+def test_a_forked_child_can_still_multiply(big_weight, threads):
     """The pool's threads do not survive fork(); the child must start afresh, not hang."""
     import os
     cpu_c.set_num_threads(2)
-    x = torch.randn(2, 576)
-    want = cpu_c.w4a16_gemv(x, weight)  # parent's helpers are running now
+    x = torch.randn(2, 1024)
+    want = cpu_c.w4a16_gemv(x, big_weight)  # parent's helpers are running now
     pid = os.fork()
     if pid == 0:  # child: exit status says whether the answer matched
-        ok = torch.equal(cpu_c.w4a16_gemv(x, weight), want)
+        ok = torch.equal(cpu_c.w4a16_gemv(x, big_weight), want)
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
