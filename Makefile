@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 CONSTRAINTS := -c constraints.txt
 STAMP  := $(VENV)/.kimi-setup
-SRC_DEPS := setup.cfg setup.py constraints.txt csrc/kimi_helper.c csrc/kimi_helper.h engined/_helper_build.py
+SRC_DEPS := setup.cfg setup.py constraints.txt $(wildcard csrc/*.c csrc/*.h) engined/_helper_build.py
 TIME   := bash tools/phase.sh
 
 PREFIX ?= /usr/local

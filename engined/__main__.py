@@ -56,5 +56,14 @@ def serve(config_file, **flags):
     sys.exit(daemon.run(config))
 
 
+def _attach_model_commands():
+    from engined.kimi_cli import COMMANDS  # quantize, verify, bench
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_attach_model_commands()
+
 if __name__ == "__main__":
     main(prog_name="kimi-engine")

@@ -85,12 +85,12 @@ def run(config: EngineConfig) -> int:
 
 def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, Engine]:
     check_socket_path(config.socket)  # fail before minutes of loading, not after
-    plan = loader.plan_model(config.model)
+    device = _device(config.device)
+    plan = loader.plan_model(config.model, device=device)
     max_context = _max_context(config.max_context, plan.context_length)
     budget = memcap.plan_budget(plan, max_context, config.memory_cap)
     log.write(f"kimi-engine: memory plan: {budget.describe()}")
     memcap.enforce(budget)
-    device = _device(config.device)
     log.write(f"kimi-engine: loading model {config.model!r} on {device}")
     start = time.monotonic()
     loaded = loader.load_model(config.model, device=device, threads=config.threads or None)

@@ -166,4 +166,6 @@ class Engine:
             helper.memcap_release(self._kv_bytes(seq))
 
     def _kv_bytes(self, seq: Sequence) -> int:
-        return int(self.model.kv_bytes_per_token) * seq.num_max_tokens
+        # Recurrent models (Kimi-Linear's KDA) also hold a fixed state per sequence.
+        fixed = int(getattr(self.model, "state_bytes", 0))
+        return int(self.model.kv_bytes_per_token) * seq.num_max_tokens + fixed

@@ -54,7 +54,8 @@ def resolve_spec(spec: str) -> pathlib.Path:
         return default_gguf_path()
     path = pathlib.Path(spec).expanduser()
     if not path.is_file():
-        raise ModelLoadError(f"model {spec!r}: no such file (use 'default' or a .gguf path)")
+        raise ModelLoadError(f"model {spec!r}: no such file (use 'default', a .gguf path or a "
+                             "Kimi-Linear checkpoint directory)")
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise ModelLoadError(f"model {spec!r}: not a GGUF file")
@@ -78,8 +79,29 @@ def _plan(hparams: dict, specs: dict[str, tuple[int, tuple[int, ...]]]) -> LoadP
     return LoadPlan(resident, config.kv_bytes_per_token(KV_DTYPE), config.context_length)
 
 
-def plan_model(spec: str) -> LoadPlan:
-    """Memory plan from headers only: the cached artifact's, else the GGUF's tensor table."""
+def _kimi_dir(spec: str) -> bool:
+    from engined import kimi_checkpoint
+
+    return spec != "default" and kimi_checkpoint.is_kimi_linear_dir(spec)
+
+
+def _kimi(call, *args, **kwargs):
+    """Run a Kimi-Linear checkpoint function, its errors as ModelLoadError."""
+    from engined import kimi_checkpoint
+
+    try:
+        return call(*args, **kwargs)
+    except kimi_checkpoint.CheckpointError as exc:
+        raise ModelLoadError(str(exc)) from None
+
+
+def plan_model(spec: str, device: str = "cpu") -> LoadPlan:
+    """Memory plan from headers only: the cached artifact's, else the GGUF's tensor table.
+    A Kimi-Linear checkpoint directory (BF16 or our INT4 artifact) plans from its shards."""
+    if _kimi_dir(spec):
+        from engined import kimi_checkpoint
+
+        return _kimi(kimi_checkpoint.plan_kimi_linear, spec, device=device)
     path = resolve_spec(spec)
     cached = gguf_repack.cache_path(path)
     if cached.is_file():
@@ -115,6 +137,11 @@ def load_model(spec: str, device: str = "cpu", threads: int | None = None,
                progress: bool = True, embed_dtype: torch.dtype = EMBED_DTYPE,
                kv_dtype: torch.dtype = KV_DTYPE) -> LoadedModel:
     """Load weights from the cached artifact (repacking first if needed) plus tokenizer and chat."""
+    if _kimi_dir(spec):
+        from engined import kimi_checkpoint
+
+        return _kimi(kimi_checkpoint.load_kimi_linear, spec, device=device, threads=threads,
+                     progress=progress)
     if threads is not None:
         torch.set_num_threads(threads)
     source = resolve_spec(spec)
