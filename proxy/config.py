@@ -56,9 +56,13 @@ DEFAULTS = {
     "PING_INTERVAL_S": 10.0,     # keep-alive period while the upstream is quiet
     "UPSTREAM_TIMEOUT_S": 600.0,
     "MAX_BODY_BYTES": MAX_BODY_BYTES,
+    "LEDGER_MAX_ENTRIES": 100_000,     # reasoning rows kept (oldest evicted first)
+    "LEDGER_TTL_S": 30 * 86400.0,      # reasoning rows and stored Responses expire after this
+    "RESPONSES_MAX_ENTRIES": 10_000,   # stored Responses kept for previous_response_id
 }
-INTS = {"PORT", "MAX_BODY_BYTES"}
-FLOATS = {"PING_INTERVAL_S", "UPSTREAM_TIMEOUT_S"}
+INTS = {"PORT", "MAX_BODY_BYTES", "LEDGER_MAX_ENTRIES", "RESPONSES_MAX_ENTRIES"}
+FLOATS = {"PING_INTERVAL_S", "UPSTREAM_TIMEOUT_S", "LEDGER_TTL_S"}
+POSITIVE = ("LEDGER_MAX_ENTRIES", "LEDGER_TTL_S", "RESPONSES_MAX_ENTRIES")
 LISTS = {"MODEL_ALIAS", "ALLOW_ORIGIN", "ALLOW_HOST"}
 
 
@@ -142,6 +146,9 @@ def validate(cfg: dict, environ=None) -> dict:
         cfg["UPSTREAM"] = "unix://" + default_socket_path(environ)
     if not str(cfg["UPSTREAM"]).startswith(("unix:///", "http://", "https://")):
         raise ConfigError(f"upstream must be unix:///PATH or http(s)://HOST:PORT/v1, got {cfg['UPSTREAM']!r}")
+    for key in POSITIVE:
+        if cfg[key] <= 0:
+            raise ConfigError(f"{key.lower().replace('_', '-')} must be positive, got {cfg[key]}")
     if not 0 < cfg["PORT"] < 65536:
         raise ConfigError(f"port must be 1..65535, got {cfg['PORT']}")
     if cfg["REASONING_FIELD"] not in REASONING_FIELDS:

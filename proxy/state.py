@@ -182,4 +182,7 @@ def open_state(config: dict, metrics=None):
     from proxy.reasoning import Ledger
     from proxy.store import Database, ResponseStore
     db = Database(config["LEDGER"])
-    return LedgerReasoning(Ledger(db), metrics), StoredResponses(ResponseStore(db))
+    ttl = config["LEDGER_TTL_S"]
+    ledger = Ledger(db, max_entries=config["LEDGER_MAX_ENTRIES"], ttl_seconds=ttl)
+    responses = ResponseStore(db, max_entries=config["RESPONSES_MAX_ENTRIES"], ttl_seconds=ttl)
+    return LedgerReasoning(ledger, metrics), StoredResponses(responses)

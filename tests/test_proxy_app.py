@@ -275,3 +275,16 @@ def test_the_shipped_example_config_loads_with_every_key(tmp_path):
     cfg = config.load({}, str(path), {})
     assert cfg["UPSTREAM"] == "unix:///run/kimi/engine.sock" and cfg["API_KEY"] == "change-me"
     assert cfg["MODEL_ALIAS"] == {"claude-sonnet-4-5": "kimi-local"} and cfg["PORT"] == 8080
+
+
+def test_ledger_limits_come_from_config(tmp_path):
+    from proxy.state import open_state
+
+    cfg = config.load({"LEDGER": str(tmp_path / "l.sqlite")}, None,
+                      {"KIMI_PROXY_LEDGER_MAX_ENTRIES": "7", "KIMI_PROXY_LEDGER_TTL_S": "60",
+                       "KIMI_PROXY_RESPONSES_MAX_ENTRIES": "3"})
+    reasoning, responses = open_state(cfg)
+    assert (reasoning.ledger.max_entries, reasoning.ledger.ttl_seconds) == (7, 60.0)
+    assert (responses.store.max_entries, responses.store.ttl_seconds) == (3, 60.0)
+    with pytest.raises(config.ConfigError, match="ledger-max-entries must be positive"):
+        config.load({"LEDGER_MAX_ENTRIES": 0}, None, {})
