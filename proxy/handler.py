@@ -83,7 +83,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     ex.is_recording = services.recorder is not None
     g.exchange = ex
     opts = Options(client_model=turn.client_model,
-                   parser=get_parser(policy.tool_parser, [tool_to_openai(t) for t in req.tools] or None),
+                   parser=get_parser(policy.tool_parser, [tool_to_openai(t) for t in req.tools]),
                    split_think=field_ in ("auto", "inline"), stop=req.stop,
                    sign=lambda text: services.reasoning.sign(text, ledger_id),
                    reasoning_key=None if field_ == "auto" else field_,

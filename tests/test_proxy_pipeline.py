@@ -102,3 +102,17 @@ def test_non_stream_json_becomes_the_same_events():
     response = of(events, c.StreamEnd)[0].response
     assert (response.text(), response.reasoning()[0].text, response.tool_calls()[0].arguments) == ("ok", "r", "{}")
     assert response.upstream_message["tool_calls"][0]["id"] == "c1"
+
+
+def test_text_tool_call_without_declared_tools_stays_text():
+    """A client that declared no tools cannot run a call: the text is shown, not a tool_use."""
+    failures = []
+    chunks = [{"id": "up", "choices": [{"index": 0, "delta": {
+        "content": '<tool_call>{"name": "shell", "arguments": {"cmd": "ls"}}</tool_call>'}}]},
+        {"id": "up", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    opts = Options("m", get_parser("hermes", []), split_think=False, stop=(),
+                   sign=lambda text: None, on_parse_failure=failures.append)
+    events = list(Pipeline(opts).run(chunks))
+    assert not of(events, c.ToolCallStart)
+    assert "shell" in "".join(e.text for e in of(events, c.TextDelta))
+    assert failures
