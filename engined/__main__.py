@@ -56,6 +56,31 @@ def serve(config_file, **flags):
     sys.exit(daemon.run(config))
 
 
+@main.command()
+@click.option("--model", metavar="default|PATH", help="The model to check (as for serve).")
+@click.option("--socket", metavar="PATH", help="The socket path to check (as for serve).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]),
+              help="The device serve would use (cuda fails when no GPU is present).")
+@click.option("--memory-cap", metavar="SIZE",
+              help="Compare the memory plan and the free GPU memory with this cap.")
+@click.option("--max-context", type=int, metavar="N", help="The context the memory plan uses.")
+@click.option("--config", "config_file", metavar="PATH",
+              help="Read options from this TOML file, as serve does.")
+def doctor(config_file, **flags):
+    """Check what `serve` needs: versions, C helper, GPU, model, memory, cache, socket.
+
+    Prints one line per check ("ok ..." or "x ..." with a fix); exits 0 when all pass,
+    else 1.
+    """
+    try:
+        config = EngineConfig.layered(flags, os.environ, config_file)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    from engined import doctor as doctor_mod
+
+    sys.exit(doctor_mod.main(config, echo=click.echo))
+
+
 def _attach_model_commands():
     from engined.kimi_cli import COMMANDS  # quantize, verify, bench
 
