@@ -34,7 +34,7 @@ test-all: setup
 	@$(VENV)/bin/python -m pytest -q -m "not realclient"
 
 test-clients: setup
-	@bash ../shared/tools/agent-clients/install.sh
+	@$(TIME) clients "bash ../shared/tools/agent-clients/install.sh"
 	@$(VENV)/bin/python -m pytest -q -m realclient tests/e2e
 
 # llama.cpp is a bench-only baseline: its wheel compiles for ~20 min on 2 cores, so it is

@@ -45,4 +45,4 @@ def pytest_terminal_summary(terminalreporter):
     how = {"gpu": "needs a CUDA device", "realclient": "make test-clients",
            "slow": "pytest -m slow"}
     for marker, count in sorted(_DESELECTED.items()):
-        terminalreporter.write_line(f"not run: {count} test(s) marked {marker} ({how[marker]})")
+        terminalreporter.write_line(f"deselected: {count} test(s) marked {marker} ({how[marker]})")
