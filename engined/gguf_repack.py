@@ -10,7 +10,6 @@ attn_q / attn_k rows are un-permuted back to the Hugging Face layout (convert_hf
 permutes them for llama.cpp's interleaved RoPE), so the model uses rotate-half RoPE.
 Hyperparameters (llama.* and general.name) travel in __metadata__["kimi.hparams"] as JSON.
 """
-import hashlib
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from tqdm import tqdm
 
 from engined import artifact
+from engined.hashing import file_sha256
 from engined.ops import int4_format
 
 log = logging.getLogger(__name__)
@@ -183,13 +183,6 @@ def cache_dir() -> pathlib.Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     return pathlib.Path(xdg) / "kimi" if xdg else pathlib.Path.home() / ".cache" / "kimi"
 
-
-def file_sha256(path: pathlib.Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def cache_path(gguf_path: pathlib.Path, sha256: str | None = None) -> pathlib.Path:

@@ -7,10 +7,10 @@
 `files` covers every file of the artifact except the manifest itself. Verification re-reads
 safetensors headers only (json), never anything that unpickles.
 """
-import hashlib
 import json
 import pathlib
 
+from engined.hashing import file_sha256
 from engined.kimi_checkpoint import MANIFEST, CheckpointError, read_header
 from engined.ops import int4_format
 
@@ -18,13 +18,6 @@ from engined.ops import int4_format
 class VerifyError(CheckpointError):
     """The artifact does not match its manifest."""
 
-
-def file_sha256(path: pathlib.Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_manifest(dst: pathlib.Path, plan: str, group_size: int, tensors: dict) -> dict:
