@@ -50,7 +50,7 @@ bench-deps: setup
 
 bench: bench-deps
 	@$(PY) bench/decode.py
-	@$(PY) bench/gemv.py
+	@$(PY) bench/kernels.py
 	@$(PY) bench/proxy_overhead.py
 
 install:

@@ -9,8 +9,8 @@ beside two baselines measured in the same run:
 "hot" repeats one copy (cache-resident for the small shapes). GB/s counts the packed
 bytes a call must read: K/2 codes + 4*K/G scale and min bytes per output row.
 
-    .venv/bin/python bench/gemv.py [--threads 2] [--working-set-mib 1024] [--no-record]
-    python bench/gemv.py --device cuda      # the Triton variants, on a GPU machine
+    .venv/bin/python bench/kernels.py [--threads 2] [--working-set-mib 1024] [--no-record]
+    python bench/kernels.py --device cuda      # the Triton variants, on a GPU machine
 
 The host may be shared: each shape's rows sit next to a fresh probe and the 1-minute
 load average, so a busy neighbour shows in the table instead of hiding in it.
@@ -164,7 +164,7 @@ def main():
     print("\n".join(lines))
     if args.no_record:
         return
-    command = "python bench/gemv.py " + " ".join(sys.argv[1:])
+    command = "python bench/kernels.py " + " ".join(sys.argv[1:])
     where = hardware() if DEVICE == "cpu" else torch.cuda.get_device_name()
     path = write_json(f"gemv-{DEVICE}", dict(hardware=where, command=command, device=DEVICE,
                                               threads=args.threads,
@@ -173,7 +173,7 @@ def main():
              f"load: 1-minute load average (other jobs share this host)."]
     if DEVICE == "cpu":
         notes.append("GPU: not run (no GPU in this session); on a GPU machine: "
-                     "`python bench/gemv.py --device cuda`.")
+                     "`python bench/kernels.py --device cuda`.")
     append_results(f"INT4 GEMV on {DEVICE} ({where}), M=1, {args.threads} threads", command.strip(),
                    lines + notes)
     print(f"wrote {path} and a block in bench/RESULTS.md")
