@@ -77,6 +77,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     model = upstream_model(cfg, policy, req.model, None if cfg["MODEL"] else services.served_model())
     payload = build_payload(req, model=model, reasoning_field=field_,
                             restore=lambda m: services.reasoning.restore(m, field_), effort=policy.effort)
+    payload = services.fit_max_tokens(payload, request.content_length or 0)
     turn.input_estimate = max(1, (request.content_length or 0) // 4)  # until the engine's real count
     ex = Exchange(route, policy, payload, request_id=g.request_id, turn=turn, req=req)
     ex.request_info = request_info

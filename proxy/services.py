@@ -28,16 +28,37 @@ class Services:
                                  api_key=cfg.get("UPSTREAM_API_KEY"))
         self.reasoning, self.responses = open_state(cfg, self.metrics)
         self.recorder = Recorder(cfg["RECORD"], cfg) if cfg.get("RECORD") else None
-        self._served_model: str | None = None
+        self._served: dict = {}
         self._next_ask = 0.0
 
-    def served_model(self) -> str | None:
-        """The upstream's model name: asked once, or again 30 s after it gave none."""
-        if self._served_model is None and time.monotonic() >= self._next_ask:
-            ask = getattr(self.upstream, "served_model", None)
-            self._served_model = ask() if ask else None
+    def served_info(self) -> dict:
+        """The upstream's model id and context: asked once, or again 30 s after it gave none."""
+        if "id" not in self._served and time.monotonic() >= self._next_ask:
+            ask = getattr(self.upstream, "served_info", None)
+            self._served = ask() if ask else {}
             self._next_ask = time.monotonic() + 30.0
-        return self._served_model
+        return self._served
+
+    def served_model(self) -> str | None:
+        return self.served_info().get("id")
+
+    def fit_max_tokens(self, payload: dict, body_bytes: int) -> dict:
+        """Lower max_tokens to the context left after the prompt.
+
+        Agents ask for 32k completion tokens whatever the model; an engine with an 8k context
+        would refuse the request outright. The prompt is counted by the upstream's /tokenize
+        only when the request could overflow: a prompt has fewer tokens than body bytes."""
+        context = self.served_info().get("max_model_len")
+        key = next((k for k in ("max_tokens", "max_completion_tokens") if payload.get(k)), None)
+        if not context or key is None or body_bytes + payload[key] + 256 <= context:
+            return payload
+        count = self.upstream.tokenize(payload["messages"], payload.get("tools"), payload.get("model"))
+        room = context - count if count is not None else 0
+        if room <= 0 or payload[key] <= room:
+            return payload  # unknown count or no room: the upstream's own answer stands
+        log.info("max_tokens %d lowered to %d: prompt %d of %d context tokens",
+                 payload[key], room, count, context)
+        return {**payload, key: room}
 
     def init_app(self, app) -> None:
         app.extensions["kimi"] = self

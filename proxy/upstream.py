@@ -253,13 +253,18 @@ class Upstream:
 
     def served_model(self) -> str | None:
         """The upstream's own model name (first of GET /v1/models), or None."""
+        return self.served_info().get("id")
+
+    def served_info(self) -> dict:
+        """{"id", "max_model_len"} of the upstream's first model (vLLM's shape); {} if unknown."""
         try:
             status, body = self.request_json("GET", self.target.api_prefix + "/models")
         except Exception:  # noqa: BLE001 - no answer: the caller keeps the client's name
-            return None
+            return {}
         data = body.get("data") if isinstance(body, dict) and status < 400 else None
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
-        return first.get("id") if isinstance(first.get("id"), str) else None
+        return {k: first[k] for k, kind in (("id", str), ("max_model_len", int))
+                if isinstance(first.get(k), kind)}
 
     def health(self) -> tuple[bool, str]:
         try:

@@ -65,3 +65,16 @@ def test_chat_and_responses_get_real_text(stack):
     assert "Paris" in out.choices[0].message.content
     resp = client.responses.create(model="any", max_output_tokens=24, temperature=0, input=QUESTION[0]["content"])
     assert "Paris" in resp.output_text and resp.status in ("completed", "incomplete")
+
+
+def test_agent_sized_max_tokens_fit_the_engine_context(stack):
+    """Claude Code asks for 32,000 completion tokens; the engine here has 1,024 in all.
+    The proxy lowers max_tokens to what is left after the prompt instead of passing on a 400."""
+    client = anthropic.Anthropic(base_url=stack, api_key="x", max_retries=0, timeout=120)
+    reply = client.messages.create(model="claude-sonnet-4-5", max_tokens=32000, stop_sequences=["."],
+                                   extra_body={"temperature": 0}, messages=QUESTION)
+    assert "Paris" in reply.content[0].text
+    chat = openai.OpenAI(base_url=stack + "/v1", api_key="x", max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        chat.chat.completions.create(model="m", max_tokens=10, temperature=0,
+                                     messages=[{"role": "user", "content": "hi " * 2000}])
