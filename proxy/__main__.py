@@ -70,8 +70,9 @@ def _setup_logging(path):
         root.addHandler(handler)
 
     attach()
-    if path:
-        signal.signal(signal.SIGHUP, lambda *_: attach())
+    if path:  # in a greenlet of its own, so never in the middle of another greenlet's write
+        import gevent
+        gevent.signal_handler(signal.SIGHUP, attach)
 
 
 @main.command()

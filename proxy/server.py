@@ -1,4 +1,8 @@
-"""The gevent WSGI server around the app (TCP_NODELAY on every accepted socket)."""
+"""The gevent WSGI server around the app (TCP_NODELAY on every accepted socket).
+
+SIGTERM/SIGINT drain: stop accepting, close kept-alive connections that wait for their next
+request, and give open streams up to DRAIN_S to finish (under the unit's TimeoutStopSec=30s).
+"""
 from __future__ import annotations
 
 import os
@@ -6,12 +10,23 @@ import signal
 import socket
 import sys
 
+import gevent
+from gevent.event import Event
+from gevent.pool import Pool
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from proxy import __version__
 
 
+DRAIN_S = 25.0
+
+
 class NoDelayServer(WSGIServer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, spawn=Pool(), **kwargs)  # a pool, so drain can wait for it
+        self.is_draining = False
+        self.idle: set[QuietHandler] = set()  # connections waiting for their next request
+
     def handle(self, sock, address):
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -19,10 +34,35 @@ class NoDelayServer(WSGIServer):
             pass
         return super().handle(sock, address)
 
+    def drain(self, timeout_s: float = DRAIN_S) -> None:
+        """Stop accepting; idle connections close now, requests in progress get timeout_s."""
+        self.is_draining = True
+        self.close()
+        for handler in list(self.idle):
+            handler.hang_up()
+        self.pool.join(timeout=timeout_s)
+        self.pool.kill(block=True, timeout=1)
+
 
 class QuietHandler(WSGIHandler):
     def log_request(self):  # the app logs one line per request itself
         pass
+
+    def read_requestline(self):
+        """An empty line ends the connection: so it goes when the server drains."""
+        if self.server.is_draining:
+            return ""
+        self.server.idle.add(self)
+        try:
+            return super().read_requestline()
+        finally:
+            self.server.idle.discard(self)
+
+    def hang_up(self) -> None:
+        try:
+            self.socket.shutdown(socket.SHUT_RDWR)
+        except (AttributeError, OSError):
+            pass  # already closed
 
     def _write_with_headers(self, data):
         """Headers and the first body piece in one write (gevent sends two): one wake-up
@@ -86,14 +126,13 @@ def serve_forever(cfg: dict) -> int:
         print(f"kimi-proxy: cannot listen on {cfg['HOST']}:{cfg['PORT']}: {exc.strerror}", file=sys.stderr)
         return 1
     print(banner(cfg), flush=True)
-
-    def stop(*_):
-        sd_notify("STOPPING=1")
-        server.stop(timeout=5)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, stop)
+    stopping = Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # run in a greenlet of their own, not mid-request
+        gevent.signal_handler(sig, stopping.set)
     server.start()
     sd_notify("READY=1")
-    server.serve_forever()
+    stopping.wait()
+    sd_notify("STOPPING=1")
+    server.drain()
     server.application.extensions["kimi"].close()
     return 0
