@@ -97,6 +97,7 @@ def man_options(page: str) -> set[str]:
     (["kimi-engine", "serve"], "kimi-engine.8"),
     (["kimi-proxy"], "kimi-proxy.8"),
     (["kimi-proxy", "serve"], "kimi-proxy.8"),
+    (["kimi-proxy", "doctor"], "kimi-proxy.8"),  # serve's options, documented once
 ])
 def test_every_cli_option_is_in_its_man_page(command, page):
     exe = [str(BIN / command[0])] + command[1:]
@@ -104,10 +105,75 @@ def test_every_cli_option_is_in_its_man_page(command, page):
     assert not missing, f"{' '.join(command)} options missing from man/{page}: {sorted(missing)}"
 
 
-def test_every_config_key_is_in_conf5():
+def conf5_keys() -> set[str]:
     conf5 = (ROOT / "man" / "kimi-local.conf.5").read_text().replace("\\-", "-")
+    return set(re.findall(r"^\.BR ([a-z][a-z0-9-]*) ", conf5, re.M))
+
+
+def test_every_config_key_is_in_conf5():
     for command in (["kimi-engine", "serve"], ["kimi-proxy", "serve"]):
         keys = {o[2:] for o in cli_options([str(BIN / command[0])] + command[1:])}
         keys -= {"config", "version"}
-        missing = {k for k in keys if not re.search(rf"^\.BR {re.escape(k)} ", conf5, re.M)}
+        missing = keys - conf5_keys()
         assert not missing, f"{command[0]} keys missing from kimi-local.conf(5): {sorted(missing)}"
+
+
+def test_config_only_keys_are_in_conf5_once():
+    """Keys the config layers accept, flag or not: every one documented, and only once."""
+    import dataclasses
+
+    from engined.config import EngineConfig
+    from proxy.config import DEFAULTS
+
+    engine = {f.name.replace("_", "-") for f in dataclasses.fields(EngineConfig)}
+    proxy = {k.lower().replace("_", "-") for k in DEFAULTS}
+    assert {"allow-origin", "small-model", "ledger-ttl-s"} <= proxy
+    conf5 = (ROOT / "man" / "kimi-local.conf.5").read_text().replace("\\-", "-")
+    engine_part, proxy_part = conf5.split(".SH PROXY KEYS")
+    for keys, part in ((engine, engine_part), (proxy, proxy_part)):
+        listed = re.findall(r"^\.BR ([a-z][a-z0-9-]*) ", part, re.M)
+        assert not keys - set(listed), sorted(keys - set(listed))
+        assert sorted(k for k in listed if listed.count(k) > 1) == []
+
+
+def command_entries(page: str) -> dict[str, str]:
+    """The COMMANDS section's top-level entries (name -> text, nested .RS lists included)."""
+    roff = (ROOT / "man" / page).read_text().replace("\\-", "-")
+    section = roff.split(".SH COMMANDS\n", 1)[1].split("\n.SH ", 1)[0]
+    entries, name, depth, lines = {}, None, 0, section.splitlines()
+    for i, line in enumerate(lines):
+        depth += (line == ".RS") - (line == ".RE")
+        match = re.match(r"\.B ([a-z]+)", line)
+        if depth == 0 and match and i and lines[i - 1] == ".TP":
+            name = match.group(1)
+            entries[name] = ""
+        if name:
+            entries[name] += line + "\n"
+    return entries
+
+
+@pytest.mark.parametrize("command,page", [
+    (["kimi-engine", "doctor"], "kimi-engine.8"),
+    (["kimi-engine", "quantize"], "kimi-engine.8"),
+    (["kimi-engine", "verify"], "kimi-engine.8"),
+    (["kimi-engine", "bench"], "kimi-engine.8"),
+    (["kimi-proxy", "replay"], "kimi-proxy.8"),
+])
+def test_subcommand_options_are_in_their_man_entry(command, page):
+    entry = command_entries(page).get(command[1])
+    assert entry, f"man/{page} has no COMMANDS entry for {command[1]}"
+    options = cli_options([str(BIN / command[0])] + command[1:])
+    documented = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", entry))
+    missing = options - documented
+    assert not missing, f"{' '.join(command)} options missing from its entry in man/{page}: {sorted(missing)}"
+
+
+def test_every_subcommand_is_in_the_synopsis_and_commands():
+    for exe, page in (("kimi-engine", "kimi-engine.8"), ("kimi-proxy", "kimi-proxy.8")):
+        out = subprocess.run([str(BIN / exe), "--help"], capture_output=True, text=True, timeout=120)
+        names = set(re.findall(r"^  ([a-z]+)  ", out.stdout.split("Commands:")[1], re.M))
+        assert names >= {"serve", "doctor"}, out.stdout
+        roff = (ROOT / "man" / page).read_text()
+        synopsis = roff.split(".SH SYNOPSIS")[1].split(".SH ")[0]
+        assert {n for n in names if f".B {exe} {n}" not in synopsis} == set(), page
+        assert names - set(command_entries(page)) == set(), page
