@@ -165,6 +165,8 @@ def check_cache_dir(config: EngineConfig) -> Check:
         except OSError as exc:
             return Check("cache dir", False, f"{path}: not writable ({exc.strerror})", fix)
         return Check("cache dir", True, f"{path} is writable")
+    if _is_systemd_dir("CACHE_DIRECTORY", path):
+        return Check("cache dir", True, f"{path} is created by systemd (CacheDirectory=) at start")
     ancestor = _nearest_existing(path)
     if ancestor.is_dir() and os.access(ancestor, os.W_OK | os.X_OK):
         return Check("cache dir", True, f"{path} will be created (under {ancestor})")
@@ -188,6 +190,9 @@ def check_socket(config: EngineConfig) -> Check:
 
 def _socket_dir(name: str, directory: pathlib.Path) -> Check:
     if not directory.exists():
+        if _is_systemd_dir("RUNTIME_DIRECTORY", directory):
+            return Check(name, True, f"{directory} is created by systemd (RuntimeDirectory=) "
+                                     "at start")
         ancestor = _nearest_existing(directory)
         if os.access(ancestor, os.W_OK | os.X_OK):
             return Check(name, True, f"{directory} will be created with mode 0700")
@@ -203,6 +208,12 @@ def _socket_dir(name: str, directory: pathlib.Path) -> Check:
         return Check(name, False, f"{directory} (mode {mode:04o}) is world-writable",
                      f"chmod 0750 {directory} so others cannot replace the socket")
     return Check(name, True, f"{directory} (mode {mode:04o}) is writable; socket mode will be 0660")
+
+
+def _is_systemd_dir(variable: str, path: pathlib.Path) -> bool:
+    """True when the unit's environment names `path` (systemd creates it before ExecStart)."""
+    first = os.environ.get(variable, "").split(":")[0]
+    return bool(first) and pathlib.Path(first) == path
 
 
 def _nearest_existing(path: pathlib.Path) -> pathlib.Path:

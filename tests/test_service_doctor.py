@@ -138,3 +138,22 @@ def test_kimi_artifact_manifest_is_checked(tmp_path, kimi_cache):
         f.write(b"\0")
     bad = doctor.check_model(EngineConfig(model=str(dst)))
     assert not bad.is_ok and "size" in bad.detail and "kimi-engine quantize" in bad.fix
+
+
+def test_systemd_made_directories_count_as_present(tmp_path, monkeypatch):
+    """Before the first start /run/kimi and /var/cache/kimi do not exist yet, and the
+    service user cannot create them: systemd does, from RuntimeDirectory=/CacheDirectory=."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    run_dir, cache_dir = locked / "run-kimi", locked / "cache-kimi"
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(run_dir))
+    monkeypatch.setenv("CACHE_DIRECTORY", str(cache_dir))
+    monkeypatch.setattr(doctor.os, "access", lambda path, mode: False)  # as user kimi would see
+    socket_check = doctor.check_socket(EngineConfig())
+    assert socket_check.is_ok and "RuntimeDirectory=" in socket_check.detail
+    assert str(run_dir / "engine.sock") in socket_check.name
+    cache_check = doctor.check_cache_dir(EngineConfig())
+    assert cache_check.is_ok and "CacheDirectory=" in cache_check.detail
+    monkeypatch.delenv("RUNTIME_DIRECTORY")
+    other = doctor.check_socket(EngineConfig(socket=run_dir / "engine.sock"))
+    assert not other.is_ok and "not writable" in other.detail
