@@ -39,6 +39,17 @@ def main():
                    "[default: the model's context, at most 8192]")
 @click.option("--threads", type=int, metavar="N",
               help="CPU threads for compute.  [default: torch's choice]")
+@click.option("--max-batch", type=int, metavar="N",
+              help="Most requests generating at once; their decode steps run as one batch "
+                   "(1..256; more wait in a queue).  [default: 8]")
+@click.option("--prefill-chunk", type=int, metavar="T",
+              help="Prompt tokens per prefill step: other requests get a decode step "
+                   "between chunks (a multiple of 64 lines up with the prefix cache's "
+                   "blocks).  [default: 256]")
+@click.option("--prefix-cache-bytes", metavar="SIZE",
+              help="Memory for reusing the KV cache (Kimi-Linear: state snapshots) of "
+                   "prompt prefixes seen before, e.g. 256MiB; 0 turns it off. Counted in "
+                   "the memory cap, least recently used evicted first.  [default: 256MiB]")
 @click.option("--log-file", metavar="PATH",
               help="Append status and request lines here instead of standard error; "
                    "SIGHUP reopens it.")

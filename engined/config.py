@@ -81,6 +81,9 @@ class EngineConfig:
     max_context: int = 0  # tokens; 0 = min(model context, DEFAULT_MAX_CONTEXT)
     threads: int = 0  # 0 = torch's default
     log_file: pathlib.Path = None  # None -> stderr
+    max_batch: int = 8  # running sequences, decoded together
+    prefill_chunk: int = 256  # prompt tokens per prefill step
+    prefix_cache_bytes: int = 256 * 2**20  # 0 = no prefix cache
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -92,6 +95,9 @@ class EngineConfig:
         set_("memory_cap", parse_size(self.memory_cap, "memory-cap"))
         set_("max_context", _non_negative_int(self.max_context, "max-context"))
         set_("threads", _non_negative_int(self.threads, "threads"))
+        set_("max_batch", _bounded_int(self.max_batch, "max-batch", 1, 256))
+        set_("prefill_chunk", _bounded_int(self.prefill_chunk, "prefill-chunk", 1, 1 << 20))
+        set_("prefix_cache_bytes", parse_size(self.prefix_cache_bytes, "prefix-cache-bytes"))
         if self.log_file:
             set_("log_file", pathlib.Path(self.log_file))
 
@@ -143,4 +149,11 @@ def _non_negative_int(value: Any, what: str) -> int:
         raise ConfigError(f"{what}: expected a whole number, got {value!r}") from None
     if number < 0:
         raise ConfigError(f"{what}: must not be negative, got {value!r}")
+    return number
+
+
+def _bounded_int(value: Any, what: str, low: int, high: int) -> int:
+    number = _non_negative_int(value, what)
+    if not low <= number <= high:
+        raise ConfigError(f"{what}: expected {low}..{high}, got {value!r}")
     return number

@@ -98,7 +98,9 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     log.write(f"kimi-engine: loaded {loaded.model_id} from {loaded.source} in {seconds:.1f} s")
     metrics = EngineMetrics()
     metrics.load_time.set(seconds)
-    engine = Engine(loaded.model, max_context, metrics, config.threads, log.write)
+    engine = Engine(loaded.model, max_context, metrics, config.threads, log.write,
+                    max_batch=config.max_batch, prefill_chunk=config.prefill_chunk,
+                    prefix_cache_bytes=config.prefix_cache_bytes)
     engine.start()
     served = Served(engine, loaded.tokenizer, loaded.chat, loaded.model_id, max_context,
                     IncrementalDecoder, created=int(time.time()))

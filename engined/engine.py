@@ -3,6 +3,7 @@
 HTTP handlers build a Sequence (already tokenized) and `submit` it; the loop pushes
 TokenEvent / FinishEvent / ErrorEvent onto the sequence's queue.
 """
+import collections
 import threading
 import time
 
@@ -11,22 +12,30 @@ import torch
 from engined import helper, sampler
 from engined.errors import InternalError
 from engined.metrics import EngineMetrics
-from engined.scheduler import Scheduler
+from engined.prefix_cache import PrefixCache, PrefixKeys, supports
+from engined.scheduler import Batch, Scheduler
 from engined.sequence import PromptLogprobsEvent, Sequence
 
 PREFILL_CHUNK = 256  # prompt tokens per step, so other requests keep decoding meanwhile
 SCORING_CHUNK = 64  # prompt tokens per step when every row's logits are kept: [64, V] fp32
+MAX_BATCH = 8  # running sequences, decoded together (the GEMV reads W once for 8 rows)
+PREFIX_CACHE_BYTES = 256 * 2**20
 
 
 class Engine:
     def __init__(self, model, max_context: int, metrics: EngineMetrics, threads: int = 0,
-                 log=print):
+                 log=print, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
+                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
         self.model = model
         self.max_context = max_context
         self.metrics = metrics
         self.threads = threads
         self.log = log
-        self.scheduler = Scheduler(token_budget=max_context)
+        self.prefill_chunk = prefill_chunk
+        self.scheduler = Scheduler(token_budget=max_context, max_batch=max_batch)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes, metrics)
+        self.step_log: collections.deque[tuple[str, tuple[int, ...]]] = collections.deque(
+            maxlen=4096)  # (kind, seq ids) of recent steps: fairness is checkable
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kimi-model", daemon=True)
 
@@ -61,22 +70,20 @@ class Engine:
         for seq in self.scheduler.drain_all():
             self._release(seq)
             seq.fail(InternalError("the engine stopped"))
+        self.prefix_cache.clear()
 
     def step(self):
-        seq = self.schedule()
-        if seq is None:
+        batch = self.schedule()
+        if batch is None:
             return
         try:
-            logits = self.run(seq)
-            self.postprocess(seq, logits)
-        except Exception as exc:  # a model failure ends this request, not the daemon
-            self.log(f"model error on request {seq.request_id}: {exc!r}")
-            if seq in self.scheduler.running:
-                self.scheduler.finish(seq)
-            self._release(seq)
-            seq.fail(InternalError(f"model error: {exc}"))
+            logits = self.run(batch)
+            self.postprocess(batch, logits)
+        except Exception as exc:  # a model failure ends these requests, not the daemon
+            for seq in batch.seqs:
+                self._fail(seq, exc)
 
-    def schedule(self) -> Sequence | None:
+    def schedule(self) -> Batch | None:
         for seq in self.scheduler.take_cancelled():
             self.metrics.cancelled.inc()
             self._release(seq)
@@ -87,32 +94,51 @@ class Engine:
                 self.scheduler.finish(seq)
                 seq.fail(InternalError(f"cannot allocate the KV cache: {exc}"))
         self._update_gauges()
-        return self.scheduler.next()
+        return self.scheduler.next_batch()
 
-    def run(self, seq: Sequence) -> torch.Tensor:
-        """-> logits [1, V] (or [T, V] while scoring a prompt), on the CPU for the sampler."""
-        logits = self.prefill(seq) if seq.is_prefilling else self.decode(seq)
-        return logits.float().cpu()
+    def run(self, batch: Batch) -> list[torch.Tensor]:
+        """-> logits per sequence ([1, V], or [T, V] while scoring a prompt), fp32 on the CPU."""
+        self.metrics.steps.labels(batch.kind).inc()
+        self.step_log.append((batch.kind, tuple(s.seq_id for s in batch.seqs)))
+        if batch.kind == "prefill":
+            return [self.prefill(batch.seqs[0]).float().cpu()]
+        self.metrics.decode_batch_size.observe(len(batch.seqs))
+        return list(self.decode(batch.seqs).float().cpu().split(1))
 
     def prefill(self, seq: Sequence) -> torch.Tensor:
-        """The next chunk of the prompt into the KV cache; every row kept when scoring."""
+        """The next chunk of the prompt into the KV cache; every row kept when scoring.
+        Chunks end on multiples of the chunk size, so snapshots land on the same grid."""
         is_scoring = seq.params.is_prompt_logprobs
-        chunk = seq.prompt_ids[seq.num_computed:
-                               seq.num_computed + (SCORING_CHUNK if is_scoring else PREFILL_CHUNK)]
+        size = min(self.prefill_chunk, SCORING_CHUNK) if is_scoring else self.prefill_chunk
+        first = seq.num_computed
+        chunk = seq.prompt_ids[first:(first // size + 1) * size]
         tokens = torch.tensor(chunk, dtype=torch.int64)  # [T]
-        logits = self.model.forward(tokens, seq.cache, seq.num_computed, last_only=not is_scoring)
+        logits = self.model.forward(tokens, seq.cache, first, last_only=not is_scoring)
         seq.num_computed += len(chunk)
         self.metrics.prompt_tokens.inc(len(chunk))
+        if seq.prefix_keys is not None:
+            self.prefix_cache.store(seq.cache, seq.prefix_keys, first, seq.num_computed,
+                                    is_prompt_end=not seq.is_prefilling)
         return logits
 
-    def decode(self, seq: Sequence) -> torch.Tensor:
-        """One token: the last sampled one goes in, the next one's logits come out."""
-        tokens = torch.tensor(seq.output_ids[-1:], dtype=torch.int64)  # [1]
-        logits = self.model.forward(tokens, seq.cache, seq.num_computed)
-        seq.num_computed += 1
+    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One token per sequence: the last sampled ones go in -> logits [B, V]."""
+        tokens = torch.tensor([s.output_ids[-1] for s in seqs], dtype=torch.int64)  # [B]
+        positions = [s.num_computed for s in seqs]
+        if hasattr(self.model, "decode_batch"):
+            logits = self.model.decode_batch(tokens, [s.cache for s in seqs], positions)
+        else:  # models without a batched step (Kimi-Linear, test doubles) go one by one
+            logits = torch.cat([self.model.forward(tokens[i:i + 1], s.cache, positions[i])
+                                for i, s in enumerate(seqs)])
+        for seq in seqs:
+            seq.num_computed += 1
         return logits
 
-    def postprocess(self, seq: Sequence, logits: torch.Tensor):
+    def postprocess(self, batch: Batch, logits: list[torch.Tensor]):
+        for seq, seq_logits in zip(batch.seqs, logits):
+            self._postprocess_one(seq, seq_logits)
+
+    def _postprocess_one(self, seq: Sequence, logits: torch.Tensor):
         if seq.params.is_prompt_logprobs and not seq.output_ids:  # this step was a prefill
             start = seq.num_computed - logits.shape[0]
             seq.events.put(PromptLogprobsEvent(sampler.prompt_logprobs(
@@ -128,6 +154,13 @@ class Engine:
             self.scheduler.finish(seq)
             self._release(seq)
             self._update_gauges()
+
+    def _fail(self, seq: Sequence, exc: Exception):
+        self.log(f"model error on request {seq.request_id}: {exc!r}")
+        if seq in self.scheduler.running:
+            self.scheduler.finish(seq)
+        self._release(seq)
+        seq.fail(InternalError(f"model error: {exc}"))
 
     def _append_sampled(self, seq: Sequence, last_logits: torch.Tensor):
         token_id = sampler.sample(last_logits, seq.params, seq.generator)
@@ -153,12 +186,33 @@ class Engine:
             self.metrics.decode_rate.observe((len(seq.output_ids) - 1) / seconds)
 
     def _allocate(self, seq: Sequence):
-        helper.memcap_reserve(self._kv_bytes(seq))
+        self._reserve(self._kv_bytes(seq))
         try:
             seq.cache = self.model.new_cache(seq.num_max_tokens)
         except Exception:
             helper.memcap_release(self._kv_bytes(seq))
             raise
+        if self.prefix_cache.is_enabled and supports(seq.cache):
+            self._restore_prefix(seq)
+
+    def _restore_prefix(self, seq: Sequence):
+        """Resume from the longest cached prefix; the last prompt token is always computed
+        (its logits pick the first token), and a scored prompt needs every row's logits."""
+        seq.prefix_keys = PrefixKeys(seq.prompt_ids)
+        if not seq.params.is_prompt_logprobs:
+            seq.num_computed = self.prefix_cache.restore(seq.cache, seq.prefix_keys,
+                                                         seq.num_prompt_tokens - 1)
+        self.metrics.prefix_hit_tokens.inc(seq.num_computed)
+        self.metrics.prefix_miss_tokens.inc(seq.num_prompt_tokens - seq.num_computed)
+
+    def _reserve(self, num_bytes: int):
+        """Reserve against the memory cap; running sequences come before cached prefixes."""
+        while True:
+            try:
+                return helper.memcap_reserve(num_bytes)
+            except helper.MemoryCapExceeded:
+                if not self.prefix_cache.evict(num_bytes):
+                    raise
 
     def _release(self, seq: Sequence):
         if seq.cache is not None:

@@ -46,5 +46,29 @@ class EngineMetrics:
             "Tokens generated for a request after its client went away (stays near 0 when "
             "cancellation stops the loop)", registry=r)
 
+        self._add_prefix_cache_metrics(r)
+        self._add_batching_metrics(r)
+
+    def _add_prefix_cache_metrics(self, r: CollectorRegistry):
+        self.prefix_hit_tokens = Counter(
+            "kimi_engine_prefix_cache_hit_tokens",
+            "Prompt tokens restored from the prefix cache instead of prefilled", registry=r)
+        self.prefix_miss_tokens = Counter(
+            "kimi_engine_prefix_cache_miss_tokens",
+            "Prompt tokens prefilled because no cached prefix covered them", registry=r)
+        self.prefix_evictions = Counter(
+            "kimi_engine_prefix_cache_evictions",
+            "Prefix cache entries evicted (least recently used first)", registry=r)
+        self.prefix_cache_bytes = Gauge(
+            "kimi_engine_prefix_cache_bytes",
+            "Bytes held by the prefix cache (reserved against the memory cap)", registry=r)
+
+    def _add_batching_metrics(self, r: CollectorRegistry):
+        self.steps = Counter("kimi_engine_steps", "Model steps by kind (prefill chunk or "
+                             "batched decode)", ["kind"], registry=r)
+        self.decode_batch_size = Histogram(
+            "kimi_engine_decode_batch_size", "Sequences decoded together in one step",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

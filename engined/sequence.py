@@ -96,6 +96,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens already in the KV cache
     cache: object = None
+    prefix_keys: object = None  # prefix_cache.PrefixKeys of the prompt, when caching
     generator: object = None  # torch.Generator, set by the engine
     finish_reason: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)

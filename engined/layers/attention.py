@@ -16,18 +16,39 @@ class Attention:
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, start: int) -> torch.Tensor:
         # x: [T, D]; cos, sin: [T, hd]; k_cache, v_cache: [S_max, KVH, hd]
+        q, k, v = self._project(x, cos, sin)
+        return self.o(self._attend(q, k, v, k_cache, v_cache, start))
+
+    def decode_batch(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     kv: list[tuple[torch.Tensor, torch.Tensor]],
+                     positions: list[int]) -> torch.Tensor:
+        """One token for each of B sequences: the projections run once over all rows, the
+        attention per sequence over its own cache. x: [R, D] (R >= B: rows past B repeat row 0
+        and touch no cache); cos, sin: [R, hd] -> [R, D]."""
+        q, k, v = self._project(x, cos, sin)
+        rows = [self._attend(q[i:i + 1], k[i:i + 1], v[i:i + 1], k_cache, v_cache, pos)
+                for i, ((k_cache, v_cache), pos) in enumerate(zip(kv, positions))]
+        rows += rows[:1] * (x.shape[0] - len(rows))  # padding rows (see llama.MIN_DECODE_ROWS)
+        return self.o(torch.cat(rows))
+
+    def _project(self, x, cos, sin):
+        # x: [T, D] -> q [T, H, hd], k, v [T, KVH, hd] (q and k rotated)
         t = x.shape[0]
         q = RotaryEmbedding.apply(self.q(x).view(t, self.num_heads, self.head_dim), cos, sin)
         k = RotaryEmbedding.apply(self.k(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        end = start + t
+        return q, k, self.v(x).view(t, self.num_kv_heads, self.head_dim)
+
+    def _attend(self, q, k, v, k_cache, v_cache, start: int) -> torch.Tensor:
+        # q: [T, H, hd]; k, v: [T, KVH, hd] at positions start.. -> [T, H*hd]
+        t, end = q.shape[0], start + q.shape[0]
         k_cache[start:end] = k
-        v_cache[start:end] = self.v(x).view(t, self.num_kv_heads, self.head_dim)
+        v_cache[start:end] = v
         keys = k_cache[:end].float().transpose(0, 1)[None]  # [1, KVH, S, hd]
         values = v_cache[:end].float().transpose(0, 1)[None]  # [1, KVH, S, hd]
         queries = q.transpose(0, 1)[None]  # [1, H, T, hd]
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=causal_mask(start, t),
                                              enable_gqa=True)  # [1, H, T, hd]
-        return self.o(out[0].transpose(0, 1).reshape(t, self.num_heads * self.head_dim))
+        return out[0].transpose(0, 1).reshape(t, self.num_heads * self.head_dim)
 
 
 def causal_mask(start: int, length: int) -> torch.Tensor | None:

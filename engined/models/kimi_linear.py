@@ -25,6 +25,27 @@ class KimiCache:
     max_tokens: int
     num_tokens: int = 0
 
+    is_recurrent = True  # resuming needs a state snapshot, not just rows (prefix_cache.py)
+
+    def read_rows(self, start: int, end: int) -> dict[int, torch.Tensor]:
+        """A copy of the MLA latents of positions [start, end): layer -> [end-start, R+P]."""
+        return {i: latents[start:end].clone() for i, latents in self.mla.items()}
+
+    def write_rows(self, start: int, rows: dict[int, torch.Tensor]):
+        for i, latents in self.mla.items():
+            latents[start:start + rows[i].shape[0]].copy_(rows[i])
+
+    def save_state(self) -> dict[int, KDAState]:
+        """A copy of every KDA layer's conv windows and recurrent state at num_tokens."""
+        return {i: KDAState(s.conv.clone(), s.S.clone()) for i, s in self.kda.items()}
+
+    def load_state(self, state: dict[int, KDAState], num_tokens: int):
+        """Copy a snapshot in (the snapshot stays untouched, so it can be restored again)."""
+        for i, s in self.kda.items():
+            s.conv.copy_(state[i].conv)
+            s.S.copy_(state[i].S)
+        self.num_tokens = num_tokens
+
     def reset(self):
         """Back to an empty sequence, in place (tensor addresses stay valid for a captured graph)."""
         for state in self.kda.values():

@@ -7,7 +7,7 @@ import torch
 
 from engined.layers.attention import Attention
 from engined.layers.embedding import TiedEmbedding
-from engined.layers.linear import Int4Linear
+from engined.layers.linear import GEMV_MAX_ROWS, Int4Linear
 from engined.layers.mlp import SwiGLU
 from engined.layers.rmsnorm import RMSNorm
 from engined.layers.rope import RotaryEmbedding
@@ -18,6 +18,10 @@ INT4_WEIGHTS = {"q": "blk.{i}.attn_q", "k": "blk.{i}.attn_k", "v": "blk.{i}.attn
                 "o": "blk.{i}.attn_output", "gate": "blk.{i}.ffn_gate", "up": "blk.{i}.ffn_up",
                 "down": "blk.{i}.ffn_down"}
 FINAL_NORM = "output_norm.weight"
+# The one-row kernels (the INT4 GEMV scales the dot product, not the codes; the fp16 LM-head
+# matmul) round differently from their multi-row forms, so batched decode runs a lone row
+# as two: every batch size then computes each sequence's row with the same bits.
+MIN_DECODE_ROWS = 2
 EMBEDDING = "token_embd"
 
 
@@ -68,9 +72,24 @@ class KVCache:
 
     data: torch.Tensor
 
+    is_recurrent = False  # rows alone resume a sequence (engined/prefix_cache.py)
+
     @property
     def max_tokens(self) -> int:
         return self.data.shape[2]
+
+    def read_rows(self, start: int, end: int) -> torch.Tensor:
+        """A copy of positions [start, end): [L, 2, end-start, KVH, hd]."""
+        return self.data[:, :, start:end].clone()
+
+    def write_rows(self, start: int, rows: torch.Tensor):
+        self.data[:, :, start:start + rows.shape[2]].copy_(rows)
+
+    def save_state(self) -> None:
+        return None
+
+    def load_state(self, state: None, num_tokens: int):
+        pass
 
 
 class Block:
@@ -80,6 +99,12 @@ class Block:
     def __call__(self, h, cos, sin, layer_cache: torch.Tensor, start: int) -> torch.Tensor:
         # h: [T, D]; layer_cache: [2, S_max, KVH, hd]
         h = h + self.attn(self.attn_norm(h), cos, sin, layer_cache[0], layer_cache[1], start)
+        return h + self.mlp(self.ffn_norm(h))
+
+    def decode_batch(self, h, cos, sin, layer_caches: list[torch.Tensor], positions: list[int]):
+        # h: [B, D]; layer_caches: B x [2, S_max, KVH, hd]
+        kv = [(c[0], c[1]) for c in layer_caches]
+        h = h + self.attn.decode_batch(self.attn_norm(h), cos, sin, kv, positions)
         return h + self.mlp(self.ffn_norm(h))
 
 
@@ -137,3 +162,25 @@ class LlamaModel:
         if last_only:
             h = h[-1:]
         return self.embedding.logits(self.final_norm(h))  # [T or 1, V]
+
+    @torch.inference_mode()
+    def decode_batch(self, tokens: torch.Tensor, caches: list[KVCache],
+                     positions: list[int]) -> torch.Tensor:
+        """One token for each of B sequences -> logits fp32 [B, V]. tokens: [B] int64; token i
+        sits at positions[i] of caches[i]. The linear layers run once for all rows (in groups
+        the GEMV takes in one pass), attention per sequence; each row equals a lone forward."""
+        for cache, pos in zip(caches, positions):
+            if not 0 <= pos < cache.max_tokens:
+                raise ValueError(f"position {pos} does not fit a cache of {cache.max_tokens} tokens")
+        if len(positions) > GEMV_MAX_ROWS:
+            return torch.cat([self.decode_batch(tokens[i:i + GEMV_MAX_ROWS], caches[i:i + GEMV_MAX_ROWS],
+                                                positions[i:i + GEMV_MAX_ROWS])
+                              for i in range(0, len(positions), GEMV_MAX_ROWS)])
+        b = len(positions)
+        rows = [*range(b)] + [0] * (MIN_DECODE_ROWS - b)  # pad a lone row with its copy
+        angles = [self.rope.cos_sin(positions[r], 1) for r in rows]
+        cos, sin = torch.cat([c for c, _ in angles]), torch.cat([s for _, s in angles])  # [R, hd]
+        h = self.embedding.embed(tokens.to(self.device)[rows])  # [R, D]
+        for i, block in enumerate(self.blocks):
+            h = block.decode_batch(h, cos, sin, [cache.data[i] for cache in caches], positions)
+        return self.embedding.logits(self.final_norm(h))[:b]  # [B, V]
