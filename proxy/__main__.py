@@ -100,13 +100,7 @@ def doctor(config_path, **flags):
     is_ok, detail = Upstream(cfg["UPSTREAM"], timeout_s=5).health()
     click.echo(f"{'ok' if is_ok else 'x'} upstream {cfg['UPSTREAM']}: {detail}"
                + ("" if is_ok else "  (start kimi-engine, or pass --upstream)"))
-    try:
-        from proxy.store import Database
-        Database(cfg["LEDGER"]).close()
-        click.echo(f"ok ledger {cfg['LEDGER']}")
-    except Exception as exc:  # noqa: BLE001 - doctor reports every failure as one line
-        click.echo(f"x ledger {cfg['LEDGER']}: {exc} (pass --ledger PATH in a writable directory)")
-        is_ok = False
+    is_ok = _check_ledger(cfg["LEDGER"]) and is_ok
     with socket.socket() as s:
         try:
             s.bind((cfg["HOST"], cfg["PORT"]))
@@ -115,6 +109,25 @@ def doctor(config_path, **flags):
             click.echo(f"x port {cfg['HOST']}:{cfg['PORT']}: {exc.strerror} (pick another with --port)")
             is_ok = False
     sys.exit(0 if is_ok else 1)
+
+
+def _check_ledger(path: str) -> bool:
+    """Open (creating) the ledger; a missing StateDirectory= is systemd's to create at start."""
+    import os
+    import pathlib
+    state_dir = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    parent = pathlib.Path(path).parent
+    if state_dir and parent == pathlib.Path(state_dir) and not parent.exists():
+        click.echo(f"ok ledger {path}: {parent} is created by systemd (StateDirectory=) at start")
+        return True
+    try:
+        from proxy.store import Database
+        Database(path).close()
+    except Exception as exc:  # noqa: BLE001 - doctor reports every failure as one line
+        click.echo(f"x ledger {path}: {exc} (pass --ledger PATH in a writable directory)")
+        return False
+    click.echo(f"ok ledger {path}")
+    return True
 
 
 if __name__ == "__main__":

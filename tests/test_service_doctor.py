@@ -157,3 +157,24 @@ def test_systemd_made_directories_count_as_present(tmp_path, monkeypatch):
     monkeypatch.delenv("RUNTIME_DIRECTORY")
     other = doctor.check_socket(EngineConfig(socket=run_dir / "engine.sock"))
     assert not other.is_ok and "not writable" in other.detail
+
+
+def test_proxy_doctor_leaves_the_state_directory_to_systemd(tmp_path):
+    """kimi-proxy doctor: upstream, ledger and port; a missing StateDirectory= is no failure,
+    but an unusable ledger elsewhere is."""
+    from proxy_fakes import FakeUpstream
+    from service_helpers import free_port
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    env = {**os.environ, "STATE_DIRECTORY": str(blocker / "kimi-proxy")}
+    port = free_port()
+    with FakeUpstream().serve() as upstream:
+        ok = subprocess.run([str(BIN / "kimi-proxy"), "doctor", "--upstream", upstream, "--port",
+                             str(port)], capture_output=True, text=True, timeout=60, env=env)
+        bad = subprocess.run([str(BIN / "kimi-proxy"), "doctor", "--upstream", upstream, "--port",
+                              str(port), "--ledger", str(blocker / "x" / "ledger.sqlite")],
+                             capture_output=True, text=True, timeout=60, env=env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "StateDirectory=" in ok.stdout and f"ok port 127.0.0.1:{port}" in ok.stdout
+    assert bad.returncode == 1 and "x ledger" in bad.stdout and "Traceback" not in bad.stderr
