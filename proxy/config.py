@@ -59,9 +59,10 @@ DEFAULTS = {
     "LEDGER_MAX_ENTRIES": 100_000,     # reasoning rows kept (oldest evicted first)
     "LEDGER_TTL_S": 30 * 86400.0,      # reasoning rows and stored Responses expire after this
     "RESPONSES_MAX_ENTRIES": 10_000,   # stored Responses kept for previous_response_id
+    "DRAIN_TIMEOUT_S": 25.0,           # SIGTERM: open streams get this long (unit: TimeoutStopSec=30s)
 }
 INTS = {"PORT", "MAX_BODY_BYTES", "LEDGER_MAX_ENTRIES", "RESPONSES_MAX_ENTRIES"}
-FLOATS = {"PING_INTERVAL_S", "UPSTREAM_TIMEOUT_S", "LEDGER_TTL_S"}
+FLOATS = {"PING_INTERVAL_S", "UPSTREAM_TIMEOUT_S", "LEDGER_TTL_S", "DRAIN_TIMEOUT_S"}
 POSITIVE = ("LEDGER_MAX_ENTRIES", "LEDGER_TTL_S", "RESPONSES_MAX_ENTRIES")
 LISTS = {"MODEL_ALIAS", "ALLOW_ORIGIN", "ALLOW_HOST"}
 
@@ -159,6 +160,8 @@ def validate(cfg: dict, environ=None) -> dict:
         cfg["LEDGER"] = default_ledger_path(environ)
     if cfg["PING_INTERVAL_S"] < 0 or cfg["UPSTREAM_TIMEOUT_S"] <= 0 or cfg["MAX_BODY_BYTES"] < 1:
         raise ConfigError("ping-interval-s must be >= 0, upstream-timeout-s and max-body-bytes > 0")
+    if cfg["DRAIN_TIMEOUT_S"] < 0:
+        raise ConfigError(f"drain-timeout-s must be >= 0, got {cfg['DRAIN_TIMEOUT_S']}")
     return cfg
 
 

@@ -1,7 +1,9 @@
 """The gevent WSGI server around the app (TCP_NODELAY on every accepted socket).
 
 SIGTERM/SIGINT drain: stop accepting, close kept-alive connections that wait for their next
-request, and give open streams up to DRAIN_S to finish (under the unit's TimeoutStopSec=30s).
+request, and give open streams up to drain-timeout-s to finish (under the unit's
+TimeoutStopSec=30s). A stream still open then gets its protocol's in-stream error (503,
+"shutting down") and a clean end, never a cut connection.
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ from gevent.pool import Pool
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from proxy import __version__
+from proxy.errors import UpstreamUnavailable
 
 
-DRAIN_S = 25.0
+SHUTDOWN_GRACE_S = 2.0  # for the error events to be written once a stream is interrupted
 
 
 class NoDelayServer(WSGIServer):
@@ -34,14 +37,22 @@ class NoDelayServer(WSGIServer):
             pass
         return super().handle(sock, address)
 
-    def drain(self, timeout_s: float = DRAIN_S) -> None:
-        """Stop accepting; idle connections close now, requests in progress get timeout_s."""
+    def drain(self, timeout_s: float) -> None:
+        """Stop accepting; idle connections close now, requests in progress get timeout_s;
+        then what still runs is interrupted with ShuttingDown, which streams render."""
         self.is_draining = True
         self.close()
         for handler in list(self.idle):
             handler.hang_up()
-        self.pool.join(timeout=timeout_s)
+        if self.pool.join(timeout=timeout_s):
+            return
+        message = f"kimi-proxy is shutting down: the stream did not finish within {timeout_s:g} s"
+        self.pool.kill(ShuttingDown(message), block=True, timeout=SHUTDOWN_GRACE_S)
         self.pool.kill(block=True, timeout=1)
+
+
+class ShuttingDown(UpstreamUnavailable):
+    """Raised inside a request still running when the drain time is up."""
 
 
 class QuietHandler(WSGIHandler):
@@ -133,6 +144,6 @@ def serve_forever(cfg: dict) -> int:
     sd_notify("READY=1")
     stopping.wait()
     sd_notify("STOPPING=1")
-    server.drain()
+    server.drain(cfg["DRAIN_TIMEOUT_S"])
     server.application.extensions["kimi"].close()
     return 0

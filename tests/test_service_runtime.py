@@ -2,6 +2,7 @@
 temporary root: Type=notify readiness, log rotation on SIGHUP (rename, and logrotate -f when
 installed), and SIGTERM with streams in flight. One engine and one proxy (in front of it,
 through the shipped proxy.toml) serve the module; the SIGTERM tests run last."""
+import contextlib
 import gzip
 import http.client
 import json
@@ -199,41 +200,64 @@ def shipped_logrotate(root: ServiceRoot, pids: list[int]):
     return path
 
 
-def test_proxy_sigterm_lets_open_streams_finish():
+@contextlib.contextmanager
+def proxy_before_fake(reply: Reply, env: dict | None = None):
+    """A proxy started from its unit, whose shipped upstream socket is a scripted fake."""
     root = ServiceRoot(short_tmpdir())
     port = free_port()
     root.write_config("proxy.toml", f"port = {port}\n")
-    fake = FakeUpstream(Reply.text("x" * 40, size=1, delay_s=0.05))  # ~2 s per stream
+    fake = FakeUpstream(reply)
     upstream_sock = root.path("/run/kimi/engine.sock")
     upstream_sock.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with fake.serve_unix(str(upstream_sock)):  # the shipped config's upstream
+        with fake.serve_unix(str(upstream_sock)):
             proxy = Service(root, PROXY_UNIT, lambda: http_health(port))
+            proxy.env.update(env or {})
+            proxy.port, proxy.fake = port, fake
             try:
-                proxy.start(timeout=60)
-                idle = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                idle.request("GET", "/health")  # kept alive: must not hold the drain up
-                assert idle.getresponse().read()
-                streams = [OpenStream.proxy(port) for _ in range(2)]
-                proxy.signal(signal.SIGTERM)
-                started = time.monotonic()
-                events = [s.finish() for s in streams]
-                assert proxy.proc.wait(30) == 0
-                assert time.monotonic() - started < 15  # the streams' ~2 s, not the 25 s drain bound
-                idle.close()
-                assert "STOPPING=1" in proxy.notify.drain()
+                yield proxy.start(timeout=60)
             finally:
                 proxy.stop()
-        for stream_events in events:
-            assert stream_events[-1] == "[DONE]"
-            assert finish_reasons(stream_events) == ["stop"]
-            text = "".join(e["choices"][0]["delta"].get("content") or ""
-                           for e in stream_events[:-1] if e.get("choices"))
-            assert text == "x" * 40
-        assert fake.completed == 2
-        assert http_health(port) == 0  # nothing listens any more
     finally:
         shutil.rmtree(root.root, ignore_errors=True)
+
+
+def test_proxy_sigterm_lets_open_streams_finish():
+    with proxy_before_fake(Reply.text("x" * 40, size=1, delay_s=0.05)) as proxy:  # ~2 s each
+        idle = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        idle.request("GET", "/health")  # kept alive: must not hold the drain up
+        assert idle.getresponse().read()
+        streams = [OpenStream.proxy(proxy.port) for _ in range(2)]
+        proxy.signal(signal.SIGTERM)
+        started = time.monotonic()
+        events = [s.finish() for s in streams]
+        assert proxy.proc.wait(30) == 0
+        assert time.monotonic() - started < 15  # the streams' ~2 s, not the 25 s drain bound
+        idle.close()
+        assert "STOPPING=1" in proxy.notify.drain()
+        assert proxy.fake.completed == 2
+        assert http_health(proxy.port) == 0  # nothing listens any more
+    for stream_events in events:
+        assert stream_events[-1] == "[DONE]"
+        assert finish_reasons(stream_events) == ["stop"]
+        text = "".join(e["choices"][0]["delta"].get("content") or ""
+                       for e in stream_events[:-1] if e.get("choices"))
+        assert text == "x" * 40
+
+
+def test_proxy_sigterm_ends_a_stream_past_the_drain_time_with_an_error():
+    slow = Reply.text("y" * 400, size=1, delay_s=0.05)  # ~20 s: longer than the drain time
+    with proxy_before_fake(slow, {"KIMI_PROXY_DRAIN_TIMEOUT_S": "1"}) as proxy:
+        stream = OpenStream.proxy(proxy.port)
+        proxy.signal(signal.SIGTERM)
+        started = time.monotonic()
+        events = stream.finish()  # a complete chunked body: no IncompleteRead
+        assert proxy.proc.wait(30) == 0
+        assert time.monotonic() - started < 10
+    assert events[-1] == "[DONE]"
+    error = events[-2]["error"]
+    assert error["type"] == "service_unavailable" and "shutting down" in error["message"]
+    assert finish_reasons(events) == []
 
 
 def finish_reasons(events: list) -> list:
