@@ -177,3 +177,22 @@ def test_every_subcommand_is_in_the_synopsis_and_commands():
         synopsis = roff.split(".SH SYNOPSIS")[1].split(".SH ")[0]
         assert {n for n in names if f".B {exe} {n}" not in synopsis} == set(), page
         assert names - set(command_entries(page)) == set(), page
+
+
+def test_example_configs_show_every_key_and_load_uncommented(tmp_path):
+    import dataclasses
+
+    from engined.config import EngineConfig, read_toml
+    from proxy import config as proxy_config
+
+    for name, keys in (("engine.toml", [f.name for f in dataclasses.fields(EngineConfig)]),
+                       ("proxy.toml", list(proxy_config.DEFAULTS))):
+        text = (ROOT / "etc" / name).read_text()
+        shown = set(re.findall(r"^#? ?([a-z][a-z0-9-]*) = ", text, re.M))
+        missing = {k.lower().replace("_", "-") for k in keys} - shown
+        assert not missing, f"etc/{name} has no example for {sorted(missing)}"
+        uncommented = re.sub(r"^# ([a-z-]+ = .*?)([ \t]+#.*)?$", r"\1", text, flags=re.M)
+        (tmp_path / name).write_text(uncommented)
+    assert read_toml(tmp_path / "engine.toml")["prefix_cache_bytes"] == "256MiB"
+    EngineConfig.layered({}, {}, tmp_path / "engine.toml")
+    assert proxy_config.load({}, str(tmp_path / "proxy.toml"), {})["DRAIN_TIMEOUT_S"] == 25.0
