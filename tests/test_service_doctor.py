@@ -84,9 +84,12 @@ def test_bad_config_is_a_usage_error(workdir):
 
 
 def test_missing_model_fails_with_a_fix(kimi_cache):
-    check = doctor.check_model(EngineConfig(model="/nonexistent/model.gguf", socket="/tmp/x"))
+    config = EngineConfig(model="/nonexistent/model.gguf", socket="/tmp/x")
+    check = doctor.check_model(config)
     assert not check.is_ok and "no such file" in check.detail
-    assert "fix:" in check.line()
+    assert "(fix: set model to an existing GGUF file" in check.line()
+    plan = doctor.check_memory_plan(config)
+    assert not plan.is_ok and "see the model line" in plan.line()
 
 
 @pytest.mark.parametrize("setup,expected", [
