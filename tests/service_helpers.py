@@ -62,12 +62,22 @@ class ServiceRoot:
         for assignment in shlex.split(service.get("Environment", "")):
             key, value = assignment.split("=", 1)
             env[key] = self.moved(value)
+        env.update(self._environment_file(service.get("EnvironmentFile", "")))
         for directive, base in DIRECTORIES.items():
             if directive in service:
                 directory = self.path(f"{base}/{service[directive]}")
                 directory.mkdir(parents=True, exist_ok=True)
                 env[directive.replace("Directory", "_DIRECTORY").upper()] = str(directory)
         return argv, env
+
+
+    def _environment_file(self, setting: str) -> dict[str, str]:
+        """EnvironmentFile=[-]PATH: KEY=VALUE lines; "-" means a missing file is fine."""
+        path = self.path(setting.removeprefix("-")) if setting else None
+        if path is None or (setting.startswith("-") and not path.exists()):
+            return {}
+        lines = path.read_text().splitlines()
+        return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
 
 
 class Notifications:

@@ -33,7 +33,9 @@ def root():
 
 @pytest.fixture(scope="module")
 def engine(root):
-    root.write_config("engine.toml", "max-context = 512\n")
+    root.write_config("engine.toml", "max-context = 4096\n")
+    # The unit's EnvironmentFile= wins over the config file (KIMI_ENGINE_* > file).
+    root.path("/etc/kimi/engine.env").write_text("# smaller KV cache for tests\nKIMI_ENGINE_MAX_CONTEXT=512\n")
     sock = str(root.path("/run/kimi/engine.sock"))
     service = Service(root, ENGINE_UNIT, lambda: get(sock, "/health", timeout=5).status)
     service.sock = sock
@@ -59,6 +61,8 @@ def test_units_start_from_their_exact_execstart(engine, proxy, root):
         assert service.argv[2:4] == ["--config", str(root.path(f"/etc/kimi/{name[5:]}.toml"))]
         assert not any(re.match(r"/(etc|run|var)/", arg) for arg in service.argv)
     assert engine.env["TRITON_CACHE_DIR"] == str(root.path("/var/cache/kimi/triton"))
+    assert engine.env["KIMI_ENGINE_MAX_CONTEXT"] == "512"
+    assert "(max context 512 tokens)" in engine.log.read_text()  # env file over config file
 
 
 def test_engine_ready_only_after_health_answers(engine):
