@@ -1,7 +1,11 @@
 """The model loop: one native thread owns the model; `step()` is schedule -> run -> postprocess.
 
 HTTP handlers build a Sequence (already tokenized) and `submit` it; the loop pushes
-TokenEvent / FinishEvent / ErrorEvent onto the sequence's queue.
+TokenEvent / FinishEvent / ErrorEvent onto the sequence's queue. A step (scheduler.py) is one
+prefill chunk of one sequence, or one decode token for every decoding sequence at once
+(continuous batching: sequences join and leave between steps). On admission a sequence
+resumes from the longest cached prefix of its prompt (prefix_cache.py); each prefill chunk
+adds its blocks to that cache.
 """
 import collections
 import threading

@@ -90,12 +90,12 @@ def test_kimi_concurrent_requests_equal_each_alone(tmp_path):
 
 
 def test_a_long_prompt_does_not_stall_a_stream():
-    model = ScriptedModel(vocab_size=100, script=[7] * 200, delay_s=0.002)
+    model = ScriptedModel(vocab_size=100, script=[7] * 400, delay_s=0.002)
     with RunningEngine(model, max_context=4096, prefill_chunk=64) as engine:
-        stream = engine.submit([1, 2, 3], max_tokens=80)
+        stream = engine.submit([1, 2, 3], max_tokens=300)  # outlasts the long prompt
         assert isinstance(stream.events.get(timeout=30), TokenEvent)
         long = engine.submit(list(range(5, 5 + 1000)), max_tokens=2)
-        assert len(collect(long)) == 2 and len(collect(stream)) == 79
+        assert len(collect(long)) == 2 and len(collect(stream)) == 299
         log = list(engine.engine.step_log)
     kinds = [kind for kind, ids in log if stream.seq_id in ids or long.seq_id in ids]
     prefills = [i for i, (kind, ids) in enumerate(log) if kind == "prefill" and long.seq_id in ids]
