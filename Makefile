@@ -11,7 +11,7 @@ TIME   := bash tools/phase.sh
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-all test-clients bench bench-deps install uninstall clean
+.PHONY: setup run test test-slow test-all test-clients bench bench-deps install uninstall clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,9 @@ run: setup
 
 test: setup
 	@$(VENV)/bin/python -m pytest -q
+
+test-slow: setup
+	@$(VENV)/bin/python -m pytest -q -m slow
 
 test-all: setup
 	@$(VENV)/bin/python -m pytest -q -m "not realclient"
