@@ -91,6 +91,7 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     budget = memcap.plan_budget(plan, max_context, config.memory_cap)
     log.write(f"kimi-engine: memory plan: {budget.describe()}")
     memcap.enforce(budget)
+    sd_notify(f"STATUS=loading {config.model} on {device}")
     log.write(f"kimi-engine: loading model {config.model!r} on {device}")
     start = time.monotonic()
     loaded = loader.load_model(config.model, device=device, threads=config.threads or None)

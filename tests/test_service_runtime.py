@@ -69,6 +69,8 @@ def test_engine_ready_only_after_health_answers(engine):
     assert engine.health_at_ready == 200  # probed once, the moment READY=1 arrived
     ready = next(m for m in engine.notify.received if "READY=1" in m.split("\n"))
     assert "STATUS=serving SmolLM2-135M-Instruct" in ready
+    first = engine.notify.received[0]
+    assert first.startswith("STATUS=loading") and "READY=1" not in first  # status while loading
     # The socket came from RUNTIME_DIRECTORY, as under systemd, with the unit's mode.
     assert stat.S_IMODE(os.stat(engine.sock).st_mode) == 0o660
 
