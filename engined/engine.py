@@ -96,6 +96,7 @@ class Engine:
                 self._allocate(seq)
             except Exception as exc:  # no memory, or the model refused the cache size
                 self.scheduler.finish(seq)
+                self._release(seq)
                 seq.fail(InternalError(f"cannot allocate the KV cache: {exc}"))
         self._update_gauges()
         return self.scheduler.next_batch()

@@ -8,11 +8,12 @@ boundary, so full blocks are shared by every prompt that starts the same way, an
 they carry a state snapshot (taken at prefill-chunk boundaries and at each prompt's end).
 Restores copy into the sequence's own tensors, never alias a snapshot (reference §8, pitfall 2).
 
-The cache works with any cache object offering:
+It works with any model cache object offering (models/llama.py KVCache, models/kimi_linear.py
+KimiCache):
     read_rows(start, end) -> rows (a fresh copy)     write_rows(start, rows)
     save_state() -> state | None (a fresh copy)      load_state(state, num_tokens)
-    is_recurrent: bool                               nbytes(obj) -> int (module function here)
-Byte budget with LRU eviction; every stored byte is reserved against the memory cap.
+    is_recurrent: bool
+A byte budget with LRU eviction; every stored byte is reserved against the memory cap.
 """
 import collections
 import hashlib
