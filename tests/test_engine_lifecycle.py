@@ -43,6 +43,7 @@ def test_stale_socket_sighup_and_sigterm_drain(engine_cache, workdir):
     make_stale_socket(daemon.sock)
     daemon.start()
     try:
+        assert notify.recv(256).startswith(b"STATUS=loading")  # while loading
         assert notify.recv(256).split(b"\n")[0] == b"READY=1"  # sent once the socket listens
         assert stat.S_IMODE(os.stat(daemon.sock).st_mode) == 0o660
         post(daemon.sock, "/v1/chat/completions", {"messages": CAPITAL, "max_tokens": 2},
