@@ -111,7 +111,7 @@ def chat_completions(served: Served, ex):
     shaper = Shaper(served.model_id, "chatcmpl")
     lp = served.logprob_format if req.num_top_logprobs is not None else None
     if req.stream:
-        return _stream_chat(seq, ex, parser, shaper, lp, req.include_usage)
+        return _stream_chat(seq, ex, parser, shaper, lp, req)
     deltas, logprobs = [], [] if lp else None
     for event in events(seq, ex):
         deltas += parser.feed(event.text)
@@ -121,10 +121,16 @@ def chat_completions(served: Served, ex):
     content, reasoning = merge_deltas(deltas)
     finish = chat_finish_reason(event.reason, parser.tool_calls)
     return shaper.chat_response(chat_message(content, reasoning, parser.tool_calls), finish,
-                                logprobs, event.num_prompt_tokens, event.num_completion_tokens)
+                                logprobs, event.num_prompt_tokens, event.num_completion_tokens,
+                                user_stop(event, req.sampling))
 
 
-def _stream_chat(seq, ex, parser, shaper, lp, include_usage: bool):
+def user_stop(event: FinishEvent, sampling: api.Sampling) -> str | None:
+    """The request's own stop string that ended the text (not the template's end markers)."""
+    return event.stop_string if event.stop_string in sampling.stop else None
+
+
+def _stream_chat(seq, ex, parser, shaper, lp, req):
     start_stream(seq, ex, sse(shaper.chat_chunk({"role": "assistant", "content": ""})))
     pending = []  # logprob entries not yet attached to a chunk
     try:
@@ -141,8 +147,9 @@ def _stream_chat(seq, ex, parser, shaper, lp, include_usage: bool):
                 send_events(seq, ex, sse(chunk))
                 pending = []
         finish = chat_finish_reason(event.reason, parser.tool_calls)
-        tail = sse(shaper.chat_chunk({}, finish, logprobs=pending if pending else None))
-        if include_usage:
+        tail = sse(shaper.chat_chunk({}, finish, logprobs=pending if pending else None,
+                                     stop_reason=user_stop(event, req.sampling)))
+        if req.include_usage:
             tail += sse(shaper.usage_chunk("chat.completion.chunk", event.num_prompt_tokens,
                                            event.num_completion_tokens))
         send_events(seq, ex, tail + DONE, last=True)

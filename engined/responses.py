@@ -89,20 +89,22 @@ class Shaper:
 
     # -- chat ------------------------------------------------------------------------------
     def chat_chunk(self, delta: dict, finish_reason: str | None = None,
-                   logprobs: list | None = None) -> dict:
+                   logprobs: list | None = None, stop_reason: str | None = None) -> dict:
         choice = {"index": 0, "delta": delta,
                   "logprobs": {"content": logprobs} if logprobs is not None else None,
                   "finish_reason": finish_reason}
+        if finish_reason is not None:
+            choice["stop_reason"] = stop_reason  # vLLM's field: the request's stop string hit
         return {**self._base("chat.completion.chunk"), "choices": [choice]}
 
     def usage_chunk(self, kind: str, num_prompt: int, num_completion: int) -> dict:
         return {**self._base(kind), "choices": [], "usage": usage(num_prompt, num_completion)}
 
     def chat_response(self, message: dict, finish_reason: str, logprobs: list | None,
-                      num_prompt: int, num_completion: int) -> dict:
+                      num_prompt: int, num_completion: int, stop_reason: str | None = None) -> dict:
         choice = {"index": 0, "message": message,
                   "logprobs": {"content": logprobs} if logprobs is not None else None,
-                  "finish_reason": finish_reason}
+                  "finish_reason": finish_reason, "stop_reason": stop_reason}
         return {**self._base("chat.completion"), "choices": [choice],
                 "usage": usage(num_prompt, num_completion)}
 

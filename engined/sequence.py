@@ -55,6 +55,7 @@ class FinishEvent:
     text: str  # text released at the end (held-back text that turned out not to stop)
     num_prompt_tokens: int
     num_completion_tokens: int
+    stop_string: str | None = None  # the stop string that ended the text, if one did
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...]):
         self.stops = tuple(s for s in stops if s)
         self.pending = ""
+        self.hit: str | None = None  # the stop string found, once one is
 
     def push(self, text: str) -> tuple[str, bool]:
         """-> (text safe to release, whether a stop string was hit)."""
@@ -75,6 +77,7 @@ class StopMatcher:
         hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
         if hits:
             self.pending = ""
+            self.hit = min((buf.find(s), s) for s in self.stops if s in buf)[1]
             return buf[:min(hits)], True
         hold = max((n for s in self.stops for n in range(1, len(s)) if buf.endswith(s[:n])),
                    default=0)
@@ -155,7 +158,8 @@ class Sequence:
             tail += "" if is_stop else self.stop_matcher.flush()
         self.finish_reason = reason
         self.finish_time = time.monotonic()
-        self.events.put(FinishEvent(reason, tail, len(self.prompt_ids), len(self.output_ids)))
+        self.events.put(FinishEvent(reason, tail, len(self.prompt_ids), len(self.output_ids),
+                                    self.stop_matcher.hit))
 
     def fail(self, error: Exception):
         self.finish_reason = "error"

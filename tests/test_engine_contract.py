@@ -46,7 +46,7 @@ def test_non_stream_shape_has_no_foreign_fields(sock):
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", body["id"])
     assert re.fullmatch(r"[0-9a-f]{32}", resp.headers["x-request-id"])
     (choice,) = body["choices"]
-    assert set(choice) == {"index", "message", "logprobs", "finish_reason"}
+    assert set(choice) == {"index", "message", "logprobs", "finish_reason", "stop_reason"}
     assert choice["logprobs"] is None
     assert set(choice["message"]) == {"role", "content"}  # no reasoning / tool_calls keys
     assert set(body["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}

@@ -97,12 +97,20 @@ def test_stop_string_is_trimmed_and_stops_generation(scripted):
     body = chat(scripted, stop=["END"])
     assert body["choices"][0]["message"]["content"] == "Hello there "
     assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["choices"][0]["stop_reason"] == "END"  # vLLM's field; the proxy reads it
     assert body["usage"]["completion_tokens"] < num_script - 4
     script(scripted, "Hello there END and much more text here")
     events = stream(scripted.sock, "/v1/chat/completions",
-                    {"messages": ASK, "stop": "END", "stream": True})
+                    {"messages": ASK, "stop": ["STOP", "END"], "stream": True})
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1])
     assert text == "Hello there "
+    assert [e["choices"][0].get("stop_reason") for e in events[:-1]
+            if e["choices"][0]["finish_reason"]] == ["END"]
+
+
+def test_stop_reason_is_null_when_the_template_end_stops(scripted):
+    script(scripted, "Just this.")
+    assert chat(scripted, stop=["END"])["choices"][0]["stop_reason"] is None
 
 
 def test_length_and_usage(scripted):

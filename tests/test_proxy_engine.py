@@ -74,6 +74,7 @@ def test_agent_sized_max_tokens_fit_the_engine_context(stack):
     reply = client.messages.create(model="claude-sonnet-4-5", max_tokens=32000, stop_sequences=["."],
                                    extra_body={"temperature": 0}, messages=QUESTION)
     assert "Paris" in reply.content[0].text
+    assert (reply.stop_reason, reply.stop_sequence) == ("stop_sequence", ".")  # engine's stop_reason
     chat = openai.OpenAI(base_url=stack + "/v1", api_key="x", max_retries=0, timeout=120)
     with pytest.raises(openai.BadRequestError, match="context"):
         chat.chat.completions.create(model="m", max_tokens=10, temperature=0,
