@@ -2,7 +2,8 @@
 (llama-cpp-python) and HF transformers (fp32) on the same GGUF, same machine, same run.
 
 Decode: 64 new tokens, greedy, 17-token prompt, 5 repeats after a warm-up, median tok/s.
-Prefill: a 512-token prompt, tok/s = 512 / time to first token. Threads: 2 for everyone.
+Prefill: a 512-token prompt, tok/s = 512 / time to first token, with the engine's prefix
+cache off (the repeats send the same prompt). Threads: 2 for everyone.
 """
 import argparse
 import json
@@ -77,7 +78,9 @@ def bench_engine(gguf: pathlib.Path, tokens: list[int]) -> dict:
                               capture_output=True, text=True, env=env)
     proc = subprocess.Popen([str(pathlib.Path(sys.executable).parent / "kimi-engine"), "serve",
                              "--model", "default", "--socket", sock, "--threads", "2",
-                             "--max-context", "8192"], env=env, stderr=subprocess.DEVNULL)
+                             "--max-context", "8192",
+                             # every repeat sends the same prompt: measure prefill, not the cache
+                             "--prefix-cache-bytes", "0"], env=env, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 900
         while not os.path.exists(sock) and time.time() < deadline:
@@ -97,33 +100,22 @@ def bench_engine(gguf: pathlib.Path, tokens: list[int]) -> dict:
 
 
 def bench_llamacpp(gguf: pathlib.Path, tokens: list[int]) -> dict | None:
-    try:
-        from llama_cpp import Llama
-    except ImportError:
+    """llama.cpp (llama-cpp-python) in a child process: its OpenMP must not meet torch's."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
         print("llama-cpp-python not installed: skipping llama.cpp (make bench installs it)",
               file=sys.stderr)
         return None
-    llm = Llama(model_path=str(gguf), n_threads=2, n_threads_batch=2, n_ctx=1024,
-                n_batch=512, verbose=False)
-
-    def decode_once() -> float:
-        llm.reset()
-        llm.eval(tokens[:DECODE_PROMPT])
-        start = time.perf_counter()
-        for _ in range(NEW_TOKENS):
-            tok = llm.sample(temp=0.0)
-            llm.eval([tok])
-        return NEW_TOKENS / (time.perf_counter() - start)
-
-    def prefill_once() -> float:
-        llm.reset()
-        start = time.perf_counter()
-        llm.eval(tokens[:PREFILL_PROMPT])
-        return PREFILL_PROMPT / (time.perf_counter() - start)
-
-    decode_once()
-    return {"decode_tok_s": statistics.median(decode_once() for _ in range(REPEATS)),
-            "prefill_tok_s": statistics.median(prefill_once() for _ in range(3))}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(tokens, f)
+    child = pathlib.Path(__file__).with_name("llamacpp_run.py")
+    out = subprocess.run([sys.executable, str(child), str(gguf), f.name, str(DECODE_PROMPT),
+                          str(PREFILL_PROMPT), str(NEW_TOKENS), str(REPEATS)],
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama.cpp baseline failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def bench_transformers(gguf: pathlib.Path, tokens: list[int]) -> dict:
