@@ -105,6 +105,7 @@ class Request:
     passthrough: dict = field(default_factory=dict)  # unknown top-level keys for the engine
     previous_response_id: str | None = None  # Responses
     store: bool | None = None                 # Responses
+    dropped_tools: tuple[str, ...] = ()       # hosted tools the engine cannot run, by type
 
     def replace(self, **changes) -> "Request":
         return dataclasses.replace(self, **changes)

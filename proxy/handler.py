@@ -69,6 +69,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     turn = d.Turn(client_model=req.model or cfg["MODEL"] or "kimi-local",
                   id=ID_PREFIX[dialect.NAME] + d.new_hex())
     req = services.prepare(dialect.NAME, req, body, turn)
+    _note_dropped_tools(dialect.NAME, req, services)
     if not any(m.role != "system" for m in req.messages):
         raise InvalidRequest("there is nothing to answer: send at least one user message"
                              + (" in `input`" if dialect.NAME == "openai_responses" else " in `messages`"))
@@ -216,3 +217,11 @@ def _encode(frame) -> bytes:
     if frame is d.DONE:
         return sse.encode_done()
     return sse.encode(*frame)
+
+
+def _note_dropped_tools(dialect: str, req, services) -> None:
+    """Hosted tools run at the vendor: left out, never rejected (that would break the client)."""
+    for kind in req.dropped_tools:
+        services.metrics.dropped_tools.labels(dialect, kind).inc()
+    if req.dropped_tools:
+        log.info("hosted tools left out (the engine cannot run them): %s", ", ".join(req.dropped_tools))

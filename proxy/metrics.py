@@ -21,6 +21,9 @@ class Metrics:
                                           ["route"], buckets=BUCKETS, registry=r)
         self.parse_failures = Counter("kimi_proxy_tool_parse_failures", "Rejected tool calls in text",
                                       ["parser"], registry=r)
+        self.dropped_tools = Counter("kimi_proxy_dropped_tools", "Hosted tools (web search, image "
+                                     "generation, ...) the engine cannot run, left out of requests",
+                                     ["dialect", "type"], registry=r)
         self.ledger = Counter("kimi_proxy_ledger_lookups", "Reasoning ledger lookups", ["result"],
                               registry=r)
         self.stream_errors = Counter("kimi_proxy_stream_errors", "Streams ended by an error",

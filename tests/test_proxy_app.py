@@ -288,3 +288,21 @@ def test_ledger_limits_come_from_config(tmp_path):
     assert (responses.store.max_entries, responses.store.ttl_seconds) == (3, 60.0)
     with pytest.raises(config.ConfigError, match="ledger-max-entries must be positive"):
         config.load({"LEDGER_MAX_ENTRIES": 0}, None, {})
+
+
+def test_hosted_tools_are_left_out_with_a_log_line_and_a_metric(tmp_path, caplog):
+    app, fake = make(tmp_path, Reply.text("ok"), Reply.text("ok"))
+    client = app.test_client()
+    anth = {**ANTH, "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+                              {"name": "Bash", "input_schema": {"type": "object"}}]}
+    with caplog.at_level("INFO", logger="kimi.proxy"):
+        assert client.post("/v1/messages", json=anth).status_code == 200
+        resp = {"model": "m", "input": "hi", "tools": [
+            {"type": "image_generation"}, {"type": "function", "name": "f", "parameters": {}}]}
+        assert client.post("/v1/responses", json=resp).status_code == 200
+    assert [t["function"]["name"] for t in fake.requests[0]["tools"]] == ["Bash"]
+    assert [t["function"]["name"] for t in fake.requests[1]["tools"]] == ["f"]
+    assert "web_search_20250305" in caplog.text and "image_generation" in caplog.text
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'kimi_proxy_dropped_tools_total{dialect="anthropic",type="web_search_20250305"} 1.0' in text
+    assert 'kimi_proxy_dropped_tools_total{dialect="openai_responses",type="image_generation"} 1.0' in text

@@ -34,6 +34,8 @@ def parse_request(body, policy) -> c.Request:
     return c.Request(
         model=d.opt_str(body, "model") or "", messages=tuple(messages),
         tools=tuple(t for t in (_tool(t) for t in d.list_of_objects(body, "tools")) if t),
+        dropped_tools=tuple(str(t.get("type")) for t in d.list_of_objects(body, "tools")
+                            if _tool(t) is None),
         tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=d.opt_int(body, "max_tokens") or policy.max_tokens,
         temperature=_or(d.opt_float(body, "temperature"), policy.temperature),

@@ -39,6 +39,8 @@ def parse_request(body, policy) -> c.Request:
     return c.Request(
         model=d.opt_str(body, "model") or "", messages=tuple(messages),
         tools=tuple(_tools(d.list_of_objects(body, "tools"))),
+        dropped_tools=tuple(str(t.get("type")) for t in d.list_of_objects(body, "tools")
+                            if t.get("type") not in USABLE_TOOL_TYPES),
         tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=d.opt_int(body, "max_output_tokens") or policy.max_tokens,
         temperature=_or(d.opt_float(body, "temperature"), policy.temperature),
@@ -157,6 +159,9 @@ def _output_text(output) -> str:
         return "".join(o if isinstance(o, str) else str(o.get("text", "")) for o in output
                        if isinstance(o, (str, dict)))
     return json.dumps(output)
+
+
+USABLE_TOOL_TYPES = ("function", "namespace", "custom", "tool_search", None)
 
 
 def _tools(tools: list[dict]) -> list[c.ToolSpec]:
