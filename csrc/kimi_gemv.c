@@ -286,3 +286,66 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
     job.m[1] = up_m;
     return run_job(&job, x, work, nthreads);
 }
+
+/* Portable fp16-weight kernel: one weight row against every x row, 16 partial sums
+ * (the compiler vectorizes them), the same order whatever `rows` is. */
+static void f16_row_c(const uint16_t *w, int64_t k, const float *x, int64_t rows,
+                      float *y, int64_t y_stride)
+{
+    int64_t r, j, l, main = k - k % 16;
+    for (r = 0; r < rows; r++) {
+        const float *xr = x + r * k;
+        float acc[16] = {0}, total = 0.0f;
+        for (j = 0; j < main; j += 16)
+            for (l = 0; l < 16; l++) acc[l] += kh_half_to_float(w[j + l]) * xr[j + l];
+        for (l = 0; l < 16; l++) total += acc[l];
+        for (; j < k; j++) total += kh_half_to_float(w[j]) * xr[j];
+        y[r * y_stride] = total;
+    }
+}
+
+typedef struct {
+    const float *x;
+    const uint16_t *w;
+    int64_t rows, n, k, per_chunk;
+    int use_avx512;
+    float *out;
+} F16Job;
+
+static void f16_chunk(void *ctx, int64_t chunk)
+{
+    const F16Job *job = ctx;
+    int64_t i = chunk * job->per_chunk, end = i + job->per_chunk, k = job->k;
+    if (end > job->n) end = job->n;
+#if KH_HAVE_X86_SIMD
+    if (job->use_avx512) {
+        for (; i + 1 < end; i += 2)
+            kh_f16_rows_avx512(job->w + i * k, job->w + (i + 1) * k, k, job->x, job->rows,
+                               job->out + i, job->out + i + 1, job->n);
+    }
+#endif
+    for (; i < end; i++) f16_row_c(job->w + i * k, k, job->x, job->rows, job->out + i, job->n);
+}
+
+int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
+             float *out, int nthreads)
+{
+    F16Job job;
+    int64_t per_thread;
+    if (!x || !w || !out || rows <= 0 || n <= 0 || k <= 0 || nthreads <= 0) return KH_EINVAL;
+    job.x = x;
+    job.w = w;
+    job.rows = rows;
+    job.n = n;
+    job.k = k;
+    job.out = out;
+    job.use_avx512 = gemv_simd(-1) == 2;
+    if (n * k < KH_SERIAL_BELOW) nthreads = 1;
+    per_thread = (n + nthreads - 1) / nthreads;
+    job.per_chunk = nthreads == 1 ? n : (per_thread + 7) / 8;
+    if (job.per_chunk < 8) job.per_chunk = 8;
+    job.per_chunk += job.per_chunk % 2; /* pairs of weight rows for the AVX-512 kernel */
+    kh_parallel(f16_chunk, &job, (n + job.per_chunk - 1) / job.per_chunk, nthreads,
+                n * k >= KH_WAKE_WORTH);
+    return KH_OK;
+}

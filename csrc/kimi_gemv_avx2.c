@@ -62,30 +62,22 @@ static KH_TARGET void halves_to_floats(const uint16_t *h, int64_t n, float *out)
     for (; i < n; i++) out[i] = _cvtsh_ss(h[i]);
 }
 
-/* acc[r] += sc * dot(block codes, x_r block) for every row r. One row: scale the
- * dot product; several: scale the codes once, then 4 FMAs per row. */
+/* acc[r] += (sc * codes) . x_r block for every row r: the codes are scaled once, then
+ * 4 FMAs per row. One row runs the same operations as many, so a row's result does not
+ * depend on the rows batched with it. */
 #define KH_BLOCK(ROWS, BLK, SC, ACC)                                               \
     do {                                                                           \
         KH_UNPACK(w->q + (BLK) * 16);                                              \
-        if (ROWS == 1) {                                                           \
-            const float *xe = xperm + (BLK) * 32;                                  \
-            __m256 t = _mm256_mul_ps(l0, _mm256_loadu_ps(xe));                     \
-            t = _mm256_fmadd_ps(l1, _mm256_loadu_ps(xe + 8), t);                   \
-            t = _mm256_fmadd_ps(h0, _mm256_loadu_ps(xe + 16), t);                  \
-            t = _mm256_fmadd_ps(h1, _mm256_loadu_ps(xe + 24), t);                  \
-            ACC[0] = _mm256_fmadd_ps(SC, t, ACC[0]);                               \
-        } else {                                                                   \
-            l0 = _mm256_mul_ps(l0, SC);                                            \
-            l1 = _mm256_mul_ps(l1, SC);                                            \
-            h0 = _mm256_mul_ps(h0, SC);                                            \
-            h1 = _mm256_mul_ps(h1, SC);                                            \
-            for (r = 0; r < ROWS; r++) {                                           \
-                const float *xe = xperm + r * w->k + (BLK) * 32;                   \
-                ACC[r] = _mm256_fmadd_ps(l0, _mm256_loadu_ps(xe), ACC[r]);         \
-                ACC[r] = _mm256_fmadd_ps(l1, _mm256_loadu_ps(xe + 8), ACC[r]);     \
-                ACC[r] = _mm256_fmadd_ps(h0, _mm256_loadu_ps(xe + 16), ACC[r]);    \
-                ACC[r] = _mm256_fmadd_ps(h1, _mm256_loadu_ps(xe + 24), ACC[r]);    \
-            }                                                                      \
+        l0 = _mm256_mul_ps(l0, SC);                                                \
+        l1 = _mm256_mul_ps(l1, SC);                                                \
+        h0 = _mm256_mul_ps(h0, SC);                                                \
+        h1 = _mm256_mul_ps(h1, SC);                                                \
+        for (r = 0; r < ROWS; r++) {                                               \
+            const float *xe = xperm + r * w->k + (BLK) * 32;                       \
+            ACC[r] = _mm256_fmadd_ps(l0, _mm256_loadu_ps(xe), ACC[r]);             \
+            ACC[r] = _mm256_fmadd_ps(l1, _mm256_loadu_ps(xe + 8), ACC[r]);         \
+            ACC[r] = _mm256_fmadd_ps(h0, _mm256_loadu_ps(xe + 16), ACC[r]);        \
+            ACC[r] = _mm256_fmadd_ps(h1, _mm256_loadu_ps(xe + 24), ACC[r]);        \
         }                                                                          \
     } while (0)
 

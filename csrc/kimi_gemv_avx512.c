@@ -41,27 +41,21 @@ static KH_TARGET512 void halves_to_floats(const uint16_t *h, int64_t n, float *o
     for (; i < n; i++) out[i] = _cvtsh_ss(h[i]);
 }
 
-/* acc[r] += sc * dot(block codes, x_r block) for every row r. One row: scale the
- * dot product (3 ops); several: scale the codes once, then 2 FMAs per row. */
+/* acc[r] += (sc * codes) . x_r block for every row r: the codes are scaled once, then
+ * 2 FMAs per row. One row runs the same operations as many (no dot-then-scale shortcut),
+ * so a row's result does not depend on the rows batched with it. */
 #define KH_BLOCK512(ROWS, BLK, SC, ACC)                                            \
     do {                                                                             \
         __m128i raw = _mm_loadu_si128((const __m128i *)(w->q + (BLK) * 16));         \
         __m512 ev = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, mask))); \
         __m512 od = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(                         \
             _mm_and_si128(_mm_srli_epi16(raw, 4), mask)));                           \
-        if (ROWS == 1) {                                                             \
-            const float *xe = xperm + (BLK) * 32;                                    \
-            __m512 t = _mm512_mul_ps(ev, _mm512_loadu_ps(xe));                       \
-            t = _mm512_fmadd_ps(od, _mm512_loadu_ps(xe + 16), t);                    \
-            ACC[0] = _mm512_fmadd_ps(SC, t, ACC[0]);                                 \
-        } else {                                                                     \
-            ev = _mm512_mul_ps(ev, SC);                                              \
-            od = _mm512_mul_ps(od, SC);                                              \
-            for (r = 0; r < ROWS; r++) {                                             \
-                const float *xe = xperm + r * w->k + (BLK) * 32;                     \
-                ACC[r] = _mm512_fmadd_ps(ev, _mm512_loadu_ps(xe), ACC[r]);           \
-                ACC[r] = _mm512_fmadd_ps(od, _mm512_loadu_ps(xe + 16), ACC[r]);      \
-            }                                                                        \
+        ev = _mm512_mul_ps(ev, SC);                                                  \
+        od = _mm512_mul_ps(od, SC);                                                  \
+        for (r = 0; r < ROWS; r++) {                                                 \
+            const float *xe = xperm + r * w->k + (BLK) * 32;                         \
+            ACC[r] = _mm512_fmadd_ps(ev, _mm512_loadu_ps(xe), ACC[r]);               \
+            ACC[r] = _mm512_fmadd_ps(od, _mm512_loadu_ps(xe + 16), ACC[r]);          \
         }                                                                            \
     } while (0)
 
@@ -130,6 +124,36 @@ void kh_row_blocks_avx512(const KhRow *w, const float *xperm, const float *xsum,
                           int64_t rows, float *y, int64_t y_stride)
 {
     by_rows[rows](w, xperm, xsum, y, y_stride);
+}
+
+/* Two fp16 weight rows against every x row, 16 lanes at a time; each (row, weight row)
+ * pair is one FMA chain in a fixed order whatever `rows` is. Memory traffic: 2 bytes
+ * per weight, read once per call (the two rows stay in L1 across the x rows). */
+KH_TARGET512 void kh_f16_rows_avx512(const uint16_t *w0, const uint16_t *w1, int64_t k,
+                                     const float *x, int64_t rows, float *y0, float *y1,
+                                     int64_t y_stride)
+{
+    int64_t r, j, main = k - k % 16;
+    for (r = 0; r < rows; r++) {
+        const float *xr = x + r * k;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        float t0, t1;
+        for (j = 0; j < main; j += 16) {
+            __m512 xv = _mm512_loadu_ps(xr + j);
+            a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w0 + j))),
+                                 xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w1 + j))),
+                                 xv, a1);
+        }
+        t0 = _mm512_reduce_add_ps(a0);
+        t1 = _mm512_reduce_add_ps(a1);
+        for (; j < k; j++) {
+            t0 += _cvtsh_ss(w0[j]) * xr[j];
+            t1 += _cvtsh_ss(w1[j]) * xr[j];
+        }
+        y0[r * y_stride] = t0;
+        y1[r * y_stride] = t1;
+    }
 }
 
 #else

@@ -46,6 +46,13 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
                      const uint16_t *up_s, const uint16_t *up_m, int64_t n, int64_t k,
                      int64_t group, float *work, float *out, int nthreads);
 
+/* Dense fp16-weight GEMV: out[r, i] = sum_j x[r, j] * w[i, j] for r < rows (>= 1),
+ * accumulated in fp32. w: [n, k] IEEE half bits; x: [rows, k] fp32; out: [rows, n].
+ * Each (r, i) is computed by the same operations whatever rows is, so a row's
+ * result does not depend on the rows batched with it. */
+int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
+             float *out, int nthreads);
+
 /* Counters of the worker pool: jobs handed to it (not run on the caller alone) and
  * chunks its helper threads ran. */
 void pool_stats(int64_t *jobs, int64_t *helper_chunks);

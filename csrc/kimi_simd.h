@@ -50,6 +50,9 @@ int kh_cpu_has_avx2(void);
 void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
                         int64_t rows, float *y, int64_t y_stride);
 int kh_cpu_has_avx512(void);
+/* y[r * y_stride] = dot(w row, x row r) for two fp16 weight rows w0, w1 (y1 for w1). */
+void kh_f16_rows_avx512(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x,
+                        int64_t rows, float *y0, float *y1, int64_t y_stride);
 void kh_row_blocks_avx512(const KhRow *w, const float *xperm, const float *xsum,
                           int64_t rows, float *y, int64_t y_stride);
 #endif

@@ -23,12 +23,10 @@ class Attention:
                      kv: list[tuple[torch.Tensor, torch.Tensor]],
                      positions: list[int]) -> torch.Tensor:
         """One token for each of B sequences: the projections run once over all rows, the
-        attention per sequence over its own cache. x: [R, D] (R >= B: rows past B repeat row 0
-        and touch no cache); cos, sin: [R, hd] -> [R, D]."""
+        attention per sequence over its own cache. x: [B, D]; cos, sin: [B, hd] -> [B, D]."""
         q, k, v = self._project(x, cos, sin)
         rows = [self._attend(q[i:i + 1], k[i:i + 1], v[i:i + 1], k_cache, v_cache, pos)
                 for i, ((k_cache, v_cache), pos) in enumerate(zip(kv, positions))]
-        rows += rows[:1] * (x.shape[0] - len(rows))  # padding rows (see llama.MIN_DECODE_ROWS)
         return self.o(torch.cat(rows))
 
     def _project(self, x, cos, sin):

@@ -1,6 +1,9 @@
 import torch
 import torch.nn.functional as F
 
+from engined import helper
+from engined.ops.w4a16_gemv import cpu_c
+
 Q8_GROUP = 32
 
 
@@ -37,6 +40,8 @@ class TiedEmbedding:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] fp32 -> [T, V] fp32
+        if self.is_c_head:
+            return self._c_logits(x)
         if self.weight.dtype == torch.float32:
             return F.linear(x, self.weight)
         logits = F.linear(x.to(self.weight.dtype), self.weight).float()  # [T, V]
@@ -44,6 +49,27 @@ class TiedEmbedding:
         rows = self.weight[top].float()  # [T, R, D]
         exact = torch.einsum("trd,td->tr", rows, x)  # t: token, r: candidate, d: hidden
         return logits.scatter_(-1, top, exact)
+
+    @property
+    def is_c_head(self) -> bool:
+        """fp16 on the CPU with the C helper: one pass of fp32-accumulated dot products, each
+        row's logits independent of the rows batched with it (no 16-bit rounding to refine)."""
+        w = self.weight
+        return (w.dtype == torch.float16 and w.device.type == "cpu" and w.is_contiguous()
+                and helper.lib is not None)
+
+    def _c_logits(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, D] -> [T, V] fp32
+        x = x.to(torch.float32).contiguous()
+        (v, d), t = self.weight.shape, x.shape[0]
+        out = torch.empty(t, v, dtype=torch.float32)
+        cast = helper.ffi.cast
+        status = helper.lib.gemv_f16(cast("float *", x.data_ptr()), t,
+                                     cast("uint16_t *", self.weight.data_ptr()), v, d,
+                                     cast("float *", out.data_ptr()), cpu_c.num_threads())
+        if status:
+            helper.check(status, "gemv_f16")
+        return out
 
     @property
     def nbytes(self) -> int:

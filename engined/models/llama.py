@@ -18,10 +18,6 @@ INT4_WEIGHTS = {"q": "blk.{i}.attn_q", "k": "blk.{i}.attn_k", "v": "blk.{i}.attn
                 "o": "blk.{i}.attn_output", "gate": "blk.{i}.ffn_gate", "up": "blk.{i}.ffn_up",
                 "down": "blk.{i}.ffn_down"}
 FINAL_NORM = "output_norm.weight"
-# The one-row kernels (the INT4 GEMV scales the dot product, not the codes; the fp16 LM-head
-# matmul) round differently from their multi-row forms, so batched decode runs a lone row
-# as two: every batch size then computes each sequence's row with the same bits.
-MIN_DECODE_ROWS = 2
 EMBEDDING = "token_embd"
 
 
@@ -176,11 +172,8 @@ class LlamaModel:
             return torch.cat([self.decode_batch(tokens[i:i + GEMV_MAX_ROWS], caches[i:i + GEMV_MAX_ROWS],
                                                 positions[i:i + GEMV_MAX_ROWS])
                               for i in range(0, len(positions), GEMV_MAX_ROWS)])
-        b = len(positions)
-        rows = [*range(b)] + [0] * (MIN_DECODE_ROWS - b)  # pad a lone row with its copy
-        angles = [self.rope.cos_sin(positions[r], 1) for r in rows]
-        cos, sin = torch.cat([c for c, _ in angles]), torch.cat([s for _, s in angles])  # [R, hd]
-        h = self.embedding.embed(tokens.to(self.device)[rows])  # [R, D]
+        cos, sin = self.rope.at_positions(positions)  # [B, hd]
+        h = self.embedding.embed(tokens.to(self.device))  # [B, D]
         for i, block in enumerate(self.blocks):
             h = block.decode_batch(h, cos, sin, [cache.data[i] for cache in caches], positions)
-        return self.embedding.logits(self.final_norm(h))[:b]  # [B, V]
+        return self.embedding.logits(self.final_norm(h))  # [B, V]
