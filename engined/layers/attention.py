@@ -10,8 +10,9 @@ class Attention:
 
     def __init__(self, q: Int4Linear, k: Int4Linear, v: Int4Linear, o: Int4Linear,
                  num_heads: int, num_kv_heads: int, head_dim: int):
-        self.q, self.k, self.v, self.o = q, k, v, o
+        self.qkv, self.o = Int4Linear.stacked([q, k, v]), o  # one GEMV for q, k and v
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.split = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, start: int) -> torch.Tensor:
@@ -32,9 +33,10 @@ class Attention:
     def _project(self, x, cos, sin):
         # x: [T, D] -> q [T, H, hd], k, v [T, KVH, hd] (q and k rotated)
         t = x.shape[0]
-        q = RotaryEmbedding.apply(self.q(x).view(t, self.num_heads, self.head_dim), cos, sin)
-        k = RotaryEmbedding.apply(self.k(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        return q, k, self.v(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv(x).split(self.split, dim=-1)  # [T, H*hd], [T, KVH*hd] x 2
+        q = RotaryEmbedding.apply(q.view(t, self.num_heads, self.head_dim), cos, sin)
+        k = RotaryEmbedding.apply(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        return q, k, v.view(t, self.num_kv_heads, self.head_dim)
 
     def _attend(self, q, k, v, k_cache, v_cache, start: int) -> torch.Tensor:
         # q: [T, H, hd]; k, v: [T, KVH, hd] at positions start.. -> [T, H*hd]

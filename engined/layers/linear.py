@@ -16,6 +16,18 @@ class Int4Linear:
         self.out_features, self.in_features = packed.shape
         self.gemv = registry.resolve("w4a16_gemv", device).fn
 
+    @classmethod
+    def stacked(cls, parts: list["Int4Linear"], device: str = "cpu") -> "Int4Linear":
+        """One linear whose output rows are the parts' rows in order (same K and group; rows
+        keep their own scales and mins, so each output equals the part's, bit for bit, in
+        one GEMV call instead of len(parts))."""
+        ps = [lin.packed for lin in parts]
+        if len({(p.shape[1], p.group_size) for p in ps}) != 1:
+            raise ValueError("stacked linears need the same in_features and group size")
+        return cls(int4_format.PackedInt4(torch.cat([p.qweight for p in ps]),
+                                          torch.cat([p.scales for p in ps]),
+                                          torch.cat([p.mins for p in ps]), ps[0].group_size), device)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [M, K] -> [M, N] fp32
         if x.shape[0] <= GEMV_MAX_ROWS:

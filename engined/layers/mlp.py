@@ -5,11 +5,14 @@ from engined.layers.linear import Int4Linear
 
 
 class SwiGLU:
-    """down(silu(gate(x)) * up(x))."""
+    """down(silu(gate(x)) * up(x)); gate and up run as one stacked GEMV."""
 
     def __init__(self, gate: Int4Linear, up: Int4Linear, down: Int4Linear):
-        self.gate, self.up, self.down = gate, up, down
+        self.hidden = gate.out_features
+        self.gate_up, self.down = Int4Linear.stacked([gate, up]), down
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [T, D] -> [T, D]; hidden: [T, F]
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        # x: [T, D] -> [T, D]; gate_up: [T, 2F]
+        gate_up = self.gate_up(x)
+        gate, up = gate_up[:, :self.hidden], gate_up[:, self.hidden:]
+        return self.down(F.silu(gate).mul_(up))

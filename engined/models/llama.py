@@ -113,8 +113,7 @@ class LlamaModel:
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.kv_bytes_per_token = config.kv_bytes_per_token(kv_dtype)
         norms = [final_norm] + [n for b in blocks for n in (b.attn_norm, b.ffn_norm)]
-        linears = [lin for b in blocks for lin in (b.attn.q, b.attn.k, b.attn.v, b.attn.o,
-                                                   b.mlp.gate, b.mlp.up, b.mlp.down)]
+        linears = [lin for b in blocks for lin in (b.attn.qkv, b.attn.o, b.mlp.gate_up, b.mlp.down)]
         self.weight_bytes = (embedding.nbytes + sum(lin.nbytes for lin in linears)
                              + sum(n.weight.numel() * 4 for n in norms))
 
