@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip --disable-pip-version-check -q
+PIP    := PYTHONWARNINGS=ignore $(PY) -m pip --disable-pip-version-check -q
 CONSTRAINTS := -c constraints.txt
 STAMP  := $(VENV)/.kimi-setup
 SRC_DEPS := setup.cfg setup.py constraints.txt $(wildcard csrc/*.c csrc/*.h) engined/_helper_build.py
