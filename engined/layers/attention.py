@@ -32,11 +32,10 @@ class Attention:
 
     def _project(self, x, cos, sin):
         # x: [T, D] -> q [T, H, hd], k, v [T, KVH, hd] (q and k rotated)
-        t = x.shape[0]
-        q, k, v = self.qkv(x).split(self.split, dim=-1)  # [T, H*hd], [T, KVH*hd] x 2
-        q = RotaryEmbedding.apply(q.view(t, self.num_heads, self.head_dim), cos, sin)
-        k = RotaryEmbedding.apply(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        return q, k, v.view(t, self.num_kv_heads, self.head_dim)
+        t, h = x.shape[0], self.num_heads
+        qk, v = self.qkv(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
+        qk = RotaryEmbedding.apply(qk.view(t, h + self.num_kv_heads, self.head_dim), cos, sin)
+        return qk[:, :h], qk[:, h:], v.view(t, self.num_kv_heads, self.head_dim)
 
     def _attend(self, q, k, v, k_cache, v_cache, start: int) -> torch.Tensor:
         # q: [T, H, hd]; k, v: [T, KVH, hd] at positions start.. -> [T, H*hd]

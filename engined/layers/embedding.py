@@ -23,11 +23,13 @@ def dequantize_q8_0(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
 class TiedEmbedding:
     """Token embedding whose matrix is also the LM head. weight: [V, D] in `dtype`.
 
-    With a 16-bit weight the head runs as one 16-bit matmul (half the bytes of fp32 per decode
-    step), whose output is rounded to 16 bits: near the top of the distribution that rounding
-    (2^-6 at |logit| ~ 20 in fp16) can tie or swap close candidates. So the REFINE largest
-    logits of each row are recomputed in fp32 from the same weight rows; the rest keep the
-    16-bit values. engined/ops/README.md records the measurements behind this choice."""
+    fp16 on the CPU (the default) runs the head as one C GEMV (gemv_f16) that accumulates in
+    fp32: half the bytes of an fp32 head, full-precision logits, and each row's logits
+    independent of the batch. Otherwise a 16-bit weight runs as one 16-bit matmul whose output
+    is rounded to 16 bits: near the top of the distribution that rounding (2^-6 at |logit| ~ 20
+    in fp16) can tie or swap close candidates, so the REFINE largest logits of each row are
+    recomputed in fp32 from the same weight rows. engined/ops/README.md records the
+    measurements behind this choice."""
 
     REFINE = 64
 

@@ -14,7 +14,9 @@ class RotaryEmbedding:
         positions = torch.arange(start, start + length, dtype=torch.int64).float()
         freqs = positions[:, None] * self.inv_freq[None, :]  # [T, hd/2]
         angles = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
-        return angles.cos(), angles.sin()
+        sin = angles.sin()
+        sin[:, :freqs.shape[1]].neg_()  # rotate-half's sign folded in: see apply
+        return angles.cos(), sin
 
     def _grow(self, end: int):
         if end > self._cos.shape[0]:
@@ -22,7 +24,7 @@ class RotaryEmbedding:
             self._cos, self._sin = self._angles(0, size)
 
     def cos_sin(self, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # -> cos, sin: [T, hd] for positions start..start+length-1
+        # -> cos, sin: [T, hd] for positions start..start+length-1 (sin's first half negated)
         self._grow(start + length)
         return self._cos[start:start + length], self._sin[start:start + length]
 
@@ -36,7 +38,8 @@ class RotaryEmbedding:
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: [T, H, hd]; cos, sin: [T, hd]
+        # x: [T, H, hd]; cos, sin: [T, hd] from cos_sin. rotate_half(x) * sin equals
+        # swap_halves(x) * sin with sin's first half negated (a sign flip rounds the same).
         half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos[:, None, :] + rotated * sin[:, None, :]
+        swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+        return swapped.mul_(sin[:, None, :]).addcmul_(x, cos[:, None, :])

@@ -1,5 +1,6 @@
 """Llama-architecture forward (SmolLM2 and kin): fp32 activations, INT4 linears, one KV cache
 per sequence. This module only wires layers; the checkpoint names are the WEIGHTS table."""
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -11,6 +12,7 @@ from engined.layers.linear import GEMV_MAX_ROWS, Int4Linear
 from engined.layers.mlp import SwiGLU
 from engined.layers.rmsnorm import RMSNorm
 from engined.layers.rope import RotaryEmbedding
+from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 
 # Layer slot -> artifact name ({i}: block index). INT4 names carry .qweight/.scales/.mins.
 NORM_WEIGHTS = {"attn_norm": "blk.{i}.attn_norm.weight", "ffn_norm": "blk.{i}.ffn_norm.weight"}
@@ -150,13 +152,14 @@ class LlamaModel:
         if t == 0 or start < 0 or start + t > cache.max_tokens:
             raise ValueError(f"positions {start}..{start + t - 1} do not fit a cache of "
                              f"{cache.max_tokens} tokens")
-        cos, sin = self.rope.cos_sin(start, t)
-        h = self.embedding.embed(tokens.to(self.device))  # [T, D]
-        for block, layer_cache in zip(self.blocks, cache.data):
-            h = block(h, cos, sin, layer_cache, start)
-        if last_only:
-            h = h[-1:]
-        return self.embedding.logits(self.final_norm(h))  # [T or 1, V]
+        with self._decode_threads() if t == 1 else contextlib.nullcontext():
+            cos, sin = self.rope.cos_sin(start, t)
+            h = self.embedding.embed(tokens.to(self.device))  # [T, D]
+            for block, layer_cache in zip(self.blocks, cache.data):
+                h = block(h, cos, sin, layer_cache, start)
+            if last_only:
+                h = h[-1:]
+            return self.embedding.logits(self.final_norm(h))  # [T or 1, V]
 
     @torch.inference_mode()
     def decode_batch(self, tokens: torch.Tensor, caches: list[KVCache],
@@ -171,8 +174,13 @@ class LlamaModel:
             return torch.cat([self.decode_batch(tokens[i:i + GEMV_MAX_ROWS], caches[i:i + GEMV_MAX_ROWS],
                                                 positions[i:i + GEMV_MAX_ROWS])
                               for i in range(0, len(positions), GEMV_MAX_ROWS)])
-        cos, sin = self.rope.at_positions(positions)  # [B, hd]
-        h = self.embedding.embed(tokens.to(self.device))  # [B, D]
-        for i, block in enumerate(self.blocks):
-            h = block.decode_batch(h, cos, sin, [cache.data[i] for cache in caches], positions)
-        return self.embedding.logits(self.final_norm(h))  # [B, V]
+        with self._decode_threads():
+            cos, sin = self.rope.at_positions(positions)  # [B, hd]
+            h = self.embedding.embed(tokens.to(self.device))  # [B, D]
+            for i, block in enumerate(self.blocks):
+                h = block.decode_batch(h, cos, sin, [cache.data[i] for cache in caches], positions)
+            return self.embedding.logits(self.final_norm(h))  # [B, V]
+
+    def _decode_threads(self):
+        """Decode's small torch ops on one thread (the C kernels keep theirs) on the CPU."""
+        return torch_single_threaded() if self.device == "cpu" else contextlib.nullcontext()
