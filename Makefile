@@ -55,6 +55,7 @@ bench: bench-deps
 	@$(PY) bench/decode.py
 	@$(PY) bench/kernels.py
 	@$(PY) bench/proxy_overhead.py
+	@$(PY) bench/agent_turns.py
 
 install:
 	@bash tools/install.sh install $(PREFIX) $(DESTDIR)
