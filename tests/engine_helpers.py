@@ -151,15 +151,21 @@ class Daemon:
     def stop(self, timeout: float = 60) -> int:
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+            return stop_process(self.proc, timeout)
         finally:
             self._stderr.close()
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 60) -> int:
+    """SIGTERM, wait up to `timeout`, then SIGKILL; the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(10)
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300

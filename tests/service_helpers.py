@@ -13,11 +13,12 @@ import os
 import pathlib
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
 import time
+
+from engine_helpers import stop_process
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent
@@ -150,13 +151,8 @@ class Service:
     def stop(self, timeout: float = 60) -> int:
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+            return stop_process(self.proc, timeout)
         finally:
             self.notify.close()
 
