@@ -99,6 +99,11 @@ class FakeUpstream:
         self.is_json_only = False  # answer streaming requests with JSON, as some servers do
         self._lock = threading.Lock()
 
+    def count(self, outcome: str) -> None:
+        """Streams end on server threads: count under the lock ("completed" or "cancelled")."""
+        with self._lock:
+            setattr(self, outcome, getattr(self, outcome) + 1)
+
     def push(self, *replies: Reply) -> None:
         self.script.extend(replies)
 
@@ -202,9 +207,9 @@ def _handler_for(fake: FakeUpstream):
                     self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
                 self._chunk(b"data: [DONE]\n\n")
                 self._chunk(b"")
-                fake.completed += 1
+                fake.count("completed")
             except (BrokenPipeError, ConnectionResetError):
-                fake.cancelled += 1
+                fake.count("cancelled")
                 self.close_connection = True
 
         def _chunk(self, data: bytes) -> None:
@@ -261,13 +266,13 @@ class _InProcessStream:
                     raise UpstreamError("upstream closed the stream before it finished")
                 yield chunk
             self.is_finished = True
-            self.fake.completed += 1
+            self.fake.count("completed")
         finally:
             self.close()
 
     def close(self):
         if not self.is_closed and not self.is_finished:
-            self.fake.cancelled += 1
+            self.fake.count("cancelled")
         self.is_closed = True
 
 
