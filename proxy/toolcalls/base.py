@@ -180,6 +180,34 @@ class Parser:
             out.append(TextDelta(display))
 
 
+class TokenParser(Parser):
+    """A parser driven by control tokens: text between tokens goes to `_content`, each token to
+    `_token`; a suffix that could start a token is held back until the next feed."""
+
+    TOKENS: tuple[str, ...] = ()
+
+    def __init__(self, tools: list[dict] | None = None, new_id: IdFactory | None = None):
+        super().__init__(tools, new_id)
+        self.buf = ""
+
+    def feed(self, text: str) -> list[Event]:
+        out: list[Event] = []
+        self.buf += text
+        while True:
+            before, token, after = next_token(self.buf, self.TOKENS)
+            self._content(out, before)
+            self.buf = after
+            if token is None:
+                return out
+            self._token(out, token)
+
+    def _content(self, out: list[Event], text: str) -> None:
+        raise NotImplementedError
+
+    def _token(self, out: list[Event], token: str) -> None:
+        raise NotImplementedError
+
+
 def emit_text(out: list[Event], text: str, reasoning: bool = False) -> None:
     if text:
         out.append(ReasoningDelta(text) if reasoning else TextDelta(text))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Event, Parser, emit_text, next_token
+from .base import Event, TokenParser, emit_text
 
 SECTION_BEGIN = "<|tool_calls_section_begin|>"
 SECTION_BEGIN_ALT = "<|tool_call_section_begin|>"
@@ -34,29 +34,18 @@ _HEADER = re.compile(r"^(?:functions?\.)?(?P<name>[^\s:]+?)(?::(?P<idx>\d+))?$")
 TEXT, SECTION, HEADER, ARGS = "text", "section", "header", "args"
 
 
-class KimiParser(Parser):
+class KimiParser(TokenParser):
+    TOKENS = TOKENS
     name = "kimi"
 
     def __init__(self, tools=None, new_id=None):
         super().__init__(tools, new_id)
         self.state = TEXT
-        self.buf = ""            # unconsumed input
         self.pending_ws = ""     # whitespace inside a section, not yet known to be prose
         self.run_has_prose = False
         self.in_section = False
         self.header = ""
         self.args = ""
-
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        self.buf += text
-        while True:
-            before, token, after = next_token(self.buf, TOKENS)
-            self._content(out, before)
-            self.buf = after
-            if token is None:
-                return out
-            self._token(out, token)
 
     def _content(self, out: list[Event], text: str) -> None:
         if self.state == TEXT:

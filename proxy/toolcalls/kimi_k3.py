@@ -24,7 +24,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from .base import Event, Parser, emit_text, next_token
+from .base import Event, TokenParser, emit_text
 
 OPEN, CLOSE, SEP, EOM = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
 TOKENS = (OPEN, CLOSE, SEP, EOM)
@@ -53,28 +53,17 @@ class _Call:
     failure: str | None = None
 
 
-class KimiK3Parser(Parser):
+class KimiK3Parser(TokenParser):
+    TOKENS = TOKENS
     name = "kimi_k3"
 
     def __init__(self, tools=None, new_id=None):
         super().__init__(tools, new_id)
-        self.buf = ""
         self.tag: tuple[str, str] | None = None   # (OPEN|CLOSE, header so far)
         self.stack: list[str] = []
         self.call: _Call | None = None
         self.pending_ws = ""
         self.run_has_prose = False
-
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        self.buf += text
-        while True:
-            before, token, after = next_token(self.buf, TOKENS)
-            self._content(out, before)
-            self.buf = after
-            if token is None:
-                return out
-            self._token(out, token)
 
     # content between tokens
     def _content(self, out: list[Event], text: str) -> None:
