@@ -18,7 +18,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from common import append_results, hardware, write_json  # noqa: E402
 
-from engined.default_model import default_gguf_path  # noqa: E402
+from engined.weights.default_model import default_gguf_path  # noqa: E402
 
 NEW_TOKENS, DECODE_PROMPT, PREFILL_PROMPT, REPEATS = 64, 17, 512, 5
 TEXT = ("The history of computing is a story of ideas that became machines and machines that "
@@ -73,7 +73,7 @@ def bench_engine(gguf: pathlib.Path, tokens: list[int]) -> dict:
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="kimi-bench-"))
     sock = str(tmp / "engine.sock")
     env = dict(os.environ, XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(tmp / "cache")))
-    baseline = subprocess.run([sys.executable, "-c", "import engined.server, engined.loader, torch;"
+    baseline = subprocess.run([sys.executable, "-c", "import engined.serving.routes, engined.weights.loader, torch;"
                                "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"],
                               capture_output=True, text=True, env=env)
     proc = subprocess.Popen([str(pathlib.Path(sys.executable).parent / "kimi-engine"), "serve",

@@ -12,13 +12,13 @@ RESULTS=${RESULTS:-bench/RESULTS.md}
 # 1. Triton GEMV kernels at the full Kimi-Linear decode shapes, against the device peak.
 timeout 150 "$PY" bench/kernels.py --device cuda
 # 2. The synthetic full-size Kimi-Linear-48B decode (INT4, selective plan).
-timeout 240 "$PY" -m engined.synthetic_bench --synthetic kimi-linear-48b --int4 --device cuda --record "$RESULTS"
+timeout 240 "$PY" -m engined.commands.bench --synthetic kimi-linear-48b --int4 --device cuda --record "$RESULTS"
 if [ "${BF16:-0}" = 1 ]; then
-  timeout 240 "$PY" -m engined.synthetic_bench --synthetic kimi-linear-48b --device cuda --record "$RESULTS"
+  timeout 240 "$PY" -m engined.commands.bench --synthetic kimi-linear-48b --device cuda --record "$RESULTS"
 fi
 # 3. GPU-marked tests (equivalence at full shapes), when the image has pytest.
 if "$PY" -c 'import pytest' 2>/dev/null; then
-  timeout 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_ops_gpu.py
+  timeout 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_gpu.py
 else
   echo "pytest is not on this image: GPU-marked tests not run (pip install pytest, then rerun)"
 fi

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from engined import loader
+from engined.weights import loader
 from engined.ops import registry
 
 

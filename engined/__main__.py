@@ -62,7 +62,7 @@ def serve(config_file, **flags):
         config = EngineConfig.layered(flags, os.environ, config_file)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    from engined import daemon  # torch and the model code load only when serving
+    from engined.serving import daemon  # torch and the model code load only when serving
 
     sys.exit(daemon.run(config))
 
@@ -87,13 +87,13 @@ def doctor(config_file, **flags):
         config = EngineConfig.layered(flags, os.environ, config_file)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    from engined import doctor as doctor_mod
+    from engined.commands import doctor as doctor_mod
 
     sys.exit(doctor_mod.main(config, echo=click.echo))
 
 
 def _attach_model_commands():
-    from engined.kimi_cli import COMMANDS  # quantize, verify, bench
+    from engined.commands.kimi import COMMANDS  # quantize, verify, bench
 
     for command in COMMANDS:
         main.add_command(command)

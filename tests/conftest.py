@@ -3,7 +3,7 @@ import pathlib
 
 import pytest
 
-from engined.default_model import default_gguf_path
+from engined.weights.default_model import default_gguf_path
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"

@@ -1,6 +1,6 @@
 """Kimi K2-Instruct chat format (reference §4.3). A jinja `chat_template` shipped with the
 checkpoint (tokenizer_config.json or chat_template.jinja) wins; otherwise the built-in renderer
-below, pinned byte for byte by tests/test_kimi_chat.py.
+below, pinned byte for byte by tests/chat/test_kimi_chat.py.
 
 Turns: <|im_X|>{name}<|im_middle|>{body}<|im_end|>, concatenated without newlines.
 `render_ids` encodes markup with special tokens but message text without them, so a user

@@ -1,6 +1,6 @@
 """Kimi-Linear forward: embedding -> [norm, KDA|MLA, norm, dense|MoE] x L -> norm -> lm_head.
 This module only wires layers (engined/layers/{kda,mla,moe,kimi_norms}.py); the checkpoint
-names live in engined/kimi_checkpoint.py's table. Activations run in `dtype`; the KDA state,
+names live in engined/weights/kimi_checkpoint.py's table. Activations run in `dtype`; the KDA state,
 router, softmax and norms compute in fp32.
 """
 from dataclasses import dataclass

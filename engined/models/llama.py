@@ -70,7 +70,7 @@ class KVCache:
 
     data: torch.Tensor
 
-    is_recurrent = False  # rows alone resume a sequence (engined/prefix_cache.py)
+    is_recurrent = False  # rows alone resume a sequence (engined/engine/prefix_cache.py)
 
     @property
     def max_tokens(self) -> int:

@@ -1,7 +1,7 @@
 """The five real coding-agent CLIs, unchanged, through kimi-proxy in front of a fake upstream.
 
 Each client runs in a loopback-only network namespace (../shared/tools/agent-clients);
-SERVER_CMD starts tests/fake_upstream.py and kimi-proxy inside it. Run with
+SERVER_CMD starts tests/e2e/fake_upstream.py and kimi-proxy inside it. Run with
 `make test-clients` (the first run installs the clients, about 7 minutes).
 """
 import json
@@ -60,7 +60,7 @@ def test_client(case, tmp_path):
     client, scenario, extra_env = case
     upstream_log = tmp_path / "upstream.jsonl"
     server_cmd = (
-        f"{PYTHON} {ROOT}/tests/fake_upstream.py --port 9100 --scenario {scenario} "
+        f"{PYTHON} {ROOT}/tests/e2e/fake_upstream.py --port 9100 --scenario {scenario} "
         f"--log {upstream_log} & exec {PROXY} serve --port 18080 "
         f"--upstream http://127.0.0.1:9100/v1 --ledger {tmp_path}/ledger.sqlite")
     env = dict(os.environ, SERVER_CMD=server_cmd, CLIENTS_DIR=str(CLIENTS_DIR),

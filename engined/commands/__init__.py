@@ -1,0 +1,1 @@
+"""Subcommands beyond serve: doctor, Kimi quantize/verify, the synthetic bench."""

@@ -1,0 +1,142 @@
+"""Synthetic-weight decode benchmark for Kimi-Linear (`kimi-engine bench --synthetic ...`).
+
+Builds the model with random weights directly on the device (no checkpoint), then measures
+batch-1 greedy decode: a 17-token prompt, 64 new tokens, 5 repeats, median. The ceiling is the
+bandwidth roofline: bytes read per decoded token (weights touched + KDA state read/write + MLA
+latents) / the GPU's peak bandwidth (reference §7). Imports only torch and engined's model code,
+so it runs on the GPU image (no cffi, flask or gevent):
+
+    python -m engined.commands.bench --synthetic kimi-linear-48b --int4 --device cuda
+"""
+import argparse
+import statistics
+import time
+
+import torch
+
+from engined.weights import synthetic as synthetic_weights
+from engined.engine.cuda_graph import GreedyDecoder
+from engined.models.kimi_linear import KimiLinearModel
+from engined.models.kimi_linear_config import parse_config
+
+PROMPT_TOKENS, NEW_TOKENS, REPEATS = 17, 64, 5
+PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "L40S": 864e9, "5090": 1.79e12, "A100": 2.0e12,
+                  "4090": 1.008e12, "A10G": 600e9, "L4": 300e9}
+REFERENCE_BYTES = 2_464.7e6  # §7.2: local-kimi's selective INT4 (0.5625 B/param) weights + KDA state
+
+
+def build(name: str, device: str, int4: bool, seed: int = 0) -> KimiLinearModel:
+    cfg = parse_config(synthetic_weights.CONFIGS[name])
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    plan = synthetic_weights.selective_int4(cfg) if int4 else {}
+    model = KimiLinearModel(cfg, dtype, device, plan, torch.bfloat16)
+    synthetic_weights.fill_random(model, seed)
+    return model
+
+
+def bytes_per_token(model: KimiLinearModel, context: int) -> int:
+    """Weights one decode step reads (k routed of E experts, one embedding row) + state traffic."""
+    c, total = model.config, 0
+    for layer in model.layers:
+        total += sum(t.nbytes for t in synthetic_weights.layer_tensors(layer))
+        total += getattr(layer.self_attn, "absorbed_bytes", 0)
+        moe = getattr(layer, "block_sparse_moe", None)
+        if moe is not None:
+            bank = moe.w1.nbytes + moe.w2.nbytes + moe.w3.nbytes
+            total -= bank - bank * c.num_experts_per_token // c.num_experts
+    total += model.norm.weight.nbytes + model.lm_head.nbytes + model.embed_tokens[0].nbytes
+    return total + 2 * model.state_bytes + context * model.kv_bytes_per_token
+
+
+def decode_run(model: KimiLinearModel, decoder: GreedyDecoder, prompt: torch.Tensor):
+    """One greedy generation after the prompt -> (seconds per decoded token, tokens)."""
+    decoder.cache.reset()
+    first = model.forward(prompt, decoder.cache, 0).argmax(-1)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    tokens = decoder.run(first, PROMPT_TOKENS, NEW_TOKENS)
+    sync()
+    return (time.perf_counter() - t0) / NEW_TOKENS, tokens.tolist()
+
+
+def eager_tokens(model: KimiLinearModel, prompt: torch.Tensor) -> list[int]:
+    """Greedy tokens through the ordinary forward (the graph's cross-check)."""
+    cache = model.new_cache(PROMPT_TOKENS + NEW_TOKENS + 1)
+    token, out = model.forward(prompt, cache, 0).argmax(-1), []
+    for i in range(NEW_TOKENS):
+        token = model.forward(token, cache, PROMPT_TOKENS + i).argmax(-1)
+        out.append(int(token))
+    return out
+
+
+def make_decoder(model: KimiLinearModel) -> tuple[GreedyDecoder, str]:
+    cache = model.new_cache(PROMPT_TOKENS + NEW_TOKENS + 1)
+    if model.device.type == "cuda":
+        try:
+            return GreedyDecoder(model, cache, use_graph=True), "CUDA graph"
+        except Exception as exc:  # noqa: BLE001 - report and measure eager instead
+            print(f"CUDA graph capture failed ({exc!r}); timing eager decode")
+            torch.cuda.synchronize()
+            cache = model.new_cache(PROMPT_TOKENS + NEW_TOKENS + 1)
+    return GreedyDecoder(model, cache, use_graph=False), "eager"
+
+
+def peak_bandwidth(device: str) -> tuple[str, float | None]:
+    if torch.device(device).type != "cuda":
+        return "cpu", None
+    name = torch.cuda.get_device_name(torch.device(device))
+    return name, next((bw for key, bw in PEAK_BANDWIDTH.items() if key in name), None)
+
+
+def run(name: str, device: str, int4: bool, repeats: int = REPEATS) -> dict:
+    model = build(name, device, int4)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, model.config.vocab_size, (PROMPT_TOKENS,), generator=g).to(device)
+    decoder, mode = make_decoder(model)
+    decode_run(model, decoder, prompt)                          # warm-up (allocator, kernels)
+    runs = [decode_run(model, decoder, prompt) for _ in range(repeats)]
+    secs = statistics.median(r[0] for r in runs)
+    reference = eager_tokens(model, prompt)
+    same = sum(a == b for a, b in zip(runs[0][1], reference))
+    gpu, bw = peak_bandwidth(device)
+    moved = bytes_per_token(model, PROMPT_TOKENS + NEW_TOKENS // 2)
+    result = {"config": name, "device": gpu, "int4": int4, "tok_s": 1 / secs, "ms_per_token": 1e3 * secs,
+              "mb_per_token": moved / 1e6, "weight_gb": model.weight_bytes / 1e9, "mode": mode,
+              "same_as_eager": same}
+    if bw:
+        result.update(roofline_tok_s=bw / moved, pct_of_roofline=100 * (1 / secs) / (bw / moved),
+                      reference_roofline_tok_s=bw / REFERENCE_BYTES)
+    return result
+
+
+def format_result(r: dict, repeats: int = REPEATS) -> str:
+    line = (f"Kimi-Linear synthetic {r['config']} {'INT4' if r['int4'] else 'BF16'} on {r['device']}: "
+            f"{r['tok_s']:.2f} tok/s ({r['ms_per_token']:.2f} ms/token), {r['mb_per_token']:.1f} MB read/token, "
+            f"weights {r['weight_gb']:.2f} GB")
+    if "roofline_tok_s" in r:
+        line += (f"; roofline {r['roofline_tok_s']:.0f} tok/s -> {r['pct_of_roofline']:.1f}% "
+                 f"(§7 reference roofline {r['reference_roofline_tok_s']:.0f} tok/s)")
+    return line + (f"; batch 1, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} new, greedy, median of {repeats}, "
+                   f"{r['mode']}; {r['same_as_eager']}/{NEW_TOKENS} tokens equal the eager forward's")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--synthetic", default="kimi-linear-48b", choices=sorted(synthetic_weights.CONFIGS))
+    ap.add_argument("--config", dest="synthetic", choices=sorted(synthetic_weights.CONFIGS), help="alias")
+    ap.add_argument("--int4", action="store_true")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--repeats", type=int, default=REPEATS)
+    ap.add_argument("--record", metavar="RESULTS_MD", help="append the result line to this file")
+    args = ap.parse_args(argv)
+    with torch.inference_mode():
+        line = format_result(run(args.synthetic, args.device, args.int4, args.repeats), args.repeats)
+    print(line)
+    if args.record:
+        with open(args.record, "a") as f:
+            f.write(f"- {time.strftime('%Y-%m-%d')} {line}\n")
+
+
+if __name__ == "__main__":
+    main()

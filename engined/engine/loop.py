@@ -1,0 +1,231 @@
+"""The model loop: one native thread owns the model; `step()` is schedule -> run -> postprocess.
+
+HTTP handlers build a Sequence (already tokenized) and `submit` it; the loop pushes
+TokenEvent / FinishEvent / ErrorEvent onto the sequence's queue. A step (scheduler.py) is one
+prefill chunk of one sequence, or one decode token for every decoding sequence at once
+(continuous batching: sequences join and leave between steps). On admission a sequence
+resumes from the longest cached prefix of its prompt (prefix_cache.py); each prefill chunk
+adds its blocks to that cache.
+"""
+import collections
+import threading
+import time
+
+import torch
+
+from engined import helper
+from engined.engine import sampler
+from engined.errors import InternalError
+from engined.metrics import EngineMetrics
+from engined.engine.prefix_cache import PrefixCache, PrefixKeys, supports
+from engined.engine.scheduler import Batch, Scheduler
+from engined.engine.sequence import PromptLogprobsEvent, Sequence
+
+PREFILL_CHUNK = 256  # prompt tokens per step, so other requests keep decoding meanwhile
+SCORING_CHUNK = 64  # prompt tokens per step when every row's logits are kept: [64, V] fp32
+MAX_BATCH = 8  # running sequences, decoded together (the GEMV reads W once for 8 rows)
+PREFIX_CACHE_BYTES = 256 * 2**20
+
+
+class Engine:
+    def __init__(self, model, max_context: int, metrics: EngineMetrics, threads: int = 0,
+                 log=print, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
+                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+        self.model = model
+        self.max_context = max_context
+        self.metrics = metrics
+        self.threads = threads
+        self.log = log
+        self.prefill_chunk = prefill_chunk
+        self.scheduler = Scheduler(token_budget=max_context, max_batch=max_batch)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes, metrics)
+        self.step_log: collections.deque[tuple[str, tuple[int, ...]]] = collections.deque(
+            maxlen=4096)  # (kind, seq ids) of recent steps: fairness is checkable
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kimi-model", daemon=True)
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0):
+        self._stopping.set()
+        self.scheduler.wake()
+        self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, seq: Sequence):
+        seq.generator = sampler.new_generator(seq.params.seed)
+        self.scheduler.add(seq)
+        self.metrics.queue_depth.set(self.scheduler.num_waiting)
+
+    def _loop(self):
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        with torch.inference_mode():
+            while not self._stopping.is_set():
+                self.scheduler.wait_for_work(timeout=0.5)
+                try:
+                    self.step()
+                except Exception as exc:  # noqa: BLE001 - a bug here must not strand requests
+                    self.log(f"model loop error: {exc!r}")
+                    time.sleep(0.1)
+        for seq in self.scheduler.drain_all():
+            self._release(seq)
+            seq.fail(InternalError("the engine stopped"))
+        self.prefix_cache.clear()
+
+    def step(self):
+        batch = self.schedule()
+        if batch is None:
+            return
+        try:
+            logits = self.run(batch)
+            self.postprocess(batch, logits)
+        except Exception as exc:  # a model failure ends these requests, not the daemon
+            for seq in batch.seqs:
+                self._fail(seq, exc)
+
+    def schedule(self) -> Batch | None:
+        for seq in self.scheduler.take_cancelled():
+            self.metrics.cancelled.inc()
+            self._release(seq)
+        for seq in self.scheduler.admit():
+            try:
+                self._allocate(seq)
+            except Exception as exc:  # no memory, or the model refused the cache size
+                self.scheduler.finish(seq)
+                self._release(seq)
+                seq.fail(InternalError(f"cannot allocate the KV cache: {exc}"))
+        self._update_gauges()
+        return self.scheduler.next_batch()
+
+    def run(self, batch: Batch) -> list[torch.Tensor]:
+        """-> logits per sequence ([1, V], or [T, V] while scoring a prompt), fp32 on the CPU."""
+        self.metrics.steps.labels(batch.kind).inc()
+        self.step_log.append((batch.kind, tuple(s.seq_id for s in batch.seqs)))
+        if batch.kind == "prefill":
+            return [self.prefill(batch.seqs[0]).float().cpu()]
+        self.metrics.decode_batch_size.observe(len(batch.seqs))
+        return list(self.decode(batch.seqs).float().cpu().split(1))
+
+    def prefill(self, seq: Sequence) -> torch.Tensor:
+        """The next chunk of the prompt into the KV cache; every row kept when scoring.
+        Chunks end on multiples of the chunk size, so snapshots land on the same grid."""
+        is_scoring = seq.params.is_prompt_logprobs
+        size = min(self.prefill_chunk, SCORING_CHUNK) if is_scoring else self.prefill_chunk
+        first = seq.num_computed
+        chunk = seq.prompt_ids[first:(first // size + 1) * size]
+        tokens = torch.tensor(chunk, dtype=torch.int64)  # [T]
+        logits = self.model.forward(tokens, seq.cache, first, last_only=not is_scoring)
+        seq.num_computed += len(chunk)
+        self.metrics.prompt_tokens.inc(len(chunk))
+        if seq.prefix_keys is not None:
+            self.prefix_cache.store(seq.cache, seq.prefix_keys, first, seq.num_computed,
+                                    is_prompt_end=not seq.is_prefilling)
+        return logits
+
+    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One token per sequence: the last sampled ones go in -> logits [B, V]."""
+        tokens = torch.tensor([s.output_ids[-1] for s in seqs], dtype=torch.int64)  # [B]
+        positions = [s.num_computed for s in seqs]
+        if hasattr(self.model, "decode_batch"):
+            logits = self.model.decode_batch(tokens, [s.cache for s in seqs], positions)
+        else:  # models without a batched step (Kimi-Linear, test doubles) go one by one
+            logits = torch.cat([self.model.forward(tokens[i:i + 1], s.cache, positions[i])
+                                for i, s in enumerate(seqs)])
+        for seq in seqs:
+            seq.num_computed += 1
+        return logits
+
+    def postprocess(self, batch: Batch, logits: list[torch.Tensor]):
+        for seq, seq_logits in zip(batch.seqs, logits):
+            self._postprocess_one(seq, seq_logits)
+
+    def _postprocess_one(self, seq: Sequence, logits: torch.Tensor):
+        if seq.params.is_prompt_logprobs and not seq.output_ids:  # this step was a prefill
+            start = seq.num_computed - logits.shape[0]
+            seq.events.put(PromptLogprobsEvent(sampler.prompt_logprobs(
+                logits, seq.prompt_ids, start, seq.params.num_top_logprobs or 0)))
+        if seq.is_prefilling:
+            return
+        if seq.params.max_tokens == 0:  # scoring only (echo + logprobs)
+            seq.finish("length")
+        else:
+            self._append_sampled(seq, logits[-1])
+        if seq.is_finished:
+            self._observe_finished(seq)
+            self.scheduler.finish(seq)
+            self._release(seq)
+            self._update_gauges()
+
+    def _fail(self, seq: Sequence, exc: Exception):
+        self.log(f"model error on request {seq.request_id}: {exc!r}")
+        if seq in self.scheduler.running:
+            self.scheduler.finish(seq)
+        self._release(seq)
+        seq.fail(InternalError(f"model error: {exc}"))
+
+    def _append_sampled(self, seq: Sequence, last_logits: torch.Tensor):
+        token_id = sampler.sample(last_logits, seq.params, seq.generator)
+        logprob = None
+        if seq.params.num_top_logprobs is not None:
+            logprob = sampler.token_logprob(last_logits, token_id, seq.params.num_top_logprobs)
+        if seq.is_cancelled:
+            self.metrics.tokens_after_cancel.inc()
+        if seq.first_token_time is None:
+            self.metrics.time_to_first_token.observe(time.monotonic() - seq.arrival_time)
+        self.metrics.generated_tokens.inc()
+        seq.append_token(token_id, logprob)
+
+    def _update_gauges(self):
+        self.metrics.queue_depth.set(self.scheduler.num_waiting)
+        self.metrics.running.set(self.scheduler.num_running)
+
+    def _observe_finished(self, seq: Sequence):
+        if seq.first_token_time is None or len(seq.output_ids) < 2:
+            return
+        seconds = time.monotonic() - seq.first_token_time
+        if seconds > 0:
+            self.metrics.decode_rate.observe((len(seq.output_ids) - 1) / seconds)
+
+    def _allocate(self, seq: Sequence):
+        self._reserve(self._kv_bytes(seq))
+        try:
+            seq.cache = self.model.new_cache(seq.num_max_tokens)
+        except Exception:
+            helper.memcap_release(self._kv_bytes(seq))
+            raise
+        if self.prefix_cache.is_enabled and supports(seq.cache):
+            self._restore_prefix(seq)
+
+    def _restore_prefix(self, seq: Sequence):
+        """Resume from the longest cached prefix; the last prompt token is always computed
+        (its logits pick the first token), and a scored prompt needs every row's logits."""
+        seq.prefix_keys = PrefixKeys(seq.prompt_ids)
+        if not seq.params.is_prompt_logprobs:
+            seq.num_computed = self.prefix_cache.restore(seq.cache, seq.prefix_keys,
+                                                         seq.num_prompt_tokens - 1)
+        self.metrics.prefix_hit_tokens.inc(seq.num_computed)
+        self.metrics.prefix_miss_tokens.inc(seq.num_prompt_tokens - seq.num_computed)
+
+    def _reserve(self, num_bytes: int):
+        """Reserve against the memory cap; running sequences come before cached prefixes."""
+        while True:
+            try:
+                return helper.memcap_reserve(num_bytes)
+            except helper.MemoryCapExceeded:
+                if not self.prefix_cache.evict(num_bytes):
+                    raise
+
+    def _release(self, seq: Sequence):
+        if seq.cache is not None:
+            seq.cache = None
+            helper.memcap_release(self._kv_bytes(seq))
+
+    def _kv_bytes(self, seq: Sequence) -> int:
+        # Recurrent models (Kimi-Linear's KDA) also hold a fixed state per sequence.
+        fixed = int(getattr(self.model, "state_bytes", 0))
+        return int(self.model.kv_bytes_per_token) * seq.num_max_tokens + fixed

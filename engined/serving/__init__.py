@@ -1,0 +1,1 @@
+"""The daemon's life and its HTTP face: listen, the server, routes, request parsing, bodies, logs."""

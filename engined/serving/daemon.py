@@ -1,0 +1,142 @@
+"""`kimi-engine serve`, start to finish: plan -> cap -> load -> listen -> serve -> drain.
+
+Exit status: 0 after a clean shutdown, 1 when the model cannot be loaded, the memory plan
+exceeds the cap, or the socket is in use.
+"""
+import signal
+import sys
+import threading
+import time
+
+from engined import helper
+from engined.weights import loader
+from engined.engine import memory as memcap
+from engined.chat import IncrementalDecoder
+from engined.config import DEFAULT_MAX_CONTEXT, EngineConfig
+from engined.engine.loop import Engine
+from engined.serving.generate import Served
+from engined.serving.http_server import UnixHTTPServer
+from engined.serving.listen import Listener, SocketInUse, check_socket_path
+from engined.serving.logs import LogSink
+from engined.metrics import EngineMetrics
+from engined.serving.notify import sd_notify
+from engined.serving.routes import App
+
+
+class StartupError(RuntimeError):
+    """The daemon cannot start; the message says why and what to change."""
+
+
+class Signals:
+    """Handlers only set flags; the main loop acts on them (no locks in signal context)."""
+
+    def __init__(self):
+        self.is_stop_requested = False
+        self.is_reopen_requested = False
+
+    def install_reopen(self):
+        signal.signal(signal.SIGHUP, self._on_hup)
+
+    def install_stop(self):
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+
+    def _on_hup(self, signum, frame):
+        self.is_reopen_requested = True
+
+    def _on_stop(self, signum, frame):
+        self.is_stop_requested = True
+
+
+def run(config: EngineConfig) -> int:
+    try:
+        log = LogSink(config.log_file)
+    except OSError as exc:
+        print(f"kimi-engine: cannot open --log-file {config.log_file}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
+    signals = Signals()
+    signals.install_reopen()
+    try:
+        served, metrics, engine = _load(config, log)
+        listener = Listener(config.socket)
+    except (StartupError, SocketInUse, memcap.MemoryCapError, helper.HelperError,
+            ValueError, OSError) as exc:  # ModelLoadError and the chat errors are ValueErrors
+        log.write(f"kimi-engine: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        log.write("kimi-engine: interrupted while starting")
+        return 130
+    server = UnixHTTPServer(listener.sock, App(served, metrics, log))
+    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                               name="kimi-accept")
+    signals.install_stop()
+    serving.start()
+    log.write(f"kimi-engine: serving {served.model_id} on {config.socket} "
+              f"(max context {served.max_context} tokens)")
+    sd_notify(f"READY=1\nSTATUS=serving {served.model_id}")
+    while not signals.is_stop_requested:
+        time.sleep(0.2)
+        if signals.is_reopen_requested:
+            signals.is_reopen_requested = False
+            log.reopen()
+            log.write("kimi-engine: log file reopened")
+    _drain(server, serving, listener, engine, log)
+    return 0
+
+
+def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, Engine]:
+    check_socket_path(config.socket)  # fail before minutes of loading, not after
+    device = _device(config.device)
+    plan = loader.plan_model(config.model, device=device)
+    max_context = _max_context(config.max_context, plan.context_length)
+    budget = memcap.plan_budget(plan, max_context, config.memory_cap)
+    log.write(f"kimi-engine: memory plan: {budget.describe()}")
+    memcap.enforce(budget)
+    sd_notify(f"STATUS=loading {config.model} on {device}")
+    log.write(f"kimi-engine: loading model {config.model!r} on {device}")
+    start = time.monotonic()
+    loaded = loader.load_model(config.model, device=device, threads=config.threads or None)
+    seconds = time.monotonic() - start
+    log.write(f"kimi-engine: loaded {loaded.model_id} from {loaded.source} in {seconds:.1f} s")
+    metrics = EngineMetrics()
+    metrics.load_time.set(seconds)
+    engine = Engine(loaded.model, max_context, metrics, config.threads, log.write,
+                    max_batch=config.max_batch, prefill_chunk=config.prefill_chunk,
+                    prefix_cache_bytes=config.prefix_cache_bytes)
+    engine.start()
+    served = Served(engine, loaded.tokenizer, loaded.chat, loaded.model_id, max_context,
+                    IncrementalDecoder, created=int(time.time()))
+    return served, metrics, engine
+
+
+def _drain(server, serving: threading.Thread, listener: Listener, engine: Engine, log):
+    """Stop accepting, let in-flight requests finish, remove the socket, stop the model."""
+    sd_notify("STOPPING=1")
+    log.write("kimi-engine: stopping: draining in-flight requests")
+    server.is_draining = True
+    server.shutdown()
+    serving.join()
+    listener.remove()
+    server.server_close()  # joins the handler threads
+    engine.stop()
+    log.write("kimi-engine: stopped")
+    log.close()
+
+
+def _max_context(requested: int, model_context: int) -> int:
+    if not requested:
+        return min(model_context, DEFAULT_MAX_CONTEXT)
+    if requested > model_context:
+        raise StartupError(f"--max-context {requested} exceeds the model's context length "
+                           f"{model_context}")
+    return requested
+
+
+def _device(requested: str) -> str:
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if requested == "cuda" and not has_cuda:
+        raise StartupError("--device cuda: no CUDA device is available (use auto or cpu)")
+    return "cuda" if requested == "cuda" or requested == "auto" and has_cuda else "cpu"

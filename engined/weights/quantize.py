@@ -1,0 +1,92 @@
+"""`kimi-engine quantize`: a BF16 Kimi-Linear checkpoint -> our packed-INT4 artifact.
+
+Plans (reference §5.2): `selective` quantizes routed + shared experts, KDA q/k/v/o, MLA
+q/kv_b/o and the dense layer-0 MLP; router, f/g/b low-rank projections, kv_a, norms, conv,
+A_log/dt_bias, embeddings and lm_head stay as they are. `all` also quantizes the low-rank
+projections, kv_a and lm_head. `none` copies everything (a verified BF16 artifact). Every
+tensor must match a POLICY row, or the run fails before writing anything (fail closed, §8.26).
+Symmetric codes per engined/ops/int4_format.py (q = c + 8, m = -8 s). One shard in RAM at a time.
+"""
+import json
+import pathlib
+import shutil
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from engined.weights import manifest as kimi_manifest
+from engined.weights.kimi_checkpoint import INDEX, MANIFEST, open_checkpoint
+from engined.weights.quant_policy import PLANS, QuantizeError, policy
+from engined.ops import int4_format
+
+COPY_SKIP = (".safetensors", INDEX, MANIFEST)
+
+
+def plan_tensors(headers, plan: str, group_size: int) -> dict[str, str]:
+    """name -> 'int4' | 'keep' for every source tensor, checked before any work starts."""
+    decisions = {}
+    for header in headers.values():
+        for name, (dtype, shape) in header.tensors.items():
+            d = decisions[name] = policy(name, plan)
+            if d == "int4" and (len(shape) != 2 or shape[1] % group_size):
+                raise QuantizeError(f"{name}: shape {list(shape)} cannot take INT4 groups of {group_size}")
+    return decisions
+
+
+def _quantize_shard(src_file, decisions, group_size, bar) -> tuple[dict, dict]:
+    out, groups = {}, {}
+    with safe_open(str(src_file), framework="pt", device="cpu") as f:
+        for name in f.keys():
+            t = f.get_tensor(name)
+            if decisions[name] == "int4":
+                stem = name.removesuffix(".weight")
+                out.update(int4_format.to_state_dict(stem, int4_format.quantize_sym(t, group_size)))
+                groups[stem] = group_size
+            else:
+                out[name] = t.contiguous()
+            bar.update(1)
+    return out, groups
+
+
+def quantize_checkpoint(src, dst, plan: str = "selective", group_size: int = 32,
+                        progress: bool = True) -> dict:
+    """Write the artifact into `dst` (must not exist); returns the manifest."""
+    if plan not in PLANS:
+        raise QuantizeError(f"plan {plan!r} is not one of {', '.join(PLANS)}")
+    if group_size <= 0 or group_size % 2:
+        raise QuantizeError(f"group size {group_size} must be a positive even number")
+    src, dst = pathlib.Path(src).expanduser(), pathlib.Path(dst).expanduser()
+    ckpt = open_checkpoint(src)
+    if ckpt.is_int4:
+        raise QuantizeError(f"{src} is already a kimi-local INT4 artifact")
+    decisions = plan_tensors(ckpt.headers, plan, group_size)
+    if dst.exists():
+        raise QuantizeError(f"{dst} already exists; choose a new directory")
+    partial = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(COPY_SKIP):
+            shutil.copy2(f, partial / f.name)
+    tensors, weight_map = {}, {}
+    with tqdm(total=len(decisions), desc=f"quantize ({plan})", unit="tensor", disable=not progress) as bar:
+        for shard in ckpt.shards:
+            out, groups = _quantize_shard(shard, decisions, group_size, bar)
+            save_file(out, str(partial / shard.name), metadata=int4_format.metadata(groups))
+            for name, t in out.items():
+                tensors[name] = {"dtype": _st_dtype(t.dtype), "shape": list(t.shape), "file": shard.name}
+                weight_map[name] = shard.name
+            del out
+    total = sum((partial / s.name).stat().st_size for s in ckpt.shards)
+    index = {"metadata": {"total_size": total, "quantization": "kimi-packed-int4", "plan": plan,
+                          "group_size": group_size}, "weight_map": weight_map}
+    (partial / INDEX).write_text(json.dumps(index, indent=1))
+    manifest = kimi_manifest.write_manifest(partial, plan, group_size, tensors)
+    partial.rename(dst)
+    return manifest
+
+
+def _st_dtype(dtype: torch.dtype) -> str:
+    return {torch.uint8: "U8", torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32"}[dtype]

@@ -1,0 +1,1 @@
+"""Real daemons as subprocesses on temporary sockets."""

@@ -1,0 +1,183 @@
+"""`kimi-engine doctor`: one line per check, a fix on each failure, exit 0 only when all pass."""
+import os
+import re
+import shutil
+import socket
+import subprocess
+
+import pytest
+import torch
+
+from tests.support.engine import BIN, short_tmpdir
+from engined.commands import doctor
+from engined.config import EngineConfig
+from tests.blackbox.service_helpers import ROOT
+
+CHECK_NAMES = ["python", "torch", "triton", "C helper", "gpu", "model", "memory plan",
+               "cache dir", "socket"]
+
+
+@pytest.fixture
+def workdir():
+    path = short_tmpdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def run_doctor(*args, cache) -> subprocess.CompletedProcess:
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    for name in ("CACHE_DIRECTORY", "RUNTIME_DIRECTORY"):
+        env.pop(name, None)
+    return subprocess.run([str(BIN / "kimi-engine"), "doctor", *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def lines_by_check(stdout: str) -> dict[str, str]:
+    out = {}
+    for line in stdout.splitlines():
+        match = re.match(r"(ok|x ) (.+?)(?: /\S+)?: ", line)
+        assert match, f"not a check line: {line!r}"
+        out[match.group(2)] = line
+    return out
+
+
+def test_pins_are_the_constraints():
+    pins = dict(re.findall(r"^([a-z]+)==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M))
+    assert pins == doctor.PINS
+
+
+def test_all_checks_pass_on_this_setup(tmp_path, workdir):
+    result = run_doctor("--socket", str(workdir / "run" / "engine.sock"), cache=tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = lines_by_check(result.stdout)
+    assert list(checks) == CHECK_NAMES
+    assert all(line.startswith("ok ") for line in checks.values())
+    if not torch.cuda.is_available():
+        assert checks["gpu"] == "ok gpu: no GPU: CPU mode"
+    assert "will be created with mode 0700" in checks["socket"]
+    assert "repacked on first start" in checks["model"]
+    assert not (workdir / "run").exists() and not (tmp_path / "cache").exists()  # creates nothing
+
+
+def test_failures_exit_1_with_a_fix_each(tmp_path, workdir):
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(str(workdir / "engine.sock"))
+    live.listen(1)
+    try:
+        result = run_doctor("--socket", str(workdir / "engine.sock"), "--memory-cap", "1KiB",
+                            cache=tmp_path / "cache")
+    finally:
+        live.close()
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    checks = lines_by_check(result.stdout)
+    assert list(checks) == CHECK_NAMES
+    assert checks["memory plan"].startswith("x ") and "raise --memory-cap" in checks["memory plan"]
+    assert checks["socket"].startswith("x ") and "already listening" in checks["socket"]
+    assert "(fix: stop the other kimi-engine" in checks["socket"]
+    assert checks["torch"].startswith("ok ")
+
+
+def test_bad_config_is_a_usage_error(workdir):
+    (workdir / "engine.toml").write_text("bogus = 1\n")
+    result = run_doctor("--config", str(workdir / "engine.toml"), cache=workdir)
+    assert result.returncode == 2 and "unknown key(s) bogus" in result.stderr
+
+
+def test_missing_model_fails_with_a_fix(kimi_cache):
+    config = EngineConfig(model="/nonexistent/model.gguf", socket="/tmp/x")
+    check = doctor.check_model(config)
+    assert not check.is_ok and "no such file" in check.detail
+    assert "(fix: set model to an existing GGUF file" in check.line()
+    plan = doctor.check_memory_plan(config)
+    assert not plan.is_ok and "see the model line" in plan.line()
+
+
+@pytest.mark.parametrize("setup,expected", [
+    (lambda d: os.chmod(d, 0o777), "world-writable"),
+    (lambda d: (d / "engine.sock").write_text("not a socket"), "is not a socket"),
+])
+def test_socket_directory_rules(workdir, setup, expected):
+    setup(workdir)
+    check = doctor.check_socket(EngineConfig(socket=workdir / "engine.sock"))
+    assert not check.is_ok and expected in check.detail, check.line()
+
+
+def test_socket_path_too_long():
+    check = doctor.check_socket(EngineConfig(socket="/tmp/" + "s" * 120 + "/engine.sock"))
+    assert not check.is_ok and "longer than a Unix socket allows" in check.detail
+
+
+def test_gpu_check_follows_the_device(kimi_cache):
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        over = doctor.check_gpu(EngineConfig(memory_cap=2 * total))
+        assert not over.is_ok and "less than memory-cap" in over.detail
+    else:
+        assert doctor.check_gpu(EngineConfig(device="auto")).detail == "no GPU: CPU mode"
+        forced = doctor.check_gpu(EngineConfig(device="cuda"))
+        assert not forced.is_ok and "no CUDA device" in forced.detail
+
+
+def test_a_check_that_raises_is_one_failed_line():
+    def check_boom(config):
+        raise RuntimeError("boom")
+
+    check = doctor._guarded(check_boom, EngineConfig())
+    assert not check.is_ok and check.line().startswith("x  boom: RuntimeError: boom")
+
+
+def test_kimi_artifact_manifest_is_checked(tmp_path, kimi_cache):
+    from tests.support import kimi_tiny
+    from engined.weights.quantize import quantize_checkpoint
+
+    src = kimi_tiny.write_tiny_checkpoint(tmp_path / "src")
+    dst = tmp_path / "int4"
+    quantize_checkpoint(src, dst, progress=False)
+    good = doctor.check_model(EngineConfig(model=str(dst)))
+    assert good.is_ok and "manifest matches" in good.detail, good.line()
+    assert doctor.check_model(EngineConfig(model=str(src))).is_ok  # BF16: headers only
+    shard = sorted(dst.glob("*.safetensors"))[0]
+    with open(shard, "ab") as f:
+        f.write(b"\0")
+    bad = doctor.check_model(EngineConfig(model=str(dst)))
+    assert not bad.is_ok and "size" in bad.detail and "kimi-engine quantize" in bad.fix
+
+
+def test_systemd_made_directories_count_as_present(tmp_path, monkeypatch):
+    """Before the first start /run/kimi and /var/cache/kimi do not exist yet, and the
+    service user cannot create them: systemd does, from RuntimeDirectory=/CacheDirectory=."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    run_dir, cache_dir = locked / "run-kimi", locked / "cache-kimi"
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(run_dir))
+    monkeypatch.setenv("CACHE_DIRECTORY", str(cache_dir))
+    monkeypatch.setattr(doctor.os, "access", lambda path, mode: False)  # as user kimi would see
+    socket_check = doctor.check_socket(EngineConfig())
+    assert socket_check.is_ok and "RuntimeDirectory=" in socket_check.detail
+    assert str(run_dir / "engine.sock") in socket_check.name
+    cache_check = doctor.check_cache_dir(EngineConfig())
+    assert cache_check.is_ok and "CacheDirectory=" in cache_check.detail
+    monkeypatch.delenv("RUNTIME_DIRECTORY")
+    other = doctor.check_socket(EngineConfig(socket=run_dir / "engine.sock"))
+    assert not other.is_ok and "not writable" in other.detail
+
+
+def test_proxy_doctor_leaves_the_state_directory_to_systemd(tmp_path):
+    """kimi-proxy doctor: upstream, ledger and port; a missing StateDirectory= is no failure,
+    but an unusable ledger elsewhere is."""
+    from tests.support.proxy_fakes import FakeUpstream
+    from tests.blackbox.service_helpers import free_port
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    env = {**os.environ, "STATE_DIRECTORY": str(blocker / "kimi-proxy")}
+    port = free_port()
+    with FakeUpstream().serve() as upstream:
+        ok = subprocess.run([str(BIN / "kimi-proxy"), "doctor", "--upstream", upstream, "--port",
+                             str(port)], capture_output=True, text=True, timeout=60, env=env)
+        bad = subprocess.run([str(BIN / "kimi-proxy"), "doctor", "--upstream", upstream, "--port",
+                              str(port), "--ledger", str(blocker / "x" / "ledger.sqlite")],
+                             capture_output=True, text=True, timeout=60, env=env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "StateDirectory=" in ok.stdout and f"ok port 127.0.0.1:{port}" in ok.stdout
+    assert bad.returncode == 1 and "x ledger" in bad.stdout and "Traceback" not in bad.stderr

@@ -1,0 +1,1 @@
+"""Templates, tokenizers, output parsing."""

@@ -1,0 +1,1 @@
+"""The model loop in process: scheduler, sampler, batching, prefix cache."""

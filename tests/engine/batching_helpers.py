@@ -1,0 +1,59 @@
+"""Driving the real Engine (model thread, scheduler, prefix cache) directly, without HTTP:
+submit token prompts, collect the generated ids. Every wait has a timeout."""
+import queue
+
+from engined.engine.loop import Engine
+from engined.metrics import EngineMetrics
+from engined.engine.sequence import ErrorEvent, FinishEvent, SamplingParams, Sequence, TokenEvent
+
+TIMEOUT_S = 120
+
+
+class NullDecoder:
+    def push(self, token_id: int) -> str:
+        return ""
+
+    def flush(self) -> str:
+        return ""
+
+
+class RunningEngine:
+    """with RunningEngine(model, prefix_cache_bytes=0) as engine: engine.greedy(ids, 8)"""
+
+    def __init__(self, model, max_context: int = 8192, **options):
+        self.metrics = EngineMetrics()
+        self.engine = Engine(model, max_context, self.metrics, log=lambda line: None, **options)
+
+    def __enter__(self) -> "RunningEngine":
+        self.engine.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.engine.stop()
+
+    def submit(self, prompt_ids: list[int], max_tokens: int) -> Sequence:
+        seq = Sequence(list(prompt_ids), SamplingParams(max_tokens, temperature=0), NullDecoder())
+        self.engine.submit(seq)
+        return seq
+
+    def greedy(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        return collect(self.submit(prompt_ids, max_tokens))
+
+    def value(self, name: str, **labels) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def collect(seq: Sequence, timeout: float = TIMEOUT_S) -> list[int]:
+    """The token ids of a sequence's events up to its finish; an ErrorEvent raises."""
+    ids = []
+    while True:
+        try:
+            event = seq.events.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no event from sequence {seq.seq_id} in {timeout} s") from None
+        if isinstance(event, ErrorEvent):
+            raise event.error
+        if isinstance(event, TokenEvent):
+            ids.append(event.token_id)
+        if isinstance(event, FinishEvent):
+            return ids

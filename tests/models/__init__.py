@@ -1,0 +1,1 @@
+"""Model wiring against independent references."""

@@ -1,0 +1,1 @@
+"""INT4 ops, the C helper and the kernel registry."""

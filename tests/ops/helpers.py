@@ -1,0 +1,111 @@
+"""Equivalence cases per op (used by tests/ops/test_equivalence.py and the cpu_c tests)."""
+import os
+import pathlib
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from engined.ops.int4_format import PackedInt4
+from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    make: Callable  # generator -> positional args for the op
+    elements: int   # weights touched: keeps the Triton interpreter fast
+    atol: float
+    rtol: float = 1e-4
+    seed: int = 0
+
+
+def random_int4(gen: torch.Generator, n: int, k: int, group: int, lead=()) -> dict:
+    """Every byte value, scales of both signs, mins spread around zero."""
+    shape = (*lead, n)
+    return dict(
+        qweight=torch.randint(0, 256, (*shape, k // 2), generator=gen, dtype=torch.uint8),
+        scales=(torch.randn((*shape, k // group), generator=gen) * 0.05).half(),
+        mins=(torch.randn((*shape, k // group), generator=gen) * 0.3).half(),
+    )
+
+
+def gemv_case(m: int, n: int, k: int, group: int, dtype=torch.float32, seed=0) -> Case:
+    def make(gen):
+        w = PackedInt4(group_size=group, **random_int4(gen, n, k, group))
+        return torch.randn((m, k), generator=gen).to(dtype), w
+    tag = "" if dtype == torch.float32 else f"-{str(dtype).split('.')[-1]}"
+    return Case(f"M{m}-N{n}-K{k}-G{group}{tag}", make, n * k, atol=2e-5 * k, seed=seed)
+
+
+GEMV = [
+    gemv_case(1, 40, 96, 32),
+    gemv_case(3, 40, 96, 32, seed=1),
+    gemv_case(8, 40, 96, 32, seed=2),
+    gemv_case(1, 1, 64, 32, seed=3),            # N = 1
+    gemv_case(2, 33, 160, 32, seed=4),          # 5 groups: odd group count
+    gemv_case(3, 24, 96, 16, seed=5),           # group 16: the scalar C kernel
+    gemv_case(5, 17, 192, 64, seed=6),          # group 64: two blocks per group
+    gemv_case(11, 40, 96, 32, seed=7),          # more than 8 rows: runs in chunks
+    gemv_case(2, 40, 96, 32, torch.bfloat16, seed=8),
+    gemv_case(1, 576, 576, 32, seed=9),         # SmolLM2 shapes
+    gemv_case(1, 192, 576, 32, seed=10),
+    gemv_case(1, 1536, 576, 32, seed=11),
+    gemv_case(1, 576, 1536, 32, seed=12),
+]
+
+
+def experts(gen, e, n, k, group) -> PackedInt4Experts:
+    return PackedInt4Experts(group_size=group, **random_int4(gen, n, k, group, lead=(e,)))
+
+
+def routed_case(op: str, e: int, ids: list[int], shared_x: bool, n: int, k: int, group: int,
+                seed=0) -> Case:
+    """Grouped GEMV / SwiGLU: `ids` are the router's picks (duplicates allowed)."""
+    def make(gen):
+        stacks = [experts(gen, e, n, k, group) for _ in range(2 if op == "moe_swiglu" else 1)]
+        x = torch.randn((1 if shared_x else len(ids), k), generator=gen)
+        return (x, *stacks, torch.tensor(ids))
+    tag = "shared" if shared_x else "per-route"
+    return Case(f"E{e}-R{len(ids)}-{tag}-N{n}-K{k}-G{group}", make, len(ids) * n * k,
+                atol=2e-5 * k, seed=seed)
+
+
+def routed(op: str) -> list[Case]:
+    return [
+        routed_case(op, 5, [3], True, 40, 96, 32),
+        routed_case(op, 5, [4, 0, 2], False, 40, 96, 32, seed=1),
+        routed_case(op, 9, [8, 1, 1, 5, 0, 2, 7, 3], True, 33, 160, 32, seed=2),  # duplicate id
+        routed_case(op, 4, [2, 3], False, 1, 64, 32, seed=3),                       # N = 1
+        routed_case(op, 3, [0, 2], True, 24, 96, 16, seed=4),                       # group 16
+        routed_case(op, 6, [5, 1, 4, 0, 3, 2, 1, 0], False, 64, 512, 32, seed=5),
+    ]
+
+
+CASES = {"w4a16_gemv": GEMV, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
+         "moe_swiglu": routed("moe_swiglu")}
+
+
+def SMALL_ENOUGH_FOR_INTERPRETER(case: Case) -> bool:  # noqa: N802 (reads as a constant rule)
+    return case.elements <= 256 * 512
+
+
+def interpreter_ready() -> bool:
+    """Whether the loaded triton was imported in interpreter mode (tl.zeros, tl.sum are
+    jit functions, decorated once when triton.language is first imported)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(tl.zeros, InterpretedFunction)
+
+
+def run_fresh(test_file: str, keyword: str):
+    """Run `-k keyword` of a test file in a child whose TRITON_INTERPRET=1 precedes triton."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           test_file, "-k", keyword], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-2000:]

@@ -1,0 +1,69 @@
+"""Every registered variant of every op against its plain fp32 reference.
+
+Awkward shapes (M = 1, 3, 8 and more; N, K not powers of two; N = 1; odd group
+counts; group sizes 16/32/64), fresh random inputs, outputs pre-filled with NaN.
+Triton variants run here under TRITON_INTERPRET=1, so their shapes stay small.
+"""
+import os
+import sys
+
+# The interpreter works only if TRITON_INTERPRET=1 was set before triton itself was
+# imported (tl.zeros, tl.sum are jit functions decorated then). If another module
+# imported triton first, the Triton cases run in a fresh child process instead.
+from tests.ops.helpers import interpreter_ready  # noqa: E402  (imports no triton)
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+TRITON_TOO_EARLY = "triton" in sys.modules and not interpreter_ready()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from engined import ops  # noqa: E402,F401  (registers every variant)
+from engined.ops import registry  # noqa: E402
+from tests.ops.helpers import CASES, SMALL_ENOUGH_FOR_INTERPRETER, run_fresh  # noqa: E402
+
+
+def _params():
+    for op in registry.ops():
+        for name, variant in sorted(registry.variants(op).items()):
+            if name == registry.REFERENCE:
+                continue
+            interpreted = "cpu" not in variant.devices
+            if interpreted and TRITON_TOO_EARLY:
+                continue  # see test_triton_variants_in_a_fresh_process
+            for case in CASES[op]:
+                if interpreted and not SMALL_ENOUGH_FOR_INTERPRETER(case):
+                    continue
+                yield pytest.param(op, name, case, id=f"{op}-{name}-{case.id}")
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float):
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert torch.isfinite(got).all(), "non-finite output: a store was skipped"
+    bad = (got - want).abs() > atol + rtol * want.abs()
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.numel()} outside tolerance; "
+                           f"max |diff| {float((got - want).abs().max()):.3g}")
+
+
+@pytest.mark.parametrize("op,name,case", list(_params()))
+def test_variant_matches_reference(op, name, case):
+    gen = torch.Generator().manual_seed(case.seed)
+    args = case.make(gen)
+    want = registry.variants(op)[registry.REFERENCE].fn(*args)
+    out = torch.full_like(want, float("nan"))
+    got = registry.variants(op)[name].fn(*args, out=out)
+    assert got.data_ptr() == out.data_ptr(), "variant ignored the out buffer"
+    assert_close(got, want, atol=case.atol, rtol=case.rtol)
+    fresh = registry.variants(op)[name].fn(*args)  # and with its own allocation
+    assert_close(fresh, want, atol=case.atol, rtol=case.rtol)
+
+
+def test_every_op_has_cases_and_a_fast_variant():
+    for op in registry.ops():
+        assert CASES.get(op), f"{op} has no equivalence cases"
+        assert set(registry.variants(op)) - {registry.REFERENCE}, f"{op} has only a reference"
+
+
+@pytest.mark.skipif(not TRITON_TOO_EARLY, reason="the Triton cases ran in this process")
+def test_triton_variants_in_a_fresh_process():
+    run_fresh("tests/ops/test_equivalence.py", "triton")

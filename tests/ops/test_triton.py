@@ -1,0 +1,77 @@
+"""Triton launchers: constraint messages and the fixed config rule (kernels run interpreted)."""
+import os
+import sys
+
+# As in test_ops_equivalence: if triton was imported before TRITON_INTERPRET=1 was
+# set, these tests run in a fresh child process instead.
+from tests.ops.helpers import interpreter_ready  # noqa: E402  (imports no triton)
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+TRITON_TOO_EARLY = "triton" in sys.modules and not interpreter_ready()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from engined.ops import registry  # noqa: E402
+from engined.ops.int4_format import PackedInt4  # noqa: E402
+from engined.ops.w4a16_gemv import triton as gemv_triton  # noqa: E402
+from tests.ops.helpers import experts, random_int4, run_fresh  # noqa: E402
+
+in_process = pytest.mark.skipif(TRITON_TOO_EARLY, reason="runs in test_in_a_fresh_process")
+
+
+@pytest.fixture
+def weight():
+    return PackedInt4(group_size=32, **random_int4(torch.Generator().manual_seed(0), 16, 64, 32))
+
+
+@in_process
+def test_cpu_tensors_are_refused_when_not_interpreted(weight, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(registry.KernelError, match="needs CUDA tensors"):
+        gemv_triton.w4a16_gemv(torch.randn(1, 64), weight)
+
+
+@in_process
+def test_launcher_messages(weight):
+    with pytest.raises(registry.KernelError, match=r"x must be \[M, 64\]"):
+        gemv_triton.w4a16_gemv(torch.randn(1, 63), weight)
+    with pytest.raises(registry.KernelError, match="out must be a contiguous fp32"):
+        gemv_triton.w4a16_gemv(torch.randn(1, 64), weight, out=torch.empty(1, 15))
+    strided = PackedInt4(weight.qweight.t().contiguous().t(), weight.scales, weight.mins, 32)
+    with pytest.raises(registry.KernelError, match="must be contiguous"):
+        gemv_triton.w4a16_gemv(torch.randn(1, 64), strided)
+
+
+@in_process
+@pytest.mark.parametrize("op", ["w4a16_grouped_gemv", "moe_swiglu"])
+def test_routed_launchers_check_expert_ids(op):
+    gen = torch.Generator().manual_seed(1)
+    stacks = [experts(gen, 4, 8, 64, 32) for _ in range(2 if op == "moe_swiglu" else 1)]
+    fn = registry.variants(op)["triton"].fn
+    with pytest.raises(ValueError, match=r"expert ids must lie in 0\.\.3"):
+        fn(torch.randn(1, 64), *stacks, torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match="non-empty 1-D integer"):
+        fn(torch.randn(1, 64), *stacks, torch.tensor([[0]]))
+
+
+@in_process
+def test_configs_come_from_one_table(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    table = gemv_triton.configs()
+    for n, k, rows in ((576, 576, 1), (4096, 2304, 1), (1024, 2304, 8)):
+        cfg = gemv_triton.pick_config(n, k, 32, rows)
+        assert cfg in table and all(name.isupper() for name in cfg if name.startswith("BLOCK"))
+    assert gemv_triton.pick_config(576, 1024, 512)["BLOCK_K"] == 512  # whole groups per tile
+
+
+@in_process
+def test_group_size_must_be_a_power_of_two():
+    w = PackedInt4(group_size=6, **random_int4(torch.Generator().manual_seed(2), 4, 96, 6))
+    with pytest.raises(registry.KernelError, match="power-of-two group size"):
+        gemv_triton.w4a16_gemv(torch.randn(1, 96), w)
+
+
+@pytest.mark.skipif(not TRITON_TOO_EARLY, reason="the tests above ran in this process")
+def test_in_a_fresh_process():
+    run_fresh("tests/ops/test_triton.py", "not fresh_process")

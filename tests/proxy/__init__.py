@@ -1,0 +1,1 @@
+"""kimi-proxy in process."""

@@ -1,0 +1,1 @@
+"""Helpers shared across test folders: engine clients and daemons, the tiny Kimi checkpoint, proxy fakes."""

@@ -1,0 +1,1 @@
+"""GGUF repack, checkpoints, quantize, loading."""
