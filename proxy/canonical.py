@@ -8,7 +8,9 @@ Parts:    Text | Image | ToolCall | ToolResult | Reasoning
 Message:  role in system|user|assistant|tool, parts
 Events:   StreamStart, ReasoningDelta, ReasoningEnd, TextDelta, ToolCallStart,
           ToolCallArgsDelta, ToolCallEnd (per index, possibly interleaved), UsageUpdate,
-          StreamEnd (finish reason, stop_sequence, usage, response)
+          StreamEnd (finish reason, stop_sequence, usage, response). The tool-call text
+          parsers (proxy/toolcalls) speak the same events, plus ParseFailure, which the
+          pipeline counts and never passes on to a dialect.
 """
 from __future__ import annotations
 
@@ -192,6 +194,12 @@ class ToolCallEnd:
 
 
 @dataclass(frozen=True)
+class ParseFailure:
+    reason: str
+    raw: str  # the call's source text; the parser shows a readable TextDelta of it too
+
+
+@dataclass(frozen=True)
 class LogprobsDelta:
     content: tuple  # OpenAI `logprobs.content` entries for the tokens just streamed
 
@@ -210,4 +218,4 @@ class StreamEnd:
 
 
 Event = Union[StreamStart, ReasoningDelta, ReasoningEnd, TextDelta, ToolCallStart,
-              ToolCallArgsDelta, ToolCallEnd, LogprobsDelta, UsageUpdate, StreamEnd]
+              ToolCallArgsDelta, ToolCallEnd, ParseFailure, LogprobsDelta, UsageUpdate, StreamEnd]

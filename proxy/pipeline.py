@@ -8,13 +8,13 @@ reasoning field is `auto` or `inline`, from `<think>` spans in the content.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from proxy import canonical as c
-from proxy.toolcalls import base as tc
 from proxy.toolcalls.think import ThinkSplitter
 
 FINISH_MAP = {"stop": "stop", "length": "length", "max_tokens": "length",
@@ -89,7 +89,7 @@ class Pipeline:
         self.reasoning_parts: list[c.Reasoning] = []
         self.text: list[str] = []
         self.native: dict[int, _Native] = {}
-        self.parsed: dict[int, dict] = {}         # parser index -> {index,id,name,args}
+        self.parsed: dict[int, int] = {}          # parser index -> canonical index
         self.calls: dict[int, c.ToolCall] = {}    # canonical index -> finished call
         self.num_started = 0
         self.logprobs: list = []
@@ -136,9 +136,9 @@ class Pipeline:
                 self.stop_sequence = stop_reason
 
     def _content(self, text: str) -> Iterator[c.Event]:
-        pieces = self.splitter.feed(text) if self.splitter else [tc.TextDelta(text)]
+        pieces = self.splitter.feed(text) if self.splitter else [c.TextDelta(text)]
         for piece in pieces:
-            if isinstance(piece, tc.ReasoningDelta):
+            if isinstance(piece, c.ReasoningDelta):
                 yield from self._reasoning(piece.text)
             else:
                 yield from self._parsed(self.opts.parser.feed(piece.text))
@@ -159,27 +159,23 @@ class Pipeline:
 
     def _parsed(self, events: list) -> Iterator[c.Event]:
         for ev in events:
-            if isinstance(ev, tc.ReasoningDelta):
+            if isinstance(ev, c.ReasoningDelta):
                 yield from self._reasoning(ev.text)
                 continue
-            if isinstance(ev, tc.ParseFailure):
+            if isinstance(ev, c.ParseFailure):
                 self.opts.on_parse_failure(ev.reason)
                 continue
             yield from self._close_reasoning()
-            if isinstance(ev, tc.TextDelta):
+            if isinstance(ev, c.TextDelta):
                 self.text.append(ev.text)
-                yield c.TextDelta(ev.text)
-            elif isinstance(ev, tc.ToolCallStart):
-                index = self._next_index()
-                self.parsed[ev.index] = {"index": index, "id": ev.id, "name": ev.name, "args": []}
-                yield c.ToolCallStart(index, ev.id, ev.name)
-            elif isinstance(ev, tc.ToolCallArgs):
-                call = self.parsed[ev.index]
-                call["args"].append(ev.fragment)
-                yield c.ToolCallArgsDelta(call["index"], ev.fragment)
-            elif isinstance(ev, tc.ToolCallEnd):
-                call = self.parsed[ev.index]
-                yield self._finish_call(call["index"], call["id"], call["name"], "".join(call["args"]))
+                yield ev
+            elif isinstance(ev, c.ToolCallStart):
+                self.parsed[ev.index] = self._next_index()
+                yield dataclasses.replace(ev, index=self.parsed[ev.index])
+            elif isinstance(ev, c.ToolCallArgsDelta):
+                yield dataclasses.replace(ev, index=self.parsed[ev.index])
+            elif isinstance(ev, c.ToolCallEnd):
+                yield self._finish_call(self.parsed[ev.index], ev.id, ev.name, ev.arguments)
 
     def _next_index(self) -> int:
         self.num_started += 1
@@ -224,7 +220,7 @@ class Pipeline:
     def _end(self) -> Iterator[c.Event]:
         if self.splitter:
             for piece in self.splitter.finish():
-                if isinstance(piece, tc.ReasoningDelta):
+                if isinstance(piece, c.ReasoningDelta):
                     yield from self._reasoning(piece.text)
                 else:
                     yield from self._parsed(self.opts.parser.feed(piece.text))

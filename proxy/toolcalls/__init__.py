@@ -1,4 +1,4 @@
-"""Tool-call text parsers, one module per format; see base.py for the event contract.
+"""Tool-call text parsers, one module per format; they emit proxy.canonical events (base.py).
 
     parser = get_parser("kimi", tools)   # tools: the request's declared tool specs, or None
     for chunk in upstream_text: handle(parser.feed(chunk))
@@ -9,8 +9,7 @@ ValueError naming the known ones. ``new_id`` overrides how call ids are made (te
 """
 from __future__ import annotations
 
-from .base import (Event, IdFactory, ParseFailure, Parser, ReasoningDelta, TextDelta,
-                   ToolCallArgs, ToolCallEnd, ToolCallStart)
+from .base import IdFactory, Parser
 from .hermes import HermesParser
 from .json_calls import JsonParser
 from .kimi import KimiParser
@@ -40,5 +39,4 @@ def get_parser(name: str, tools: list[dict] | None = None, new_id: IdFactory | N
     return cls(tools, new_id)
 
 
-__all__ = ["Event", "ParseFailure", "Parser", "ReasoningDelta", "TextDelta", "ToolCallArgs",
-           "ToolCallEnd", "ToolCallStart", "ThinkSplitter", "split_think", "get_parser", "PARSER_NAMES"]
+__all__ = ["Parser", "ThinkSplitter", "split_think", "get_parser", "PARSER_NAMES"]

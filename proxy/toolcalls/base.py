@@ -6,14 +6,15 @@ Every parser has the same shape::
     events = parser.feed(chunk)             # any chunking; returns list[Event]
     events += parser.finish()               # flushes what was held back
 
-Events, in the order they are produced:
+Events are the canonical stream events (``proxy.canonical``), in the order produced:
 
 * ``TextDelta(text)``: visible text. Never contains the format's control tokens.
 * ``ReasoningDelta(text)``: reasoning text (kimi_k3 ``think`` elements, the ``<think>`` splitter).
-* ``ToolCallStart(index, id, name)``, ``ToolCallArgs(index, fragment)``, ``ToolCallEnd(index)``:
-  one complete, validated call, back to back. ``fragment`` is the model's raw argument
-  string, byte for byte (formats that have no JSON text build it once, see each module).
-  ``index`` counts accepted calls from 0 per parser.
+* ``ToolCallStart(index, id, name)``, ``ToolCallArgsDelta(index, text)``,
+  ``ToolCallEnd(index, id, name, arguments)``: one complete, validated call, back to back.
+  ``text`` and ``arguments`` are the model's raw argument string, byte for byte (formats
+  that have no JSON text build it once, see each module). ``index`` counts accepted calls
+  from 0 per parser; the pipeline renumbers them among the turn's native calls.
 * ``ParseFailure(reason, raw)``: a call was rejected (unknown tool, invalid JSON, malformed
   or unterminated markup). ``raw`` is the source text of the call; the parser also emits a
   ``TextDelta`` with a readable, control-token-free rendering of it. Count these in metrics.
@@ -25,45 +26,12 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
-from typing import Callable, Iterable, Union
+from typing import Callable, Iterable
+
+from proxy.canonical import (Event, ParseFailure, ReasoningDelta, TextDelta, ToolCallArgsDelta,
+                             ToolCallEnd, ToolCallStart)
 
 
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class ReasoningDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ToolCallArgs:
-    index: int
-    fragment: str
-
-
-@dataclass(frozen=True)
-class ToolCallEnd:
-    index: int
-
-
-@dataclass(frozen=True)
-class ParseFailure:
-    reason: str
-    raw: str
-
-
-Event = Union[TextDelta, ReasoningDelta, ToolCallStart, ToolCallArgs, ToolCallEnd, ParseFailure]
 IdFactory = Callable[[], str]
 
 
@@ -168,9 +136,10 @@ class Parser:
             return False
         index = self.num_calls
         self.num_calls += 1
-        out.append(ToolCallStart(index, call_id or self.new_id(), name))
-        out.append(ToolCallArgs(index, arguments))
-        out.append(ToolCallEnd(index))
+        call_id = call_id or self.new_id()
+        out.append(ToolCallStart(index, call_id, name))
+        out.append(ToolCallArgsDelta(index, arguments))
+        out.append(ToolCallEnd(index, call_id, name, arguments))
         return True
 
     @staticmethod
@@ -189,6 +158,8 @@ class TokenParser(Parser):
     def __init__(self, tools: list[dict] | None = None, new_id: IdFactory | None = None):
         super().__init__(tools, new_id)
         self.buf = ""
+        self.pending_ws = ""        # whitespace in a run between tokens, not yet known to be prose
+        self.run_has_prose = False
 
     def feed(self, text: str) -> list[Event]:
         out: list[Event] = []
@@ -199,7 +170,18 @@ class TokenParser(Parser):
             self.buf = after
             if token is None:
                 return out
+            self.pending_ws, self.run_has_prose = "", False
             self._token(out, token)
+
+    def _prose(self, out: list[Event], text: str) -> None:
+        """Text between calls (a calls section): whitespace-only runs are dropped, prose is
+        kept verbatim. The decision waits for the first non-whitespace character, so it does
+        not depend on the chunking."""
+        if not self.run_has_prose and not text.strip():
+            self.pending_ws += text
+            return
+        emit_text(out, self.pending_ws + text)
+        self.pending_ws, self.run_has_prose = "", True
 
     def _content(self, out: list[Event], text: str) -> None:
         raise NotImplementedError

@@ -7,7 +7,9 @@ body as text, without the tags.
 """
 from __future__ import annotations
 
-from .base import Event, Parser, emit_text, next_token
+from proxy.canonical import Event
+
+from .base import Parser, emit_text, next_token
 from .jsonraw import call_from_object
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 
-from .base import Event, TextDelta
+from proxy.canonical import Event, TextDelta
+
 from .jsonraw import array_elements, call_from_object
 from .whole_reply import MAYBE, NO, YES, WholeReplyParser
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import re
 
-from .base import Event, TokenParser, emit_text
+from proxy.canonical import Event
+
+from .base import TokenParser, emit_text
 
 SECTION_BEGIN = "<|tool_calls_section_begin|>"
 SECTION_BEGIN_ALT = "<|tool_call_section_begin|>"
@@ -41,8 +43,6 @@ class KimiParser(TokenParser):
     def __init__(self, tools=None, new_id=None):
         super().__init__(tools, new_id)
         self.state = TEXT
-        self.pending_ws = ""     # whitespace inside a section, not yet known to be prose
-        self.run_has_prose = False
         self.in_section = False
         self.header = ""
         self.args = ""
@@ -51,21 +51,13 @@ class KimiParser(TokenParser):
         if self.state == TEXT:
             emit_text(out, text)
         elif self.state == SECTION:
-            self._section_text(out, text)
+            self._prose(out, text)
         elif self.state == HEADER:
             self.header += text
         else:
             self.args += text
 
-    def _section_text(self, out: list[Event], text: str) -> None:
-        if not self.run_has_prose and not text.strip():
-            self.pending_ws += text
-            return
-        emit_text(out, self.pending_ws + text)
-        self.pending_ws, self.run_has_prose = "", True
-
     def _token(self, out: list[Event], token: str) -> None:
-        self.pending_ws, self.run_has_prose = "", False
         in_call = self.state in (HEADER, ARGS)
         if token in (SECTION_BEGIN, SECTION_BEGIN_ALT):
             if in_call:

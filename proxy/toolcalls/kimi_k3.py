@@ -24,7 +24,9 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from .base import Event, TokenParser, emit_text
+from proxy.canonical import Event
+
+from .base import TokenParser, emit_text
 
 OPEN, CLOSE, SEP, EOM = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
 TOKENS = (OPEN, CLOSE, SEP, EOM)
@@ -62,8 +64,6 @@ class KimiK3Parser(TokenParser):
         self.tag: tuple[str, str] | None = None   # (OPEN|CLOSE, header so far)
         self.stack: list[str] = []
         self.call: _Call | None = None
-        self.pending_ws = ""
-        self.run_has_prose = False
 
     # content between tokens
     def _content(self, out: list[Event], text: str) -> None:
@@ -78,20 +78,12 @@ class KimiK3Parser(TokenParser):
             elif text.strip() and self.call.failure is None:
                 self.call.failure = "text directly inside a call"
         elif self.stack and self.stack[-1] == "tools":
-            self._tools_text(out, text)
+            self._prose(out, text)
         else:
             emit_text(out, text, "think" in self.stack)
 
-    def _tools_text(self, out: list[Event], text: str) -> None:
-        if not self.run_has_prose and not text.strip():
-            self.pending_ws += text
-            return
-        emit_text(out, self.pending_ws + text)
-        self.pending_ws, self.run_has_prose = "", True
-
     # control tokens
     def _token(self, out: list[Event], token: str) -> None:
-        self.pending_ws, self.run_has_prose = "", False
         if self.tag is not None:
             kind, header = self.tag
             self.tag = None

@@ -1,7 +1,9 @@
 """``passthrough`` (alias ``none``): text in, text out; the upstream's native tool_calls are the only calls."""
 from __future__ import annotations
 
-from .base import Event, Parser, emit_text
+from proxy.canonical import Event
+
+from .base import Parser, emit_text
 
 
 class PassthroughParser(Parser):

@@ -14,7 +14,7 @@ import ast
 import json
 import re
 
-from .base import Event
+from proxy.canonical import Event
 from .whole_reply import MAYBE, NO, YES, WholeReplyParser
 
 _NAME = re.compile(r"[A-Za-z_]\w*")

@@ -12,7 +12,9 @@ channel.
 """
 from __future__ import annotations
 
-from .base import Event, ReasoningDelta, TextDelta, emit_text, next_token
+from proxy.canonical import Event, ReasoningDelta, TextDelta
+
+from .base import emit_text, next_token
 
 OPEN, CLOSE = "<think>", "</think>"
 

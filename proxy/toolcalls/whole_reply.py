@@ -7,7 +7,9 @@ a complete call expression sends it all out as text at once.
 """
 from __future__ import annotations
 
-from .base import Event, Parser, emit_text
+from proxy.canonical import Event
+
+from .base import Parser, emit_text
 
 MAYBE, YES, NO = "maybe", "yes", "no"
 

@@ -4,8 +4,9 @@ import itertools
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from proxy.toolcalls import (PARSER_NAMES, ParseFailure, ReasoningDelta, TextDelta, ThinkSplitter,
-                             ToolCallArgs, ToolCallEnd, ToolCallStart, get_parser, split_think)
+from proxy.canonical import (ParseFailure, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd,
+                             ToolCallStart)
+from proxy.toolcalls import PARSER_NAMES, ThinkSplitter, get_parser, split_think
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -91,7 +92,7 @@ def visible(events):
 
 def calls(events):
     starts = {e.index: e for e in events if isinstance(e, ToolCallStart)}
-    args = {e.index: e.fragment for e in events if isinstance(e, ToolCallArgs)}
+    args = {e.index: e.text for e in events if isinstance(e, ToolCallArgsDelta)}
     return [(starts[i].name, args[i]) for i in sorted(starts)]
 
 
