@@ -17,13 +17,12 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 def default_socket_path(environ=None) -> str:
-    """The engine's default socket (kimi-engine's rule, from its torch-free config module)."""
+    """The engine's default socket: $RUNTIME_DIRECTORY/engine.sock, else
+    $XDG_RUNTIME_DIR/kimi/engine.sock, else /tmp/kimi-$UID/engine.sock.
+
+    kimi-engine's rule (engined.config.default_socket_path), kept here because the two
+    daemons only ever meet over the socket; tests/proxy/test_boundary.py pins them equal."""
     environ = os.environ if environ is None else environ
-    try:
-        from engined.config import default_socket_path as engine_rule
-        return str(engine_rule(environ))
-    except ImportError:  # the proxy installed without the engine: the same rule, here
-        pass
     if environ.get("RUNTIME_DIRECTORY"):
         return os.path.join(environ["RUNTIME_DIRECTORY"].split(":")[0], "engine.sock")
     if environ.get("XDG_RUNTIME_DIR"):

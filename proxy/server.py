@@ -116,17 +116,22 @@ def make_server(cfg: dict, app=None) -> NoDelayServer:
     return NoDelayServer((cfg["HOST"], cfg["PORT"]), app, handler_class=QuietHandler, log=None)
 
 
-def sd_notify(state: str) -> None:
-    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
-    path = os.environ.get("NOTIFY_SOCKET")
-    if not path:
-        return
-    addr = "\0" + path[1:] if path.startswith("@") else path
+def sd_notify(state: str, env=os.environ) -> bool:
+    """Send e.g. "READY=1" to systemd (Type=notify); returns whether $NOTIFY_SOCKET was there
+    to send to. kimi-engine's copy (engined.serving.notify), pinned equal by
+    tests/proxy/test_boundary.py."""
+    address = env.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):  # abstract namespace
+        address = "\0" + address[1:]
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.sendto(state.encode(), addr)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(state.encode())
+        return True
     except OSError:
-        pass
+        return False
 
 
 def serve_forever(cfg: dict) -> int:
