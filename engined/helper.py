@@ -31,6 +31,11 @@ class MemoryCapExceeded(HelperError):
     """A reservation would exceed the configured memory cap."""
 
 
+def available() -> bool:
+    """True when the compiled C helper imported (the CPU kernels can run)."""
+    return lib is not None
+
+
 def require():
     """Raise a clear error if the C helper was not compiled."""
     if lib is None:

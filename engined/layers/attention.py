@@ -1,16 +1,16 @@
 import torch
 import torch.nn.functional as F
 
-from engined.layers.linear import Int4Linear
+from engined.layers.linear import Linear
 from engined.layers.rope import RotaryEmbedding
 
 
 class Attention:
     """Grouped-query attention over one sequence's KV cache (rotate-half RoPE on q and k)."""
 
-    def __init__(self, q: Int4Linear, k: Int4Linear, v: Int4Linear, o: Int4Linear,
+    def __init__(self, q: Linear, k: Linear, v: Linear, o: Linear,
                  num_heads: int, num_kv_heads: int, head_dim: int):
-        self.qkv, self.o = Int4Linear.stacked([q, k, v]), o  # one GEMV for q, k and v
+        self.qkv, self.o = Linear.stacked([q, k, v]), o  # one GEMV for q, k and v
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.split = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engined.layers.kimi_norms import GatedRMSNorm
-from engined.layers.kimi_proj import Proj
+from engined.layers.rmsnorm import GatedRMSNorm
+from engined.layers.linear import Linear
 
 CHUNK = 64
 L2_EPS = 1e-6
@@ -100,7 +100,7 @@ class KDA:
                  dtype, device="cpu", int4: dict[str, int] | None = None):
         int4 = int4 or {}
         width, self.num_heads, self.head_dim = num_heads * head_dim, num_heads, head_dim
-        proj = lambda name, n, k: Proj(n, k, dtype, device, int4.get(name))  # noqa: E731
+        proj = lambda name, n, k: Linear(n, k, dtype, device, int4.get(name))  # noqa: E731
         self.q_proj, self.k_proj, self.v_proj = (proj(n, width, hidden) for n in ("q_proj", "k_proj", "v_proj"))
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (
             torch.empty(width, 1, conv_size, dtype=dtype, device=device) for _ in range(3))

@@ -1,48 +1,127 @@
+"""One linear for both models: y = x @ W^T with W dense (bf16/fp32) or packed INT4.
+
+A linear is either built around loaded tensors (`from_packed`, the Llama loader) or
+allocated empty and filled slot by slot through a checkpoint table (`Linear(...)` + `slot`,
+the Kimi-Linear loader). Decode rows (M <= helper.MAX_ROWS) of an INT4 weight run the
+registered w4a16_gemv variant; longer inputs dequantize W once per call and run one matmul.
+Imports nothing that needs cffi, so a GPU image without it can build a model.
+"""
 import torch
+import torch.nn.functional as F
 
 from engined import helper
 from engined.ops import int4_format, registry
-from engined.ops import w4a16_gemv  # noqa: F401  (registers the op's variants)
 
-GEMV_MAX_ROWS = 8
+INT4_PARTS = ("qweight", "scales", "mins")
 
 
-class Int4Linear:
-    """y = x @ W^T with W in packed INT4. Decode (M <= 8) runs the registered w4a16_gemv
-    variant; prefill dequantizes W once per call and runs one fp32 matmul."""
+class SlotError(ValueError):
+    """A checkpoint tensor does not fit the slot it maps to."""
 
-    def __init__(self, packed: int4_format.PackedInt4, device: str = "cpu"):
-        self.packed = packed
-        self.out_features, self.in_features = packed.shape
-        self.gemv = registry.resolve("w4a16_gemv", device).fn
+
+def fill(slot: torch.Tensor, tensor: torch.Tensor, what: str):
+    """Copy one checkpoint tensor into its preallocated slot (shape must match, dtype is cast)."""
+    if tuple(slot.shape) != tuple(tensor.shape):
+        raise SlotError(f"{what}: checkpoint shape {tuple(tensor.shape)} != model shape "
+                        f"{tuple(slot.shape)}")
+    if slot.dtype == torch.uint8 and tensor.dtype != torch.uint8:
+        raise SlotError(f"{what}: packed INT4 codes must be uint8, got {tensor.dtype}")
+    slot.copy_(tensor)
+
+
+class Linear:
+    """W: [N, K] dense, or INT4 (qweight [N, K/2] u8, scales/mins [N, K/G] fp16)."""
+
+    def __init__(self, out_features: int, in_features: int, dtype: torch.dtype,
+                 device="cpu", group_size: int | None = None):
+        self.out_features, self.in_features = out_features, in_features
+        self.group_size = group_size
+        self.device = torch.device(device)
+        self._gemv = None  # resolved at the first call (a model planned on "meta" never runs)
+        self._packed = None
+        if group_size is None:
+            self.weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
+            return
+        if in_features % group_size:
+            raise SlotError(f"K={in_features} is not a multiple of group size {group_size}")
+        groups = in_features // group_size
+        self.qweight = torch.empty(out_features, in_features // 2, dtype=torch.uint8, device=device)
+        self.scales = torch.empty(out_features, groups, dtype=torch.float16, device=device)
+        self.mins = torch.empty(out_features, groups, dtype=torch.float16, device=device)
 
     @classmethod
-    def stacked(cls, parts: list["Int4Linear"], device: str = "cpu") -> "Int4Linear":
-        """One linear whose output rows are the parts' rows in order (same K and group; rows
-        keep their own scales and mins, so each output equals the part's, bit for bit, in
+    def from_packed(cls, packed: int4_format.PackedInt4, device="cpu") -> "Linear":
+        """A linear around already loaded INT4 tensors (no copy)."""
+        out_features, in_features = packed.shape
+        lin = cls.__new__(cls)
+        lin.out_features, lin.in_features, lin.group_size = out_features, in_features, packed.group_size
+        lin.device, lin._gemv, lin._packed = torch.device(device), None, packed
+        lin.qweight, lin.scales, lin.mins = packed.qweight, packed.scales, packed.mins
+        return lin
+
+    @classmethod
+    def stacked(cls, parts: list["Linear"], device="cpu") -> "Linear":
+        """One INT4 linear whose output rows are the parts' rows in order (same K and group;
+        rows keep their own scales and mins, so each output equals the part's, bit for bit, in
         one GEMV call instead of len(parts))."""
         ps = [lin.packed for lin in parts]
         if len({(p.shape[1], p.group_size) for p in ps}) != 1:
             raise ValueError("stacked linears need the same in_features and group size")
-        return cls(int4_format.PackedInt4(torch.cat([p.qweight for p in ps]),
-                                          torch.cat([p.scales for p in ps]),
-                                          torch.cat([p.mins for p in ps]), ps[0].group_size), device)
+        return cls.from_packed(int4_format.PackedInt4(
+            torch.cat([p.qweight for p in ps]), torch.cat([p.scales for p in ps]),
+            torch.cat([p.mins for p in ps]), ps[0].group_size), device)
+
+    def rows(self, start: int, end: int) -> "Linear":
+        """Output rows [start, end) of this INT4 linear, as views (no copy)."""
+        p = self.packed
+        return Linear.from_packed(int4_format.PackedInt4(
+            p.qweight[start:end], p.scales[start:end], p.mins[start:end], p.group_size), self.device)
+
+    @property
+    def is_int4(self) -> bool:
+        return self.group_size is not None
+
+    def slot(self, part: str) -> torch.Tensor:
+        """The tensor a loader fills for `part` (checkpoint tables name parts, never attributes)."""
+        if part == "weight" and not self.is_int4:
+            return self.weight
+        if part in INT4_PARTS and self.is_int4:
+            return {"qweight": self.qweight, "scales": self.scales, "mins": self.mins}[part]
+        raise SlotError(f"this projection is {'INT4' if self.is_int4 else 'dense'}; "
+                        f"it has no {part!r} tensor")
+
+    @property
+    def packed(self) -> int4_format.PackedInt4:
+        """One object for the life of the linear (kernels cache per-object pointers); a loader
+        fills the same tensors in place, so building it late is safe."""
+        if self._packed is None:
+            self._packed = int4_format.PackedInt4(self.qweight, self.scales, self.mins, self.group_size)
+        return self._packed
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """W: [N, K] in dtype (dequantized for INT4: the C helper on CPU, else the reference)."""
+        if not self.is_int4:
+            return self.weight.to(dtype)
+        p = self.packed
+        if p.qweight.device.type == "cpu" and helper.available():
+            w = helper.unpack_int4(p.qweight.numpy(), p.scales.numpy(), p.mins.numpy(), p.group_size)
+            return torch.from_numpy(w).to(dtype)
+        return int4_format.dequantize(p).to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [M, K] -> [M, N] fp32
-        if x.shape[0] <= GEMV_MAX_ROWS:
-            return self.gemv(x, self.packed)
-        return x.float() @ self.dequantized().t()
+        # x: [T, K] -> [T, N] in x.dtype
+        if not self.is_int4:
+            return F.linear(x, self.weight.to(x.dtype))  # no-op cast when dtypes agree
+        if x.shape[0] <= helper.MAX_ROWS:
+            if self._gemv is None:
+                self._gemv = registry.resolve("w4a16_gemv", self.device.type).fn
+            return self._gemv(x, self.packed).to(x.dtype)
+        return F.linear(x, self.dense_weight(x.dtype))
 
-    def dequantized(self) -> torch.Tensor:
-        """W: [N, K] fp32 (the C helper on CPU, the torch reference elsewhere)."""
-        p = self.packed
-        if p.qweight.device.type == "cpu" and helper.lib is not None:
-            w = helper.unpack_int4(p.qweight.numpy(), p.scales.numpy(), p.mins.numpy(), p.group_size)
-            return torch.from_numpy(w)
-        return int4_format.dequantize(p)
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.qweight, self.scales, self.mins) if self.is_int4 else (self.weight,)
 
     @property
     def nbytes(self) -> int:
-        p = self.packed
-        return sum(t.numel() * t.element_size() for t in (p.qweight, p.scales, p.mins))
+        return sum(t.numel() * t.element_size() for t in self.tensors)

@@ -7,8 +7,8 @@ Letters: t query, s key position, h head, r latent dim, n nope dim, p rope-slice
 """
 import torch
 
-from engined.layers.kimi_norms import KimiRMSNorm
-from engined.layers.kimi_proj import Proj
+from engined.layers.rmsnorm import RMSNorm
+from engined.layers.linear import Linear
 
 LATENT_EPS = 1e-6  # kv_a_layernorm keeps the class default, not rms_norm_eps (§8.9)
 # Absorbed attention costs ~T*(2R+P) per head and key, expanded ~R*(N+V) + T*(N+P+V): with the
@@ -22,10 +22,10 @@ class MLA:
         int4 = int4 or {}
         self.num_heads, self.rank, self.nope, self.rope, self.vdim = (
             num_heads, kv_lora_rank, nope_dim, rope_dim, v_dim)
-        proj = lambda name, n, k: Proj(n, k, dtype, device, int4.get(name))  # noqa: E731
+        proj = lambda name, n, k: Linear(n, k, dtype, device, int4.get(name))  # noqa: E731
         self.q_proj = proj("q_proj", num_heads * (nope_dim + rope_dim), hidden)
         self.kv_a_proj_with_mqa = proj("kv_a_proj_with_mqa", kv_lora_rank + rope_dim, hidden)
-        self.kv_a_layernorm = KimiRMSNorm(kv_lora_rank, LATENT_EPS, dtype, device)
+        self.kv_a_layernorm = RMSNorm(kv_lora_rank, LATENT_EPS, dtype, device)
         self.kv_b_proj = proj("kv_b_proj", num_heads * (nope_dim + v_dim), kv_lora_rank)
         self.o_proj = proj("o_proj", hidden, num_heads * v_dim)
         self.scale = (nope_dim + rope_dim) ** -0.5

@@ -1,18 +1,39 @@
+"""SwiGLU feed-forward, for both models (Llama's MLP, Kimi-Linear's dense layer and shared experts)."""
 import torch
 import torch.nn.functional as F
 
-from engined.layers.linear import Int4Linear
+from engined.layers.linear import Linear
 
 
 class SwiGLU:
-    """down(silu(gate(x)) * up(x)); gate and up run as one stacked GEMV."""
+    """down(silu(gate(x)) * up(x)). Attribute names follow the Kimi checkpoint
+    (gate_proj, up_proj, down_proj); `fuse()` stacks INT4 gate and up into one GEMV."""
 
-    def __init__(self, gate: Int4Linear, up: Int4Linear, down: Int4Linear):
-        self.hidden = gate.out_features
-        self.gate_up, self.down = Int4Linear.stacked([gate, up]), down
+    def __init__(self, gate_proj: Linear, up_proj: Linear, down_proj: Linear):
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        self.hidden = gate_proj.out_features
+        self.gate_up: Linear | None = None
+
+    @classmethod
+    def empty(cls, hidden: int, inner: int, dtype, device="cpu",
+              int4: dict[str, int] | None = None) -> "SwiGLU":
+        """Slots for a loader to fill; int4: part name -> group size of the INT4 parts."""
+        int4 = int4 or {}
+        return cls(Linear(inner, hidden, dtype, device, int4.get("gate_proj")),
+                   Linear(inner, hidden, dtype, device, int4.get("up_proj")),
+                   Linear(hidden, inner, dtype, device, int4.get("down_proj")))
+
+    def fuse(self, device="cpu") -> "SwiGLU":
+        """Gate and up as one stacked linear (rows concatenated: outputs are bit-identical);
+        gate_proj and up_proj become views of its rows, so the weights are held once."""
+        self.gate_up = Linear.stacked([self.gate_proj, self.up_proj], device)
+        self.gate_proj, self.up_proj = self.gate_up.rows(0, self.hidden), self.gate_up.rows(self.hidden, 2 * self.hidden)
+        return self
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [T, D]; gate_up: [T, 2F]
+        if self.gate_up is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         gate_up = self.gate_up(x)
         gate, up = gate_up[:, :self.hidden], gate_up[:, self.hidden:]
-        return self.down(F.silu(gate).mul_(up))
+        return self.down_proj(F.silu(gate).mul_(up))

@@ -8,21 +8,10 @@ qweight/scales/mins. Letters: t token, e expert, k choice, i expert width, d hid
 import torch
 import torch.nn.functional as F
 
-from engined.layers.kimi_proj import INT4_PARTS, Proj, SlotError
+from engined.layers.linear import SlotError
+from engined.layers.mlp import SwiGLU
 from engined.ops import int4_format, registry
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
-
-
-class SwiGLU:
-    def __init__(self, hidden: int, inner: int, dtype, device="cpu", int4: dict[str, int] | None = None):
-        int4 = int4 or {}
-        self.gate_proj = Proj(inner, hidden, dtype, device, int4.get("gate_proj"))
-        self.up_proj = Proj(inner, hidden, dtype, device, int4.get("up_proj"))
-        self.down_proj = Proj(hidden, inner, dtype, device, int4.get("down_proj"))
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [T, D] -> [T, D]
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class ExpertBank:
@@ -39,11 +28,17 @@ class ExpertBank:
         self.scales = torch.empty(num, out_features, groups, dtype=torch.float16, device=device)
         self.mins = torch.empty(num, out_features, groups, dtype=torch.float16, device=device)
 
+    @property
+    def banks(self) -> dict[str, torch.Tensor]:
+        """Part name -> its stacked tensor [E, ...]."""
+        if self.group_size is None:
+            return {"weight": self.weight}
+        return {"qweight": self.qweight, "scales": self.scales, "mins": self.mins}
+
     def slot(self, part: str, e: int) -> torch.Tensor:
-        allowed = INT4_PARTS if self.group_size else ("weight",)
-        if part not in allowed:
+        bank = self.banks.get(part)
+        if bank is None:
             raise SlotError(f"expert bank is {'INT4' if self.group_size else 'dense'}; no {part!r}")
-        bank = getattr(self, part)
         if not 0 <= e < bank.shape[0]:
             raise SlotError(f"expert {e} out of range 0..{bank.shape[0] - 1}")
         return bank[e]
@@ -63,8 +58,7 @@ class ExpertBank:
 
     @property
     def nbytes(self) -> int:
-        parts = INT4_PARTS if self.group_size else ("weight",)
-        return sum(getattr(self, p).numel() * getattr(self, p).element_size() for p in parts)
+        return sum(t.numel() * t.element_size() for t in self.banks.values())
 
 
 def scope(int4: dict[str, int], prefix: str) -> dict[str, int]:
@@ -94,8 +88,8 @@ class MoE:
         self.w1 = ExpertBank(num_experts, inner, hidden, dtype, device, int4.get("w1"))
         self.w3 = ExpertBank(num_experts, inner, hidden, dtype, device, int4.get("w3"))
         self.w2 = ExpertBank(num_experts, hidden, inner, dtype, device, int4.get("w2"))
-        self.shared_experts = (SwiGLU(hidden, inner * num_shared, dtype, device,
-                                      scope(int4, "shared_experts")) if num_shared else None)
+        self.shared_experts = (SwiGLU.empty(hidden, inner * num_shared, dtype, device,
+                                            scope(int4, "shared_experts")) if num_shared else None)
 
     def __call__(self, f: torch.Tensor) -> torch.Tensor:
         # f: [T, D] -> [T, D]

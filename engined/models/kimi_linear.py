@@ -1,5 +1,5 @@
 """Kimi-Linear forward: embedding -> [norm, KDA|MLA, norm, dense|MoE] x L -> norm -> lm_head.
-This module only wires layers (engined/layers/{kda,mla,moe,kimi_norms}.py); the checkpoint
+This module only wires layers (engined/layers/{kda,mla,moe,mlp,rmsnorm,linear}.py); the checkpoint
 names live in engined/weights/kimi_checkpoint.py's table. Activations run in `dtype`; the KDA state,
 router, softmax and norms compute in fp32.
 """
@@ -8,10 +8,11 @@ from dataclasses import dataclass
 import torch
 
 from engined.layers.kda import KDA, KDAState
-from engined.layers.kimi_norms import KimiRMSNorm
-from engined.layers.kimi_proj import Proj
+from engined.layers.linear import Linear
 from engined.layers.mla import MLA
-from engined.layers.moe import MoE, SwiGLU, scope
+from engined.layers.mlp import SwiGLU
+from engined.layers.moe import MoE, scope
+from engined.layers.rmsnorm import RMSNorm
 from engined.models.kimi_linear_config import KimiLinearConfig
 
 
@@ -79,8 +80,8 @@ class DecoderLayer:
 
     def __init__(self, cfg: KimiLinearConfig, i: int, dtype, device, int4: dict[str, int]):
         eps, d = cfg.rms_norm_eps, cfg.hidden_size
-        self.input_layernorm = KimiRMSNorm(d, eps, dtype, device)
-        self.post_attention_layernorm = KimiRMSNorm(d, eps, dtype, device)
+        self.input_layernorm = RMSNorm(d, eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(d, eps, dtype, device)
         self.is_mla = i in cfg.mla_layers
         attn = scope(int4, "self_attn")
         self.self_attn = (
@@ -93,7 +94,7 @@ class DecoderLayer:
                 cfg.num_shared_experts, cfg.moe_renormalize, cfg.routed_scaling_factor,
                 dtype, device, scope(int4, "block_sparse_moe"))
         else:
-            self.mlp = self.ffn = SwiGLU(d, cfg.intermediate_size, dtype, device, scope(int4, "mlp"))
+            self.mlp = self.ffn = SwiGLU.empty(d, cfg.intermediate_size, dtype, device, scope(int4, "mlp"))
 
     def __call__(self, h: torch.Tensor, cache: KimiCache, i: int, start: int) -> torch.Tensor:
         # h: [T, D]
@@ -114,8 +115,8 @@ class KimiLinearModel:
         self.dtype, self.device = dtype, torch.device(device)
         self.embed_tokens = torch.empty(c.vocab_size, c.hidden_size, dtype=wd, device=device)
         self.layers = [DecoderLayer(c, i, wd, device, scope(int4, f"layers.{i}")) for i in range(c.num_hidden_layers)]
-        self.norm = KimiRMSNorm(c.hidden_size, c.rms_norm_eps, wd, device)
-        self.lm_head = Proj(c.vocab_size, c.hidden_size, wd, device, int4.get("lm_head"))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, wd, device)
+        self.lm_head = Linear(c.vocab_size, c.hidden_size, wd, device, int4.get("lm_head"))
         if c.tie_word_embeddings and not self.lm_head.is_int4:
             self.lm_head.weight = self.embed_tokens              # one tensor, filled once
         latent = (c.kv_lora_rank + c.qk_rope_head_dim) * dtype.itemsize

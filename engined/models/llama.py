@@ -8,7 +8,8 @@ import torch
 
 from engined.layers.attention import Attention
 from engined.layers.embedding import TiedEmbedding
-from engined.layers.linear import GEMV_MAX_ROWS, Int4Linear
+from engined import helper
+from engined.layers.linear import Linear
 from engined.layers.mlp import SwiGLU
 from engined.layers.rmsnorm import RMSNorm
 from engined.layers.rope import RotaryEmbedding
@@ -115,7 +116,7 @@ class LlamaModel:
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.kv_bytes_per_token = config.kv_bytes_per_token(kv_dtype)
         norms = [final_norm] + [n for b in blocks for n in (b.attn_norm, b.ffn_norm)]
-        linears = [lin for b in blocks for lin in (b.attn.qkv, b.attn.o, b.mlp.gate_up, b.mlp.down)]
+        linears = [lin for b in blocks for lin in (b.attn.qkv, b.attn.o, b.mlp.gate_up, b.mlp.down_proj)]
         self.weight_bytes = (embedding.nbytes + sum(lin.nbytes for lin in linears)
                              + sum(n.weight.numel() * 4 for n in norms))
 
@@ -126,15 +127,15 @@ class LlamaModel:
         """Wire the model from loader callbacks (name -> tensor / PackedInt4), one layer at a time."""
         blocks = []
         for i in range(config.num_layers):
-            lin = {slot: Int4Linear(load_int4(name.format(i=i)), device)
+            lin = {slot: Linear.from_packed(load_int4(name.format(i=i)), device)
                    for slot, name in INT4_WEIGHTS.items()}
-            norm = {slot: RMSNorm(load_norm(name.format(i=i)), config.rms_eps)
+            norm = {slot: RMSNorm.from_weight(load_norm(name.format(i=i)), config.rms_eps)
                     for slot, name in NORM_WEIGHTS.items()}
             attn = Attention(lin["q"], lin["k"], lin["v"], lin["o"], config.num_heads,
                              config.num_kv_heads, config.head_dim)
             blocks.append(Block(norm["attn_norm"], attn, norm["ffn_norm"],
-                                SwiGLU(lin["gate"], lin["up"], lin["down"])))
-        final_norm = RMSNorm(load_norm(FINAL_NORM), config.rms_eps)
+                                SwiGLU(lin["gate"], lin["up"], lin["down"]).fuse(device)))
+        final_norm = RMSNorm.from_weight(load_norm(FINAL_NORM), config.rms_eps)
         return cls(config, blocks, final_norm, TiedEmbedding(embedding_weight), kv_dtype, device)
 
     def new_cache(self, max_tokens: int) -> KVCache:
@@ -170,10 +171,10 @@ class LlamaModel:
         for cache, pos in zip(caches, positions):
             if not 0 <= pos < cache.max_tokens:
                 raise ValueError(f"position {pos} does not fit a cache of {cache.max_tokens} tokens")
-        if len(positions) > GEMV_MAX_ROWS:
-            return torch.cat([self.decode_batch(tokens[i:i + GEMV_MAX_ROWS], caches[i:i + GEMV_MAX_ROWS],
-                                                positions[i:i + GEMV_MAX_ROWS])
-                              for i in range(0, len(positions), GEMV_MAX_ROWS)])
+        rows = helper.MAX_ROWS
+        if len(positions) > rows:
+            return torch.cat([self.decode_batch(tokens[i:i + rows], caches[i:i + rows], positions[i:i + rows])
+                              for i in range(0, len(positions), rows)])
         with self._decode_threads():
             cos, sin = self.rope.at_positions(positions)  # [B, hd]
             h = self.embedding.embed(tokens.to(self.device))  # [B, D]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engined.weights import kimi_table as table
-from engined.layers.kimi_proj import SlotError, fill
+from engined.layers.linear import SlotError, fill
 from engined.models.kimi_linear import KimiLinearModel
 from engined.models.kimi_linear_config import DTYPES, ConfigError, KimiLinearConfig, parse_config
 from engined.ops import int4_format

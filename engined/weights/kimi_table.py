@@ -7,7 +7,7 @@ expert (every routed expert of a MoE layer; {e} in the name). INT4 artifacts rep
 """
 import torch
 
-from engined.layers.kimi_proj import SlotError
+from engined.layers.linear import SlotError
 
 TABLE = (
     ("model.embed_tokens.weight", "embed_tokens", "model"),

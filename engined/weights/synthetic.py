@@ -7,7 +7,7 @@ import torch
 
 from engined.weights import kimi_table as table
 from engined.weights.quant_policy import policy
-from engined.layers.kimi_proj import Proj
+from engined.layers.linear import Linear
 from engined.layers.moe import ExpertBank
 from engined.models.kimi_linear import weight_tensors
 
@@ -91,7 +91,7 @@ def fill_random(model, seed: int = 0):
         target = table.find(model, path)
         if isinstance(target, torch.Tensor):
             _fill_plain(name, target, g)
-        elif isinstance(target, (Proj, ExpertBank)):
+        elif isinstance(target, (Linear, ExpertBank)):
             part_of = (lambda p, t=target, e=expert: t.slot(p, e)) if expert is not None else target.slot
             _fill_matrix(target, part_of, expert, g)
 
