@@ -21,7 +21,7 @@ Signals used to detect each client live in ``proxy/detect.py``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 ANTHROPIC, CHAT, RESPONSES = "anthropic", "chat", "responses"
 DIALECTS = (ANTHROPIC, CHAT, RESPONSES)
@@ -108,11 +108,6 @@ def check_client_name(name: str) -> str:
     if name not in PRESET_NAMES:
         raise ValueError(f"unknown client preset {name!r}; known: {', '.join(PRESET_NAMES)}")
     return name
-
-
-def with_overrides(preset: Preset, **changes) -> Preset:
-    """A copy with CLI overrides (for example ``tool_parser``) applied; None values are ignored."""
-    return replace(preset, **{k: v for k, v in changes.items() if v is not None})
 
 
 SETUP_LINES = {

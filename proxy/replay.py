@@ -22,6 +22,7 @@ import tempfile
 
 from proxy import sse
 from proxy.pipeline import chunks_from_json
+from proxy.upstream import ListStream
 
 DROP_HEADERS = {"host", "content-length", "authorization", "x-api-key", "accept-encoding"}
 ID_RE = re.compile(r"\b(?:msg_|chatcmpl-|chatcmpl_|resp_|rs_|fc_|call_|toolu_|cmpl-)[A-Za-z0-9_\-]+")
@@ -59,7 +60,7 @@ class _ReplayUpstream:
     def open_stream(self, payload, headers=None):
         self.payloads.append(payload)
         up = self.cassette["upstream"]
-        return _ListStream(up["chunks"] or chunks_from_json(up["response"]))
+        return ListStream(up["chunks"] or chunks_from_json(up["response"]))
 
     def tokenize(self, messages, tools, model):
         return None
@@ -67,11 +68,6 @@ class _ReplayUpstream:
     def health(self):
         return True, "replay"
 
-    def close(self):
-        pass
-
-
-class _ListStream(list):
     def close(self):
         pass
 

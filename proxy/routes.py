@@ -11,7 +11,7 @@ from proxy import handler, policy as policy_mod
 from proxy.dialects import anthropic, openai_chat, openai_responses
 from proxy.errors import InvalidRequest, NotFound
 from proxy.guards import is_authorized
-from proxy.payload import build_payload, tool_to_openai
+from proxy.payload import build_payload
 
 bp = Blueprint("kimi", __name__)
 log = logging.getLogger("kimi.proxy")

@@ -8,78 +8,17 @@ The handlers see two small interfaces:
     Responses: put(id, input_items=, output_items=, previous_id=, response=);
                get(id) -> response body | None;  history(id) -> items | None;  delete(id) -> bool
 
-They wrap `proxy.reasoning` / `proxy.store` (one SQLite file, the ledger). The memory
-versions serve tests that want no file at all.
+They wrap `proxy.reasoning` / `proxy.store` (one SQLite file, the ledger).
 """
 from __future__ import annotations
 
 import logging
 import queue
-import secrets
 import threading
-from collections import OrderedDict
 
 from proxy import canonical as c
 
 log = logging.getLogger("kimi.proxy")
-
-
-class MemoryReasoning:
-    """No signatures, no ledger: echoed reasoning is all that comes back."""
-
-    def new_turn(self) -> str:
-        return secrets.token_hex(16)
-
-    def sign(self, text: str, ledger_id: str) -> str | None:
-        return None
-
-    def restore(self, message: c.Message, reasoning_field: str) -> dict | None:
-        return None
-
-    def record(self, ledger_id: str, response: c.Response, reasoning_field: str) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-class MemoryResponses:
-    """Stored Responses in a bounded in-memory LRU (same interface as proxy.store)."""
-
-    def __init__(self, max_entries: int = 1024):
-        self.max_entries = max_entries
-        self._items: OrderedDict[str, dict] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, response_id: str, *, input_items: list, output_items: list,
-            previous_id: str | None = None, response: dict | None = None) -> None:
-        with self._lock:
-            self._items[response_id] = {"input": input_items, "output": output_items,
-                                        "previous": previous_id, "response": response}
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)
-
-    def get(self, response_id: str) -> dict | None:
-        with self._lock:
-            record = self._items.get(response_id)
-            return None if record is None else record["response"]
-
-    def history(self, response_id: str) -> list | None:
-        chain, current = [], response_id
-        with self._lock:
-            while current in self._items and len(chain) < 1000:
-                chain.append(self._items[current])
-                current = self._items[current]["previous"]
-        if not chain:
-            return None
-        return [item for rec in reversed(chain) for item in rec["input"] + rec["output"]]
-
-    def delete(self, response_id: str) -> bool:
-        with self._lock:
-            return self._items.pop(response_id, None) is not None
-
-    def close(self) -> None:
-        return None
 
 
 class StoredResponses:

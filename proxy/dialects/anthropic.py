@@ -38,7 +38,7 @@ def parse_request(body, policy) -> c.Request:
                             if _tool(t) is None),
         tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=d.opt_int(body, "max_tokens") or policy.max_tokens,
-        temperature=_or(d.opt_float(body, "temperature"), policy.temperature),
+        temperature=d.or_default(d.opt_float(body, "temperature"), policy.temperature),
         top_p=d.opt_float(body, "top_p"), top_k=d.opt_int(body, "top_k"),
         stop=d.stop_list(body.get("stop_sequences"), "stop_sequences"),
         stream=bool(d.opt_bool(body, "stream")),
@@ -55,10 +55,6 @@ def _output_format(body: dict) -> dict:
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
         return {}
     return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}}
-
-
-def _or(value, default):
-    return default if value is None else value
 
 
 def _effort(body: dict, thinking: dict | None) -> str | None:

@@ -86,6 +86,11 @@ def opt_str(body: dict, key: str) -> str | None:
     return value
 
 
+def or_default(value, default):
+    """The client's value, or the preset's default when the client gave none."""
+    return default if value is None else value
+
+
 def stop_list(value, key: str) -> tuple[str, ...]:
     if value is None:
         return ()

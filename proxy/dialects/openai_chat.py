@@ -37,7 +37,7 @@ def parse_request(body, policy) -> c.Request:
         tools=tuple(t for t in (_tool(t) for t in d.list_of_objects(body, "tools")) if t),
         tool_choice=body.get("tool_choice"),
         max_tokens=max_tokens or policy.max_tokens,
-        temperature=_or(d.opt_float(body, "temperature"), policy.temperature),
+        temperature=d.or_default(d.opt_float(body, "temperature"), policy.temperature),
         top_p=d.opt_float(body, "top_p"), top_k=d.opt_int(body, "top_k"),
         stop=d.stop_list(body.get("stop"), "stop"), stream=bool(d.opt_bool(body, "stream")),
         include_usage=include_usage if isinstance(include_usage, bool) else None,
@@ -45,10 +45,6 @@ def parse_request(body, policy) -> c.Request:
         parallel_tool_calls=d.opt_bool(body, "parallel_tool_calls"),
         metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
         passthrough={k: v for k, v in body.items() if k not in CONSUMED})
-
-
-def _or(value, default):
-    return default if value is None else value
 
 
 def _message(m: dict, i: int) -> c.Message:

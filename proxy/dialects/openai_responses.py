@@ -43,7 +43,7 @@ def parse_request(body, policy) -> c.Request:
                             if t.get("type") not in USABLE_TOOL_TYPES),
         tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=d.opt_int(body, "max_output_tokens") or policy.max_tokens,
-        temperature=_or(d.opt_float(body, "temperature"), policy.temperature),
+        temperature=d.or_default(d.opt_float(body, "temperature"), policy.temperature),
         top_p=d.opt_float(body, "top_p"), top_k=d.opt_int(body, "top_k"),
         stream=bool(d.opt_bool(body, "stream")),
         reasoning_effort=(None if effort == "none" else effort) or policy.effort,
@@ -64,10 +64,6 @@ def _response_format(text) -> dict:
         return {"response_format": {"type": "json_object"}}
     spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
     return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", **spec}}}
-
-
-def _or(value, default):
-    return default if value is None else value
 
 
 def parse_input(value) -> list[c.Message]:
