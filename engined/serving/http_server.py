@@ -21,6 +21,7 @@ from engined.errors import EngineError, InvalidRequest, PayloadTooLarge
 MAX_BODY_BYTES = 32 * 1024 * 1024
 DISCARD_LIMIT = 256 * 1024 * 1024  # read and drop this much of a refused body, then close
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -127,9 +128,14 @@ class Exchange:
         if not body.strip():
             raise InvalidRequest("the request body is empty; expected a JSON object")
         try:
-            return json.loads(body)
+            obj = json.loads(body)
+            if _SURROGATE_ESCAPE.search(body):  # only escapes can carry one: UTF-8 cannot
+                _check_unicode(obj, "")
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise InvalidRequest("the request body is nested too deeply") from None
+        return obj
 
     def _read_exact(self, size: int) -> bytes:
         parts, remaining = [], size
@@ -252,6 +258,25 @@ def _drop_pending_input(sock: socket.socket, limit: int = 1 << 16):
         if not data:
             return
         limit -= len(data)
+
+
+def _check_unicode(value: Any, where: str):
+    """Valid JSON may still hold an unpaired surrogate escape ("\\ud800"): no UTF-8 text,
+    no tokens, so refuse it here, naming the field, before any route sees it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRequest(f"{where or 'the body'}: an unpaired surrogate "
+                                 f"(\\u{ord(value[exc.start]):04x}) is not valid Unicode text",
+                                 param=where or None) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(key, where or "a key")
+            _check_unicode(item, f"{where}.{key}" if where else key)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_unicode(item, f"{where}[{i}]")
 
 
 def _chunk(data: str) -> bytes:
