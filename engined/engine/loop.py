@@ -17,7 +17,8 @@ from engined import helper
 from engined.engine import sampler
 from engined.errors import InternalError
 from engined.metrics import EngineMetrics
-from engined.engine.prefix_cache import PrefixCache, PrefixKeys, supports
+from engined.models.protocol import Model
+from engined.engine.prefix_cache import PrefixCache, PrefixKeys
 from engined.engine.scheduler import Batch, Scheduler
 from engined.engine.sequence import PromptLogprobsEvent, Sequence
 
@@ -28,7 +29,7 @@ PREFIX_CACHE_BYTES = 256 * 2**20
 
 
 class Engine:
-    def __init__(self, model, max_context: int, metrics: EngineMetrics, threads: int = 0,
+    def __init__(self, model: Model, max_context: int, metrics: EngineMetrics, threads: int = 0,
                  log=print, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
                  prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
         self.model = model
@@ -131,11 +132,7 @@ class Engine:
         """One token per sequence: the last sampled ones go in -> logits [B, V]."""
         tokens = torch.tensor([s.output_ids[-1] for s in seqs], dtype=torch.int64)  # [B]
         positions = [s.num_computed for s in seqs]
-        if hasattr(self.model, "decode_batch"):
-            logits = self.model.decode_batch(tokens, [s.cache for s in seqs], positions)
-        else:  # models without a batched step (Kimi-Linear, test doubles) go one by one
-            logits = torch.cat([self.model.forward(tokens[i:i + 1], s.cache, positions[i])
-                                for i, s in enumerate(seqs)])
+        logits = self.model.decode_batch(tokens, [s.cache for s in seqs], positions)
         for seq in seqs:
             seq.num_computed += 1
         return logits
@@ -198,7 +195,7 @@ class Engine:
         except Exception:
             helper.memcap_release(self._kv_bytes(seq))
             raise
-        if self.prefix_cache.is_enabled and supports(seq.cache):
+        if self.prefix_cache.is_enabled:
             self._restore_prefix(seq)
 
     def _restore_prefix(self, seq: Sequence):
@@ -227,5 +224,4 @@ class Engine:
 
     def _kv_bytes(self, seq: Sequence) -> int:
         # Recurrent models (Kimi-Linear's KDA) also hold a fixed state per sequence.
-        fixed = int(getattr(self.model, "state_bytes", 0))
-        return int(self.model.kv_bytes_per_token) * seq.num_max_tokens + fixed
+        return self.model.kv_bytes_per_token * seq.num_max_tokens + self.model.state_bytes

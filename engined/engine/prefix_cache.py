@@ -8,11 +8,8 @@ boundary, so full blocks are shared by every prompt that starts the same way, an
 they carry a state snapshot (taken at prefill-chunk boundaries and at each prompt's end).
 Restores copy into the sequence's own tensors, never alias a snapshot (reference §8, pitfall 2).
 
-It works with any model cache object offering (models/llama.py KVCache, models/kimi_linear.py
-KimiCache):
-    read_rows(start, end) -> rows (a fresh copy)     write_rows(start, rows)
-    save_state() -> state | None (a fresh copy)      load_state(state, num_tokens)
-    is_recurrent: bool
+It works with any model cache (engined/models/protocol.py's Cache: models/llama.py KVCache,
+models/kimi_linear.py KimiCache).
 A byte budget with LRU eviction; every stored byte is reserved against the memory cap.
 """
 import collections
@@ -72,11 +69,6 @@ def nbytes(obj) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(nbytes(v) for v in obj)
     return sum(nbytes(v) for v in vars(obj).values())
-
-
-def supports(cache) -> bool:
-    return all(hasattr(cache, name) for name in ("read_rows", "write_rows", "save_state",
-                                                  "load_state"))
 
 
 class PrefixCache:

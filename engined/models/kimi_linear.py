@@ -156,6 +156,13 @@ class KimiLinearModel:
             h = h[-1:]
         return self.lm_head(self.norm(h)).float()                # [T or 1, V]
 
+    def decode_batch(self, tokens: torch.Tensor, caches: list[KimiCache],
+                     positions: list[int]) -> torch.Tensor:
+        """One token for each of B sequences -> logits fp32 [B, V]. tokens: [B] int64. Until the
+        batched runner lands, the sequences run one after another through forward."""
+        return torch.cat([self.forward(tokens[i:i + 1], cache, pos)
+                          for i, (cache, pos) in enumerate(zip(caches, positions))])
+
     def decode_step(self, token: torch.Tensor, cache: KimiCache, pos: torch.Tensor) -> torch.Tensor:
         """One token with its position as a 0-d device tensor: no host sync and no Python value
         that changes per step, so it can be captured once in a CUDA graph and replayed.

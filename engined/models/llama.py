@@ -115,6 +115,7 @@ class LlamaModel:
         self.kv_dtype, self.device = kv_dtype, device
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.kv_bytes_per_token = config.kv_bytes_per_token(kv_dtype)
+        self.state_bytes = 0  # rows alone resume a sequence
         norms = [final_norm] + [n for b in blocks for n in (b.attn_norm, b.ffn_norm)]
         linears = [lin for b in blocks for lin in (b.attn.qkv, b.attn.o, b.mlp.gate_up, b.mlp.down_proj)]
         self.weight_bytes = (embedding.nbytes + sum(lin.nbytes for lin in linears)

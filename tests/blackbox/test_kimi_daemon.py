@@ -1,7 +1,5 @@
 """Black-box: `kimi-engine quantize` then `kimi-engine serve --model DIR` on tiny Kimi-Linear
 checkpoints (BF16 and our INT4 artifact), over the real Unix socket."""
-import pathlib
-import sys
 
 import pytest
 

@@ -1,7 +1,5 @@
 """Kimi tokenizer, K2-Instruct template (golden, §4.3) and the streaming tool-call parser."""
 import json
-import sys
-import pathlib
 
 import pytest
 from hypothesis import given, settings, strategies as st

@@ -2,9 +2,6 @@
 alone (batched decode rows are bit-identical to lone ones), cancelling one leaves the others
 untouched, and prefill chunks alternate with decode steps (no stream waits more than one
 chunk for its next token)."""
-import os
-import pathlib
-import sys
 
 import pytest
 import torch
@@ -13,7 +10,6 @@ from tests.support import kimi_tiny  # noqa: E402
 from tests.engine.batching_helpers import NullDecoder, RunningEngine, collect  # noqa: E402
 from tests.support.engine import ScriptedModel  # noqa: E402
 
-from engined.weights import loader  # noqa: E402
 from engined.weights.kimi_checkpoint import load_kimi_linear  # noqa: E402
 from engined.engine.scheduler import Scheduler  # noqa: E402
 from engined.engine.sequence import SamplingParams, Sequence, TokenEvent  # noqa: E402
@@ -22,14 +18,6 @@ TEXTS = ["def fibonacci(n):\n    ", "The capital of France is",
          "Once upon a time, in a land far away, there lived a",
          "import numpy as np\n\n# Multiply two matrices and print the"]
 NEW = 16
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        mp.delenv("CACHE_DIRECTORY", raising=False)
-        return loader.load_model("default", threads=min(2, os.cpu_count() or 1), progress=False)
 
 
 @pytest.fixture(scope="module")

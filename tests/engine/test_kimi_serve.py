@@ -1,7 +1,5 @@
 """The tiny Kimi-Linear checkpoint served by the real engine, App and HTTP server over a Unix
 socket (in process): greedy output over HTTP equals the model's own greedy loop."""
-import pathlib
-import sys
 
 import pytest
 import torch

@@ -1,9 +1,6 @@
 """Prefix cache: greedy output with the cache equals output without it, token for token, on the
 default Llama model and the tiny Kimi-Linear checkpoint; restores copy (a snapshot restored
 twice gives the same result), snapshots may end mid-chunk, and the byte budget evicts."""
-import os
-import pathlib
-import sys
 
 import pytest
 import torch
@@ -11,7 +8,6 @@ import torch
 from tests.support import kimi_tiny  # noqa: E402
 from tests.engine.batching_helpers import RunningEngine  # noqa: E402
 
-from engined.weights import loader  # noqa: E402
 from engined.weights.kimi_checkpoint import load_kimi_linear  # noqa: E402
 from engined.engine.prefix_cache import BLOCK, PrefixCache, PrefixKeys  # noqa: E402
 
@@ -19,14 +15,6 @@ HIT = "kimi_engine_prefix_cache_hit_tokens_total"
 MISS = "kimi_engine_prefix_cache_miss_tokens_total"
 EVICTIONS = "kimi_engine_prefix_cache_evictions_total"
 NEW = 8
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        mp.delenv("CACHE_DIRECTORY", raising=False)
-        return loader.load_model("default", threads=min(2, os.cpu_count() or 1), progress=False)
 
 
 @pytest.fixture(scope="module")

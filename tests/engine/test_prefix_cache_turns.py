@@ -3,15 +3,11 @@ prefix cache for the whole of turn 1's prompt, and its reply equals a cache-less
 import copy
 import gzip
 import json
-import os
 import pathlib
-import sys
 
-import pytest
 
 from tests.support.engine import InProcessEngine, metric, post  # noqa: E402
 
-from engined.weights import loader  # noqa: E402
 from engined.engine.prefix_cache import BLOCK  # noqa: E402
 
 CAPTURE = pathlib.Path(__file__).parents[1] / "fixtures" / "live-clients" / "cline-tool.jsonl.gz"
@@ -32,14 +28,6 @@ def agent_turns() -> list[dict]:
         turns.append(body)
     assert [len(t["messages"]) for t in turns] == [2, 4]
     return turns
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        mp.delenv("CACHE_DIRECTORY", raising=False)
-        return loader.load_model("default", threads=min(2, os.cpu_count() or 1), progress=False)
 
 
 def chat(sock: str, body: dict) -> dict:

@@ -174,11 +174,37 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+class ScriptedCache(dict):
+    """The stand-in's cache: a pass counter. Recurrent, with no state to snapshot, so the
+    prefix cache never restores it and every request replays its script from the start."""
+
+    is_recurrent = True
+
+    @property
+    def max_tokens(self) -> int:
+        return self["max_tokens"]
+
+    def read_rows(self, start: int, end: int) -> None:
+        return None
+
+    def write_rows(self, start: int, rows: None):
+        raise AssertionError("a scripted cache is never restored")
+
+    def save_state(self) -> None:
+        return None
+
+    def load_state(self, state: None, num_tokens: int):
+        raise AssertionError("a scripted cache is never restored")
+
+
 class ScriptedModel:
-    """A stand-in for the model: each forward pass on a cache yields the next token of
-    `script` (prefill counts as the first pass). `fail_at` raises on that pass."""
+    """A stand-in for the model (engined/models/protocol.py): each forward pass on a cache
+    yields the next token of `script` (prefill counts as the first pass). `fail_at` raises
+    on that pass."""
 
     kv_bytes_per_token = 16
+    state_bytes = 0
+    weight_bytes = 0
 
     def __init__(self, vocab_size: int, script: list[int] | None = None,
                  delay_s: float = 0.0, fail_at: int | None = None):
@@ -186,10 +212,16 @@ class ScriptedModel:
 
     cache_limit: int | None = None  # new_cache refuses more tokens than this
 
-    def new_cache(self, max_tokens: int) -> dict:
+    def new_cache(self, max_tokens: int) -> ScriptedCache:
         if self.cache_limit is not None and max_tokens > self.cache_limit:
             raise ValueError(f"cache of {max_tokens} tokens: must be 1..{self.cache_limit}")
-        return {"passes": 0, "max_tokens": max_tokens}
+        return ScriptedCache(passes=0, max_tokens=max_tokens)
+
+    def decode_batch(self, tokens, caches, positions):
+        import torch
+
+        return torch.cat([self.forward(tokens[i:i + 1], cache, pos)
+                          for i, (cache, pos) in enumerate(zip(caches, positions))])
 
     def forward(self, tokens, cache, start, last_only=True):
         import torch

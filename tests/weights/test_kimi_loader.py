@@ -2,7 +2,6 @@
 plans from headers only; refuses malformed or foreign checkpoints with clear errors."""
 import json
 import pathlib
-import sys
 
 import pytest
 import torch

@@ -8,8 +8,6 @@ comparison chaotic. Separately, the INT4 model must equal the fp32 model run on 
 weights, which pins the packed path itself.
 """
 import json
-import pathlib
-import sys
 
 import pytest
 import torch

@@ -1,0 +1,48 @@
+"""The contract between the engine and a model family. Llama (models/llama.py) and
+Kimi-Linear (models/kimi_linear.py) implement it, and so do the tests' stand-ins; the engine
+and the prefix cache call these methods unconditionally, never probing what a model can do.
+
+Letters: B sequences in a decode step, T prompt tokens, V vocabulary.
+"""
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """One sequence's cache: per-position rows (KV, latents) and, for recurrent models, state."""
+
+    max_tokens: int
+    is_recurrent: bool  # resuming needs a state snapshot, not rows alone
+
+    def read_rows(self, start: int, end: int) -> Any:
+        """A fresh copy of positions [start, end)."""
+
+    def write_rows(self, start: int, rows: Any) -> None:
+        """Copy rows read by read_rows back in at `start`."""
+
+    def save_state(self) -> Any:
+        """A fresh copy of the recurrent state after the last computed position (None: none)."""
+
+    def load_state(self, state: Any, num_tokens: int) -> None:
+        """Copy a saved state in; the sequence continues at position num_tokens."""
+
+
+@runtime_checkable
+class Model(Protocol):
+    kv_bytes_per_token: int  # cache bytes one position adds
+    state_bytes: int  # fixed bytes per sequence (recurrent state; 0 without)
+    weight_bytes: int
+
+    def new_cache(self, max_tokens: int) -> Cache:
+        """An empty cache for one sequence of at most max_tokens positions."""
+
+    def forward(self, tokens: torch.Tensor, cache: Cache, start: int,
+                last_only: bool = True) -> torch.Tensor:
+        """Prefill. tokens: [T] int64 at positions start.. -> logits fp32 [1, V] or [T, V]."""
+
+    def decode_batch(self, tokens: torch.Tensor, caches: list[Cache],
+                     positions: list[int]) -> torch.Tensor:
+        """One token for each of B sequences. tokens: [B] int64; token i sits at
+        positions[i] of caches[i] -> logits fp32 [B, V], each row equal to a lone forward."""
