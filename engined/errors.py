@@ -37,12 +37,6 @@ class PayloadTooLarge(EngineError):
     code = "payload_too_large"
 
 
-class LengthRequired(EngineError):
-    status = 411
-    type = "invalid_request_error"
-    code = "length_required"
-
-
 class NotFound(EngineError):
     status = 404
     type = "not_found_error"

@@ -16,6 +16,7 @@ import torch
 
 from engined.weights import synthetic as synthetic_weights
 from engined.engine.cuda_graph import GreedyDecoder
+from engined.layers.moe import MoE
 from engined.models.kimi_linear import KimiLinearModel
 from engined.models.kimi_linear_config import parse_config
 
@@ -39,9 +40,10 @@ def bytes_per_token(model: KimiLinearModel, context: int) -> int:
     c, total = model.config, 0
     for layer in model.layers:
         total += sum(t.nbytes for t in synthetic_weights.layer_tensors(layer))
-        total += getattr(layer.self_attn, "absorbed_bytes", 0)
-        moe = getattr(layer, "block_sparse_moe", None)
-        if moe is not None:
+        if layer.is_mla:
+            total += layer.self_attn.absorbed_bytes
+        if isinstance(layer.ffn, MoE):
+            moe = layer.ffn
             bank = moe.w1.nbytes + moe.w2.nbytes + moe.w3.nbytes
             total -= bank - bank * c.num_experts_per_token // c.num_experts
     total += model.norm.weight.nbytes + model.lm_head.nbytes + model.embed_tokens[0].nbytes

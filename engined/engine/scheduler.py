@@ -80,15 +80,6 @@ class Scheduler:
                 admitted.append(seq)
         return admitted
 
-    def next(self) -> Sequence | None:
-        """Round robin: the head runs this step, then goes to the back."""
-        with self._lock:
-            if not self.running:
-                return None
-            seq = self.running[0]
-            self.running.rotate(-1)
-            return seq
-
     def next_batch(self) -> Batch | None:
         """Alternate a prefill chunk (prompts in turn) with a decode step of all the rest."""
         with self._lock:

@@ -14,6 +14,7 @@ from engined.layers.mlp import SwiGLU
 from engined.layers.moe import MoE, scope
 from engined.layers.rmsnorm import RMSNorm
 from engined.models.kimi_linear_config import KimiLinearConfig
+from engined.models.protocol import check_span
 
 
 @dataclass
@@ -141,10 +142,7 @@ class KimiLinearModel:
     def forward(self, tokens: torch.Tensor, cache: KimiCache, start: int,
                 last_only: bool = True) -> torch.Tensor:
         """tokens: [T] int64 at positions start..start+T-1 -> logits fp32 [1, V] or [T, V]."""
-        t = int(tokens.shape[0])
-        if t == 0 or start < 0 or start + t > cache.max_tokens:
-            raise ValueError(f"positions {start}..{start + t - 1} do not fit a cache of "
-                             f"{cache.max_tokens} tokens")
+        t = check_span(tokens, cache, start)
         if start != cache.num_tokens:
             raise ValueError(f"Kimi-Linear's recurrent state holds {cache.num_tokens} tokens; it can "
                              f"only continue at position {cache.num_tokens}, not {start}")

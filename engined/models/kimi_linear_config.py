@@ -46,10 +46,6 @@ class KimiLinearConfig:
     pad_token_id: int | None
     torch_dtype: str
 
-    @property
-    def max_position(self) -> int:
-        return self.context_length
-
     def is_moe(self, layer: int) -> bool:
         return layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
 

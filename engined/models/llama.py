@@ -13,6 +13,7 @@ from engined.layers.linear import Linear
 from engined.layers.mlp import SwiGLU
 from engined.layers.rmsnorm import RMSNorm
 from engined.layers.rope import RotaryEmbedding
+from engined.models.protocol import check_span
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 
 # Layer slot -> artifact name ({i}: block index). INT4 names carry .qweight/.scales/.mins.
@@ -150,10 +151,7 @@ class LlamaModel:
     def forward(self, tokens: torch.Tensor, cache: KVCache, start: int,
                 last_only: bool = True) -> torch.Tensor:
         """tokens: [T] int64 at positions start..start+T-1 -> logits fp32 [1, V] or [T, V]."""
-        t = int(tokens.shape[0])
-        if t == 0 or start < 0 or start + t > cache.max_tokens:
-            raise ValueError(f"positions {start}..{start + t - 1} do not fit a cache of "
-                             f"{cache.max_tokens} tokens")
+        t = check_span(tokens, cache, start)
         with self._decode_threads() if t == 1 else contextlib.nullcontext():
             cos, sin = self.rope.cos_sin(start, t)
             h = self.embedding.embed(tokens.to(self.device))  # [T, D]

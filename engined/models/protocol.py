@@ -46,3 +46,12 @@ class Model(Protocol):
                      positions: list[int]) -> torch.Tensor:
         """One token for each of B sequences. tokens: [B] int64; token i sits at
         positions[i] of caches[i] -> logits fp32 [B, V], each row equal to a lone forward."""
+
+
+def check_span(tokens: torch.Tensor, cache: Cache, start: int) -> int:
+    """A prefill's positions start..start+T-1 must fit the cache -> T. tokens: [T]."""
+    t = int(tokens.shape[0])
+    if t == 0 or start < 0 or start + t > cache.max_tokens:
+        raise ValueError(f"positions {start}..{start + t - 1} do not fit a cache of "
+                         f"{cache.max_tokens} tokens")
+    return t

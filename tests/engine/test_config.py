@@ -1,0 +1,57 @@
+"""EngineConfig: sizes, the socket-path rule, layering and validation."""
+import os
+import stat
+
+import pytest
+
+from engined.config import (ConfigError, EngineConfig, default_socket_path, ensure_socket_dir,
+                            parse_size)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("600MB", 600_000_000), ("2GiB", 2 * 1024**3), ("2G", 2 * 1024**3), ("1234", 1234),
+    (4096, 4096), ("1.5KiB", 1536), (" 10 kb ", 10_000), ("0", 0)])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["lots", "12XB", "-5MB", "", True, "1e9"])
+def test_parse_size_rejects(bad):
+    with pytest.raises(ConfigError, match="expected a size"):
+        parse_size(bad)
+
+
+def test_socket_path_rule():
+    assert str(default_socket_path({"RUNTIME_DIRECTORY": "/run/kimi", "XDG_RUNTIME_DIR": "/x"})
+               ) == "/run/kimi/engine.sock"
+    assert str(default_socket_path({"XDG_RUNTIME_DIR": "/run/user/7"})
+               ) == "/run/user/7/kimi/engine.sock"
+    assert str(default_socket_path({})) == f"/tmp/kimi-{os.getuid()}/engine.sock"
+
+
+def test_socket_dirs_are_created_private(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    path = tmp_path / "a" / "b" / "engine.sock"
+    ensure_socket_dir(path)
+    for directory in (tmp_path / "a", tmp_path / "a" / "b"):
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path).st_mode) == 0o755  # existing parents are left alone
+
+
+def test_layering_precedence(tmp_path):
+    config_file = tmp_path / "engine.toml"
+    config_file.write_text('max-context = 100\nthreads = 3\ndevice = "cpu"\n')
+    env = {"KIMI_ENGINE_MAX_CONTEXT": "200", "KIMI_ENGINE_THREADS": "4"}
+    flags = {"max_context": 300, "threads": None, "device": None}
+    config = EngineConfig.layered(flags, env, config_file)
+    assert (config.max_context, config.threads, config.device) == (300, 4, "cpu")
+    assert EngineConfig.layered({}, {}, None) == EngineConfig()
+
+
+def test_config_validation_messages():
+    with pytest.raises(ConfigError, match="device: expected one of auto, cpu, cuda"):
+        EngineConfig(device="tpu")
+    with pytest.raises(ConfigError, match="threads: expected a whole number"):
+        EngineConfig(threads="many")
+    assert EngineConfig(memory_cap="1KiB").memory_cap == 1024
+

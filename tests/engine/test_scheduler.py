@@ -1,0 +1,38 @@
+"""Scheduler admission within the token budget, cancellation."""
+
+
+from engined.engine.scheduler import Scheduler
+from engined.engine.sequence import SamplingParams, Sequence
+
+
+class _Decoder:
+    def push(self, token_id):
+        return ""
+
+    def flush(self):
+        return ""
+
+
+def _seq(num_prompt, max_tokens):
+    return Sequence(list(range(num_prompt)), SamplingParams(max_tokens), _Decoder())
+
+
+def test_scheduler_admits_within_budget_and_drops_the_cancelled():
+    scheduler = Scheduler(token_budget=100)
+    a, b, c = _seq(30, 20), _seq(20, 20), _seq(40, 20)  # 50 + 40 + 60 slots
+    for seq in (a, b, c):
+        scheduler.add(seq)
+    assert scheduler.admit() == [a, b]  # c waits: 90 + 60 > 100
+    scheduler.finish(a)
+    assert scheduler.admit() == [c]
+    b.cancel()
+    assert scheduler.take_cancelled() == [b]
+    assert list(scheduler.running) == [c] and scheduler.num_reserved_tokens == 60
+
+
+def test_an_oversized_request_still_runs_alone():
+    scheduler = Scheduler(token_budget=10)
+    big = _seq(8, 8)
+    scheduler.add(big)
+    assert scheduler.admit() == [big]
+

@@ -1,0 +1,88 @@
+"""Request parsing, context fitting, the log sink and sd_notify, without a daemon."""
+import os
+import socket
+import threading
+
+import pytest
+
+from engined.serving import parse as api
+from engined.errors import ContextLengthExceeded, InvalidRequest
+from engined.serving.logs import LogSink
+from engined.serving.notify import sd_notify
+
+
+def test_parse_chat_fields():
+    req = api.parse_chat({"messages": [{"role": "user", "content": "hi"}],
+                          "max_completion_tokens": 5, "max_tokens": 9, "temperature": 0,
+                          "stop": "x", "logprobs": True, "top_logprobs": 2, "stream": True,
+                          "stream_options": {"include_usage": True}, "top_k": -1, "seed": 3})
+    assert req.max_tokens == 5 and req.sampling.stop == ("x",) and req.num_top_logprobs == 2
+    assert req.stream and req.include_usage and req.sampling.top_k == 0
+    assert req.sampling.temperature == 0 and req.sampling.seed == 3
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, "top_p"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 99},
+     "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream_options": []}, "stream_options"),
+    ({"messages": {}}, "messages"),
+])
+def test_parse_chat_rejects(body, param):
+    with pytest.raises(InvalidRequest) as info:
+        api.parse_chat(body)
+    assert info.value.param == param and info.value.status == 400
+
+
+def test_parse_completion_prompts():
+    assert api.parse_completion({"prompt": [1, 2, 3]}).prompt_ids == [1, 2, 3]
+    assert api.parse_completion({"prompt": ["text"]}).prompt_text == "text"
+    assert api.parse_completion({"prompt": "x"}).max_tokens == 16
+    for bad in ([], [1, "a"], 5, ["a", "b"]):
+        with pytest.raises(InvalidRequest):
+            api.parse_completion({"prompt": bad})
+    with pytest.raises(InvalidRequest, match="0 only with echo"):
+        api.parse_completion({"prompt": "x", "max_tokens": 0})
+
+
+def test_fit_context():
+    assert api.fit_context(10, None, 100) == 90
+    assert api.fit_context(10, 90, 100) == 90
+    with pytest.raises(ContextLengthExceeded) as info:
+        api.fit_context(10, 91, 100)
+    assert info.value.body()["error"]["code"] == "context_length_exceeded"
+    assert info.value.body()["error"]["type"] == "invalid_request_error"
+    with pytest.raises(ContextLengthExceeded):
+        api.fit_context(100, None, 100)
+
+
+def test_log_reopen_loses_no_lines(tmp_path):
+    path = tmp_path / "engine.log"
+    sink = LogSink(path)
+    count = 2000
+
+    def writer():
+        for i in range(count):
+            sink.write(f"line {i}")
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    for n in range(5):
+        os.rename(path, tmp_path / f"engine.log.{n}")
+        sink.reopen()
+    thread.join()
+    sink.close()
+    lines = [line for f in tmp_path.iterdir() for line in f.read_text().splitlines()]
+    assert sorted(int(line.rsplit(" ", 1)[1]) for line in lines) == list(range(count))
+
+
+def test_sd_notify_sends_ready(tmp_path):
+    address = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(address)
+        listener.settimeout(5)
+        assert sd_notify("READY=1", {"NOTIFY_SOCKET": address})
+        assert listener.recv(64) == b"READY=1"
+    assert not sd_notify("READY=1", {})
+
