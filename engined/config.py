@@ -64,6 +64,16 @@ def default_socket_path(env: Mapping[str, str] = os.environ) -> pathlib.Path:
     return pathlib.Path(f"/tmp/kimi-{os.getuid()}") / "engine.sock"
 
 
+def cache_dir(env: Mapping[str, str] = os.environ) -> pathlib.Path:
+    """$CACHE_DIRECTORY (systemd; first entry) else $XDG_CACHE_HOME/kimi else ~/.cache/kimi:
+    the repacked default model and the tokenizer text cache. Creates nothing."""
+    systemd = env.get("CACHE_DIRECTORY", "").split(":")[0]
+    if systemd:
+        return pathlib.Path(systemd)
+    xdg = env.get("XDG_CACHE_HOME")
+    return pathlib.Path(xdg) / "kimi" if xdg else pathlib.Path.home() / ".cache" / "kimi"
+
+
 def ensure_socket_dir(socket_path: pathlib.Path):
     """Create missing parents of the socket with mode 0700 (existing ones are left alone)."""
     missing = [p for p in reversed(socket_path.parents) if not p.exists()]

@@ -17,6 +17,8 @@ import pathlib
 import sys
 import time
 
+from engined.config import cache_dir
+
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
@@ -84,20 +86,12 @@ def read_gguf_text(path: pathlib.Path) -> GGUFText:
         chat_template=_scalar(reader, "tokenizer.chat_template"))
 
 
-def cache_root() -> pathlib.Path:
-    """$CACHE_DIRECTORY (systemd), else $XDG_CACHE_HOME/kimi, else ~/.cache/kimi."""
-    if os.environ.get("CACHE_DIRECTORY"):
-        return pathlib.Path(os.environ["CACHE_DIRECTORY"].split(":")[0])
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(xdg) / "kimi"
-
-
 def cache_path(gguf_path: pathlib.Path) -> pathlib.Path:
     resolved = gguf_path.resolve()
     stat = resolved.stat()
     key = f"{CACHE_VERSION}\0{resolved}\0{stat.st_size}\0{stat.st_mtime_ns}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-    return cache_root() / "text" / f"{digest}.json"
+    return cache_dir() / "text" / f"{digest}.json"
 
 
 def load_cached(path: pathlib.Path) -> dict | None:

@@ -12,19 +12,11 @@ classes as engined.chat.output.OutputParser; feeding whole or split anywhere giv
 """
 from __future__ import annotations
 
-from engined.chat.output import ContentDelta, Delta, ReasoningDelta, ToolCallDelta
+from engined.chat.output import ContentDelta, Delta, ReasoningDelta, ToolCallDelta, held_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SECTION_OPEN, SECTION_CLOSE = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_OPEN, ARGS_OPEN, CALL_CLOSE = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
-
-
-def held_suffix(text: str, tags) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
-    for k in range(min(len(text), max(len(t) for t in tags) - 1), 0, -1):
-        if any(t.startswith(text[-k:]) and len(t) > k for t in tags):
-            return k
-    return 0
 
 
 def name_of(call_id: str) -> str:

@@ -40,7 +40,7 @@ class ToolCallDelta:
 Delta = ContentDelta | ReasoningDelta | ToolCallDelta
 
 
-def _held_suffix(text: str, tags: tuple[str, ...]) -> int:
+def held_suffix(text: str, tags: tuple[str, ...]) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of a tag."""
     longest = 0
     for tag in tags:
@@ -130,7 +130,7 @@ class OutputParser:
     def _step_content(self, out: list[Delta]) -> bool:
         found = [(self._buf.find(tag), tag) for tag in self._open_tags if tag in self._buf]
         if not found:
-            keep = _held_suffix(self._buf, self._open_tags)
+            keep = held_suffix(self._buf, self._open_tags)
             self._content(self._buf[:len(self._buf) - keep], out)
             self._buf = self._buf[len(self._buf) - keep:]
             return False
@@ -142,7 +142,7 @@ class OutputParser:
 
     def _step_reasoning(self, out: list[Delta]) -> bool:
         pos = self._buf.find(THINK_CLOSE)
-        end = pos if pos >= 0 else len(self._buf) - _held_suffix(self._buf, (THINK_CLOSE,))
+        end = pos if pos >= 0 else len(self._buf) - held_suffix(self._buf, (THINK_CLOSE,))
         if end:
             out.append(ReasoningDelta(self._buf[:end]))
         if pos < 0:

@@ -159,7 +159,7 @@ def check_memory_plan(config: EngineConfig) -> Check:
 
 
 def check_cache_dir(config: EngineConfig) -> Check:
-    from engined.weights.gguf_repack import cache_dir
+    from engined.config import cache_dir
 
     path = cache_dir()
     fix = "set CACHE_DIRECTORY or XDG_CACHE_HOME to a writable directory"

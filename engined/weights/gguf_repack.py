@@ -22,6 +22,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from tqdm import tqdm
 
+from engined.config import cache_dir
 from engined.weights import artifact
 from engined.weights.hashing import file_sha256
 from engined.ops import int4_format
@@ -173,15 +174,6 @@ def repack(gguf_path: pathlib.Path, out_path: pathlib.Path, source_sha256: str =
         pathlib.Path(tmp).unlink(missing_ok=True)
         raise
     return out_path
-
-
-def cache_dir() -> pathlib.Path:
-    """$CACHE_DIRECTORY (systemd; first entry) else $XDG_CACHE_HOME/kimi else ~/.cache/kimi."""
-    systemd = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
-    if systemd:
-        return pathlib.Path(systemd)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return pathlib.Path(xdg) / "kimi" if xdg else pathlib.Path.home() / ".cache" / "kimi"
 
 
 
