@@ -16,7 +16,7 @@ def create_app(config: dict | None = None, *, services: Services | None = None) 
     app.config.update(cfg)
     app.config["MAX_CONTENT_LENGTH"] = cfg["MAX_BODY_BYTES"]
     (services or Services(app.config)).init_app(app)
-    guards.init_app(app)        # request id, Host/Origin checks, API key, error rendering
+    guards.init_app(app, routes.request_dialect)  # request id, Host/Origin, API key, errors
     app.register_blueprint(routes.bp)
     logging.getLogger("kimi.proxy").setLevel(logging.INFO)
     return app

@@ -1,5 +1,5 @@
 """Before every request: a request id, Host/Origin checks, the API key. And the one
-place errors are rendered, in the dialect of the route that failed."""
+place errors are rendered: by the dialect of the route that failed (its `render_error`)."""
 from __future__ import annotations
 
 import hmac
@@ -19,7 +19,9 @@ REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 OPEN_PATHS = ("/health",)
 
 
-def init_app(app: Flask) -> None:
+def init_app(app: Flask, dialect_of) -> None:
+    """dialect_of() names the dialect module of the request's route, or None (no dialect)."""
+    app.extensions["kimi.dialect_of"] = dialect_of
     app.before_request(_request_id)
     app.before_request(_host_and_origin)
     app.before_request(_api_key)
@@ -29,21 +31,25 @@ def init_app(app: Flask) -> None:
     app.register_error_handler(Exception, _unexpected)
 
 
-def is_anthropic_route() -> bool:
-    return "/messages" in request.path or (
+def _routeless_body(err: ProxyError) -> dict:
+    """The error body of a route no dialect owns (/health, /v1/models, 404s, 405s): Anthropic's
+    shape on a /messages path and for the Anthropic models list, OpenAI's elsewhere."""
+    is_anthropic = "/messages" in request.path or (
         request.path.rstrip("/").endswith("/models") and "anthropic-version" in request.headers)
+    return anthropic_body(err) if is_anthropic else openai_body(err)
 
 
 def render_error(err: ProxyError):
-    body = anthropic_body(err) if is_anthropic_route() else openai_body(err)
+    dialect = current_app.extensions["kimi.dialect_of"]()
+    body = dialect.render_error(err) if dialect is not None else _routeless_body(err)
     resp = current_app.response_class(current_app.json.dumps(body), status=err.status,
                                       mimetype="application/json")
     for key, value in err.headers.items():
         resp.headers[key] = value
-    ex = g.get("exchange")
-    if ex is not None:
-        ex.status = err.status
-        current_app.extensions["kimi"].log_request(ex)
+    ctx = g.get("context")
+    if ctx is not None:
+        ctx.status = err.status
+        current_app.extensions["kimi"].log_request(ctx)
     return resp
 
 

@@ -5,7 +5,8 @@
 
 Errors before a stream starts are raised (the app renders them with a real status);
 after it starts they become the dialect's in-stream error frames and a clean close.
-Closing the client stream closes the upstream connection.
+Closing the client stream closes the upstream connection. What is particular to one
+dialect (the Responses store, for one) happens in its `prepare` and `complete` hooks.
 """
 from __future__ import annotations
 
@@ -27,15 +28,23 @@ from proxy.pipeline import Options, Pipeline, chunks_from_json, one_call_at_a_ti
 from proxy.toolcalls import get_parser
 
 log = logging.getLogger("kimi.proxy")
-ID_PREFIX = {"anthropic": "msg_", "openai_chat": "chatcmpl-", "openai_responses": "resp_"}
 _END = object()
 
 
 @dataclass
-class Exchange:
-    """What one request did (for logs, metrics and cassettes)."""
+class Context:
+    """One model request: what the handler's steps share (the dialect, the policy, the parsed
+    request, the client-visible turn, the services) and what the request did, for the request
+    log, metrics and cassettes."""
     route: str
     policy: object
+    dialect: object = None            # the route's dialect module (proxy/dialects)
+    services: object = None
+    req: c.Request | None = None
+    turn: d.Turn | None = None
+    ledger_id: str = ""
+    opts: Options | None = None
+    headers: dict = field(default_factory=dict)  # sent upstream
     payload: dict | None = None
     chunks: list = field(default_factory=list)
     upstream_response: dict | None = None
@@ -44,8 +53,6 @@ class Exchange:
     started: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     request_id: str = "-"
-    turn: object = None
-    req: object = None
     request_info: dict | None = None
     is_recording: bool = False  # keep chunks and frames only for a cassette
 
@@ -63,82 +70,83 @@ def upstream_model(cfg: dict, policy, requested: str, served: str | None) -> str
 
 
 def run(dialect, policy, body: dict, route: str, request_info: dict | None = None) -> Response:
-    app, cfg = current_app, current_app.config
-    services = app.extensions["kimi"]
+    cfg, services = current_app.config, current_app.extensions["kimi"]
     req = dialect.parse_request(body, policy)
     turn = d.Turn(client_model=req.model or cfg["MODEL"] or "kimi-local",
-                  id=ID_PREFIX[dialect.NAME] + d.new_hex())
-    req = services.prepare(dialect.NAME, req, body, turn)
-    _note_dropped_tools(dialect.NAME, req, services)
+                  id=dialect.TURN_ID_PREFIX + d.new_hex())
+    ctx = Context(route, policy, dialect, services, req, turn, request_id=g.request_id,
+                  request_info=request_info, is_recording=services.recorder is not None)
+    ctx.req = req = dialect.prepare(ctx, body)
+    _note_dropped_tools(ctx)
     if not any(m.role != "system" for m in req.messages):
-        raise InvalidRequest("there is nothing to answer: send at least one user message"
-                             + (" in `input`" if dialect.NAME == "openai_responses" else " in `messages`"))
-    ledger_id = services.reasoning.new_turn()
+        raise InvalidRequest(f"there is nothing to answer: send at least one user message in `{dialect.INPUT_FIELD}`")
+    ctx.ledger_id = services.reasoning.new_turn()
     field_ = cfg["REASONING_FIELD"]
     model = upstream_model(cfg, policy, req.model, None if cfg["MODEL"] else services.served_model())
     payload = build_payload(req, model=model, reasoning_field=field_,
                             restore=lambda m: services.reasoning.restore(m, field_), effort=policy.effort)
-    payload = services.fit_max_tokens(payload, request.content_length or 0)
+    ctx.payload = services.fit_max_tokens(payload, request.content_length or 0)
     turn.input_estimate = max(1, (request.content_length or 0) // 4)  # until the engine's real count
-    ex = Exchange(route, policy, payload, request_id=g.request_id, turn=turn, req=req)
-    ex.request_info = request_info
-    ex.is_recording = services.recorder is not None
-    g.exchange = ex
-    opts = Options(client_model=turn.client_model,
-                   parser=get_parser(policy.tool_parser, [tool_to_openai(t) for t in req.tools]),
-                   split_think=field_ in ("auto", "inline"), stop=req.stop,
-                   sign=lambda text: services.reasoning.sign(text, ledger_id),
-                   reasoning_key=None if field_ == "auto" else field_,
-                   on_parse_failure=lambda why: services.metrics.parse_failures.labels(policy.tool_parser).inc())
-    headers = {"X-Request-Id": g.request_id}
+    ctx.started = time.monotonic()  # the request log, latency and TTFT count from here
+    g.context = ctx
+    ctx.opts = Options(client_model=turn.client_model,
+                       parser=get_parser(policy.tool_parser, [tool_to_openai(t) for t in req.tools]),
+                       split_think=field_ in ("auto", "inline"), stop=req.stop,
+                       sign=lambda text: services.reasoning.sign(text, ctx.ledger_id),
+                       reasoning_key=None if field_ == "auto" else field_,
+                       on_parse_failure=lambda why: services.metrics.parse_failures.labels(policy.tool_parser).inc())
+    ctx.headers = {"X-Request-Id": g.request_id}
     if not req.stream:
-        return _json(dialect, policy, req, turn, opts, ex, services, headers, ledger_id)
-    stream = services.upstream.open_stream(payload, headers)  # raises before any byte is sent
-    frames = _frames(dialect, policy, req, turn, opts, ex, services, stream, ledger_id)
-    return Response(_encoded(frames, dialect, turn, ex, services, stream),
+        return _json(ctx)
+    stream = services.upstream.open_stream(ctx.payload, ctx.headers)  # raises before any byte is sent
+    return Response(_encoded(ctx, stream, _frames(ctx, stream)),
                     headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
                              "X-Accel-Buffering": "no", "X-Kimi-Preset": policy.preset})
 
 
-def _json(dialect, policy, req, turn, opts, ex, services, headers, ledger_id) -> Response:
-    started = time.monotonic()
-    body = services.upstream.chat(ex.payload, headers)
-    services.metrics.upstream_latency.labels(ex.route).observe(time.monotonic() - started)
-    ex.upstream_response = body
+def _json(ctx: Context) -> Response:
+    services, started = ctx.services, time.monotonic()
+    body = services.upstream.chat(ctx.payload, ctx.headers)
+    services.metrics.upstream_latency.labels(ctx.route).observe(time.monotonic() - started)
+    ctx.upstream_response = body
     end = None
-    for ev in Pipeline(opts).run(chunks_from_json(body)):
+    for ev in Pipeline(ctx.opts).run(chunks_from_json(body)):
         end = ev if isinstance(ev, c.StreamEnd) else end
-    services.finish(dialect.NAME, req, turn, end.response, ledger_id, policy)
-    out = dialect.render_response(turn, req, end.response, policy)
-    services.after_response(dialect.NAME, req, turn, out)
-    ex.frames = out
-    services.done(ex)
-    return current_app.response_class(sse.dumps(out), mimetype="application/json")
+    services.record_turn(ctx.ledger_id, end.response)
+    ctx.frames = ctx.dialect.render_response(ctx.turn, ctx.req, end.response, ctx.policy)
+    _done(ctx)
+    return current_app.response_class(sse.dumps(ctx.frames), mimetype="application/json")
 
 
-def _frames(dialect, policy, req, turn, opts, ex, services, stream, ledger_id):
+def _frames(ctx: Context, stream):
     def recorded(chunks):
         for chunk in chunks:
-            if ex.is_recording:
-                ex.chunks.append(chunk)
+            if ctx.is_recording:
+                ctx.chunks.append(chunk)
             yield chunk
 
     def finished(events):
         for ev in events:
-            if ex.first_token is None and isinstance(ev, (c.TextDelta, c.ReasoningDelta, c.ToolCallStart)):
-                ex.first_token = time.monotonic()  # the first model token the client can see
-                services.metrics.ttft.labels(ex.route).observe(ex.first_token - ex.started)
+            if ctx.first_token is None and isinstance(ev, (c.TextDelta, c.ReasoningDelta, c.ToolCallStart)):
+                ctx.first_token = time.monotonic()  # the first model token the client can see
+                ctx.services.metrics.ttft.labels(ctx.route).observe(ctx.first_token - ctx.started)
             if isinstance(ev, c.StreamEnd):
-                services.finish(dialect.NAME, req, turn, ev.response, ledger_id, policy)
+                ctx.services.record_turn(ctx.ledger_id, ev.response)
             yield ev
 
-    events = finished(Pipeline(opts).run(recorded(stream)))
-    if dialect.NAME != "openai_chat":
+    events = finished(Pipeline(ctx.opts).run(recorded(stream)))
+    if not ctx.dialect.INTERLEAVED_CALLS:
         events = one_call_at_a_time(events)
     interval = current_app.config["PING_INTERVAL_S"]  # 0 turns keep-alives off
-    if interval and policy.ping_interval_s:
-        interval = min(interval, policy.ping_interval_s)
-    return dialect.stream(turn, req, with_keepalive(events, interval), policy)
+    if interval and ctx.policy.ping_interval_s:
+        interval = min(interval, ctx.policy.ping_interval_s)
+    return ctx.dialect.stream(ctx.turn, ctx.req, with_keepalive(events, interval), ctx.policy)
+
+
+def _done(ctx: Context) -> None:
+    """The dialect keeps what it keeps (a stored Response), then the log line and the cassette."""
+    ctx.dialect.complete(ctx)
+    ctx.services.done(ctx)
 
 
 def with_keepalive(events, interval_s: float):
@@ -184,31 +192,31 @@ def with_keepalive(events, interval_s: float):
         stop.set()
 
 
-def _encoded(frames, dialect, turn, ex, services, stream):
+def _encoded(ctx: Context, stream, frames):
     error = None
     try:
         for frame in frames:
             data = _encode(frame)
-            if ex.is_recording:
-                ex.frames.append(data)
+            if ctx.is_recording:
+                ctx.frames.append(data)
             yield data
     except GeneratorExit:
-        ex.status = 499
+        ctx.status = 499
         raise
     except Exception as exc:  # noqa: BLE001 - every failure becomes an in-stream error
         error = from_exception(exc)
-        ex.status = error.status
-        log.warning("stream %s failed: %s", ex.request_id, error.message)
-        services.metrics.stream_errors.labels(ex.route).inc()
-        for frame in dialect.stream_error(turn, error):
+        ctx.status = error.status
+        log.warning("stream %s failed: %s", ctx.request_id, error.message)
+        ctx.services.metrics.stream_errors.labels(ctx.route).inc()
+        for frame in ctx.dialect.stream_error(ctx.turn, error):
             data = _encode(frame)
-            if ex.is_recording:
-                ex.frames.append(data)
+            if ctx.is_recording:
+                ctx.frames.append(data)
             yield data
     finally:
         stream.close()
-        services.metrics.upstream_latency.labels(ex.route).observe(time.monotonic() - ex.started)
-        services.done(ex)
+        ctx.services.metrics.upstream_latency.labels(ctx.route).observe(time.monotonic() - ctx.started)
+        _done(ctx)
 
 
 def _encode(frame) -> bytes:
@@ -219,9 +227,10 @@ def _encode(frame) -> bytes:
     return sse.encode(*frame)
 
 
-def _note_dropped_tools(dialect: str, req, services) -> None:
+def _note_dropped_tools(ctx: Context) -> None:
     """Hosted tools run at the vendor: left out, never rejected (that would break the client)."""
-    for kind in req.dropped_tools:
-        services.metrics.dropped_tools.labels(dialect, kind).inc()
-    if req.dropped_tools:
-        log.info("hosted tools left out (the engine cannot run them): %s", ", ".join(req.dropped_tools))
+    dropped = ctx.req.dropped_tools
+    for kind in dropped:
+        ctx.services.metrics.dropped_tools.labels(ctx.dialect.NAME, kind).inc()
+    if dropped:
+        log.info("hosted tools left out (the engine cannot run them): %s", ", ".join(dropped))

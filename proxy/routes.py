@@ -8,13 +8,22 @@ import time
 from flask import Blueprint, current_app, g, request
 
 from proxy import handler, policy as policy_mod
-from proxy.dialects import anthropic, openai_chat, openai_responses
-from proxy.errors import InvalidRequest, NotFound
+from proxy.dialects import anthropic, openai_chat, openai_responses, responses_state
+from proxy.errors import InvalidRequest
 from proxy.guards import is_authorized
 from proxy.payload import build_payload
 
 bp = Blueprint("kimi", __name__)
 log = logging.getLogger("kimi.proxy")
+DIALECT_OF_VIEW = {"chat_completions": openai_chat, "messages": anthropic, "count_tokens": anthropic,
+                   "responses": openai_responses, "get_response": openai_responses,
+                   "delete_response": openai_responses}  # the others belong to no dialect
+
+
+def request_dialect():
+    """The dialect module of the route this request matched, or None."""
+    endpoint = request.endpoint or ""
+    return DIALECT_OF_VIEW.get(endpoint.removeprefix(bp.name + "."))
 
 
 def json_body():
@@ -57,17 +66,12 @@ def responses():
 
 @bp.get("/v1/responses/<response_id>")
 def get_response(response_id: str):
-    body = current_app.extensions["kimi"].responses.get(response_id)
-    if body is None:
-        raise NotFound(f"response {response_id!r} was not found")
-    return body
+    return responses_state.stored(current_app.extensions["kimi"], response_id)
 
 
 @bp.delete("/v1/responses/<response_id>")
 def delete_response(response_id: str):
-    if not current_app.extensions["kimi"].responses.delete(response_id):
-        raise NotFound(f"response {response_id!r} was not found")
-    return {"id": response_id, "object": "response", "deleted": True}
+    return responses_state.delete_stored(current_app.extensions["kimi"], response_id)
 
 
 @bp.post("/v1/messages/count_tokens")

@@ -1,9 +1,8 @@
 """What a running proxy holds: the upstream client, metrics, state and the recorder.
 
 Created once by `create_app` (`init_app`), reachable as `app.extensions["kimi"]`.
-The request-level hooks the handler calls live here too: `prepare` (previous_response_id),
-`finish` (ledger write at a completed turn), `after_response` / `done` (store, log,
-metrics, cassette).
+The request-level hooks the handler calls live here too: `record_turn` (ledger write at
+a completed turn) and `done` (the request log, metrics, the cassette).
 """
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import logging
 import time
 
 from proxy import canonical as c
-from proxy.errors import NotFound
 from proxy.metrics import Metrics
 from proxy.recorder import Recorder
 from proxy.state import open_state
@@ -71,49 +69,19 @@ class Services:
             self.recorder.close()
 
     # -- request hooks -----------------------------------------------------------------
-    def prepare(self, dialect: str, req: c.Request, body: dict, turn) -> c.Request:
-        if dialect != "openai_responses":
-            return req
-        from proxy.dialects.openai_responses import parse_input
-        turn.extra["echo"] = {k: body[k] for k in ("tools", "tool_choice", "parallel_tool_calls", "instructions",
-                                                   "metadata", "previous_response_id", "store") if k in body}
-        turn.extra["tools_by_name"] = {t.name: t for t in req.tools}
-        items = body.get("input")
-        items = [{"type": "message", "role": "user", "content": items}] if isinstance(items, str) else list(items or [])
-        turn.extra["input_items"] = items
-        if req.previous_response_id:
-            history = self.responses.history(req.previous_response_id)
-            if history is None:
-                raise NotFound(f"previous response {req.previous_response_id!r} was not found "
-                               "(it expired, was deleted, or was created with store:false)",
-                               param="previous_response_id")
-            lead = [m for m in req.messages[:1] if m.role == "system" and body.get("instructions")]
-            req = req.replace(messages=(*lead, *parse_input(history), *req.messages[len(lead):]))
-        return req
-
-    def finish(self, dialect, req, turn, response: c.Response, ledger_id: str, policy) -> None:
+    def record_turn(self, ledger_id: str, response: c.Response) -> None:
+        """A completed turn's reasoning and calls go to the ledger, for the client's next turn."""
         self.reasoning.record(ledger_id, response, self.cfg["REASONING_FIELD"])
 
-    def after_response(self, dialect: str, req: c.Request, turn, body: dict) -> None:
-        if dialect == "openai_responses" and req.store is not False:
-            self._store(req, turn, body)
-
-    def _store(self, req, turn, body: dict) -> None:
-        self.responses.put(turn.id, input_items=turn.extra.get("input_items", []), output_items=body["output"],
-                           previous_id=req.previous_response_id, response=body)
-
-    def done(self, ex) -> None:
-        final = ex.turn.extra.get("final") if ex.turn is not None else None
-        if final is not None and ex.req is not None and ex.req.store is not False:
-            self._store(ex.req, ex.turn, final)
-        self.log_request(ex)
+    def done(self, ctx) -> None:
+        self.log_request(ctx)
         if self.recorder:
-            self.recorder.submit(ex)
+            self.recorder.submit(ctx)
 
-    def log_request(self, ex) -> None:
-        ms = (time.monotonic() - ex.started) * 1000
-        policy = ex.policy
-        self.metrics.requests.labels(ex.route, policy.preset if policy else "-", str(ex.status)).inc()
-        log.info("%s %s -> %s client=%s (%s) status=%s %.1f ms", ex.request_id, ex.route,
+    def log_request(self, ctx) -> None:
+        ms = (time.monotonic() - ctx.started) * 1000
+        policy = ctx.policy
+        self.metrics.requests.labels(ctx.route, policy.preset if policy else "-", str(ctx.status)).inc()
+        log.info("%s %s -> %s client=%s (%s) status=%s %.1f ms", ctx.request_id, ctx.route,
                  policy.preset if policy else "-", policy.client if policy else "-",
-                 policy.reason if policy else "-", ex.status, ms)
+                 policy.reason if policy else "-", ctx.status, ms)

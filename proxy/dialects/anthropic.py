@@ -13,9 +13,13 @@ import json
 from proxy import canonical as c
 from proxy.dialects import common as d
 from proxy.dialects.anthropic_out import ID_PREFIX, render_response, stream, to_client_id  # noqa: F401 - API
+from proxy.dialects.common import nothing_to_keep as complete, request_as_parsed as prepare  # noqa: F401 - API
 from proxy.errors import InvalidRequest, ProxyError, anthropic_body
 
 NAME = "anthropic"
+TURN_ID_PREFIX = "msg_"
+INPUT_FIELD = "messages"
+INTERLEAVED_CALLS = False  # one tool_use block open at a time
 EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 
 

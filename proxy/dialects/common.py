@@ -32,6 +32,15 @@ class Turn:
     extra: dict = field(default_factory=dict)
 
 
+def request_as_parsed(ctx, body: dict):
+    """`prepare` of a dialect whose request needs nothing beyond its own body."""
+    return ctx.req
+
+
+def nothing_to_keep(ctx) -> None:
+    """`complete` of a dialect that keeps nothing once its response is done."""
+
+
 def new_hex(n: int = 24) -> str:
     return secrets.token_hex(n // 2)
 

@@ -13,9 +13,13 @@ from typing import Iterator
 
 from proxy import canonical as c
 from proxy.dialects import common as d
+from proxy.dialects.common import nothing_to_keep as complete, request_as_parsed as prepare  # noqa: F401 - API
 from proxy.errors import InvalidRequest, ProxyError, openai_body
 
 NAME = "openai_chat"
+TURN_ID_PREFIX = "chatcmpl-"
+INPUT_FIELD = "messages"
+INTERLEAVED_CALLS = True  # tool_calls deltas carry their index
 CONSUMED = {"messages", "model", "stream", "stream_options", "tools", "tool_choice", "max_tokens",
             "max_completion_tokens", "temperature", "top_p", "top_k", "stop", "reasoning_effort",
             "parallel_tool_calls", "metadata", "n", "user", "functions", "function_call"}

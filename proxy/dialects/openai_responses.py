@@ -4,7 +4,7 @@ Ingress: `instructions`, string or item-list `input`, developer/system items kep
 place, reasoning items (`encrypted_content` is the signature), function_call and
 function_call_output, custom (freeform) tools and their calls, `namespace` tools
 flattened into their functions, client-executed `tool_search` as a function, the named
-`tool_choice` form translated, and `previous_response_id` resolved by the caller.
+`tool_choice` form translated, and `previous_response_id` resolved (responses_state.py).
 Hosted tools (web_search, image_generation, file_search, ...) run at OpenAI, so they are
 not offered to the engine. Client-only keys are not forwarded upstream.
 """
@@ -15,9 +15,13 @@ import json
 from proxy import canonical as c
 from proxy.dialects import common as d
 from proxy.dialects.responses_out import render_response, stream  # noqa: F401 - dialect API
+from proxy.dialects.responses_state import complete, prepare  # noqa: F401 - dialect API
 from proxy.errors import InvalidRequest, ProxyError, openai_body
 
 NAME = "openai_responses"
+TURN_ID_PREFIX = "resp_"
+INPUT_FIELD = "input"
+INTERLEAVED_CALLS = False  # one output item open at a time
 CONSUMED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
             "max_output_tokens", "temperature", "top_p", "top_k", "reasoning", "store", "stream",
             "previous_response_id", "metadata", "include", "text", "prompt_cache_key",

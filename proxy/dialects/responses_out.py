@@ -94,7 +94,9 @@ def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> d
         output.append(message_item(turn, len(output), resp.text(), "completed"))
     for t in resp.tool_calls():
         output.append(call_item(turn, len(output), t.id, t.name, t.arguments, "completed"))
-    return envelope(turn, final_status(resp.finish_reason), output, resp.usage, resp.finish_reason)
+    final = envelope(turn, final_status(resp.finish_reason), output, resp.usage, resp.finish_reason)
+    turn.extra["final"] = final  # what responses_state.complete stores
+    return final
 
 
 class _Items:

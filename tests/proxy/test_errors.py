@@ -220,3 +220,22 @@ def test_upstream_error_status_reaches_the_client_in_dialect(tmp_path, stream):
             assert ("Retry-After" in resp.headers) == (status == 503)
             resp = client.post("/v1/chat/completions", json={**VALID["/v1/chat/completions"], "stream": stream})
             assert_shape(resp, "openai", status)
+
+
+def test_errors_are_rendered_by_the_routes_dialect(app, monkeypatch):
+    """A dialect route's errors come from that dialect's render_error; others keep the URL rule."""
+    from proxy.dialects import anthropic, openai_responses
+    client = app.test_client()
+    monkeypatch.setattr(anthropic, "render_error", lambda err: {"by": "anthropic", "status": err.status})
+    monkeypatch.setattr(openai_responses, "render_error", lambda err: {"by": "responses", "status": err.status})
+    assert client.post("/v1/messages/count_tokens", json={}).get_json() == {"by": "anthropic", "status": 400}
+    assert client.get("/v1/responses/resp_gone").get_json() == {"by": "responses", "status": 404}
+    assert_shape(client.get("/v1/messages"), "anthropic", 405)       # no route matched: the URL rule
+
+
+def test_an_error_after_the_request_started_is_logged_with_its_status(tmp_path):
+    app = create_app(proxy_config("http://127.0.0.1:1/v1", tmp_path))
+    resp = app.test_client().post("/v1/chat/completions", json=VALID["/v1/chat/completions"])
+    assert resp.status_code == 503
+    metrics = app.test_client().get("/metrics").get_data(as_text=True)
+    assert 'kimi_proxy_requests_total{preset="' in metrics and 'status="503"' in metrics
