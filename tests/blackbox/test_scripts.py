@@ -4,7 +4,6 @@ import http.client
 import importlib.util
 import json
 import os
-import pathlib
 import re
 import shutil
 import signal
