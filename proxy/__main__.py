@@ -81,7 +81,7 @@ def _setup_logging(path):
 @click.option("--allowlist", help="JSON file of explained differences per cassette")
 def replay(cassettes, verbose, allowlist):
     """Re-run cassettes through the translation and print the differences."""
-    from proxy.replay import replay_paths
+    from proxy.cassettes.replay import replay_paths
     sys.exit(replay_paths(cassettes, verbose=verbose, echo=click.echo, allowlist=allowlist))
 
 
@@ -96,7 +96,7 @@ def doctor(config_path, **flags):
         click.echo(f"x config: {exc}")
         sys.exit(1)
     click.echo("ok config")
-    from proxy.upstream import Upstream
+    from proxy.upstream.client import Upstream
     is_ok, detail = Upstream(cfg["UPSTREAM"], timeout_s=5).health()
     click.echo(f"{'ok' if is_ok else 'x'} upstream {cfg['UPSTREAM']}: {detail}"
                + ("" if is_ok else "  (start kimi-engine, or pass --upstream)"))
@@ -121,7 +121,7 @@ def _check_ledger(path: str) -> bool:
         click.echo(f"ok ledger {path}: {parent} is created by systemd (StateDirectory=) at start")
         return True
     try:
-        from proxy.store import Database
+        from proxy.state.store import Database
         Database(path).close()
     except Exception as exc:  # noqa: BLE001 - doctor reports every failure as one line
         click.echo(f"x ledger {path}: {exc} (pass --ledger PATH in a writable directory)")

@@ -31,7 +31,7 @@ def default_socket_path(environ=None) -> str:
 
 
 def default_ledger_path(environ=None) -> str:
-    from proxy.store import default_db_path
+    from proxy.state.store import default_db_path
     return str(default_db_path(os.environ if environ is None else environ))
 
 
@@ -165,7 +165,7 @@ def validate(cfg: dict, environ=None) -> dict:
 
 
 def _check_names(cfg: dict) -> None:
-    from proxy import presets
+    from proxy.clients import presets
     from proxy.toolcalls import PARSER_NAMES
     if cfg["TOOL_PARSER"] != "auto" and cfg["TOOL_PARSER"] not in PARSER_NAMES:
         raise ConfigError(f"tool-parser must be auto or one of {', '.join(PARSER_NAMES)}, "

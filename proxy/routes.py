@@ -7,11 +7,12 @@ import time
 
 from flask import Blueprint, current_app, g, request
 
-from proxy import handler, policy as policy_mod
+from proxy import handler
+from proxy.clients import policy as policy_mod
 from proxy.dialects import anthropic, openai_chat, openai_responses, responses_state
 from proxy.errors import InvalidRequest
 from proxy.guards import is_authorized
-from proxy.payload import build_payload
+from proxy.upstream.payload import build_payload
 
 bp = Blueprint("kimi", __name__)
 log = logging.getLogger("kimi.proxy")

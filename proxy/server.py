@@ -97,7 +97,7 @@ def base_url(host: str, port: int) -> str:
 
 
 def banner(cfg: dict) -> str:
-    from proxy.presets import setup_text
+    from proxy.clients.presets import setup_text
     base = base_url(cfg["HOST"], cfg["PORT"])
     token = cfg.get("API_KEY") or "local"
     model = cfg["MODEL"] or "kimi-local"

@@ -11,9 +11,9 @@ import time
 
 from proxy import canonical as c
 from proxy.metrics import Metrics
-from proxy.recorder import Recorder
+from proxy.cassettes.record import Recorder
 from proxy.state import open_state
-from proxy.upstream import Upstream
+from proxy.upstream.client import Upstream
 
 log = logging.getLogger("kimi.proxy")
 

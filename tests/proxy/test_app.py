@@ -8,7 +8,7 @@ import pytest
 
 from proxy import config, sse
 from proxy.app import create_app
-from proxy.replay import load, replay, unexplained
+from proxy.cassettes.replay import load, replay, unexplained
 from tests.support.proxy_fakes import FakeUpstream, Reply, proxy_config, serve_app
 
 ANTH = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
@@ -222,7 +222,7 @@ def test_unix_socket_upstream(tmp_path):
 
 
 def test_upstream_that_ignores_stream_true(tmp_path):
-    from proxy.upstream import Upstream
+    from proxy.upstream.client import Upstream
 
     fake = FakeUpstream(Reply.text("plain json", reasoning="r"))
     fake.is_json_only = True
@@ -249,7 +249,7 @@ def test_structured_output_becomes_response_format(tmp_path):
 def test_stale_pooled_connection_is_retried_once(tmp_path):
     import socket
 
-    from proxy.upstream import Upstream
+    from proxy.upstream.client import Upstream
     fake = FakeUpstream(Reply.text("again"))
     with fake.serve() as url:
         upstream = Upstream(url)

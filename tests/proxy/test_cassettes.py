@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from proxy import replay
+from proxy.cassettes import replay
 
 DIR = pathlib.Path(__file__).parents[1] / "fixtures" / "cassettes"
 ALLOW = json.loads((DIR / "allowlist.json").read_text())

@@ -6,8 +6,8 @@ import pathlib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from proxy.detect import detect, normalize_headers, route_dialect, system_texts
-from proxy.presets import (ANTHROPIC, CHAT, PRESET_NAMES, RESPONSES, Preset, check_client_name,
+from proxy.clients.detect import detect, normalize_headers, route_dialect, system_texts
+from proxy.clients.presets import (ANTHROPIC, CHAT, PRESET_NAMES, RESPONSES, Preset, check_client_name,
                            fallback_preset, get_preset, setup_text)
 
 CAPTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "live-clients"

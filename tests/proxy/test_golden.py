@@ -6,7 +6,7 @@ import pytest
 
 from proxy import sse
 from proxy.app import create_app
-from proxy.replay import Normaliser
+from proxy.cassettes.replay import Normaliser
 from tests.support.proxy_fakes import FakeUpstream, Reply, proxy_config
 
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from proxy.http11 import Connection, ProtocolError
+from proxy.upstream.http11 import Connection, ProtocolError
 
 CHUNKED = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
            b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nX-Trailer: 1\r\n\r\n")

@@ -10,8 +10,8 @@ import zlib
 
 import pytest
 
-from proxy.reasoning import Ledger, apply_reasoning_field, bounded_inflate, fingerprint
-from proxy.store import Database, ResponseStore, default_db_path
+from proxy.state.reasoning import Ledger, apply_reasoning_field, bounded_inflate, fingerprint
+from proxy.state.store import Database, ResponseStore, default_db_path
 from proxy.toolcalls import split_think
 
 

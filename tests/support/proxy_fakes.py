@@ -220,7 +220,7 @@ def _handler_for(fake: FakeUpstream):
 
 
 class InProcessClient:
-    """Duck-types proxy.upstream.Upstream without any socket."""
+    """Duck-types proxy.upstream.client.Upstream without any socket."""
 
     def __init__(self, fake: FakeUpstream):
         self.fake = fake

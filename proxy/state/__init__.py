@@ -8,7 +8,7 @@ The handlers see two small interfaces:
     Responses: put(id, input_items=, output_items=, previous_id=, response=);
                get(id) -> response body | None;  history(id) -> items | None;  delete(id) -> bool
 
-They wrap `proxy.reasoning` / `proxy.store` (one SQLite file, the ledger).
+They wrap `proxy.state.reasoning` / `proxy.state.store` (one SQLite file, the ledger).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ log = logging.getLogger("kimi.proxy")
 
 
 class StoredResponses:
-    """proxy.store.ResponseStore, returning the response body on get."""
+    """proxy.state.store.ResponseStore, returning the response body on get."""
 
     def __init__(self, store):
         self.store = store
@@ -50,7 +50,7 @@ def _calls(calls) -> list[dict]:
 
 
 class LedgerReasoning:
-    """proxy.reasoning.Ledger behind the handler's interface, counting hits and misses.
+    """proxy.state.reasoning.Ledger behind the handler's interface, counting hits and misses.
 
     Writes happen on a writer thread (a greenlet under gevent), off the response path;
     a restore first waits for pending writes, so turn 2 always sees turn 1.
@@ -69,8 +69,8 @@ class LedgerReasoning:
         return self.ledger.sign(text, ledger_id)
 
     def restore(self, message: c.Message, reasoning_field: str) -> dict | None:
-        from proxy.payload import assistant_from_echo
-        from proxy.reasoning import apply_reasoning_field
+        from proxy.upstream.payload import assistant_from_echo
+        from proxy.state.reasoning import apply_reasoning_field
         self._pending.join()
         parts = message.of(c.Reasoning)
         echoed = "".join(p.text for p in parts if not p.redacted) or None
@@ -118,8 +118,8 @@ class LedgerReasoning:
 
 def open_state(config: dict, metrics=None):
     """(reasoning, responses) for this app, in the one SQLite file at config["LEDGER"]."""
-    from proxy.reasoning import Ledger
-    from proxy.store import Database, ResponseStore
+    from proxy.state.reasoning import Ledger
+    from proxy.state.store import Database, ResponseStore
     db = Database(config["LEDGER"])
     ttl = config["LEDGER_TTL_S"]
     ledger = Ledger(db, max_entries=config["LEDGER_MAX_ENTRIES"], ttl_seconds=ttl)

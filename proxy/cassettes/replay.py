@@ -22,7 +22,7 @@ import tempfile
 
 from proxy import sse
 from proxy.pipeline import chunks_from_json
-from proxy.upstream import ListStream
+from proxy.upstream.client import ListStream
 
 DROP_HEADERS = {"host", "content-length", "authorization", "x-api-key", "accept-encoding"}
 ID_RE = re.compile(r"\b(?:msg_|chatcmpl-|chatcmpl_|resp_|rs_|fc_|call_|toolu_|cmpl-)[A-Za-z0-9_\-]+")
@@ -149,7 +149,7 @@ def sse_records(frames: list[str]) -> list[dict]:
     return out
 
 
-from proxy.replay_allow import MISSING, UNEXPECTED, _allowed, unexplained  # noqa: F401,E402 - re-exported
+from proxy.cassettes.allowlist import MISSING, UNEXPECTED, _allowed, unexplained  # noqa: F401,E402 - re-exported
 
 
 def diff(a, b, path: str = "$", out: list | None = None, limit: int = 500) -> list[tuple]:
@@ -249,7 +249,7 @@ def replay(cassette: dict, config: dict | None = None) -> dict:
 def _comparing_decoder(decode):
     """Read signatures for comparison only: also those another ledger file signed
     (their HMAC tag cannot be checked here, and nothing is trusted from them)."""
-    from proxy.reasoning import INLINE_PREFIX, _payload
+    from proxy.state.reasoning import INLINE_PREFIX, _payload
 
     def read(signature):
         text, ledger_id = decode(signature)
@@ -260,7 +260,7 @@ def _comparing_decoder(decode):
 
 
 def _preset(req: dict, headers: dict) -> str:
-    from proxy import detect
+    from proxy.clients import detect
     return detect.detect(req["path"].split("?")[0], headers, req["body"]).preset.name
 
 

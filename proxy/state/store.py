@@ -8,7 +8,7 @@
     responses.history("resp_2") -> items of every response in the chain, oldest first:
                                    each response's input_items then its output_items
 
-``proxy.reasoning.Ledger`` uses the same ``Database``. Every statement runs in autocommit
+``proxy.state.reasoning.Ledger`` uses the same ``Database``. Every statement runs in autocommit
 mode under one lock (gevent patches it to a cooperative lock), so no transaction is ever
 held across a request; several processes may share the file (busy timeout 5 s).
 ``default_db_path()`` is $STATE_DIRECTORY/ledger.sqlite, else

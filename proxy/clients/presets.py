@@ -17,7 +17,7 @@ Fields:
 * ``passthrough_model``: regex on the requested model sent to the upstream unchanged.
 * ``models``: names advertised by ``/v1/models`` for this client.
 
-Signals used to detect each client live in ``proxy/detect.py``.
+Signals used to detect each client live in ``proxy/clients/detect.py``.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import threading
 from urllib.parse import urlsplit
 
 from proxy import sse
-from proxy.http11 import Connection, Response
+from proxy.upstream.http11 import Connection, Response
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 

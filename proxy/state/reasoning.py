@@ -40,7 +40,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from .store import as_database
-from .toolcalls.think import split_think
+from proxy.toolcalls.think import split_think
 
 INLINE_PREFIX, LEDGER_PREFIX = "klr1.", "kll1."
 K3_INLINE_PREFIX, K3_LEDGER_PREFIX = "k3r1.", "k3l1."

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy import detect, presets
+from proxy.clients import detect, presets
 
 PRESET_DIALECT = {"anthropic": presets.ANTHROPIC, "openai_chat": presets.CHAT,
                   "openai_responses": presets.RESPONSES}
