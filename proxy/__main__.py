@@ -35,6 +35,15 @@ def _options(f):
     return f
 
 
+def _config_or_exit(config_path, flags: dict, prefix: str, err: bool = False) -> dict:
+    """The layered config (flags of None: not given), or its error on one line and exit 1."""
+    try:
+        return config_mod.load({config_mod.key_of(k): v for k, v in flags.items()}, config_path)
+    except config_mod.ConfigError as exc:
+        click.echo(f"{prefix}{exc}", err=err)
+        sys.exit(1)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kimi-proxy")
 def main():
@@ -45,12 +54,7 @@ def main():
 @_options
 def serve(config_path, **flags):
     """Run the proxy."""
-    cli = {config_mod.key_of(k): v for k, v in flags.items()}
-    try:
-        cfg = config_mod.load(cli, config_path)
-    except config_mod.ConfigError as exc:
-        click.echo(f"kimi-proxy: {exc}", err=True)
-        sys.exit(1)
+    cfg = _config_or_exit(config_path, flags, "kimi-proxy: ", err=True)
     _setup_logging(cfg["LOG_FILE"])
     from proxy.server import serve_forever
     sys.exit(serve_forever(cfg))
@@ -89,12 +93,7 @@ def replay(cassettes, verbose, allowlist):
 @_options
 def doctor(config_path, **flags):
     """Check the configuration, the upstream and the port."""
-    cli = {config_mod.key_of(k): v for k, v in flags.items()}
-    try:
-        cfg = config_mod.load(cli, config_path)
-    except config_mod.ConfigError as exc:
-        click.echo(f"x config: {exc}")
-        sys.exit(1)
+    cfg = _config_or_exit(config_path, flags, "x config: ")
     click.echo("ok config")
     from proxy.upstream.client import Upstream
     is_ok, detail = Upstream(cfg["UPSTREAM"], timeout_s=5).health()

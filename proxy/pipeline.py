@@ -136,7 +136,10 @@ class Pipeline:
                 self.stop_sequence = stop_reason
 
     def _content(self, text: str) -> Iterator[c.Event]:
-        pieces = self.splitter.feed(text) if self.splitter else [c.TextDelta(text)]
+        yield from self._split(self.splitter.feed(text) if self.splitter else [c.TextDelta(text)])
+
+    def _split(self, pieces: list) -> Iterator[c.Event]:
+        """<think> spans are reasoning; the text around them goes through the tool-call parser."""
         for piece in pieces:
             if isinstance(piece, c.ReasoningDelta):
                 yield from self._reasoning(piece.text)
@@ -219,11 +222,7 @@ class Pipeline:
     # -- end ---------------------------------------------------------------------------
     def _end(self) -> Iterator[c.Event]:
         if self.splitter:
-            for piece in self.splitter.finish():
-                if isinstance(piece, c.ReasoningDelta):
-                    yield from self._reasoning(piece.text)
-                else:
-                    yield from self._parsed(self.opts.parser.feed(piece.text))
+            yield from self._split(self.splitter.finish())
         yield from self._parsed(self.opts.parser.finish())
         yield from self._close_reasoning()
         for key in sorted(self.native):
