@@ -7,7 +7,7 @@ import json
 
 import click
 
-from engined.weights.kimi_checkpoint import CheckpointError
+from engined.weights.shards import CheckpointError
 
 
 def _run(fn, *args, **kwargs):

@@ -7,34 +7,18 @@ Anything else is refused before a byte of weights is read.
 """
 import json
 import pathlib
-import struct
 from dataclasses import dataclass
 
 import torch
 
 from engined.weights import kimi_table as table
+from engined.weights.manifest import verify_artifact
+from engined.weights.plan import LoadedModel, LoadPlan
+from engined.weights.shards import INDEX, MANIFEST, ST_DTYPES, CheckpointError, Header, read_header
 from engined.layers.linear import SlotError, fill
 from engined.models.kimi_linear import KimiLinearModel
 from engined.models.kimi_linear_config import DTYPES, ConfigError, KimiLinearConfig, parse_config
 from engined.ops import int4_format
-
-MANIFEST = "kimi-int4.json"
-INDEX = "model.safetensors.index.json"
-ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "U8": torch.uint8,
-             "I64": torch.int64, "I32": torch.int32}
-MAX_HEADER = 100 * 1024 * 1024
-
-
-class CheckpointError(ValueError):
-    """The directory is not a Kimi-Linear checkpoint this engine can load."""
-
-
-@dataclass(frozen=True)
-class Header:
-    meta: dict[str, str]
-    tensors: dict[str, tuple[str, tuple[int, ...]]]  # name -> (safetensors dtype, shape)
-    spans: dict[str, tuple[int, int]]                 # name -> absolute [begin, end) file offsets
-
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -45,29 +29,6 @@ class Checkpoint:
     is_int4: bool
     int4: dict[str, int]          # model path -> group size (empty for BF16)
     names: dict[str, pathlib.Path]  # artifact tensor name -> shard
-
-
-def read_header(path: pathlib.Path) -> Header:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise CheckpointError(f"{path.name}: too short to be a safetensors file")
-        (length,) = struct.unpack("<Q", head)
-        if length > min(MAX_HEADER, size - 8):
-            raise CheckpointError(f"{path.name}: header length {length} is impossible")
-        try:
-            raw = json.loads(f.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{path.name}: header is not JSON ({exc})") from None
-    meta = raw.pop("__metadata__", None) or {}
-    try:
-        tensors = {n: (e["dtype"], tuple(e["shape"])) for n, e in raw.items()}
-        spans = {n: (8 + length + e["data_offsets"][0], 8 + length + e["data_offsets"][1])
-                 for n, e in raw.items()}
-    except (KeyError, TypeError, IndexError) as exc:
-        raise CheckpointError(f"{path.name}: malformed tensor entry ({exc!r})") from None
-    return Header(meta, tensors, spans)
 
 
 def _shards(path: pathlib.Path) -> tuple[pathlib.Path, ...]:
@@ -132,7 +93,6 @@ def open_checkpoint(path, rehash: bool = False) -> Checkpoint:
     headers = {s: read_header(s) for s in shards}
     is_int4 = _detect_int4(path, headers)
     if is_int4:
-        from engined.weights.manifest import verify_artifact
         verify_artifact(path, rehash=rehash)
     names: dict[str, pathlib.Path] = {}
     for shard, h in headers.items():
@@ -211,7 +171,6 @@ def is_kimi_linear_dir(spec) -> bool:
 def plan_kimi_linear(path, device="cpu"):
     """LoadPlan from headers alone: weight_bytes includes one sequence's fixed KDA state;
     kv_bytes_per_token is the MLA latent cache (R+P per MLA layer, activation dtype)."""
-    from engined.weights.loader import LoadPlan
     ckpt = open_checkpoint(path)
     model = build_empty(ckpt, "meta", act_dtype(device))
     check_contract(ckpt, model)
@@ -262,7 +221,6 @@ def load_kimi_linear(path, device="cpu", threads=None, progress=True, dtype=None
     rehash: re-hash an INT4 artifact's files against its manifest before loading."""
     from engined.chat.kimi_template import KimiChatFormat
     from engined.chat.kimi_tokenizer import KimiTokenizer
-    from engined.weights.loader import LoadedModel
     if threads is not None:
         torch.set_num_threads(threads)
     ckpt = open_checkpoint(path, rehash=rehash)

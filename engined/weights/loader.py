@@ -7,8 +7,6 @@ read again only for the tokenizer and chat template (engined.chat).
 import json
 import pathlib
 import re
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from gguf import GGUFReader
@@ -20,6 +18,8 @@ from engined.chat import load_text
 from engined.weights.default_model import default_gguf_path
 from engined.layers.embedding import dequantize_q8_0
 from engined.models.llama import EMBEDDING, LlamaConfig, LlamaModel
+from engined.weights import kimi_checkpoint
+from engined.weights.plan import LoadedModel, LoadPlan  # noqa: F401  (loader.LoadPlan is public)
 
 KV_DTYPE = torch.float16  # halves KV memory; relative error 2^-11 (see tests/models/test_llama_parity.py)
 EMBED_DTYPE = torch.float16  # measured choice, engined/ops/README.md "Embedding and LM head"
@@ -28,26 +28,6 @@ QUANT_SUFFIX = re.compile(r"\.(?:I?Q\d\w*|F16|BF16|F32)$", re.IGNORECASE)
 
 class ModelLoadError(ValueError):
     """The spec names no usable model (missing file, not a GGUF, unsupported content)."""
-
-
-@dataclass(frozen=True)
-class LoadPlan:
-    weight_bytes: int
-    kv_bytes_per_token: int
-    context_length: int
-
-    def total_bytes(self, max_context: int) -> int:
-        return self.weight_bytes + self.kv_bytes_per_token * max_context
-
-
-@dataclass
-class LoadedModel:
-    model_id: str
-    model: LlamaModel
-    tokenizer: Any
-    chat: Any
-    context_length: int
-    source: pathlib.Path
 
 
 def resolve_spec(spec: str) -> pathlib.Path:
@@ -81,15 +61,11 @@ def _plan(hparams: dict, specs: dict[str, tuple[int, tuple[int, ...]]]) -> LoadP
 
 
 def _kimi_dir(spec: str) -> bool:
-    from engined.weights import kimi_checkpoint
-
     return spec != "default" and kimi_checkpoint.is_kimi_linear_dir(spec)
 
 
 def _kimi(call, *args, **kwargs):
     """Run a Kimi-Linear checkpoint function, its errors as ModelLoadError."""
-    from engined.weights import kimi_checkpoint
-
     try:
         return call(*args, **kwargs)
     except kimi_checkpoint.CheckpointError as exc:
@@ -100,8 +76,6 @@ def plan_model(spec: str, device: str = "cpu") -> LoadPlan:
     """Memory plan from headers only: the cached artifact's, else the GGUF's tensor table.
     A Kimi-Linear checkpoint directory (BF16 or our INT4 artifact) plans from its shards."""
     if _kimi_dir(spec):
-        from engined.weights import kimi_checkpoint
-
         return _kimi(kimi_checkpoint.plan_kimi_linear, spec, device=device)
     path = resolve_spec(spec)
     cached = gguf_repack.cache_path(path)
@@ -139,8 +113,6 @@ def load_model(spec: str, device: str = "cpu", threads: int | None = None,
                kv_dtype: torch.dtype = KV_DTYPE) -> LoadedModel:
     """Load weights from the cached artifact (repacking first if needed) plus tokenizer and chat."""
     if _kimi_dir(spec):
-        from engined.weights import kimi_checkpoint
-
         return _kimi(kimi_checkpoint.load_kimi_linear, spec, device=device, threads=threads,
                      progress=progress)
     if threads is not None:

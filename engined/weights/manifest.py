@@ -11,7 +11,7 @@ import json
 import pathlib
 
 from engined.weights.hashing import file_sha256
-from engined.weights.kimi_checkpoint import MANIFEST, CheckpointError, read_header
+from engined.weights.shards import MANIFEST, CheckpointError, read_header
 from engined.ops import int4_format
 
 

@@ -5,7 +5,7 @@ Imports no safetensors/tqdm, so the synthetic benchmark can use it on the GPU im
 """
 import re
 
-from engined.weights.kimi_checkpoint import CheckpointError
+from engined.weights.shards import CheckpointError
 
 PLANS = ("selective", "all", "none")
 L = r"model\.layers\.\d+\."

@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from engined.weights import manifest as kimi_manifest
-from engined.weights.kimi_checkpoint import INDEX, MANIFEST, open_checkpoint
+from engined.weights.kimi_checkpoint import open_checkpoint
+from engined.weights.shards import INDEX, MANIFEST
 from engined.weights.quant_policy import PLANS, QuantizeError, policy
 from engined.ops import int4_format
 
