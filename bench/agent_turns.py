@@ -20,8 +20,7 @@ import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import append_results, hardware, write_json  # noqa: E402
-from decode import unix_post  # noqa: E402
+from common import append_results, hardware, stream_text_times, unix_post, write_json  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CAPTURE = ROOT / "tests" / "fixtures" / "live-clients" / "cline-tool.jsonl.gz"
@@ -102,18 +101,7 @@ def turn_ttfts(daemon: Daemon) -> list[dict]:
 
 
 def one_stream(daemon: Daemon, prompt: str, out: list):
-    conn, resp = unix_post(daemon.sock, "/v1/completions", {
-        "model": "default", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0,
-        "stream": True, "ignore_eos": True})
-    first = last = None
-    count = 0
-    for raw in resp:
-        line = raw.strip()
-        if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0].get("text"):
-            last = time.perf_counter()
-            first, count = first or last, count + 1
-    conn.close()
-    out.append((first, last, count))
+    out.append(stream_text_times(daemon.sock, prompt, NEW_TOKENS))
 
 
 def aggregate_decode(daemon: Daemon, num_streams: int) -> float:

@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import platform
+import time
 
 BENCH = pathlib.Path(__file__).resolve().parent
 RESULTS_MD = BENCH / "RESULTS.md"
@@ -42,3 +43,35 @@ def append_results(title: str, command: str, table_lines: list[str]):
     block = [f"\n## {title}, {today()}\n", f"- hardware: {hardware()}", f"- command: `{command}`", ""]
     with RESULTS_MD.open("a") as f:
         f.write("\n".join(block + table_lines) + "\n")
+
+
+def unix_post(sock: str, path: str, body: dict, stream: bool = False):
+    import http.client
+    import socket
+
+    class Conn(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(sock)
+
+    conn = Conn("engine", timeout=600)
+    conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+    resp = conn.getresponse()
+    return conn, resp
+
+
+def stream_text_times(sock: str, prompt, max_tokens: int) -> tuple[float, float, int]:
+    """One greedy streamed /v1/completions call over the engine's socket ->
+    (perf_counter of the first text chunk, of the last, number of text chunks)."""
+    conn, resp = unix_post(sock, "/v1/completions", {
+        "model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "stream": True, "ignore_eos": True})
+    first = last = None
+    count = 0
+    for raw in resp:
+        line = raw.strip()
+        if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0].get("text"):
+            last = time.perf_counter()
+            first, count = first or last, count + 1
+    conn.close()
+    return first, last, count

@@ -16,7 +16,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import append_results, hardware, write_json  # noqa: E402
+from common import append_results, hardware, stream_text_times, write_json  # noqa: E402
 
 from engined.weights.default_model import default_gguf_path  # noqa: E402
 
@@ -32,39 +32,10 @@ def rss_kib(pid: int, field: str) -> int:
     return 0
 
 
-def unix_post(sock: str, path: str, body: dict, stream: bool = False):
-    import http.client
-    import socket
-
-    class Conn(http.client.HTTPConnection):
-        def connect(self):
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.connect(sock)
-
-    conn = Conn("engine", timeout=600)
-    conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
-    resp = conn.getresponse()
-    return conn, resp
-
-
 def engine_timed(sock: str, prompt: list[int], max_tokens: int) -> tuple[float, float, int]:
     """One streamed /v1/completions call: (ttft s, decode tok/s after the first token, tokens)."""
     start = time.perf_counter()
-    conn, resp = unix_post(sock, "/v1/completions", {
-        "model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "stream": True, "ignore_eos": True})
-    first = last = None
-    count = 0
-    for raw in resp:
-        line = raw.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        if json.loads(line[6:])["choices"][0].get("text"):
-            now = time.perf_counter()
-            first = first or now
-            last = now
-            count += 1
-    conn.close()
+    first, last, count = stream_text_times(sock, prompt, max_tokens)
     decode = (count - 1) / (last - first) if count > 1 and last > first else float("nan")
     return first - start, decode, count
 
