@@ -4,7 +4,8 @@ Ingress: `instructions`, string or item-list `input`, developer/system items kep
 place, reasoning items (`encrypted_content` is the signature), function_call and
 function_call_output, custom (freeform) tools and their calls, `namespace` tools
 flattened into their functions, client-executed `tool_search` as a function, the named
-`tool_choice` form translated, and `previous_response_id` resolved (responses_state.py).
+`tool_choice` form translated, and `previous_response_id` resolved (`prepare`, with
+the store in responses_state.py).
 Hosted tools (web_search, image_generation, file_search, ...) run at OpenAI, so they are
 not offered to the engine. Client-only keys are not forwarded upstream.
 """
@@ -15,7 +16,8 @@ import json
 from proxy import canonical as c
 from proxy.dialects import common as d
 from proxy.dialects.responses_out import render_response, stream  # noqa: F401 - dialect API
-from proxy.dialects.responses_state import complete, prepare  # noqa: F401 - dialect API
+from proxy.dialects import responses_state
+from proxy.dialects.responses_state import complete  # noqa: F401 - dialect API
 from proxy.errors import InvalidRequest, ProxyError, openai_body
 
 NAME = "openai_responses"
@@ -28,6 +30,7 @@ CONSUMED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_
             "client_metadata", "truncation", "user", "service_tier", "background", "safety_identifier",
             "stream_options", "prompt", "max_tool_calls", "conversation"}
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+ECHOED = ("tools", "tool_choice", "parallel_tool_calls", "instructions", "metadata", "previous_response_id", "store")
 CUSTOM_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 
 
@@ -57,6 +60,22 @@ def parse_request(body, policy) -> c.Request:
         passthrough={**{k: v for k, v in body.items() if k not in CONSUMED}, **_response_format(body.get("text"))},
         previous_response_id=d.opt_str(body, "previous_response_id"),
         store=d.opt_bool(body, "store"))
+
+
+def prepare(ctx, body: dict) -> c.Request:
+    """The keys the envelope echoes, the tools by name, this turn's input items (stored with
+    the response), and the stored history of `previous_response_id` before the new input."""
+    req, turn = ctx.req, ctx.turn
+    turn.extra["echo"] = {k: body[k] for k in ECHOED if k in body}
+    turn.extra["tools_by_name"] = {t.name: t for t in req.tools}
+    items = body.get("input")
+    items = [{"type": "message", "role": "user", "content": items}] if isinstance(items, str) else list(items or [])
+    turn.extra["input_items"] = items
+    if req.previous_response_id:
+        history = responses_state.history(ctx.services, req.previous_response_id)
+        lead = [m for m in req.messages[:1] if m.role == "system" and body.get("instructions")]
+        req = req.replace(messages=(*lead, *parse_input(history), *req.messages[len(lead):]))
+    return req
 
 
 def _response_format(text) -> dict:

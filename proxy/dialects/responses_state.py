@@ -1,37 +1,24 @@
-"""OpenAI Responses state: what a turn echoes and stores, and `previous_response_id`.
+"""OpenAI Responses state: stored responses and `previous_response_id`.
 
-    prepare(ctx, body)   before the payload: the envelope's echoed keys, the tools by name,
-                         this turn's input items, and the stored history of
-                         `previous_response_id` put before the new input (404 when gone)
-    complete(ctx)        once the response is final (JSON body or the stream's terminal
-                         event): stored with its input items unless `store` is false
+    history(services, id)   the items of a stored chain, for the next turn (404 when gone)
+    complete(ctx)           once the response is final (the JSON body, or the stream's
+                            terminal event): stored with the turn's input items, unless
+                            the request said `store: false`
     stored(services, id) / delete_stored(services, id)   GET and DELETE /v1/responses/<id>
 """
 from __future__ import annotations
 
-from proxy import canonical as c
 from proxy.errors import NotFound
 
-ECHOED = ("tools", "tool_choice", "parallel_tool_calls", "instructions", "metadata", "previous_response_id", "store")
 
-
-def prepare(ctx, body: dict) -> c.Request:
-    from proxy.dialects.openai_responses import parse_input
-    req, turn = ctx.req, ctx.turn
-    turn.extra["echo"] = {k: body[k] for k in ECHOED if k in body}
-    turn.extra["tools_by_name"] = {t.name: t for t in req.tools}
-    items = body.get("input")
-    items = [{"type": "message", "role": "user", "content": items}] if isinstance(items, str) else list(items or [])
-    turn.extra["input_items"] = items
-    if req.previous_response_id:
-        history = ctx.services.responses.history(req.previous_response_id)
-        if history is None:
-            raise NotFound(f"previous response {req.previous_response_id!r} was not found "
-                           "(it expired, was deleted, or was created with store:false)",
-                           param="previous_response_id")
-        lead = [m for m in req.messages[:1] if m.role == "system" and body.get("instructions")]
-        req = req.replace(messages=(*lead, *parse_input(history), *req.messages[len(lead):]))
-    return req
+def history(services, previous_id: str) -> list:
+    """The stored items of the chain ending at `previous_response_id`, oldest first."""
+    items = services.responses.history(previous_id)
+    if items is None:
+        raise NotFound(f"previous response {previous_id!r} was not found "
+                       "(it expired, was deleted, or was created with store:false)",
+                       param="previous_response_id")
+    return items
 
 
 def complete(ctx) -> None:
