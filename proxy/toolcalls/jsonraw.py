@@ -19,33 +19,50 @@ def _skip_ws(text: str, pos: int) -> int:
     return pos
 
 
-def object_members(text: str) -> dict[str, tuple[object, str]] | None:
-    """Members of the JSON object that is all of ``text`` (surrounding whitespace allowed)."""
+def _items(text: str, open_: str, close: str, read) -> list | None:
+    """The items of the JSON container (``{…}`` or ``[…]``) that is all of ``text``, or None.
+
+    ``read(text, pos) -> (item, end)`` reads one member or element; it raises ValueError
+    when there is none at ``pos``."""
     pos = _skip_ws(text, 0)
-    if not text.startswith("{", pos):
+    if not text.startswith(open_, pos):
         return None
-    members: dict[str, tuple[object, str]] = {}
+    items: list = []
     pos = _skip_ws(text, pos + 1)
-    if text.startswith("}", pos):
-        return members if _skip_ws(text, pos + 1) == len(text) else None
+    if text.startswith(close, pos):
+        return items if _skip_ws(text, pos + 1) == len(text) else None
     try:
         while True:
-            key, pos = _DECODER.raw_decode(text, pos)
-            pos = _skip_ws(text, pos)
-            if not isinstance(key, str) or not text.startswith(":", pos):
-                return None
-            start = _skip_ws(text, pos + 1)
-            value, pos = _DECODER.raw_decode(text, start)
-            members[key] = (value, text[start:pos])
+            item, pos = read(text, pos)
+            items.append(item)
             pos = _skip_ws(text, pos)
             if text.startswith(",", pos):
                 pos = _skip_ws(text, pos + 1)
                 continue
-            if text.startswith("}", pos) and _skip_ws(text, pos + 1) == len(text):
-                return members
-            return None
+            return items if text.startswith(close, pos) and _skip_ws(text, pos + 1) == len(text) else None
     except ValueError:
         return None
+
+
+def _member(text: str, pos: int) -> tuple[tuple[str, tuple[object, str]], int]:
+    key, pos = _DECODER.raw_decode(text, pos)
+    pos = _skip_ws(text, pos)
+    if not isinstance(key, str) or not text.startswith(":", pos):
+        raise ValueError("not an object member")
+    start = _skip_ws(text, pos + 1)
+    value, pos = _DECODER.raw_decode(text, start)
+    return (key, (value, text[start:pos])), pos
+
+
+def _element(text: str, pos: int) -> tuple[str, int]:
+    _, end = _DECODER.raw_decode(text, pos)
+    return text[pos:end], end
+
+
+def object_members(text: str) -> dict[str, tuple[object, str]] | None:
+    """Members of the JSON object that is all of ``text`` (surrounding whitespace allowed)."""
+    members = _items(text, "{", "}", _member)
+    return None if members is None else dict(members)
 
 
 def _arguments_raw(members: dict[str, tuple[object, str]], require: bool) -> str | None:
@@ -79,24 +96,4 @@ def call_from_object(text: str, require_arguments: bool = False) -> tuple[str, s
 
 def array_elements(text: str) -> list[str] | None:
     """Raw source of each element of the JSON array that is all of ``text``."""
-    pos = _skip_ws(text, 0)
-    if not text.startswith("[", pos):
-        return None
-    items: list[str] = []
-    pos = _skip_ws(text, pos + 1)
-    if text.startswith("]", pos):
-        return items if _skip_ws(text, pos + 1) == len(text) else None
-    try:
-        while True:
-            start = pos
-            _, pos = _DECODER.raw_decode(text, start)
-            items.append(text[start:pos])
-            pos = _skip_ws(text, pos)
-            if text.startswith(",", pos):
-                pos = _skip_ws(text, pos + 1)
-                continue
-            if text.startswith("]", pos) and _skip_ws(text, pos + 1) == len(text):
-                return items
-            return None
-    except ValueError:
-        return None
+    return _items(text, "[", "]", _element)
