@@ -56,6 +56,7 @@ class FinishEvent:
     num_prompt_tokens: int
     num_completion_tokens: int
     stop_string: str | None = None  # the stop string that ended the text, if one did
+    token_ids: tuple[int, ...] = ()  # every generated id, a stop token included
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class Sequence:
         self.finish_reason = reason
         self.finish_time = time.monotonic()
         self.events.put(FinishEvent(reason, tail, len(self.prompt_ids), len(self.output_ids),
-                                    self.stop_matcher.hit))
+                                    self.stop_matcher.hit, tuple(self.output_ids)))
 
     def fail(self, error: Exception):
         self.finish_reason = "error"

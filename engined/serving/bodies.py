@@ -48,12 +48,19 @@ def merge_deltas(deltas: list) -> tuple[str, str]:
 class LogprobFormat:
     """Token ids -> the strings and bytes OpenAI puts in logprobs."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, is_ids: bool = False):
         self.tokenizer = tokenizer
+        self.is_ids = is_ids  # return_tokens_as_token_ids: "token_id:N", never ambiguous
+
+    def text(self, token_id: int) -> str:
+        """The token's own text (what text_offset counts)."""
+        return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
 
     def token(self, token_id: int) -> tuple[str, list[int]]:
+        """The logprob entry's token string and bytes."""
         raw = self.tokenizer.token_bytes(token_id)
-        return raw.decode("utf-8", errors="replace"), list(raw)
+        text = f"token_id:{token_id}" if self.is_ids else raw.decode("utf-8", errors="replace")
+        return text, list(raw)
 
     def chat_entry(self, lp: TokenLogprob) -> dict:
         text, raw = self.token(lp.token_id)
@@ -74,7 +81,7 @@ class LogprobFormat:
             out["top_logprobs"].append(
                 {self.token(i)[0]: v for i, v in lp.top} if lp.logprob is not None else None)
             out["text_offset"].append(offset)
-            offset += len(text)
+            offset += len(self.text(lp.token_id))
         return out
 
 

@@ -35,9 +35,29 @@ class Served:
     decoder_factory: object  # tokenizer -> IncrementalDecoder
     created: int = 0  # unix time the model was loaded
 
-    @property
-    def logprob_format(self) -> LogprobFormat:
-        return LogprobFormat(self.tokenizer)
+    def logprob_format(self, token_ids: api.TokenIds = api.TokenIds()) -> LogprobFormat:
+        return LogprobFormat(self.tokenizer, token_ids.is_logprob_ids)
+
+
+class IdStream:
+    """return_token_ids in a stream: each chunk carries the ids released since the last one;
+    the final chunk carries the rest of FinishEvent.token_ids (a stop token included)."""
+
+    def __init__(self, is_on: bool):
+        self.is_on, self.pending, self.num_sent = is_on, [], 0
+
+    def add(self, event):
+        if self.is_on and isinstance(event, TokenEvent):
+            self.pending.append(event.token_id)
+
+    def take(self, finish: FinishEvent | None = None) -> dict:
+        """The choice fields for the next chunk ({} when the option is off)."""
+        if not self.is_on:
+            return {}
+        ids = list(finish.token_ids[self.num_sent:]) if finish is not None else self.pending
+        self.num_sent += len(ids)
+        self.pending = []
+        return {"token_ids": ids}
 
 
 def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling: api.Sampling,
@@ -109,9 +129,9 @@ def chat_completions(served: Served, ex):
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, req.num_top_logprobs)
     parser = new_output_parser(served.chat, is_tools, prompt)
     shaper = Shaper(served.model_id, "chatcmpl")
-    lp = served.logprob_format if req.num_top_logprobs is not None else None
+    lp = served.logprob_format(req.token_ids) if req.num_top_logprobs is not None else None
     if req.stream:
-        return _stream_chat(seq, ex, parser, shaper, lp, req)
+        return _stream_chat(seq, ex, parser, shaper, lp, req, prompt_ids)
     deltas, logprobs = [], [] if lp else None
     for event in events(seq, ex):
         deltas += parser.feed(event.text)
@@ -120,9 +140,13 @@ def chat_completions(served: Served, ex):
     deltas += parser.finish()
     content, reasoning = merge_deltas(deltas)
     finish = chat_finish_reason(event.reason, parser.tool_calls)
-    return shaper.chat_response(chat_message(content, reasoning, parser.tool_calls), finish,
+    body = shaper.chat_response(chat_message(content, reasoning, parser.tool_calls), finish,
                                 logprobs, event.num_prompt_tokens, event.num_completion_tokens,
                                 user_stop(event, req.sampling))
+    if req.token_ids.is_returned:  # vLLM: prompt ids on the response, output ids per choice
+        body["prompt_token_ids"] = prompt_ids
+        body["choices"][0]["token_ids"] = list(event.token_ids)
+    return body
 
 
 def user_stop(event: FinishEvent, sampling: api.Sampling) -> str | None:
@@ -130,11 +154,16 @@ def user_stop(event: FinishEvent, sampling: api.Sampling) -> str | None:
     return event.stop_string if event.stop_string in sampling.stop else None
 
 
-def _stream_chat(seq, ex, parser, shaper, lp, req):
-    start_stream(seq, ex, sse(shaper.chat_chunk({"role": "assistant", "content": ""})))
+def _stream_chat(seq, ex, parser, shaper, lp, req, prompt_ids):
+    ids = IdStream(req.token_ids.is_returned)
+    first = shaper.chat_chunk({"role": "assistant", "content": ""})
+    if ids.is_on:
+        first["prompt_token_ids"] = prompt_ids
+    start_stream(seq, ex, sse(first))
     pending = []  # logprob entries not yet attached to a chunk
     try:
         for event in events(seq, ex):
+            ids.add(event)
             if isinstance(event, TokenEvent) and lp and event.logprob:
                 pending.append(lp.chat_entry(event.logprob))
             deltas = parser.feed(event.text)
@@ -144,11 +173,14 @@ def _stream_chat(seq, ex, parser, shaper, lp, req):
                 if isinstance(delta, ContentDelta) and not delta.text:
                     continue
                 chunk = shaper.chat_chunk(delta_dict(delta), logprobs=pending if lp else None)
+                chunk["choices"][0].update(ids.take())
                 send_events(seq, ex, sse(chunk))
                 pending = []
         finish = chat_finish_reason(event.reason, parser.tool_calls)
-        tail = sse(shaper.chat_chunk({}, finish, logprobs=pending if pending else None,
-                                     stop_reason=user_stop(event, req.sampling)))
+        last = shaper.chat_chunk({}, finish, logprobs=pending if pending else None,
+                                 stop_reason=user_stop(event, req.sampling))
+        last["choices"][0].update(ids.take(event))
+        tail = sse(last)
         if req.include_usage:
             tail += sse(shaper.usage_chunk("chat.completion.chunk", event.num_prompt_tokens,
                                            event.num_completion_tokens))
@@ -174,9 +206,9 @@ def completions(served: Served, ex):
     num_top = req.num_top_logprobs
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, num_top,
                  is_prompt_logprobs=req.echo and num_top is not None)
-    shaper, lp = Shaper(served.model_id, "cmpl"), served.logprob_format
+    shaper, lp = Shaper(served.model_id, "cmpl"), served.logprob_format(req.token_ids)
     if req.stream:
-        return _stream_completion(seq, ex, shaper, lp, req, prompt_text)
+        return _stream_completion(seq, ex, shaper, lp, req, prompt_text, prompt_ids)
     text, entries = prompt_text if req.echo else "", []
     for event in events(seq, ex):
         if isinstance(event, PromptLogprobsEvent):
@@ -186,31 +218,40 @@ def completions(served: Served, ex):
         if isinstance(event, TokenEvent) and event.logprob:
             entries.append(event.logprob)
     logprobs = lp.legacy(entries, 0) if num_top is not None else None
-    return shaper.completion(shaper.text_choice(text, event.reason, logprobs),
-                             usage(event.num_prompt_tokens, event.num_completion_tokens))
+    choice = shaper.text_choice(text, event.reason, logprobs)
+    if req.token_ids.is_returned:  # vLLM: both on the choice for completions
+        choice.update(prompt_token_ids=prompt_ids, token_ids=list(event.token_ids))
+    return shaper.completion(choice, usage(event.num_prompt_tokens, event.num_completion_tokens))
 
 
-def _stream_completion(seq, ex, shaper, lp, req, prompt_text: str):
+def _stream_completion(seq, ex, shaper, lp, req, prompt_text: str, prompt_ids: list[int]):
     is_logprobs = req.num_top_logprobs is not None
     echoed = prompt_text if req.echo else ""
-    start_stream(seq, ex, sse(shaper.completion(shaper.text_choice(echoed, None, None))))
+    ids = IdStream(req.token_ids.is_returned)
+    first = shaper.text_choice(echoed, None, None)
+    if ids.is_on:
+        first.update(prompt_token_ids=prompt_ids, token_ids=[])
+    start_stream(seq, ex, sse(shaper.completion(first)))
     prompt_offset, offset = 0, len(echoed)  # text_offset of the next prompt / generated token
     try:
         for event in events(seq, ex):
+            ids.add(event)
             if isinstance(event, FinishEvent):
-                tail = sse(shaper.completion(shaper.text_choice(event.text, event.reason, None)))
+                last = shaper.text_choice(event.text, event.reason, None)
+                tail = sse(shaper.completion({**last, **ids.take(event)}))
                 if req.include_usage:
                     tail += sse(shaper.usage_chunk("text_completion", event.num_prompt_tokens,
                                                    event.num_completion_tokens))
                 return send_events(seq, ex, tail + DONE, last=True)
             if isinstance(event, PromptLogprobsEvent):  # echo: logprobs of the prompt tokens
                 text, entries, start = "", list(event.entries), prompt_offset
-                prompt_offset += sum(len(lp.token(e.token_id)[0]) for e in entries)
+                prompt_offset += sum(len(lp.text(e.token_id)) for e in entries)
             else:
                 text, entries, start = event.text, [event.logprob] if event.logprob else [], offset
                 offset += len(text)
             logprobs = lp.legacy(entries, start) if is_logprobs and entries else None
-            send_events(seq, ex, sse(shaper.completion(shaper.text_choice(text, None, logprobs))))
+            choice = {**shaper.text_choice(text, None, logprobs), **ids.take()}
+            send_events(seq, ex, sse(shaper.completion(choice)))
     except EngineError as exc:
         send_events(seq, ex, sse(exc.body()) + DONE, last=True)
         ex.status = exc.status

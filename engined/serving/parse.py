@@ -22,6 +22,14 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class TokenIds:
+    """vLLM's token-id options: `return_token_ids` adds prompt_token_ids and per-choice
+    token_ids; `return_tokens_as_token_ids` writes logprob tokens as "token_id:N"."""
+    is_returned: bool = False
+    is_logprob_ids: bool = False
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     messages: Any  # validated by ChatFormat.render (engined.chat.messages)
     tools: Any
@@ -31,6 +39,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     num_top_logprobs: int | None  # None: no logprobs
+    token_ids: TokenIds = TokenIds()
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,7 @@ class CompletionRequest:
     include_usage: bool
     echo: bool
     num_top_logprobs: int | None
+    token_ids: TokenIds = TokenIds()
 
 
 def _get(body: dict, name: str, kinds: tuple, what: str, default: Any = None) -> Any:
@@ -93,6 +103,11 @@ def _parse_stream(body: dict) -> tuple[bool, bool]:
     return stream, include_usage
 
 
+def _parse_token_ids(body: dict) -> TokenIds:
+    return TokenIds(_get(body, "return_token_ids", (bool,), "a boolean", False),
+                    _get(body, "return_tokens_as_token_ids", (bool,), "a boolean", False))
+
+
 def _check_n(body: dict):
     n = _get(body, "n", (int,), "an integer", 1)
     _check(n == 1, "n", "must be 1: this engine returns one choice per request")
@@ -114,7 +129,7 @@ def parse_chat(body: Any) -> ChatRequest:
         _check(0 <= top <= MAX_TOP_LOGPROBS, "top_logprobs", f"must be 0..{MAX_TOP_LOGPROBS}")
     stream, include_usage = _parse_stream(body)
     return ChatRequest(messages, body.get("tools"), body.get("tool_choice"), max_tokens,
-                       parse_sampling(body), stream, include_usage, top)
+                       parse_sampling(body), stream, include_usage, top, _parse_token_ids(body))
 
 
 def parse_prompt(prompt: Any) -> tuple[str | None, list[int] | None]:
@@ -144,7 +159,7 @@ def parse_completion(body: Any) -> CompletionRequest:
     _check(max_tokens > 0 or echo, "max_tokens", "must be at least 1 (0 only with echo)")
     stream, include_usage = _parse_stream(body)
     return CompletionRequest(text, ids, max_tokens, parse_sampling(body), stream,
-                             include_usage, echo, top)
+                             include_usage, echo, top, _parse_token_ids(body))
 
 
 def fit_context(num_prompt_tokens: int, max_tokens: int | None, max_context: int) -> int:

@@ -44,7 +44,7 @@ def tokenize(served: Served, ex):
         raise InvalidRequest("give either prompt (a string) or messages", param="prompt")
     out = {"count": len(ids), "max_model_len": served.max_context, "tokens": ids}
     if api._get(body, "return_token_strs", (bool,), "a boolean", False):
-        out["token_strs"] = [served.logprob_format.token(i)[0] for i in ids]
+        out["token_strs"] = [served.logprob_format().token(i)[0] for i in ids]
     return out
 
 
