@@ -23,9 +23,9 @@ from proxy import canonical as c
 from proxy import sse
 from proxy.dialects import common as d
 from proxy.errors import InvalidRequest, from_exception
-from proxy.upstream.payload import build_payload, tool_to_openai
 from proxy.pipeline import Options, Pipeline, chunks_from_json, one_call_at_a_time
 from proxy.toolcalls import get_parser
+from proxy.upstream.payload import build_payload, tool_to_openai
 
 log = logging.getLogger("kimi.proxy")
 _END = object()

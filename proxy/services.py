@@ -10,8 +10,8 @@ import logging
 import time
 
 from proxy import canonical as c
-from proxy.metrics import Metrics
 from proxy.cassettes.record import Recorder
+from proxy.metrics import Metrics
 from proxy.state import open_state
 from proxy.upstream.client import Upstream
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 
 from proxy import canonical as c
-from proxy.dialects import common as d
+from proxy.dialects import common as d, responses_state
 from proxy.dialects.responses_out import render_response, stream  # noqa: F401 - dialect API
-from proxy.dialects import responses_state
 from proxy.dialects.responses_state import complete  # noqa: F401 - dialect API
 from proxy.errors import InvalidRequest, ProxyError, openai_body
 

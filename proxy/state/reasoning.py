@@ -39,7 +39,7 @@ import uuid
 import zlib
 from dataclasses import dataclass, field
 
-from .store import as_database
+from proxy.state.store import as_database
 from proxy.toolcalls.think import split_think
 
 INLINE_PREFIX, LEDGER_PREFIX = "klr1.", "kll1."

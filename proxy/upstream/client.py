@@ -15,8 +15,8 @@ import threading
 from urllib.parse import urlsplit
 
 from proxy import sse
-from proxy.upstream.http11 import Connection, Response
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from proxy.upstream.http11 import Connection, Response
 
 
 class Target:
