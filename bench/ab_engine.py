@@ -91,7 +91,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     med = {s: [statistics.median(r[i] for r in runs[s]) for i in (0, 1)] for s in runs}
     load = os.getloadavg()[0]
-    rows = [f"| side | decode tok/s | prefill tok/s |", "|---|---:|---:|",
+    rows = ["| side | decode tok/s | prefill tok/s |", "|---|---:|---:|",
             f"| A: {args.base} | {med['A'][0]:.1f} | {med['A'][1]:.0f} |",
             f"| B: working tree | {med['B'][0]:.1f} | {med['B'][1]:.0f} |",
             f"| B/A | {med['B'][0] / med['A'][0]:.3f} | {med['B'][1] / med['A'][1]:.3f} |",
