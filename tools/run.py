@@ -1,4 +1,5 @@
-"""`make run`: start kimi-engine and kimi-proxy in the foreground; Ctrl-C stops both cleanly.
+"""`make run`: start kimi-engine and kimi-proxy in the foreground; Ctrl-C, SIGTERM or SIGHUP
+(a closed terminal) stops both cleanly.
 
 The engine serves the embedded default model on its default socket; the proxy listens on
 127.0.0.1:8080 (override with KIMI_RUN_PORT) and prints the client set-up lines once the
@@ -27,10 +28,28 @@ def engine_ready(sock_path: str) -> bool:
         return False
 
 
-def wait_for_engine(engine: subprocess.Popen, sock_path: str) -> bool:
+class StopSignals:
+    """SIGTERM and SIGHUP only set a flag (the children never see them: they are not sent to
+    the process group); the wait loops poll it and `stop` then ends both children. Ctrl-C
+    reaches the children itself, so SIGINT is only noted."""
+
+    def __init__(self):
+        self.received: int | None = None
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self.received = signum
+
+    @property
+    def is_stop_requested(self) -> bool:
+        return self.received in (signal.SIGTERM, signal.SIGHUP)
+
+
+def wait_for_engine(engine: subprocess.Popen, sock_path: str, signals: StopSignals) -> bool:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
-        if engine.poll() is not None:
+        if engine.poll() is not None or signals.is_stop_requested:
             return False
         if engine_ready(sock_path):
             return True
@@ -54,20 +73,22 @@ def main() -> int:
 
     sock_path = str(default_socket_path())
     port = os.environ.get("KIMI_RUN_PORT", "8080")
+    signals = StopSignals()  # before the first child: no moment leaves one behind
     engine = subprocess.Popen([BIN / "kimi-engine", "serve", "--model", "default",
                                "--socket", sock_path])
     procs = [engine]
-    signal.signal(signal.SIGINT, lambda *_: None)  # children get Ctrl-C too; we wait for them
     try:
-        if not wait_for_engine(engine, sock_path):
+        if not wait_for_engine(engine, sock_path, signals):
+            if signals.is_stop_requested:
+                return 128 + signals.received
             print("kimi-engine did not become ready; see its messages above", file=sys.stderr)
             return 1
         proxy = subprocess.Popen([BIN / "kimi-proxy", "serve", "--upstream", f"unix://{sock_path}",
                                   "--port", port])
         procs.append(proxy)
-        while all(p.poll() is None for p in procs):
-            time.sleep(0.5)
-        return 0
+        while all(p.poll() is None for p in procs) and not signals.is_stop_requested:
+            time.sleep(0.2)
+        return 128 + signals.received if signals.is_stop_requested else 0
     finally:
         stop(procs)
         print("kimi-local stopped", file=sys.stderr)
