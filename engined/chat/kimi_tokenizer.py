@@ -6,13 +6,15 @@ Same methods as engined.chat.tokenizer.Tokenizer, so IncrementalDecoder works un
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import re
 
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
-from engined.chat.errors import ChatInputError, UnsupportedTokenizer
+from engined.chat.errors import ChatInputError, PromptTooLong, UnsupportedTokenizer
+from engined.chat.tokenizer import covered_size
 
 NUM_RESERVED = 256
 MAX_PIECE = 400_000   # Moonshot's guard rails: tiktoken can panic on huge inputs
@@ -66,6 +68,8 @@ class KimiTokenizer:
         self.bos_id = specials.get(bos_token) if bos_token else None
         self.eos_id = specials.get(eos_token or "[EOS]")
         self.add_bos_token = False
+        self.longest_token_bytes = max(len(b) for b in self._bytes)
+        self._uncovered = bytes(b for b in range(256) if bytes([b]) not in ranks)
 
     @classmethod
     def from_dir(cls, path) -> "KimiTokenizer":
@@ -86,14 +90,26 @@ class KimiTokenizer:
         names = {int(i): e["content"] for i, e in (cfg.get("added_tokens_decoder") or {}).items()}
         return cls(ranks, names, _token(cfg.get("bos_token")), _token(cfg.get("eos_token")))
 
-    def encode(self, text: str, allow_special: bool = True, add_bos: bool = False) -> list[int]:
-        """Token ids; with allow_special=False a "<|im_end|>" in user text stays plain text."""
+    def encode(self, text: str, allow_special: bool = True, add_bos: bool = False,
+               limit: int | None = None) -> list[int]:
+        """Token ids; with allow_special=False a "<|im_end|>" in user text stays plain text.
+        With a limit, more ids than that raise PromptTooLong: at once when the text's size
+        alone says so, else after the piece that passes it (tiktoken releases the GIL)."""
         if not isinstance(text, str):
             raise ChatInputError(f"text to tokenize must be a string, got {type(text).__name__}")
+        ids = [self.bos_id] if add_bos and self.bos_id is not None else []
+        if limit is not None and len(ids) + self.min_tokens(text) > limit:
+            raise PromptTooLong(len(ids) + self.min_tokens(text), limit)
         allowed = "all" if allow_special else set()
-        ids = [i for piece in _pieces(text)
-               for i in self._enc.encode(piece, allowed_special=allowed, disallowed_special=())]
-        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + ids
+        for piece in _pieces(text):
+            ids += self._enc.encode(piece, allowed_special=allowed, disallowed_special=())
+            if limit is not None and len(ids) > limit:
+                raise PromptTooLong(len(ids), limit)
+        return ids
+
+    def min_tokens(self, text: str) -> int:
+        """A floor on the token count: each token is at most `longest_token_bytes` bytes."""
+        return math.ceil(covered_size(text, self._uncovered) / self.longest_token_bytes)
 
     def decode(self, ids, skip_special: bool = False) -> str:
         self._check_ids(ids)

@@ -8,18 +8,31 @@ HF's SmolLM2 tokenizer.json says the same: Digits(individual_digits) + ByteLevel
 
 Control tokens (<|im_start|>, <|im_end|>, <|endoftext|>, ...) are added as special
 tokens, so they match atomically; user-defined tokens are added as plain added tokens.
+
+`encode(text, limit=N)` never tokenizes all of a text far over N tokens: every token stands
+for at most `longest_token_bytes` bytes, so a text of B bytes has at least
+ceil(B / longest) tokens and is refused before any work; below that floor the text is
+encoded piece by piece (cut where every GPT-2 split cuts anyway, so the ids equal one
+whole encode) and refused once past N. Pieces go through `encode_batch`, which releases the
+GIL, so other requests' threads keep running meanwhile.
 """
 from __future__ import annotations
 
 import codecs
+import math
+import re
 import threading
 
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
-from engined.chat.errors import ChatInputError, UnsupportedTokenizer
+from engined.chat.errors import ChatInputError, PromptTooLong, UnsupportedTokenizer
 from engined.chat.gguf_text import TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, GGUFText
 
+PIECE_CHARS = 16_384  # text per encode call: a limit is noticed within one piece of it
+# "letter|space letter": GPT-2's split ends a letter run before the space and starts
+# " ?\p{L}+" at it, whatever comes before or after, so a piece ending here encodes alike.
+_CUT = re.compile(r"[A-Za-z](?= [A-Za-z])")
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 PRE_TOKENIZER_SPLITS = {
@@ -74,11 +87,19 @@ class Tokenizer:
         self._plain_backend: tokenizers.Tokenizer | None = None  # special tokens read as text
         self._lock = threading.Lock()
         self._token_bytes: list[bytes] | None = None
+        self._longest: int | None = None
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.special_ids = special_ids
         self.add_bos_token = add_bos
+        added = backend.get_added_tokens_decoder().values()
+        # An added token that holds a space, or strips or bounds itself, could span a cut.
+        self._can_cut = not any(" " in t.content or t.lstrip or t.rstrip or t.single_word
+                                for t in added)
+        # Bytes with no token of their own (0xc0, 0xff, some controls) may be in no token.
+        self._uncovered = bytes(b for c, b in _byte_alphabet().items()
+                                if backend.token_to_id(c) is None)
 
     @classmethod
     def from_gguf_text(cls, text: GGUFText) -> "Tokenizer":
@@ -88,16 +109,44 @@ class Tokenizer:
     def to_json(self) -> str:
         return self._backend.to_str()
 
-    def encode(self, text: str, allow_special: bool = True, add_bos: bool = False) -> list[int]:
+    def encode(self, text: str, allow_special: bool = True, add_bos: bool = False,
+               limit: int | None = None) -> list[int]:
         """Token ids of `text`. With allow_special=False, "<|im_end|>" in user text is plain text.
-        add_bos prepends BOS (callers pass `add_bos_token` for raw prompts; chat templates write their own)."""
+        add_bos prepends BOS (callers pass `add_bos_token` for raw prompts; chat templates write their own).
+        With a limit, more ids than that raise PromptTooLong, usually long before the end."""
         if not isinstance(text, str):
             raise ChatInputError(f"text to tokenize must be a string, got {type(text).__name__}")
+        ids = [self.bos_id] if add_bos and self.bos_id is not None else []
+        if limit is not None and len(ids) + self.min_tokens(text) > limit:
+            raise PromptTooLong(len(ids) + self.min_tokens(text), limit)
         backend = self._backend if allow_special else self._plain()
-        ids = backend.encode(text, add_special_tokens=False).ids
-        if add_bos and self.bos_id is not None:
-            ids.insert(0, self.bos_id)
+        for piece in self._pieces(text):
+            ids += backend.encode_batch([piece], add_special_tokens=False)[0].ids
+            if limit is not None and len(ids) > limit:
+                raise PromptTooLong(len(ids), limit)
         return ids
+
+    def min_tokens(self, text: str) -> int:
+        """A floor on the token count of `text`: each of its bytes that has a token is in
+        one, and a token stands for at most `longest_token_bytes` bytes."""
+        return math.ceil(covered_size(text, self._uncovered) / self.longest_token_bytes)
+
+    @property
+    def longest_token_bytes(self) -> int:
+        if self._longest is None:
+            self._longest = max(len(self.token_bytes(i)) for i in range(self.vocab_size))
+        return self._longest
+
+    def _pieces(self, text: str):
+        """Cuts at _CUT points about every PIECE_CHARS; the rest whole if none is left."""
+        start = 0
+        while self._can_cut and len(text) - start > PIECE_CHARS:
+            cut = _CUT.search(text, start + PIECE_CHARS)
+            if cut is None:
+                break
+            yield text[start:cut.end()]
+            start = cut.end()
+        yield text[start:] if start else text
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         self._check_ids(ids)
@@ -141,6 +190,14 @@ class Tokenizer:
             table.append(bytes(alphabet[c] for c in token) if all(c in alphabet for c in token)
                          else token.encode("utf-8"))
         return table
+
+
+def covered_size(text: str, uncovered: bytes) -> int:
+    """The UTF-8 size of `text`, less its bytes that are in `uncovered`."""
+    if text.isascii():
+        return len(text) - sum(text.count(chr(b)) for b in uncovered if b < 0x80)
+    data = text.encode("utf-8", "surrogatepass")
+    return len(data) - sum(data.count(b) for b in uncovered)
 
 
 class IncrementalDecoder:

@@ -9,9 +9,10 @@ import time
 from dataclasses import dataclass
 
 from engined.serving import parse as api
+from engined.chat.errors import PromptTooLong
 from engined.chat.messages import forced_tool, normalize_tools
 from engined.chat.output import ContentDelta, OutputParser
-from engined.errors import EngineError, InvalidRequest
+from engined.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from engined.serving.bodies import (DONE, LogprobFormat, Shaper, chat_finish_reason, chat_message,
                                delta_dict, merge_deltas, sse, usage)
 from engined.engine.sequence import (ErrorEvent, FinishEvent, PromptLogprobsEvent, SamplingParams,
@@ -58,6 +59,18 @@ class IdStream:
         self.num_sent += len(ids)
         self.pending = []
         return {"token_ids": ids}
+
+
+def encode_prompt(served: Served, text: str, add_bos: bool = False) -> list[int]:
+    """Token ids of a prompt that can fit the context; one that cannot is refused as soon as
+    that is sure, without tokenizing all of it (a 16 MiB prompt: at once, from its size)."""
+    try:
+        return served.tokenizer.encode(text, add_bos=add_bos, limit=served.max_context)
+    except PromptTooLong as exc:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {served.max_context} tokens. However, "
+            f"your messages resulted in at least {exc.num_tokens} tokens. Please reduce the "
+            "length of the messages.", param="messages") from None
 
 
 def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling: api.Sampling,
@@ -123,7 +136,7 @@ def new_output_parser(chat, is_tools: bool, prompt: str):
 def chat_completions(served: Served, ex):
     req = api.parse_chat(ex.json_body())
     prompt = served.chat.render(req.messages, req.tools, True, req.tool_choice)
-    prompt_ids = served.tokenizer.encode(prompt)
+    prompt_ids = encode_prompt(served, prompt)
     max_tokens = api.fit_context(len(prompt_ids), req.max_tokens, served.max_context)
     is_tools = forced_tool(req.tool_choice, normalize_tools(req.tools)) is not None
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, req.num_top_logprobs)
@@ -199,7 +212,7 @@ def completions(served: Served, ex):
         prompt_text = tokenizer.decode(prompt_ids)
     else:
         prompt_text = req.prompt_text
-        prompt_ids = tokenizer.encode(prompt_text, add_bos=tokenizer.add_bos_token)
+        prompt_ids = encode_prompt(served, prompt_text, add_bos=tokenizer.add_bos_token)
     if not prompt_ids:
         raise InvalidRequest("prompt is empty", param="prompt")
     max_tokens = api.fit_context(len(prompt_ids), req.max_tokens, served.max_context)

@@ -35,11 +35,11 @@ def tokenize(served: Served, ex):
         add_generation_prompt = api._get(body, "add_generation_prompt", (bool,), "a boolean", True)
         text = served.chat.render(body["messages"], body.get("tools"), add_generation_prompt,
                                   body.get("tool_choice"))
-        ids = served.tokenizer.encode(text)
+        ids = generate.encode_prompt(served, text)
     elif isinstance(body.get("prompt"), str):
         add_special = api._get(body, "add_special_tokens", (bool,), "a boolean", True)
-        ids = served.tokenizer.encode(body["prompt"],
-                                      add_bos=add_special and served.tokenizer.add_bos_token)
+        ids = generate.encode_prompt(served, body["prompt"],
+                                     add_bos=add_special and served.tokenizer.add_bos_token)
     else:
         raise InvalidRequest("give either prompt (a string) or messages", param="prompt")
     out = {"count": len(ids), "max_model_len": served.max_context, "tokens": ids}
