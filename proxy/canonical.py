@@ -102,6 +102,7 @@ class Request:
     include_usage: bool | None = None  # Chat: stream_options.include_usage (None = unset)
     reasoning_effort: str | None = None
     thinking_enabled: bool | None = None  # None = the client did not say
+    is_reasoning_withheld: bool = False   # Anthropic thinking.display "omitted": signature only
     parallel_tool_calls: bool | None = None
     metadata: dict = field(default_factory=dict)
     passthrough: dict = field(default_factory=dict)  # unknown top-level keys for the engine

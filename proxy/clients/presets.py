@@ -17,6 +17,10 @@ Fields:
 * ``passthrough_model``: regex on the requested model sent to the upstream unchanged.
 * ``models``: names advertised by ``/v1/models`` for this client.
 
+No preset adds the Chat stream's usage chunk when the request does not ask for it: of the
+captured Chat clients, Cline and opencode send ``stream_options.include_usage``, and Aider,
+which does not, needs no usage chunk (it reads none from OpenAI either).
+
 Signals used to detect each client live in ``proxy/clients/detect.py``.
 """
 from __future__ import annotations
@@ -114,9 +118,9 @@ SETUP_LINES = {
     "claude-code": "ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN={token} ANTHROPIC_MODEL={model} claude",
     "codex": ('codex -c model_provider=kimi -c model="{model}" -c model_providers.kimi.name=kimi '
               '-c model_providers.kimi.base_url={base}/v1 -c model_providers.kimi.wire_api=responses '
-              '-c model_providers.kimi.env_key=KIMI_API_KEY   # with KIMI_API_KEY={token}'),
+              '-c model_providers.kimi.env_key=KIMI_API_KEY   # {codex_note}'),
     "opencode": ('opencode.json provider: {{"npm":"@ai-sdk/openai-compatible","options":'
-                 '{{"baseURL":"{base}/v1","apiKey":"{token}"}},"models":{{"{model}":{{"tool_call":true}}}}}}'),
+                 '{{"baseURL":"{base}/v1","apiKey":"{json_token}"}},"models":{{"{model}":{{"tool_call":true}}}}}}'),
     "aider": "OPENAI_API_BASE={base}/v1 OPENAI_API_KEY={token} aider --model openai/{model}",
     "openai-sdk": "OPENAI_BASE_URL={base}/v1 OPENAI_API_KEY={token}",
     "anthropic-sdk": "ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY={token}",
@@ -124,6 +128,10 @@ SETUP_LINES = {
 
 
 def setup_text(base: str, model: str, token: str = "local") -> str:
-    """Copy-paste set-up lines printed at start-up, one ``client: line`` per client."""
-    return "\n".join(f"{client}: {line.format(base=base, model=model, token=token)}"
-                     for client, line in SETUP_LINES.items())
+    """Copy-paste set-up lines printed at start-up, one ``client: line`` per client. A token
+    "$VAR" is read from that variable (opencode's JSON spells it {env:VAR})."""
+    is_var = token.startswith("$")
+    fields = {"base": base, "model": model, "token": token,
+              "json_token": "{env:" + token[1:] + "}" if is_var else token,
+              "codex_note": f"with {token[1:]} exported" if is_var else f"with KIMI_API_KEY={token}"}
+    return "\n".join(f"{client}: {line.format(**fields)}" for client, line in SETUP_LINES.items())

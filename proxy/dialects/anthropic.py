@@ -1,9 +1,10 @@
 """Anthropic Messages <-> canonical.
 
-Ingress: `system` blocks, `role:"system"` messages kept in place, thinking blocks with
-their signatures, tool_result blocks (with `is_error` and images) hoisted into a tool
+Ingress: `system` blocks (less Claude Code's billing block), `role:"system"` messages kept
+in place, thinking blocks with their signatures, tool_result blocks (with `is_error` and images) hoisted into a tool
 message before the rest of the user turn, images, text documents, tool_choice,
-`stop_sequences`, `thinking` and `output_config.effort`. Server tools (typed tools such
+`stop_sequences`, `thinking` (with `display: "omitted"`) and `output_config.effort`; a
+missing `max_tokens` is a 400, as the API documents. Server tools (typed tools such
 as `web_search_20250305`) are not sent to the engine.
 Egress lives in anthropic_out.py.
 """
@@ -21,6 +22,9 @@ TURN_ID_PREFIX = "msg_"
 INPUT_FIELD = "messages"
 INTERLEAVED_CALLS = False  # one tool_use block open at a time
 EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+# Claude Code's first system block; a per-request `cch=` in it would defeat prefix reuse from
+# token 0. It means nothing to the model, so it never goes upstream (detection reads the body).
+BILLING_PREFIX = "x-anthropic-billing-header:"
 
 
 def to_engine_id(client_id: str) -> str:
@@ -41,15 +45,23 @@ def parse_request(body, policy) -> c.Request:
         dropped_tools=tuple(str(t.get("type")) for t in d.list_of_objects(body, "tools")
                             if _tool(t) is None),
         tool_choice=_tool_choice(body.get("tool_choice")),
-        max_tokens=d.opt_int(body, "max_tokens") or policy.max_tokens,
+        max_tokens=_max_tokens(body),
         temperature=d.or_default(d.opt_float(body, "temperature"), policy.temperature),
         top_p=d.opt_float(body, "top_p"), top_k=d.opt_int(body, "top_k"),
         stop=d.stop_list(body.get("stop_sequences"), "stop_sequences"),
         stream=bool(d.opt_bool(body, "stream")),
         reasoning_effort=_effort(body, thinking) or policy.effort, thinking_enabled=enabled,
+        is_reasoning_withheld=bool(thinking) and thinking.get("display") == "omitted",
         parallel_tool_calls=_parallel(body.get("tool_choice")),
         metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
         passthrough=_output_format(body))
+
+
+def _max_tokens(body: dict) -> int:
+    """Required by the Messages API: the official SDKs and every captured client send it."""
+    if body.get("max_tokens") is None:
+        raise InvalidRequest("`max_tokens` is required", param="max_tokens")
+    return d.opt_int(body, "max_tokens")
 
 
 def _output_format(body: dict) -> dict:
@@ -79,7 +91,8 @@ def _system(system) -> list[c.Message]:
     if not isinstance(system, list):
         raise InvalidRequest("`system` must be a string or a list of text blocks", param="system")
     return [c.Message("system", (c.Text(b["text"]),)) for b in system
-            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) and b["text"]]
+            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) and b["text"]
+            and not b["text"].startswith(BILLING_PREFIX)]
 
 
 def _message(m: dict, i: int) -> list[c.Message]:

@@ -2,7 +2,8 @@
 
 Stream: message_start and a ping before the engine's first token, pings while it is
 quiet, one content block open at a time with indices 0..n-1, the signature_delta inside
-its thinking block, message_delta (with `stop_sequence`) and message_stop.
+its thinking block, message_delta (with `stop_sequence`) and message_stop. Under
+`thinking.display: "omitted"` a thinking block carries no text, only its signature.
 """
 from __future__ import annotations
 
@@ -34,10 +35,11 @@ def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> d
     if _shows_thinking(req, policy):
         for r in resp.reasoning():
             content.append({"type": "redacted_thinking", "data": r.signature or ""} if r.redacted
-                           else {"type": "thinking", "thinking": r.text, "signature": r.signature or ""})
+                           else {"type": "thinking", "thinking": "" if req.is_reasoning_withheld else r.text,
+                                 "signature": r.signature or ""})
     text = resp.text()
     reasoning = "".join(r.text for r in resp.reasoning() if not r.redacted)
-    if policy.reasoning == "inline_tags" and reasoning:
+    if policy.reasoning == "inline_tags" and reasoning and not req.is_reasoning_withheld:
         text = f"<think>{reasoning}</think>{text}"
     if text:
         content.append({"type": "text", "text": text})
@@ -84,7 +86,8 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
         "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": usage_body(c.Usage(turn.input_estimate))}}
     yield "ping", {"type": "ping"}
-    out = _Stream(turn, _shows_thinking(req, policy), policy.reasoning == "inline_tags")
+    is_inline = policy.reasoning == "inline_tags" and not req.is_reasoning_withheld
+    out = _Stream(turn, _shows_thinking(req, policy), is_inline, req.is_reasoning_withheld)
     for ev in events:
         yield from out.on(ev)
 
@@ -92,8 +95,9 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
 class _Stream:
     """Canonical events -> Anthropic frames, one handler per event type."""
 
-    def __init__(self, turn: d.Turn, shows_thinking: bool, is_inline: bool):
+    def __init__(self, turn: d.Turn, shows_thinking: bool, is_inline: bool, is_withheld: bool = False):
         self.turn, self.shows_thinking, self.is_inline = turn, shows_thinking, is_inline
+        self.is_withheld = is_withheld  # thinking.display "omitted": the block and signature, no text
         self.blocks = _Blocks()
         self.is_think_open = False
 
@@ -110,7 +114,8 @@ class _Stream:
     def _ReasoningDelta(self, ev: c.ReasoningDelta) -> Iterator:
         if self.shows_thinking:
             yield from self._ensure("thinking", {"type": "thinking", "thinking": ""})
-            yield self.blocks.delta({"type": "thinking_delta", "thinking": ev.text})
+            if not self.is_withheld:
+                yield self.blocks.delta({"type": "thinking_delta", "thinking": ev.text})
         elif self.is_inline:
             yield from self._ensure("text", {"type": "text", "text": ""})
             if not self.is_think_open:

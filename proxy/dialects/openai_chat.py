@@ -3,8 +3,8 @@
 Ingress keeps system/developer messages in place, carries `reasoning_content` (or
 `reasoning`) of echoed assistant turns, keeps tool-call arguments verbatim and rejects
 `n` > 1. Egress: unnamed `data:` chunks, a role opener first, reasoning by policy,
-tool calls per index, a finish chunk, the usage chunk unless the client opted out,
-then `[DONE]`.
+tool calls per index, a finish chunk, the usage chunk only when the client asked for it
+(`stream_options.include_usage`), then `[DONE]`.
 """
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
             yield frame
         elif isinstance(ev, c.StreamEnd):
             yield chunk({}, finish_reason(ev.finish_reason))
-            if req.include_usage is not False:
+            if req.include_usage:  # as OpenAI: no captured client needs it without asking
                 yield None, {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
                              "model": turn.client_model, "choices": [], "usage": usage_body(ev.usage)}
     yield d.DONE

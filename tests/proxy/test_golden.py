@@ -119,7 +119,8 @@ def test_anthropic_interleaved_parallel_calls_do_not_mix(run):
 def test_chat_stream_golden(run):
     reply = Reply.tools([("c1", "f", '{"x": 1}'), ("c2", "g", '{"y": 2}')], interleave=True)
     reply.deltas.insert(0, {"reasoning_content": "R"})
-    frames = run("/v1/chat/completions", {**CHAT_BODY, "stream": True, "tools": TOOLS}, reply)
+    body = {**CHAT_BODY, "stream": True, "tools": TOOLS, "stream_options": {"include_usage": True}}
+    frames = run("/v1/chat/completions", body, reply)
     assert all(e is None for e, _d in frames) and frames[-1][1] == "[DONE]"
     deltas = [d["choices"][0]["delta"] if d["choices"] else "usage" for _e, d in frames[:-1]]
     assert deltas[:2] == [{"role": "assistant", "content": ""}, {"reasoning_content": "R"}]

@@ -38,7 +38,7 @@ def test_chat_non_stream_and_stream(stack):
     out = oa(base).chat.completions.create(model="kimi", messages=[{"role": "user", "content": "hi"}])
     assert out.choices[0].message.content == "Hello there!"
     assert out.choices[0].finish_reason == "stop" and out.usage.prompt_tokens == 7
-    chunks = list(oa(base).chat.completions.create(model="kimi", stream=True,
+    chunks = list(oa(base).chat.completions.create(model="kimi", stream=True, stream_options={"include_usage": True},
                                                    messages=[{"role": "user", "content": "hi"}]))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello there!"
     assert chunks[-1].usage.completion_tokens == 5
