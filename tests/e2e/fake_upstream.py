@@ -6,7 +6,8 @@ Scenarios:
   text         one streamed (or JSON) answer.
   tool         turn 1 streams reasoning_content, then a native call of the shell-like tool the
                request declared, with arguments built from that tool's JSON schema; once a tool
-               result comes back, it answers with text quoting the result.
+               result comes back, it answers with `final_answer(result)`, a sentence that
+               appears neither in the command nor in its output.
   reasoning    reasoning_content deltas before text; turn 2 checks the reasoning came back.
   interleaved  two parallel tool calls whose argument fragments interleave.
 Turns are keyed on whether a tool result (or an earlier assistant turn) is present, since
@@ -22,7 +23,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 REASONING = "The user wants a shell command run; I will call the shell tool with echo."
 ANSWER = "Hello from the fake upstream."
 SHELL_HINTS = ("bash", "shell", "exec", "command", "terminal", "run")
-COMMAND = "echo tool-ran-ok"
+MARKER = "tool-ran-ok"
+COMMAND = f"echo {MARKER}"
+
+
+def final_answer(tool_result: str) -> str:
+    """The answer after the tool ran. It quotes the marker reversed, so a client that printed it
+    printed this answer, not the command or the tool's output."""
+    if MARKER in tool_result:
+        return f"After the tool ran: its output, reversed, reads {MARKER[::-1]}."
+    return "After the tool ran: its output lacked the marker."
 
 
 def shell_tool(tools: list[dict]) -> dict | None:
@@ -100,7 +110,7 @@ class Script:
         if self.scenario == "interleaved" and self.turn == 1:
             return self.interleaved(), "tool_calls"
         if self.scenario in ("tool", "interleaved") and self.tool_result is not None:
-            return self.text(f"The tool said: {self.tool_result.strip()}"), "stop"
+            return self.text(final_answer(self.tool_result)), "stop"
         if self.scenario == "reasoning":
             return self.reasoning() + self.text(ANSWER), "stop"
         return self.text(ANSWER), "stop"
