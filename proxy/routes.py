@@ -17,7 +17,8 @@ from proxy.upstream.payload import build_payload
 bp = Blueprint("kimi", __name__)
 log = logging.getLogger("kimi.proxy")
 DIALECT_OF_VIEW = {"chat_completions": openai_chat, "messages": anthropic, "count_tokens": anthropic,
-                   "responses": openai_responses, "get_response": openai_responses,
+                   "responses": openai_responses, "responses_compact": openai_responses,
+                   "get_response": openai_responses,
                    "delete_response": openai_responses}  # the others belong to no dialect
 
 
@@ -63,6 +64,13 @@ def messages():
 @bp.post("/responses")
 def responses():
     return _model_request(openai_responses, "responses")
+
+
+@bp.post("/v1/responses/compact")
+@bp.post("/responses/compact")
+def responses_compact():
+    """Codex's remote compaction: the model summarises `input` (proxy/dialects/responses_compact.py)."""
+    return _model_request(openai_responses, "responses_compact")
 
 
 @bp.get("/v1/responses/<response_id>")

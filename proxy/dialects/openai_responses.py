@@ -5,7 +5,8 @@ place, reasoning items (`encrypted_content` is the signature), function_call and
 function_call_output, custom (freeform) tools and their calls, `namespace` tools
 flattened into their functions, client-executed `tool_search` as a function, the named
 `tool_choice` form translated, and `previous_response_id` resolved (`prepare`, with
-the store in responses_state.py).
+the store in responses_state.py). Compaction (`/v1/responses/compact`, the
+`compaction_trigger` item, compaction items in `input`) lives in responses_compact.py.
 Hosted tools (web_search, image_generation, file_search, ...) run at OpenAI, so they are
 not offered to the engine. Client-only keys are not forwarded upstream.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 
 from proxy import canonical as c
-from proxy.dialects import common as d, responses_state
+from proxy.dialects import common as d, responses_compact, responses_state
 from proxy.dialects.responses_out import render_response, stream  # noqa: F401 - dialect API
 from proxy.dialects.responses_state import complete  # noqa: F401 - dialect API
 from proxy.errors import InvalidRequest, ProxyError, openai_body
@@ -74,6 +75,10 @@ def prepare(ctx, body: dict) -> c.Request:
         history = responses_state.history(ctx.services, req.previous_response_id)
         lead = [m for m in req.messages[:1] if m.role == "system" and body.get("instructions")]
         req = req.replace(messages=(*lead, *parse_input(history), *req.messages[len(lead):]))
+    kind = responses_compact.kind_of(ctx.route, body)
+    if kind:  # /v1/responses/compact, or Codex's compaction_trigger item: summarise instead
+        turn.extra["compaction"] = kind
+        req = responses_compact.summary_request(req, kind)
     return req
 
 
@@ -147,6 +152,8 @@ def _other_item(item: dict, i: int) -> c.Message | None:
         return c.Message("system" if role in ("system", "developer") else "user", parts)
     if kind in ("function_call_output", "custom_tool_call_output"):
         return c.Message("tool", (c.ToolResult(str(item.get("call_id") or ""), _output_text(item.get("output"))),))
+    if kind in responses_compact.ITEM_TYPES:
+        return responses_compact.message_of(item)
     return None  # hosted-tool items and item_reference carry nothing the engine can use
 
 

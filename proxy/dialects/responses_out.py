@@ -85,6 +85,9 @@ def call_item(turn, index, call_id, name, arguments, status) -> dict:
 
 
 def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> dict:
+    if turn.extra.get("compaction"):
+        from proxy.dialects import responses_compact
+        return responses_compact.render(turn, resp, envelope, usage_body)
     output = []
     if policy.reasoning == "responses_item":
         for r in resp.reasoning():
@@ -166,6 +169,10 @@ class _Items:
 
 
 def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
+    if turn.extra.get("compaction"):
+        from proxy.dialects import responses_compact
+        yield from responses_compact.stream(turn, events, _event, envelope)
+        return
     skeleton = envelope(turn, "in_progress", [], None)
     yield _event(turn, "response.created", response=skeleton)
     yield _event(turn, "response.in_progress", response=skeleton)

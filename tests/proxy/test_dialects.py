@@ -10,7 +10,7 @@ from proxy.dialects import anthropic, openai_chat, openai_responses
 API = ("NAME", "TURN_ID_PREFIX", "INPUT_FIELD", "INTERLEAVED_CALLS", "parse_request", "prepare", "complete",
        "render_response", "stream", "render_error", "stream_error")
 DIALECTS = {"anthropic": ("anthropic", "anthropic_out"), "openai_chat": ("openai_chat",),
-            "openai_responses": ("openai_responses", "responses_out", "responses_state")}
+            "openai_responses": ("openai_responses", "responses_out", "responses_state", "responses_compact")}
 
 
 @pytest.mark.parametrize("dialect", [anthropic, openai_chat, openai_responses])
