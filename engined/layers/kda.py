@@ -135,3 +135,23 @@ class KDA:
             o = chunked_kda(q, k, v, g, beta, state.S, self.scale)
         y = self.o_norm(o.to(a.dtype), heads(self.g_b_proj(self.g_a_proj(a))))
         return self.o_proj(y.reshape(t, -1).to(a.dtype))
+
+    def decode_batch(self, a: torch.Tensor, states: list[KDAState]) -> torch.Tensor:
+        """One token for each of B sequences, each with its own state (updated in place).
+        a: [B, D] -> [B, D]. The projections run once for all rows; the short conv and the
+        recurrent step run per row on that row's own window and state, so each row equals
+        its lone step."""
+        b, h = a.shape[0], self.num_heads
+        heads = lambda x: x.float().view(b, h, -1)  # noqa: E731  [B, H*K] -> [B, H, K]
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        qkv = []
+        for j, (proj, weight) in enumerate(zip((self.q_proj, self.k_proj, self.v_proj), convs)):
+            x = proj(a)                                         # [B, C]
+            qkv.append(torch.cat([short_conv(x[r:r + 1], weight, s.conv[j]) for r, s in enumerate(states)]))
+        q, k, v = l2norm(heads(qkv[0])), l2norm(heads(qkv[1])), heads(qkv[2])
+        g = kda_gate(heads(self.f_b_proj(self.f_a_proj(a))), self.A_log, self.dt_bias)
+        beta = torch.sigmoid(self.b_proj(a).float())            # [B, H]
+        o = torch.stack([recurrent_kda_step(q[r], k[r], v[r], g[r], beta[r], s.S, self.scale)
+                         for r, s in enumerate(states)])        # [B, H, V]
+        y = self.o_norm(o.to(a.dtype), heads(self.g_b_proj(self.g_a_proj(a))))
+        return self.o_proj(y.reshape(b, -1).to(a.dtype))

@@ -58,6 +58,21 @@ class MLA:
         o = attend(q, seen, start)                              # [T, H, V] fp32
         return self.o_proj(o.reshape(t, -1).to(a.dtype))
 
+    def decode_batch(self, a: torch.Tensor, caches: list[torch.Tensor], positions: list[int]) -> torch.Tensor:
+        """One token for each of B sequences: row b at positions[b] of its own latent cache
+        caches[b] ([S_max, R+P]). a: [B, D] -> [B, D]. Projections run once for all rows;
+        attention runs per row over that row's own latents."""
+        b, h = a.shape[0], self.num_heads
+        ckr = self.kv_a_proj_with_mqa(a)                        # [B, R+P]
+        c, kr = ckr.split((self.rank, self.rope), dim=-1)
+        latent = torch.cat((self.kv_a_layernorm(c), kr), -1)
+        q = self.q_proj(a).float().view(b, h, self.nope + self.rope)
+        o = []
+        for r, (latents, pos) in enumerate(zip(caches, positions)):
+            latents[pos] = latent[r].to(latents.dtype)
+            o.append(self._absorbed(q[r:r + 1], latents[:pos + 1].float(), pos))  # [1, H, V]
+        return self.o_proj(torch.cat(o).reshape(b, -1).to(a.dtype))
+
     def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK: [H, N, R], W_UV: [H, V, R] fp32 (kv_b rows are per head [k_nope | v]).
         Built once, at the first decode step (weights are complete by then)."""

@@ -101,6 +101,16 @@ class MoE:
             routed = self._routed(f, experts, weights).to(f.dtype)
         return routed + self.shared_experts(f) if self.shared_experts is not None else routed
 
+    def decode_rows(self, f: torch.Tensor) -> torch.Tensor:
+        """Decode rows of B sequences: the router and the shared experts run once for all rows,
+        the routed experts per row through the one-token kernels (each row equals its lone
+        step). f: [B, D] -> [B, D]."""
+        experts, weights = route(f.float() @ self.gate.t(), self.e_score_correction_bias,
+                                 self.top_k, self.renormalize, self.scaling)
+        routed = torch.cat([self._routed_one(f[r:r + 1], experts[r], weights[r])
+                            for r in range(f.shape[0])]).to(f.dtype)
+        return routed + self.shared_experts(f) if self.shared_experts is not None else routed
+
     def _routed(self, f, experts, weights) -> torch.Tensor:
         """Σ_k w_k Expert_{e_k}(f), summed in fp32: one pass per expert that any token chose."""
         out = torch.zeros(f.shape, dtype=torch.float32, device=f.device)

@@ -103,6 +103,17 @@ class DecoderLayer:
         h = h + (self.self_attn(a, cache.mla[i], start) if self.is_mla else self.self_attn(a, cache.kda[i]))
         return h + self.ffn(self.post_attention_layernorm(h))
 
+    def decode_batch(self, h: torch.Tensor, caches: list[KimiCache], i: int,
+                     positions: list[int]) -> torch.Tensor:
+        # h: [B, D], row b one token of caches[b] at positions[b]
+        a = self.input_layernorm(h)
+        if self.is_mla:
+            h = h + self.self_attn.decode_batch(a, [c.mla[i] for c in caches], positions)
+        else:
+            h = h + self.self_attn.decode_batch(a, [c.kda[i] for c in caches])
+        f = self.post_attention_layernorm(h)
+        return h + (self.ffn.decode_rows(f) if isinstance(self.ffn, MoE) else self.ffn(f))
+
 
 class KimiLinearModel:
     def __init__(self, config: KimiLinearConfig, dtype=torch.float32, device="cpu",
@@ -154,12 +165,23 @@ class KimiLinearModel:
             h = h[-1:]
         return self.lm_head(self.norm(h)).float()                # [T or 1, V]
 
+    @torch.inference_mode()
     def decode_batch(self, tokens: torch.Tensor, caches: list[KimiCache],
                      positions: list[int]) -> torch.Tensor:
-        """One token for each of B sequences -> logits fp32 [B, V]. tokens: [B] int64. Until the
-        batched runner lands, the sequences run one after another through forward."""
-        return torch.cat([self.forward(tokens[i:i + 1], cache, pos)
-                          for i, (cache, pos) in enumerate(zip(caches, positions))])
+        """One token for each of B sequences -> logits fp32 [B, V]. tokens: [B] int64; token b
+        sits at positions[b] of caches[b], which must continue its recurrent state there.
+        Every projection and the LM head run once for all rows (one pass over the weights);
+        the short conv, the KDA step and the attention run per row on the row's own state."""
+        for cache, pos in zip(caches, positions):
+            if not 0 <= pos < cache.max_tokens or pos != cache.num_tokens:
+                raise ValueError(f"position {pos} does not continue a cache holding "
+                                 f"{cache.num_tokens} of {cache.max_tokens} tokens")
+        h = self.embed_tokens[tokens.to(self.device)].to(self.dtype)  # [B, D]
+        for i, layer in enumerate(self.layers):
+            h = layer.decode_batch(h, caches, i, positions)
+        for cache, pos in zip(caches, positions):
+            cache.num_tokens = pos + 1
+        return self.lm_head(self.norm(h)).float()                    # [B, V]
 
     def decode_step(self, token: torch.Tensor, cache: KimiCache, pos: torch.Tensor) -> torch.Tensor:
         """One token with its position as a 0-d device tensor: no host sync and no Python value
