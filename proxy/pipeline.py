@@ -4,7 +4,8 @@ A non-stream upstream JSON is first turned into equivalent chunks (`chunks_from_
 so both paths share one loop. Native tool calls are accumulated per `index`, so
 interleaved parallel calls stay separate; canonical indices count calls in the order
 they start. Reasoning is read from `reasoning_content`/`reasoning` and, when the
-reasoning field is `auto` or `inline`, from `<think>` spans in the content.
+reasoning field is `auto` or `inline`, from `<think>` spans in the content. The matched
+stop string comes from vLLM's `stop_reason` or SGLang's `matched_stop`.
 """
 from __future__ import annotations
 
@@ -49,17 +50,20 @@ def chunks_from_json(body: dict) -> list[dict]:
     choice = choices[0] if choices and isinstance(choices[0], dict) else {}
     msg = choice.get("message") or {}
     out = []
-    for key in ("reasoning_content", "reasoning", "content"):
-        if msg.get(key):
-            out.append({**ident, "choices": [{"index": 0, "delta": {key: msg[key]}}]})
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")  # vLLM sent both during its rename
+    if reasoning:
+        out.append({**ident, "choices": [{"index": 0, "delta": {"reasoning_content": reasoning}}]})
+    if msg.get("content"):
+        out.append({**ident, "choices": [{"index": 0, "delta": {"content": msg["content"]}}]})
     for i, call in enumerate(msg.get("tool_calls") or []):
         if isinstance(call, dict):
             out.append({**ident, "choices": [{"index": 0, "delta": {"tool_calls": [{**call, "index": i}]}}]})
     final = {"index": 0, "delta": {}, "finish_reason": choice.get("finish_reason")}
     if isinstance(choice.get("logprobs"), dict):
         final["logprobs"] = choice["logprobs"]
-    if "stop_reason" in choice:
-        final["stop_reason"] = choice["stop_reason"]
+    for key in ("stop_reason", "matched_stop"):
+        if key in choice:
+            final[key] = choice[key]
     out.append({**ident, "choices": [final], "usage": body.get("usage")})
     return out
 
@@ -131,9 +135,8 @@ class Pipeline:
             yield c.LogprobsDelta(tuple(logprobs["content"]))
         if choice.get("finish_reason"):
             self.finish = FINISH_MAP.get(choice["finish_reason"], "stop")
-            stop_reason = choice.get("stop_reason")
-            if isinstance(stop_reason, str) and stop_reason in self.opts.stop:
-                self.stop_sequence = stop_reason
+            matched = [choice.get(key) for key in ("stop_reason", "matched_stop")]  # vLLM's, SGLang's
+            self.stop_sequence = next((m for m in matched if isinstance(m, str) and m in self.opts.stop), None)
 
     def _content(self, text: str) -> Iterator[c.Event]:
         yield from self._split(self.splitter.feed(text) if self.splitter else [c.TextDelta(text)])
