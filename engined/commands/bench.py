@@ -18,7 +18,6 @@ from engined.weights import synthetic as synthetic_weights
 from engined.engine.cuda_graph import GreedyDecoder
 from engined.layers.moe import MoE
 from engined.models.kimi_linear import KimiLinearModel
-from engined.models.kimi_linear_config import parse_config
 
 PROMPT_TOKENS, NEW_TOKENS, REPEATS = 17, 64, 5
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "L40S": 864e9, "5090": 1.79e12, "A100": 2.0e12,
@@ -27,12 +26,7 @@ REFERENCE_BYTES = 2_464.7e6  # §7.2: local-kimi's selective INT4 (0.5625 B/para
 
 
 def build(name: str, device: str, int4: bool, seed: int = 0) -> KimiLinearModel:
-    cfg = parse_config(synthetic_weights.CONFIGS[name])
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    plan = synthetic_weights.selective_int4(cfg) if int4 else {}
-    model = KimiLinearModel(cfg, dtype, device, plan, torch.bfloat16)
-    synthetic_weights.fill_random(model, seed)
-    return model
+    return synthetic_weights.build(synthetic_weights.CONFIGS[name], device, int4, seed)
 
 
 def bytes_per_token(model: KimiLinearModel, context: int) -> int:

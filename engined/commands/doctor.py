@@ -111,6 +111,15 @@ def check_model(config: EngineConfig) -> Check:
         return _kimi_dir(pathlib.Path(config.model).expanduser())
     from engined.weights import gguf_repack
     from engined.weights import loader
+    from engined.weights import synthetic
+
+    if synthetic.is_synthetic(config.model):
+        try:
+            plan = loader.plan_model(config.model)
+        except loader.ModelLoadError as exc:
+            return Check("model", False, str(exc), "use synthetic:" + " or synthetic:".join(synthetic.CONFIGS))
+        return Check("model", True, f"{config.model}: random weights, {format_size(plan.weight_bytes)} "
+                     "(for benchmarks: the text is noise)")
 
     try:
         source = loader.resolve_spec(config.model)

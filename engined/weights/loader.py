@@ -18,7 +18,7 @@ from engined.chat import load_text
 from engined.weights.default_model import default_gguf_path
 from engined.layers.embedding import dequantize_q8_0
 from engined.models.llama import EMBEDDING, LlamaConfig, LlamaModel
-from engined.weights import kimi_checkpoint
+from engined.weights import kimi_checkpoint, synthetic
 from engined.weights.plan import LoadedModel, LoadPlan  # noqa: F401  (loader.LoadPlan is public)
 
 KV_DTYPE = torch.float16  # halves KV memory; relative error 2^-11 (see tests/models/test_llama_parity.py)
@@ -65,16 +65,19 @@ def _kimi_dir(spec: str) -> bool:
 
 
 def _kimi(call, *args, **kwargs):
-    """Run a Kimi-Linear checkpoint function, its errors as ModelLoadError."""
+    """Run a Kimi-Linear checkpoint or synthetic-model function, its errors as ModelLoadError."""
     try:
         return call(*args, **kwargs)
-    except kimi_checkpoint.CheckpointError as exc:
+    except (kimi_checkpoint.CheckpointError, synthetic.UnknownSynthetic) as exc:
         raise ModelLoadError(str(exc)) from None
 
 
 def plan_model(spec: str, device: str = "cpu") -> LoadPlan:
     """Memory plan from headers only: the cached artifact's, else the GGUF's tensor table.
-    A Kimi-Linear checkpoint directory (BF16 or our INT4 artifact) plans from its shards."""
+    A Kimi-Linear checkpoint directory (BF16 or our INT4 artifact) plans from its shards,
+    a synthetic:NAME model from its config's shapes."""
+    if synthetic.is_synthetic(spec):
+        return _kimi(synthetic.plan, spec, device=device)
     if _kimi_dir(spec):
         return _kimi(kimi_checkpoint.plan_kimi_linear, spec, device=device)
     path = resolve_spec(spec)
@@ -112,6 +115,8 @@ def load_model(spec: str, device: str = "cpu", threads: int | None = None,
                progress: bool = True, embed_dtype: torch.dtype = EMBED_DTYPE,
                kv_dtype: torch.dtype = KV_DTYPE) -> LoadedModel:
     """Load weights from the cached artifact (repacking first if needed) plus tokenizer and chat."""
+    if synthetic.is_synthetic(spec):
+        return _kimi(synthetic.load, spec, device=device, threads=threads)
     if _kimi_dir(spec):
         return _kimi(kimi_checkpoint.load_kimi_linear, spec, device=device, threads=threads,
                      progress=progress)

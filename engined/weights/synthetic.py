@@ -1,6 +1,9 @@
-"""Random Kimi-Linear weights made directly on the device, through the checkpoint table, for the
-synthetic benchmark. CONFIGS holds the real 48B config.json (reference §1.1) and small ones."""
+"""Random Kimi-Linear weights made directly on the device, through the checkpoint table: the
+synthetic benchmark, and the `synthetic:NAME` model source that serves them (`kimi-engine
+serve --model synthetic:small`) so the served path can be measured with no 30 GiB file.
+CONFIGS holds the real 48B config.json (reference §1.1) and small ones."""
 import math
+import pathlib
 import re
 
 import torch
@@ -9,7 +12,17 @@ from engined.weights import kimi_table as table
 from engined.weights.quant_policy import policy
 from engined.layers.linear import Linear
 from engined.layers.moe import ExpertBank
-from engined.models.kimi_linear import weight_tensors
+from engined.models.kimi_linear import KimiLinearModel, weight_tensors
+from engined.models.kimi_linear_config import parse_config
+from engined.weights.plan import LoadedModel, LoadPlan
+
+PREFIX = "synthetic:"
+# K2's special tokens by offset after the BPE ranks (tokenizer_config.json's added tokens).
+K2_SPECIALS = {0: "[BOS]", 1: "[EOS]", 2: "<|im_end|>", 3: "<|im_user|>", 4: "<|im_assistant|>",
+               6: "<|start_header_id|>", 7: "<|end_header_id|>", 9: "[EOT]", 10: "<|im_system|>",
+               11: "<|tool_calls_section_begin|>", 12: "<|tool_calls_section_end|>",
+               13: "<|tool_call_begin|>", 14: "<|tool_call_argument_begin|>",
+               15: "<|tool_call_end|>", 17: "<|im_middle|>", 254: "[UNK]", 255: "[PAD]"}
 
 KIMI_LINEAR_48B = {
     "model_type": "kimi_linear", "torch_dtype": "bfloat16", "vocab_size": 163840, "hidden_size": 2304,
@@ -98,3 +111,71 @@ def fill_random(model, seed: int = 0):
 
 def layer_tensors(layer) -> list[torch.Tensor]:
     return weight_tensors(layer)
+
+
+class UnknownSynthetic(ValueError):
+    """synthetic:NAME names no config of CONFIGS."""
+
+
+def is_synthetic(spec: str) -> bool:
+    return spec.startswith(PREFIX)
+
+
+def config_of(spec: str) -> dict:
+    name = spec.removeprefix(PREFIX)
+    if name not in CONFIGS:
+        raise UnknownSynthetic(f"model {spec!r}: no synthetic config {name!r} "
+                         f"(known: {', '.join(PREFIX + n for n in CONFIGS)})")
+    return CONFIGS[name]
+
+
+def build(cfg: dict, device, int4: bool = True, seed: int = 0, fill: bool = True) -> KimiLinearModel:
+    """The model with random weights on `device`: bf16 activations on CUDA, fp32 elsewhere;
+    int4: the selective plan (routed and shared experts packed), else dense bf16."""
+    config = parse_config(cfg)
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    model = KimiLinearModel(config, dtype, device, selective_int4(config) if int4 else {},
+                            torch.bfloat16)
+    if fill:
+        fill_random(model, seed)
+    return model
+
+
+def plan(spec: str, device="cpu") -> LoadPlan:
+    """From shapes alone (the model is planned on the meta device)."""
+    model = build(config_of(spec), "meta", fill=False)
+    return LoadPlan(model.weight_bytes + model.state_bytes, model.kv_bytes_per_token,
+                    model.config.context_length)
+
+
+def byte_tokenizer(vocab_size: int):
+    """A tokenizer with exactly `vocab_size` ids, so every id random weights sample decodes:
+    the 256 bytes, then byte pairs and triples in order, then K2's 256 reserved specials. Enough
+    for the real chat format, output parser and decoders (the text is noise; the speed is
+    what is measured)."""
+    import itertools
+
+    from engined.chat.kimi_tokenizer import NUM_RESERVED, KimiTokenizer
+
+    num_bpe = vocab_size - NUM_RESERVED
+    if num_bpe < 256:
+        raise UnknownSynthetic(f"a vocabulary of {vocab_size} cannot hold the 256 bytes and "
+                               f"{NUM_RESERVED} specials")
+    pieces = itertools.chain(itertools.product(range(256), repeat=1),
+                             itertools.product(range(256), repeat=2),
+                             itertools.product(range(256), repeat=3))
+    ranks = {bytes(p): i for i, p in zip(range(num_bpe), pieces)}
+    names = {num_bpe + offset: name for offset, name in K2_SPECIALS.items()}
+    return KimiTokenizer(ranks, names, "[BOS]", "[EOS]")
+
+
+def load(spec: str, device="cpu", threads: int | None = None) -> LoadedModel:
+    from engined.chat.kimi_template import KimiChatFormat
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    cfg = config_of(spec)
+    tokenizer = byte_tokenizer(cfg["vocab_size"])
+    model = build(cfg, device)
+    return LoadedModel(spec, model, tokenizer, KimiChatFormat(None, tokenizer),
+                       model.config.context_length, pathlib.Path(spec))
