@@ -11,6 +11,8 @@
 #define KH_ENOMEM 2      /* a reservation would exceed the memory cap */
 #define KH_ESTATE 3      /* release of more than is reserved, or use before init */
 
+#define KH_MAX_ROWS 8    /* rows of x one gemv_w4a16 call handles (one pass over the weights) */
+
 /* Packed INT4 -> fp32, w = s*q + m.
  * qweight: [n, k/2] uint8, element 2j in the low nibble, 2j+1 in the high one.
  * scales, mins: [n, k/group] IEEE half bits. out: [n, k] fp32.
@@ -19,7 +21,7 @@ int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
                 const uint16_t *mins, int64_t n, int64_t k, int64_t group,
                 float *out, int nthreads);
 
-/* Dense W4A16 GEMV: out[r, i] = sum_k x[r, k] * w[i, k] for r < rows (1..8),
+/* Dense W4A16 GEMV: out[r, i] = sum_k x[r, k] * w[i, k] for r < rows (1..KH_MAX_ROWS),
  * w = s*q + m as above. x: [rows, k] fp32; out: [rows, n] fp32.
  * work: caller buffer of gemv_w4a16_work_floats(rows, k, group) floats.
  * Each weight byte is read once for all rows; nthreads >= 1 threads: the caller

@@ -6,7 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define KH_MAX_ROWS 8            /* rows of x handled in one pass over the weights */
+#include "kimi_helper.h"         /* KH_MAX_ROWS and the status codes */
+
 #ifndef KH_PREFETCH
 #define KH_PREFETCH 2048         /* bytes of codes to prefetch ahead of the kernel */
 #endif

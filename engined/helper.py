@@ -1,26 +1,40 @@
-"""Thin wrapper over the C helper: validates inputs, allocates outputs, maps status codes.
+"""The one wrapper over the C helper: the only module that touches the cffi `lib` and `ffi`.
 
-The compiled module is `engined._kimi_helper` (built by `_helper_build.py` at install).
-- unpack_int4, gemv_w4a16, grouped_gemv_w4a16, moe_swiglu_w4a16: numpy entry points with
-  known-answer tests (the torch hot paths in engined/ops/*/cpu_c.py call `lib` directly);
-  `threads` counts the caller plus the helper's own pool threads (csrc/kimi_pool.c).
-- memcap_*: the process-wide reservation budget; effective_cap / current_rss: what the
-  kernel will grant (cgroup limit) and what this process already holds (RSS).
+The compiled module is `engined._kimi_helper`, built from csrc/ by `_helper_build.py` at
+install. As with bcrypt's wrapper, every C entry point has one Python function here that
+validates its inputs, allocates or accepts the buffers and maps the status code to an
+exception; the ops (engined/ops/*/cpu_c.py) and layers call these functions, never `lib`
+(tests/ops/test_helper_boundary.py checks). Buffers are CPU torch tensors.
+
+- `int4_weight` validates a packed INT4 weight (or a stack of experts) once and returns an
+  `Int4Weight` holding its C pointers; the hot calls `gemv`, `grouped_gemv` and
+  `moe_swiglu` take that handle, so a decode GEMV costs a few microseconds of Python.
+  `gemv_f16` is the fp16 LM head; `unpack` dequantizes a handle to fp32.
+- `unpack_int4`, `gemv_w4a16`, `grouped_gemv_w4a16`, `moe_swiglu_w4a16`: the same kernels
+  on numpy arrays, returning new arrays (the known-answer tests, and dequantizing).
+- `MAX_ROWS` (KH_MAX_ROWS from C: rows of x one GEMV pass handles) and every workspace
+  size come from the C side; nothing of the C layout is copied here.
+- memcap_*: the process-wide reservation budget. What the kernel will grant (cgroup limit,
+  RSS) is engine/memory.py's.
+- `threads` counts the caller plus the helper's own pool threads (csrc/kimi_pool.c).
 """
 from __future__ import annotations
 
-import os
 import pathlib
+import re
 import sys
+import threading
 
 try:  # the GPU image has neither numpy nor cffi: importing this module must still work
     import numpy as np
+    import torch
     from engined._kimi_helper import ffi, lib
 except ImportError as exc:
-    np = ffi = lib = None
+    np = torch = ffi = lib = None
     _IMPORT_ERROR = exc
 else:
     _IMPORT_ERROR = None
+    F32 = torch.float32
 
 
 class HelperError(RuntimeError):
@@ -43,7 +57,7 @@ def require():
 
 
 def check(status: int, what: str):
-    """Map a C status code to an exception (hot paths call `lib` directly, then this)."""
+    """Map a C status code to an exception (KH_OK returns)."""
     if status == lib.KH_OK:
         return
     if status == lib.KH_ENOMEM:
@@ -52,8 +66,15 @@ def check(status: int, what: str):
     raise HelperError(f"{what}: {names.get(status, f'status {status}')}")
 
 
-def _ptr(array: np.ndarray, ctype: str):
-    return ffi.cast(ctype, ffi.from_buffer(array))
+def _header_max_rows() -> int:
+    """KH_MAX_ROWS read from the C header, for a build without the compiled helper (the
+    GPU image still plans decode batches by it)."""
+    header = pathlib.Path(__file__).resolve().parent.parent / "csrc" / "kimi_helper.h"
+    return int(re.search(r"#define KH_MAX_ROWS (\d+)", header.read_text()).group(1))
+
+
+MAX_ROWS = int(lib.KH_MAX_ROWS) if lib is not None else _header_max_rows()
+"""Rows of x one GEMV pass handles (KH_MAX_ROWS in csrc/kimi_helper.h): the one copy."""
 
 
 def default_threads() -> int:
@@ -62,96 +83,227 @@ def default_threads() -> int:
     return torch.get_num_threads() if torch is not None else 1
 
 
-def unpack_int4(qweight: np.ndarray, scales: np.ndarray, mins: np.ndarray, group: int,
-                threads: int | None = None) -> np.ndarray:
+# --- buffers: CPU torch tensors (the numpy conveniences below wrap theirs, no copy) -------
+
+def _as_rows(x, k: int):
+    """x: [M >= 1, k] any float on the CPU -> contiguous fp32 (a copy only when needed)."""
+    if x.dim() != 2 or x.shape[1] != k or x.shape[0] < 1:
+        raise ValueError(f"x must be [M, {k}], got {list(x.shape)}")
+    if not x.is_cpu:
+        raise ValueError(f"the C kernels need x on the CPU, got {x.device}")
+    if x.dtype is not F32 or not x.is_contiguous():
+        x = x.to(F32).contiguous()
+    return x
+
+
+def _out(out, shape: tuple):
+    """A new fp32 buffer of `shape`, or `out` checked to be exactly that."""
+    if out is None:
+        return torch.empty(shape, dtype=F32)
+    if out.shape != shape or out.dtype is not F32 or not out.is_contiguous() or not out.is_cpu:
+        raise ValueError(f"out must be a contiguous CPU fp32 {list(shape)}, got "
+                         f"{out.dtype} {list(out.shape)} on {out.device}")
+    return out
+
+
+_local = threading.local()
+
+
+def _workspace(nfloats: int):
+    """A per-thread scratch buffer of at least `nfloats` fp32 (sizes come from C)."""
+    if nfloats < 0:
+        raise HelperError("gemv_w4a16_work_floats: invalid argument")
+    local = _local.__dict__
+    if local.get("size", 0) < nfloats:
+        local["buf"] = torch.empty(max(nfloats, 1 << 16), dtype=F32)
+        local["size"] = local["buf"].numel()
+        local["ptr"] = ffi.cast("float *", local["buf"].data_ptr())
+    return local["ptr"]
+
+
+# --- packed INT4 weights ---------------------------------------------------------------
+
+class Int4Weight:
+    """A packed INT4 weight, validated once, with the C pointers the kernels take.
+
+    experts == 0: one linear, qweight [N, K/2], scales/mins [N, K/G].
+    experts == E: a stack, qweight [E, N, K/2], scales/mins [E, N, K/G].
+    Holds its tensors, so the pointers stay valid while the handle lives; `address` is
+    qweight's data address when prepared (a tensor given new storage needs a new handle)."""
+
+    __slots__ = ("q", "s", "m", "experts", "n", "k", "group", "work_floats", "address",
+                 "_tensors")
+
+    def __init__(self, qweight, scales, mins, group: int):
+        tensors = (qweight, scales, mins)
+        shape = tuple(qweight.shape)
+        if len(shape) not in (2, 3) or group <= 0 or (2 * shape[-1]) % group \
+                or tuple(scales.shape) != shape[:-1] + (2 * shape[-1] // group,) \
+                or tuple(mins.shape) != tuple(scales.shape):
+            raise ValueError(f"bad INT4 shapes: qweight {shape}, scales {tuple(scales.shape)}, "
+                             f"mins {tuple(mins.shape)}, group {group}")
+        if (qweight.dtype, scales.dtype, mins.dtype) != (torch.uint8, torch.float16, torch.float16):
+            raise ValueError("the C kernels need uint8 qweight and fp16 scales and mins")
+        if not all(t.is_cpu for t in tensors):
+            raise ValueError("the C kernels need the packed weight on the CPU")
+        if not all(t.is_contiguous() for t in tensors):
+            raise ValueError("the C kernels need contiguous qweight, scales and mins")
+        self.experts = shape[0] if len(shape) == 3 else 0
+        self.n, self.k, self.group = shape[-2], 2 * shape[-1], group
+        self.address = qweight.data_ptr()
+        self.q = ffi.cast("uint8_t *", self.address)
+        self.s = ffi.cast("uint16_t *", scales.data_ptr())
+        self.m = ffi.cast("uint16_t *", mins.data_ptr())
+        self.work_floats = int(lib.gemv_w4a16_work_floats(MAX_ROWS, self.k, group))
+        self._tensors = tensors
+
+
+def int4_weight(qweight, scales, mins, group: int) -> Int4Weight:
+    """Validate packed INT4 tensors (contiguous CPU uint8 codes, fp16 scales and mins)."""
+    require()
+    return Int4Weight(qweight, scales, mins, group)
+
+
+def gemv(w: Int4Weight, x, out=None, threads: int = 1):
+    """out[M, N] = x[M, K] @ W^T in fp32, W one packed linear; x any float, M >= 1, run in
+    passes of MAX_ROWS rows (each weight byte read once per pass). Returns out."""
+    k, n = w.k, w.n
+    if w.experts:
+        raise ValueError("gemv takes one linear, not an expert stack")
+    x = _as_rows(x, k)
+    rows = x.shape[0]
+    out = _out(out, (rows, n))
+    x_addr, out_addr = x.data_ptr(), out.data_ptr()
+    work, cast = _workspace(w.work_floats), ffi.cast
+    for start in range(0, rows, MAX_ROWS):  # one pass when rows <= MAX_ROWS
+        m = min(MAX_ROWS, rows - start)
+        status = lib.gemv_w4a16(cast("float *", x_addr + 4 * start * k), m, w.q, w.s, w.m,
+                                n, k, w.group, work, cast("float *", out_addr + 4 * start * n),
+                                threads)
+        if status:
+            check(status, "gemv_w4a16")
+    return out
+
+
+def grouped_gemv(w: Int4Weight, x, expert_ids, out=None, threads: int = 1):
+    """out[r] = x[r or 0] @ W[expert_ids[r]]^T; w an expert stack, x [1 or R, K], ids [R]."""
+    return _routed(lib.grouped_gemv_w4a16, "grouped_gemv_w4a16", (w,), x, expert_ids, out,
+                   threads)
+
+
+def moe_swiglu(gate: Int4Weight, up: Int4Weight, x, expert_ids, out=None, threads: int = 1):
+    """out[r] = silu(x_r @ G_e^T) * (x_r @ U_e^T), e = expert_ids[r]."""
+    return _routed(lib.moe_swiglu_w4a16, "moe_swiglu_w4a16", (gate, up), x, expert_ids, out,
+                   threads)
+
+
+def _routed(fn, what, stacks, x, expert_ids, out, threads):
+    """A bad expert id, or x rows neither 1 nor one per route, is KH_EINVAL from C."""
+    w = stacks[0]
+    if not w.experts or any((s.experts, s.n, s.k, s.group) != (w.experts, w.n, w.k, w.group)
+                            for s in stacks):
+        raise ValueError(f"{what}: expert stacks of one shape needed, got "
+                         f"{[(s.experts, s.n, s.k, s.group) for s in stacks]}")
+    x = _as_rows(x, w.k)
+    if expert_ids.dim() != 1 or expert_ids.is_floating_point() or not expert_ids.is_cpu:
+        raise ValueError(f"expert_ids must be a 1-D CPU integer tensor, got "
+                         f"{expert_ids.dtype} {list(expert_ids.shape)} on {expert_ids.device}")
+    if expert_ids.dtype is not torch.int64 or not expert_ids.is_contiguous():
+        expert_ids = expert_ids.to(torch.int64).contiguous()
+    routes, x_rows = expert_ids.shape[0], x.shape[0]
+    out = _out(out, (routes, w.n))
+    work = _workspace(lib.gemv_w4a16_work_floats(x_rows, w.k, w.group))
+    weights = [p for s in stacks for p in (s.q, s.s, s.m)]
+    cast = ffi.cast
+    status = fn(cast("float *", x.data_ptr()), x_rows, cast("int64_t *", expert_ids.data_ptr()),
+                routes, w.experts, *weights, w.n, w.k, w.group, work,
+                cast("float *", out.data_ptr()), threads)
+    if status:
+        check(status, what)
+    return out
+
+
+def unpack(w: Int4Weight, out=None, threads: int | None = None):
+    """The dequantized weight, fp32 [N, K] (or [E, N, K] for a stack), into `out` if given."""
+    shape = (w.experts, w.n, w.k) if w.experts else (w.n, w.k)
+    out = _out(out, shape)
+    status = lib.unpack_int4(w.q, w.s, w.m, max(w.experts, 1) * w.n, w.k, w.group,
+                             ffi.cast("float *", out.data_ptr()), int(threads or default_threads()))
+    check(status, "unpack_int4")
+    return out
+
+
+def gemv_f16(w, x, out=None, threads: int = 1):
+    """out[M, V] = x[M, D] @ w^T, w fp16 [V, D], accumulated in fp32 (the LM head); each
+    row's result does not depend on the rows batched with it."""
+    require()
+    if w.dim() != 2 or w.dtype is not torch.float16 or not w.is_cpu or not w.is_contiguous():
+        raise ValueError(f"w must be a contiguous CPU fp16 [V, D], got {w.dtype} "
+                         f"{list(w.shape)} on {w.device}")
+    v, d = w.shape
+    x = _as_rows(x, d)
+    out = _out(out, (x.shape[0], v))
+    cast = ffi.cast
+    status = lib.gemv_f16(cast("float *", x.data_ptr()), x.shape[0],
+                          cast("uint16_t *", w.data_ptr()), v, d,
+                          cast("float *", out.data_ptr()), threads)
+    if status:
+        check(status, "gemv_f16")
+    return out
+
+
+# --- numpy conveniences: arrays in, new arrays out -------------------------------------
+
+def _tensor(a, dtype):
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
+
+
+def _packed_arrays(qweight, scales, mins, group) -> Int4Weight:
+    return int4_weight(_tensor(qweight, np.uint8), _tensor(scales, np.float16),
+                       _tensor(mins, np.float16), group)
+
+
+def unpack_int4(qweight, scales, mins, group: int, threads: int | None = None) -> np.ndarray:
     """Packed INT4 -> fp32. qweight: [N, K/2] uint8; scales, mins: [N, K/G] fp16 -> [N, K] fp32."""
     require()
-    qweight = np.ascontiguousarray(qweight, dtype=np.uint8)
-    scales = np.ascontiguousarray(scales, dtype=np.float16)
-    mins = np.ascontiguousarray(mins, dtype=np.float16)
-    n, half_k = qweight.shape
-    k = 2 * half_k
-    if group <= 0 or k % group or scales.shape != (n, k // group) or mins.shape != scales.shape:
-        raise ValueError(f"bad INT4 shapes: qweight {qweight.shape}, scales {scales.shape}, "
-                         f"mins {mins.shape}, group {group}")
-    out = np.empty((n, k), dtype=np.float32)
-    check(lib.unpack_int4(_ptr(qweight, "uint8_t *"), _ptr(scales, "uint16_t *"),
-                           _ptr(mins, "uint16_t *"), n, k, group, _ptr(out, "float *"),
-                           int(threads or default_threads())),
-           "unpack_int4")
-    return out
+    return unpack(_packed_arrays(qweight, scales, mins, group), None, threads).numpy()
 
 
-MAX_ROWS = 8  # rows of x one GEMV call handles (KH_MAX_ROWS in csrc/kimi_simd.h)
-
-
-def gemv_w4a16(x: np.ndarray, qweight: np.ndarray, scales: np.ndarray, mins: np.ndarray,
-               group: int, threads: int = 1) -> np.ndarray:
-    """y[M, N] = x[M, K] @ W^T, W packed INT4 (qweight [N, K/2], scales/mins [N, K/G]); M <= 8."""
+def gemv_w4a16(x, qweight, scales, mins, group: int, threads: int = 1) -> np.ndarray:
+    """y[M, N] = x[M, K] @ W^T, W packed INT4 (qweight [N, K/2], scales/mins [N, K/G]);
+    1 <= M <= MAX_ROWS."""
     require()
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    qweight = np.ascontiguousarray(qweight, dtype=np.uint8)
-    scales = np.ascontiguousarray(scales, dtype=np.float16)
-    mins = np.ascontiguousarray(mins, dtype=np.float16)
-    if x.ndim != 2 or qweight.ndim != 2 or x.shape[1] != 2 * qweight.shape[1]:
-        raise ValueError(f"bad GEMV shapes: x {x.shape}, qweight {qweight.shape}")
+    x = _tensor(x, np.float32)
+    if x.dim() != 2 or x.shape[1] != 2 * np.shape(qweight)[-1]:
+        raise ValueError(f"bad GEMV shapes: x {tuple(x.shape)}, qweight {np.shape(qweight)}")
     if not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"x has {x.shape[0]} rows; gemv_w4a16 takes 1..{MAX_ROWS}")
-    (rows, k), n = x.shape, qweight.shape[0]
-    if group <= 0 or k % group or scales.shape != (n, k // group) or mins.shape != scales.shape:
-        raise ValueError(f"bad INT4 shapes: qweight {qweight.shape}, scales {scales.shape}, "
-                         f"mins {mins.shape}, group {group}")
-    work = np.empty(lib.gemv_w4a16_work_floats(rows, k, group), dtype=np.float32)
-    out = np.empty((rows, n), dtype=np.float32)
-    check(lib.gemv_w4a16(_ptr(x, "float *"), rows, _ptr(qweight, "uint8_t *"),
-                         _ptr(scales, "uint16_t *"), _ptr(mins, "uint16_t *"), n, k, group,
-                         _ptr(work, "float *"), _ptr(out, "float *"), int(threads)),
-          "gemv_w4a16")
-    return out
+    return gemv(_packed_arrays(qweight, scales, mins, group), x, None, int(threads)).numpy()
 
 
-def _expert_stack(qweight, scales, mins, group):
-    qweight = np.ascontiguousarray(qweight, dtype=np.uint8)
-    scales = np.ascontiguousarray(scales, dtype=np.float16)
-    mins = np.ascontiguousarray(mins, dtype=np.float16)
-    if qweight.ndim != 3 or group <= 0 or (2 * qweight.shape[2]) % group \
-            or scales.shape != qweight.shape[:2] + (2 * qweight.shape[2] // group,) \
-            or mins.shape != scales.shape:
-        raise ValueError(f"bad expert stack: qweight {qweight.shape}, scales {scales.shape}, "
-                         f"mins {mins.shape}, group {group}")
-    return (_ptr(qweight, "uint8_t *"), _ptr(scales, "uint16_t *"), _ptr(mins, "uint16_t *"),
-            qweight.shape, (qweight, scales, mins))
-
-
-def grouped_gemv_w4a16(x: np.ndarray, expert_ids, stack: tuple, group: int,
-                       threads: int = 1) -> np.ndarray:
+def grouped_gemv_w4a16(x, expert_ids, stack: tuple, group: int, threads: int = 1) -> np.ndarray:
     """out[r] = x[r or 0] @ W[expert_ids[r]]^T; stack = (qweight [E,N,K/2], scales, mins)."""
-    return _routed("grouped_gemv_w4a16", x, expert_ids, [stack], group, threads)
+    return _routed_arrays(grouped_gemv, x, expert_ids, [stack], group, threads)
 
 
-def moe_swiglu_w4a16(x: np.ndarray, expert_ids, gate: tuple, up: tuple, group: int,
+def moe_swiglu_w4a16(x, expert_ids, gate: tuple, up: tuple, group: int,
                      threads: int = 1) -> np.ndarray:
     """out[r] = silu(x_r @ G_e^T) * (x_r @ U_e^T), e = expert_ids[r]."""
-    return _routed("moe_swiglu_w4a16", x, expert_ids, [gate, up], group, threads)
+    return _routed_arrays(moe_swiglu, x, expert_ids, [gate, up], group, threads)
 
 
-def _routed(name, x, expert_ids, stacks, group, threads):
+def _routed_arrays(call, x, expert_ids, stacks, group, threads):
     require()
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    ids = np.ascontiguousarray(expert_ids, dtype=np.int64)
-    parts = [_expert_stack(*st, group) for st in stacks]
-    (e, n, half_k), k = parts[0][3], 2 * parts[0][3][2]
-    if x.ndim != 2 or x.shape[1] != k or ids.ndim != 1 or any(p[3] != parts[0][3] for p in parts):
-        raise ValueError(f"bad routed shapes: x {x.shape}, ids {ids.shape}, stacks "
-                         f"{[p[3] for p in parts]}")
-    work = np.empty(max(lib.gemv_w4a16_work_floats(x.shape[0], k, group), 1), dtype=np.float32)
-    out = np.empty((ids.shape[0], n), dtype=np.float32)
-    weights = [ptr for p in parts for ptr in p[:3]]
-    check(getattr(lib, name)(_ptr(x, "float *"), x.shape[0], _ptr(ids, "int64_t *"), ids.shape[0],
-                             e, *weights, n, k, group, _ptr(work, "float *"),
-                             _ptr(out, "float *"), int(threads)), name)
-    return out
+    for qweight, scales, mins in stacks:
+        if np.ndim(qweight) != 3:
+            raise ValueError(f"bad expert stack: qweight {np.shape(qweight)}, scales "
+                             f"{np.shape(scales)}, mins {np.shape(mins)}, group {group}")
+    weights = [_packed_arrays(*stack, group) for stack in stacks]
+    x, ids = _tensor(x, np.float32), _tensor(expert_ids, np.int64)
+    return call(*weights, x, ids, None, int(threads)).numpy()
 
+
+# --- kernel selection, pool counters, memory cap ---------------------------------------
 
 SIMD_LEVELS = {0: "portable C", 1: "AVX2", 2: "AVX-512"}
 
@@ -198,58 +350,6 @@ def memcap_reserved() -> int:
     return int(lib.memcap_reserved())
 
 
-# Memory the kernel will actually grant: the cgroup limit (v2 memory.max, v1
-# memory.limit_in_bytes) and this process's resident set, so the engine can refuse
-# a plan cleanly instead of being OOM-killed half-way through loading.
-UNLIMITED_V1 = 1 << 60  # v1 reports "no limit" as a page-rounded 2**63 - 1
-
-
-def _read_limit(path: pathlib.Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if text == "max" or not text.isdigit() or int(text) >= UNLIMITED_V1:
-        return None
-    return int(text)
-
-
-def cgroup_memory_limit(proc_cgroup: str = "/proc/self/cgroup",
-                        cgroup_root: str = "/sys/fs/cgroup") -> int | None:
-    """The tightest memory limit on this process's cgroup and its ancestors, or None."""
-    root = pathlib.Path(cgroup_root)
-    try:
-        lines = pathlib.Path(proc_cgroup).read_text().splitlines()
-    except OSError:
-        return None
-    limits = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2 unified hierarchy
-            base, leaf = root, "memory.max"
-        elif "memory" in controllers.split(","):  # v1 memory controller
-            base, leaf = root / "memory", "memory.limit_in_bytes"
-        else:
-            continue
-        rel = pathlib.PurePosixPath(path.strip() or "/")
-        for parent in [rel, *rel.parents]:  # a namespaced mount shows only some levels
-            limits.append(_read_limit(base / str(parent).lstrip("/") / leaf))
-    found = [v for v in limits if v is not None]
-    return min(found) if found else None
-
-
-def effective_cap(requested_bytes: int, **roots) -> int:
-    """min(requested, cgroup limit); requested 0 means "no cap of our own"."""
-    limit = cgroup_memory_limit(**roots)
-    if limit is None:
-        return int(requested_bytes)
-    return limit if requested_bytes <= 0 else min(int(requested_bytes), limit)
-
-
-def current_rss(statm: str = "/proc/self/statm") -> int:
-    """Resident set size of this process in bytes (0 where /proc is unavailable)."""
-    try:
-        resident_pages = int(pathlib.Path(statm).read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+def memcap_cap() -> int:
+    require()
+    return int(lib.memcap_cap())

@@ -3,6 +3,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from engined import helper
+from engined.engine import memory
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -37,7 +38,7 @@ class EngineMetrics:
         self.cancelled = Counter("kimi_engine_cancelled_requests",
                                  "Requests cancelled because their client went away", registry=r)
         Gauge("kimi_engine_resident_bytes", "Resident set size of the engine process",
-              registry=r).set_function(helper.current_rss)
+              registry=r).set_function(memory.current_rss)
         Gauge("kimi_engine_memory_reserved_bytes",
               "Bytes reserved against the memory cap: weights + running sequences' KV",
               registry=r).set_function(helper.memcap_reserved)

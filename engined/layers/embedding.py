@@ -58,20 +58,13 @@ class TiedEmbedding:
         row's logits independent of the rows batched with it (no 16-bit rounding to refine)."""
         w = self.weight
         return (w.dtype == torch.float16 and w.device.type == "cpu" and w.is_contiguous()
-                and helper.lib is not None)
+                and helper.available())
 
     def _c_logits(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [T, V] fp32
         x = x.to(torch.float32).contiguous()
-        (v, d), t = self.weight.shape, x.shape[0]
-        out = torch.empty(t, v, dtype=torch.float32)
-        cast = helper.ffi.cast
-        status = helper.lib.gemv_f16(cast("float *", x.data_ptr()), t,
-                                     cast("uint16_t *", self.weight.data_ptr()), v, d,
-                                     cast("float *", out.data_ptr()), cpu_c.num_threads())
-        if status:
-            helper.check(status, "gemv_f16")
-        return out
+        out = torch.empty(x.shape[0], self.weight.shape[0], dtype=torch.float32)
+        return helper.gemv_f16(self.weight, x, out, cpu_c.num_threads())
 
     @property
     def nbytes(self) -> int:

@@ -167,46 +167,41 @@ def test_routed_bad_expert_id_is_invalid_argument():
         helper.grouped_gemv_w4a16(X[:1], [-1], (STACK_Q, STACK_S, STACK_M), 32)
 
 
-def _fake_cgroup(tmp_path, proc_line: str, files: dict[str, str]):
-    proc = tmp_path / "cgroup"
-    proc.write_text(proc_line + "\n")
-    for rel, text in files.items():
-        f = tmp_path / "fs" / rel
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(text + "\n")
-    return dict(proc_cgroup=str(proc), cgroup_root=str(tmp_path / "fs"))
+def test_prepared_handle_gemv_runs_more_than_max_rows_in_passes():
+    import torch
+    s, m = _scales(32)
+    w = helper.int4_weight(torch.from_numpy(QW), torch.from_numpy(s), torch.from_numpy(m), 32)
+    assert (w.experts, w.n, w.k, w.group) == (0, 2, 32, 32)
+    assert w.work_floats == helper.lib.gemv_w4a16_work_floats(helper.MAX_ROWS, 32, 32)
+    x = torch.from_numpy(np.tile(X, (helper.MAX_ROWS, 1)))  # 2 * MAX_ROWS rows: two passes
+    out = torch.empty(2 * helper.MAX_ROWS, 2)
+    assert helper.gemv(w, x, out, 2) is out
+    assert out.tolist() == WANT * helper.MAX_ROWS
+    with pytest.raises(ValueError, match=r"out must be a contiguous CPU fp32 \[16, 2\]"):
+        helper.gemv(w, x, torch.empty(16, 3))
+    with pytest.raises(ValueError, match=r"x must be \[M, 32\]"):
+        helper.gemv(w, x[:, :16])
+    with pytest.raises(ValueError, match="contiguous"):
+        helper.int4_weight(torch.from_numpy(QW).t().contiguous().t(), torch.from_numpy(s),
+                           torch.from_numpy(m), 32)
 
 
-def test_cgroup_v2_limit_takes_the_tightest_ancestor(tmp_path):
-    roots = _fake_cgroup(tmp_path, "0::/user.slice/kimi.service", {
-        "user.slice/kimi.service/memory.max": "max",
-        "user.slice/memory.max": "2147483648",
-    })
-    assert helper.cgroup_memory_limit(**roots) == 2 << 30
-    assert helper.effective_cap(4 << 30, **roots) == 2 << 30
-    assert helper.effective_cap(1 << 30, **roots) == 1 << 30
-    assert helper.effective_cap(0, **roots) == 2 << 30  # no cap of ours: the cgroup's
+def test_unpack_of_an_expert_stack():
+    import torch
+    w = helper.int4_weight(*(torch.from_numpy(np.ascontiguousarray(a))
+                             for a in (STACK_Q, STACK_S, STACK_M)), 32)
+    got = helper.unpack(w)
+    assert got.shape == (2, 2, 32)
+    np.testing.assert_array_equal(got[1].numpy(), helper.unpack_int4(QW[::-1], STACK_S[1],
+                                                                     STACK_M[1], 32))
 
 
-def test_cgroup_v1_limit_and_unlimited_sentinel(tmp_path):
-    roots = _fake_cgroup(tmp_path, "4:memory:/docker/abc", {
-        "memory/docker/abc/memory.limit_in_bytes": "536870912",
-        "memory/memory.limit_in_bytes": "9223372036854771712",
-    })
-    assert helper.cgroup_memory_limit(**roots) == 512 << 20
-
-
-def test_no_cgroup_limit_leaves_the_request(tmp_path):
-    roots = _fake_cgroup(tmp_path, "0::/", {"memory.max": "max"})
-    assert helper.cgroup_memory_limit(**roots) is None
-    assert helper.effective_cap(123, **roots) == 123
-    assert helper.effective_cap(0, proc_cgroup=str(tmp_path / "missing")) == 0
-
-
-def test_current_rss_reads_resident_pages(tmp_path):
-    import os
-    statm = tmp_path / "statm"
-    statm.write_text("765 441 413 5 0 123 0\n")
-    assert helper.current_rss(str(statm)) == 441 * os.sysconf("SC_PAGE_SIZE")
-    assert helper.current_rss() > 10 << 20  # this interpreter, with numpy and the helper loaded
-    assert helper.current_rss(str(tmp_path / "missing")) == 0
+def test_gemv_f16_known_answer_and_checks():
+    import torch
+    w = torch.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 0.25]], dtype=torch.float16)
+    x = torch.tensor([[1.0, 1.0, 1.0], [2.0, 0.0, 4.0]])
+    assert helper.gemv_f16(w, x, None, 2).tolist() == [[6.0, -0.25], [14.0, 2.0]]
+    with pytest.raises(ValueError, match="fp16"):
+        helper.gemv_f16(w.float(), x)
+    with pytest.raises(helper.HelperError, match="invalid argument"):
+        helper.gemv_f16(w, x, None, 0)

@@ -8,9 +8,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engined.ops.w4a16_gemv.triton import int4_row_dot, out_buffer, pick_config
+from engined.ops.w4a16_gemv.triton import int4_row_dot
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
-from engined.ops.w4a16_grouped_gemv.triton import route_inputs
+from engined.ops.w4a16_grouped_gemv.triton import launch_routed
 
 
 @triton.jit
@@ -35,15 +35,4 @@ def moe_swiglu(x: torch.Tensor, gate: PackedInt4Experts, up: PackedInt4Experts,
                expert_ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     if gate.shape != up.shape or gate.group_size != up.group_size:
         raise ValueError(f"gate {gate.shape} and up {up.shape} stacks differ")
-    x, ids = route_inputs(x, gate, expert_ids, "moe_swiglu")
-    route_inputs(x, up, ids, "moe_swiglu")
-    _, n, k = gate.shape
-    routes = ids.numel()
-    out = out_buffer(out, (routes, n), gate.qweight.device, "moe_swiglu")
-    cfg = pick_config(n, k, gate.group_size, routes)
-    grid = (routes, triton.cdiv(n, cfg["BLOCK_N"]))
-    moe_swiglu_kernel[grid](x, ids, gate.qweight, gate.scales, gate.mins, up.qweight, up.scales,
-                            up.mins, out, n, k, X_PER_ROUTE=x.shape[0] > 1,
-                            GROUP=gate.group_size, **cfg)
-    return out
-
+    return launch_routed(moe_swiglu_kernel, "moe_swiglu", x, [gate, up], expert_ids, out)

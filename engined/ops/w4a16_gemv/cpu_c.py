@@ -1,13 +1,11 @@
 """w4a16_gemv on CPU through the C helper: fused unpack + dot on the helper's threads.
 
-Each weight byte is read once per call for up to 8 rows of x (more rows run in
-chunks of 8). Per-weight checks and cffi pointers are cached for the life of the
-PackedInt4 object, so a call costs a few microseconds of Python.
+Each weight byte is read once per call for up to helper.MAX_ROWS rows of x (more rows
+run in passes of that many). The helper's validated weight handle (helper.Int4Weight) is
+cached for the life of the PackedInt4 object, so a call costs a few microseconds of Python.
 """
 import contextlib
-import threading
 import weakref
-from dataclasses import dataclass
 
 import torch
 
@@ -48,79 +46,24 @@ def torch_single_threaded():
         _threads = pinned
 
 
-@dataclass(frozen=True)
-class CWeight:
-    """cffi pointers into a PackedInt4's (or a stack's) tensors, valid while it lives."""
-
-    q: object
-    s: object
-    m: object
-    n: int
-    k: int
-    group: int
-    q_addr: int  # qweight.data_ptr() when cached: a tensor given new storage is re-read
+_cache: dict[int, helper.Int4Weight] = {}
 
 
-_cache: dict[int, CWeight] = {}
-
-
-def c_weight(w) -> CWeight:
-    """Validate `w` once (CPU, contiguous, format dtypes) and cache its pointers."""
+def c_weight(w) -> helper.Int4Weight:
+    """The C helper's handle for `w` (a PackedInt4 or an expert stack), validated once and
+    cached for the life of the object; a qweight given new storage is validated again."""
     found = _cache.get(id(w))
-    if found is not None and found.q_addr == w.qweight.data_ptr():
+    if found is not None and found.address == w.qweight.data_ptr():
         return found
-    tensors = (w.qweight, w.scales, w.mins)
-    if (w.qweight.dtype, w.scales.dtype, w.mins.dtype) != (torch.uint8, torch.float16, torch.float16):
-        raise registry.KernelError("cpu_c kernels need uint8 qweight and fp16 scales and mins")
-    if any(t.device.type != "cpu" for t in tensors):
-        raise registry.KernelError("cpu_c kernels need the packed weight on the CPU")
-    if not all(t.is_contiguous() for t in tensors):
-        raise registry.KernelError("cpu_c kernels need contiguous qweight, scales and mins")
     helper.require()
-    ffi = helper.ffi
-    found = CWeight(ffi.cast("uint8_t *", w.qweight.data_ptr()),
-                    ffi.cast("uint16_t *", w.scales.data_ptr()),
-                    ffi.cast("uint16_t *", w.mins.data_ptr()),
-                    w.qweight.shape[-2], w.qweight.shape[-1] * 2, w.group_size,
-                    w.qweight.data_ptr())
+    try:
+        found = helper.int4_weight(w.qweight, w.scales, w.mins, w.group_size)
+    except ValueError as exc:
+        raise registry.KernelError(f"cpu_c kernels: {exc}") from None
     if id(w) not in _cache:
         weakref.finalize(w, _cache.pop, id(w), None)
     _cache[id(w)] = found
     return found
-
-
-_local = threading.local()
-
-
-def workspace(nfloats: int):
-    """A per-thread scratch buffer of at least `nfloats` fp32, as a cffi pointer."""
-    local = _local.__dict__
-    if local.get("size", 0) < nfloats:
-        local["buf"] = torch.empty(max(nfloats, 1 << 16), dtype=torch.float32)
-        local["size"] = local["buf"].numel()
-        local["ptr"] = helper.ffi.cast("float *", local["buf"].data_ptr())
-    return local["ptr"]
-
-
-def as_rows(x: torch.Tensor, k: int) -> torch.Tensor:
-    """x: [M, K] any float -> contiguous fp32 [M, K] on the CPU, or a clear error."""
-    if x.dim() != 2 or x.shape[1] != k:
-        raise registry.KernelError(f"x must be [M, {k}], got {list(x.shape)}")
-    if x.device.type != "cpu":
-        raise registry.KernelError(f"cpu_c kernels need x on the CPU, got {x.device}")
-    if x.dtype != torch.float32 or not x.is_contiguous():
-        x = x.to(torch.float32).contiguous()
-    return x
-
-
-def out_buffer(out: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor:
-    if out is None:
-        return torch.empty(shape, dtype=torch.float32)
-    if tuple(out.shape) != shape or out.dtype != torch.float32 or not out.is_contiguous() \
-            or out.device.type != "cpu":
-        raise registry.KernelError(f"out must be a contiguous CPU fp32 {list(shape)}, got "
-                                   f"{out.dtype} {list(out.shape)} on {out.device}")
-    return out
 
 
 @registry.register("w4a16_gemv", "cpu_c", devices=("cpu",),
@@ -129,20 +72,10 @@ def w4a16_gemv(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | N
                ) -> torch.Tensor:
     """x: [M, K] -> [M, N] fp32, written into `out` when given (contiguous fp32 [M, N])."""
     cw = c_weight(w)
-    x = as_rows(x, cw.k)
-    rows = x.shape[0]
-    out = out_buffer(out, (rows, cw.n))
-    lib, cast, threads = helper.lib, helper.ffi.cast, num_threads()
-    x_addr, out_addr = x.data_ptr(), out.data_ptr()
-    for start in range(0, rows, helper.MAX_ROWS):  # one pass when rows <= 8
-        m = min(helper.MAX_ROWS, rows - start)
-        work = workspace(m * cw.k + m * (cw.k // cw.group))  # gemv_w4a16_work_floats
-        status = lib.gemv_w4a16(cast("float *", x_addr + 4 * start * cw.k), m,
-                                cw.q, cw.s, cw.m, cw.n, cw.k, cw.group, work,
-                                cast("float *", out_addr + 4 * start * cw.n), threads)
-        if status:
-            helper.check(status, "gemv_w4a16")
-    return out
+    try:
+        return helper.gemv(cw, x, out, num_threads())
+    except ValueError as exc:
+        raise registry.KernelError(f"w4a16_gemv: {exc}") from None
 
 
 registry.set_default("w4a16_gemv", "cpu", "cpu_c")

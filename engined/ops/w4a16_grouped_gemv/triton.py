@@ -52,16 +52,28 @@ def route_inputs(x, experts: PackedInt4Experts, expert_ids, what: str):
     return x, expert_ids.to(torch.int64).contiguous()
 
 
-def w4a16_grouped_gemv(x: torch.Tensor, experts: PackedInt4Experts, expert_ids: torch.Tensor,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
-    x, ids = route_inputs(x, experts, expert_ids, "w4a16_grouped_gemv")
-    _, n, k = experts.shape
+def launch_routed(kernel, what: str, x, stacks: list[PackedInt4Experts], expert_ids,
+                  out) -> torch.Tensor:
+    """The launcher the routed kernels share: kernel(x, ids, q, s, m of each stack, out, N, K,
+    X_PER_ROUTE, GROUP, BLOCK_N, BLOCK_K), one program per (route, BLOCK_N outputs)."""
+    for stack in stacks[1:]:
+        if stack.shape != stacks[0].shape or stack.group_size != stacks[0].group_size:
+            raise ValueError(f"{what}: stacks {[s.shape for s in stacks]} differ")
+    x, ids = route_inputs(x, stacks[0], expert_ids, what)
+    for stack in stacks[1:]:
+        check_packed(stack, what)
+    _, n, k = stacks[0].shape
     routes = ids.numel()
-    out = out_buffer(out, (routes, n), experts.qweight.device, "w4a16_grouped_gemv")
-    cfg = pick_config(n, k, experts.group_size, routes)
+    out = out_buffer(out, (routes, n), stacks[0].qweight.device, what)
+    cfg = pick_config(n, k, stacks[0].group_size, routes)
     grid = (routes, triton.cdiv(n, cfg["BLOCK_N"]))
-    w4a16_grouped_gemv_kernel[grid](x, ids, experts.qweight, experts.scales, experts.mins, out,
-                                    n, k, X_PER_ROUTE=x.shape[0] > 1, GROUP=experts.group_size,
-                                    **cfg)
+    tensors = [t for s in stacks for t in (s.qweight, s.scales, s.mins)]
+    kernel[grid](x, ids, *tensors, out, n, k, X_PER_ROUTE=x.shape[0] > 1,
+                 GROUP=stacks[0].group_size, **cfg)
     return out
 
+
+def w4a16_grouped_gemv(x: torch.Tensor, experts: PackedInt4Experts, expert_ids: torch.Tensor,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    return launch_routed(w4a16_grouped_gemv_kernel, "w4a16_grouped_gemv", x, [experts],
+                         expert_ids, out)
