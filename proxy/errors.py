@@ -4,6 +4,8 @@ Error types follow the OpenAI/Anthropic public sets:
   invalid_request_error 400, authentication_error 401, permission_error 403,
   not_found_error 404, request_too_large 413, rate_limit_error 429,
   api_error 500/502, overloaded_error 503 (Anthropic) / service_unavailable (OpenAI).
+OpenAI bodies carry `code` too: the type, or a finer code (context_length_exceeded,
+rate_limit_exceeded) when the error has one.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 class ProxyError(Exception):
     status = 500
     type = "api_error"
+    code: str | None = None   # OpenAI's `code` when it says more than the type (context_length_exceeded)
     headers: dict = {}
 
     def __init__(self, message: str, *, param: str | None = None, status: int | None = None):
@@ -47,8 +50,22 @@ class MethodNotAllowed(ProxyError):
 
 
 class TooLarge(ProxyError):
+    """Connection: close, so the server drains a bounded part of the body, not all of it."""
     status = 413
     type = "request_too_large"
+    headers = {"Connection": "close"}
+
+
+class RateLimited(ProxyError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class ClientGone(ProxyError):
+    """The client closed its connection; nobody reads this answer (logged as 499)."""
+    status = 499
+    type = "api_error"
 
 
 class UpstreamError(ProxyError):
@@ -62,7 +79,7 @@ class UpstreamUnavailable(ProxyError):
     status = 503
     type = "overloaded_error"
 
-    def __init__(self, message: str, retry_after: int = 1):
+    def __init__(self, message: str, retry_after: int | str = 1):
         super().__init__(message)
         self.headers = {"Retry-After": str(retry_after)}
 
@@ -74,7 +91,12 @@ class UpstreamTimeout(UpstreamUnavailable):
 def openai_type(err: ProxyError) -> str:
     """OpenAI names for the types that differ from Anthropic's."""
     return {"overloaded_error": "service_unavailable", "not_found_error": "not_found_error",
-            "request_too_large": "invalid_request_error"}.get(err.type, err.type)
+            "request_too_large": "invalid_request_error",
+            "rate_limit_error": "rate_limit_exceeded"}.get(err.type, err.type)
+
+
+def openai_code(err: ProxyError) -> str:
+    return err.code or openai_type(err)
 
 
 def anthropic_body(err: ProxyError) -> dict:
@@ -82,8 +104,8 @@ def anthropic_body(err: ProxyError) -> dict:
 
 
 def openai_body(err: ProxyError) -> dict:
-    kind = openai_type(err)
-    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": kind}}
+    return {"error": {"message": err.message, "type": openai_type(err), "param": err.param,
+                      "code": openai_code(err)}}
 
 
 def from_exception(exc: BaseException) -> ProxyError:

@@ -5,7 +5,9 @@
 
 Errors before a stream starts are raised (the app renders them with a real status);
 after it starts they become the dialect's in-stream error frames and a clean close.
-Closing the client stream closes the upstream connection. What is particular to one
+Closing the client stream closes the upstream connection, and so does the client leaving
+while the upstream works (a non-stream answer, a queued request, a stream before its
+first byte): the server's `kimi.watch_hangup` sees its socket close. What is particular to one
 dialect (the Responses store, for one) happens in its `prepare` and `complete` hooks.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from proxy.errors import InvalidRequest, from_exception
 from proxy.pipeline import Options, Pipeline, chunks_from_json, one_call_at_a_time
 from proxy.toolcalls import get_parser
 from proxy.upstream.payload import build_payload, tool_to_openai
+from proxy.upstream.stream import Cancel
 
 log = logging.getLogger("kimi.proxy")
 _END = object()
@@ -46,6 +49,8 @@ class Context:
     opts: Options | None = None
     headers: dict = field(default_factory=dict)  # sent upstream
     payload: dict | None = None
+    cancel: Cancel = field(default_factory=Cancel)  # fired when the client leaves
+    stop_watch: object = lambda: None
     chunks: list = field(default_factory=list)
     upstream_response: dict | None = None
     frames: list = field(default_factory=list)
@@ -96,9 +101,19 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
                        reasoning_key=None if field_ == "auto" else field_,
                        on_parse_failure=lambda why: services.metrics.parse_failures.labels(policy.tool_parser).inc())
     ctx.headers = {"X-Request-Id": g.request_id}
+    watch = request.environ.get("kimi.watch_hangup")  # the gevent server's; absent in tests
+    if watch is not None:
+        ctx.stop_watch = watch(ctx.cancel.cancel)
     if not req.stream:
-        return _json(ctx)
-    stream = services.upstream.open_stream(ctx.payload, ctx.headers)  # raises before any byte is sent
+        try:
+            return _json(ctx)
+        finally:
+            ctx.stop_watch()
+    try:
+        stream = services.upstream.open_stream(ctx.payload, ctx.headers, cancel=ctx.cancel)
+    except BaseException:  # raised before any byte is sent
+        ctx.stop_watch()
+        raise
     return Response(_encoded(ctx, stream, _frames(ctx, stream)),
                     headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
                              "X-Accel-Buffering": "no", "X-Kimi-Preset": policy.preset})
@@ -106,7 +121,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
 
 def _json(ctx: Context) -> Response:
     services, started = ctx.services, time.monotonic()
-    body = services.upstream.chat(ctx.payload, ctx.headers)
+    body = services.upstream.chat(ctx.payload, ctx.headers, cancel=ctx.cancel)
     services.metrics.upstream_latency.labels(ctx.route).observe(time.monotonic() - started)
     ctx.upstream_response = body
     end = None
@@ -204,6 +219,9 @@ def _encoded(ctx: Context, stream, frames):
         ctx.status = 499
         raise
     except Exception as exc:  # noqa: BLE001 - every failure becomes an in-stream error
+        if ctx.cancel.is_cancelled:  # the client left: nobody to tell
+            ctx.status = 499
+            return
         error = from_exception(exc)
         ctx.status = error.status
         log.warning("stream %s failed: %s", ctx.request_id, error.message)
@@ -214,6 +232,7 @@ def _encoded(ctx: Context, stream, frames):
                 ctx.frames.append(data)
             yield data
     finally:
+        ctx.stop_watch()
         stream.close()
         ctx.services.metrics.upstream_latency.labels(ctx.route).observe(time.monotonic() - ctx.started)
         _done(ctx)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 
 from flask import Blueprint, current_app, g, request
@@ -10,7 +11,7 @@ from flask import Blueprint, current_app, g, request
 from proxy import handler
 from proxy.clients import policy as policy_mod
 from proxy.dialects import anthropic, openai_chat, openai_responses, responses_state
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, TooLarge
 from proxy.guards import is_authorized
 from proxy.upstream.payload import build_payload
 
@@ -28,8 +29,21 @@ def request_dialect():
     return DIALECT_OF_VIEW.get(endpoint.removeprefix(bp.name + "."))
 
 
-def json_body():
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # \ud800-\udfff, in JSON's own escapes
+
+
+def read_body() -> bytes:
+    """The request body; 413 past the limit. A chunked body has no Content-Length for
+    Flask to check, and its stream stops silently at the limit: one more byte tells."""
     raw = request.get_data(cache=False)
+    limit = current_app.config["MAX_BODY_BYTES"]
+    if request.content_length is None and len(raw) >= limit and request.environ["wsgi.input"].read(1):
+        raise TooLarge(f"request body is larger than {limit} bytes")
+    return raw
+
+
+def json_body():
+    raw = read_body()
     if not raw.strip():
         raise InvalidRequest("request body is empty; send a JSON object")
     try:
@@ -38,6 +52,12 @@ def json_body():
         raise InvalidRequest(f"invalid JSON body: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    if (b"\\ud" in raw or b"\\uD" in raw) and SURROGATE_ESCAPE.search(raw):  # lone surrogates?
+        try:
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise InvalidRequest("invalid JSON body: a string holds an unpaired surrogate escape "
+                                 "(\\ud800-\\udfff); text must be valid Unicode") from None
     return body
 
 

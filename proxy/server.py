@@ -4,6 +4,12 @@ SIGTERM/SIGINT drain: stop accepting, close kept-alive connections that wait for
 request, and give open streams up to drain-timeout-s to finish (under the unit's
 TimeoutStopSec=30s). A stream still open then gets its protocol's in-stream error (503,
 "shutting down") and a clean end, never a cut connection.
+
+Each request may watch its client: `environ["kimi.watch_hangup"](on_hangup)` calls
+on_hangup once if the client closes its connection, and returns the function that stops
+watching. After an answer with `Connection: close` (a 413), the rest of the body is
+drained for at most DRAIN_MAX_BYTES / DRAIN_MAX_S, so the client reads the answer
+instead of a reset, and a 1 GiB body is not read to its end.
 """
 from __future__ import annotations
 
@@ -15,13 +21,16 @@ import sys
 import gevent
 from gevent.event import Event
 from gevent.pool import Pool
-from gevent.pywsgi import WSGIHandler, WSGIServer
+from gevent.pywsgi import Input, WSGIHandler, WSGIServer
+from gevent.socket import wait_read
 
 from proxy import __version__
 from proxy.errors import UpstreamUnavailable
 
 
 SHUTDOWN_GRACE_S = 2.0  # for the error events to be written once a stream is interrupted
+DRAIN_MAX_BYTES = 64 * 1024 * 1024  # of a body left unread by a Connection: close answer
+DRAIN_MAX_S = 5.0
 
 
 class NoDelayServer(WSGIServer):
@@ -55,6 +64,20 @@ class ShuttingDown(UpstreamUnavailable):
     """Raised inside a request still running when the drain time is up."""
 
 
+class BoundedDrainInput(Input):
+    """gevent reads a body left unread to its end, to keep the connection; once the answer
+    said Connection: close, only a bounded part of it."""
+    __slots__ = ("handler",)
+
+    def _discard(self):
+        if not self.handler.close_connection:
+            return super()._discard()
+        with gevent.Timeout(DRAIN_MAX_S, False):
+            num_read = 0
+            while num_read < DRAIN_MAX_BYTES and (data := self.read(65536)):
+                num_read += len(data)
+
+
 class QuietHandler(WSGIHandler):
     def log_request(self):  # the app logs one line per request itself
         pass
@@ -68,6 +91,33 @@ class QuietHandler(WSGIHandler):
             return super().read_requestline()
         finally:
             self.server.idle.discard(self)
+
+    def get_environ(self):
+        environ = super().get_environ()
+        environ["kimi.watch_hangup"] = self.watch_hangup
+        body = self.wsgi_input
+        self.wsgi_input = BoundedDrainInput(body.rfile, body.content_length, socket=body.socket,
+                                            chunked_input=body.chunked_input)
+        self.wsgi_input.handler = self
+        if environ["wsgi.input"] is body:
+            environ["wsgi.input"] = self.wsgi_input
+        return environ
+
+    def watch_hangup(self, on_hangup):
+        """Call on_hangup once if the client closes its connection; returns stop()."""
+        sock = self.socket
+
+        def watch():
+            try:
+                wait_read(sock.fileno())
+                is_gone = sock.recv(1, socket.MSG_PEEK) == b""  # else: the client's next request
+            except OSError:
+                is_gone = True
+            if is_gone:
+                on_hangup()
+
+        watcher = gevent.spawn(watch)
+        return lambda: watcher.kill(block=False)
 
     def hang_up(self) -> None:
         try:

@@ -52,12 +52,12 @@ class _ReplayUpstream:
         self.cassette = cassette
         self.payloads: list[dict] = []
 
-    def chat(self, payload, headers=None):
+    def chat(self, payload, headers=None, cancel=None):
         self.payloads.append(payload)
         up = self.cassette["upstream"]
         return up["response"] if up.get("response") else _fold(up["chunks"])
 
-    def open_stream(self, payload, headers=None):
+    def open_stream(self, payload, headers=None, cancel=None):
         self.payloads.append(payload)
         up = self.cassette["upstream"]
         return ListStream(up["chunks"] or chunks_from_json(up["response"]))

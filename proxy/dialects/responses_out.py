@@ -11,7 +11,7 @@ from typing import Iterator
 
 from proxy import canonical as c
 from proxy.dialects import common as d
-from proxy.errors import ProxyError, openai_type
+from proxy.errors import ProxyError, openai_code
 
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -206,7 +206,7 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
 
 
 def failed_frames(turn: d.Turn, err: ProxyError) -> list:
-    kind = openai_type(err)
+    kind = openai_code(err)
     error = {"code": kind, "message": err.message}
     final = envelope(turn, "failed", list(turn.extra.get("announced", [])), None, error=error)
     return [_event(turn, "error", code=kind, message=err.message, param=err.param),

@@ -14,9 +14,12 @@ import ssl
 import threading
 from urllib.parse import urlsplit
 
-from proxy import sse
-from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import ClientGone, ProxyError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from proxy.upstream.http11 import Connection, Response
+from proxy.upstream.status import status_error as _status_error
+from proxy.upstream.stream import Cancel, ListStream, Stream
+
+__all__ = ["Cancel", "ListStream", "Stream", "Target", "Upstream"]
 
 
 class Target:
@@ -55,69 +58,6 @@ class Target:
         return sock
 
 
-class Stream:
-    """An open streamed upstream response: iterate for chunk dicts; close() cancels."""
-
-    def __init__(self, upstream: "Upstream", conn, resp):
-        self._upstream, self._conn, self._resp = upstream, conn, resp
-        self._done = False
-
-    def __iter__(self):
-        dec = sse.Decoder()
-        pieces = self._resp.pieces()
-        try:
-            while True:
-                try:
-                    data = next(pieces, b"")
-                except OSError as exc:
-                    raise UpstreamError(f"upstream stream broke: {exc}") from exc
-                frames = dec.feed(data) if data else dec.flush()
-                for _event, payload in frames:
-                    if payload.strip() == "[DONE]":
-                        self._done = True
-                        return
-                    yield _decode_chunk(payload)
-                if not data:
-                    raise UpstreamError("upstream closed the stream before it finished")
-        finally:
-            self.close()
-
-    def close(self):
-        """Release a finished connection; abort an unfinished one (cancels the engine request)."""
-        if self._conn is None:
-            return
-        conn, self._conn = self._conn, None
-        if self._done and not self._resp.will_close:
-            try:  # drain the terminating chunk so the connection can be reused
-                self._resp.read()
-                self._upstream._release(conn)
-                return
-            except OSError:
-                pass
-        conn.close()
-
-
-class ListStream(list):
-    """Chunks already in hand, with the Stream interface."""
-
-    def close(self):
-        pass
-
-
-def _decode_chunk(payload: str) -> dict:
-    try:
-        chunk = json.loads(payload)
-    except ValueError as exc:
-        raise UpstreamError(f"upstream sent a chunk that is not JSON: {payload[:200]!r}") from exc
-    if not isinstance(chunk, dict):
-        raise UpstreamError("upstream sent a chunk that is not a JSON object")
-    if "error" in chunk and not chunk.get("choices"):
-        err = chunk["error"]
-        msg = err.get("message") if isinstance(err, dict) else str(err)
-        raise UpstreamError(f"upstream error mid-stream: {msg}")
-    return chunk
-
-
 class Upstream:
     """A pooled client for one upstream. Thread- and greenlet-safe."""
 
@@ -130,6 +70,7 @@ class Upstream:
         self.pool_size = pool_size
         self._idle: list = []
         self._lock = threading.Lock()
+        self.max_model_len: int | None = None  # learnt from served_info, for context errors
 
     @property
     def url(self) -> str:
@@ -137,10 +78,25 @@ class Upstream:
 
     # -- connections -------------------------------------------------------------------
     def _acquire(self) -> tuple[Connection, bool]:
+        """A live idle connection, else a new one. An idle connection the upstream closed
+        (it restarted, or timed it out) reads as EOF: it is dropped here, before any use."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                return self._new_connection(), False
+            if conn.is_idle_alive():
+                return conn, True
+            conn.close()
+
+    def _new_connection(self) -> Connection:
+        return Connection(lambda: self.target.connect(self.connect_timeout_s), self.timeout_s)
+
+    def _drop_idle(self) -> None:
         with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return Connection(lambda: self.target.connect(self.connect_timeout_s), self.timeout_s), False
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     def _release(self, conn: Connection) -> None:
         with self._lock:
@@ -149,26 +105,39 @@ class Upstream:
                 return
         conn.close()
 
-    def _send(self, method: str, path: str, body: bytes | None, headers: dict) -> tuple[Connection, Response]:
-        """Send one request; retry once on a stale pooled connection."""
+    def _send(self, method: str, path: str, body: bytes | None, headers: dict,
+              cancel: Cancel | None = None) -> tuple[Connection, Response]:
+        """Send one request. A pooled connection that fails before the request can have
+        reached the upstream (the write failed, or the upstream reset it unread) means the
+        pool is stale: it is emptied and the request is sent once more, on a new connection."""
+        conn, reused = self._acquire()
         for attempt in (0, 1):
-            conn, reused = self._acquire()
+            is_sent = False
             try:
+                if cancel is not None:
+                    cancel.attach(conn)
                 conn.open()
                 conn.send_request(method, path, headers, body)
+                is_sent = True
                 return conn, conn.read_response()
-            except (ConnectionRefusedError, FileNotFoundError) as exc:
+            except ProxyError:
                 conn.close()
-                raise UpstreamUnavailable(f"cannot reach the upstream at {self.url}: {exc}") from exc
-            except TimeoutError as exc:
-                conn.close()
-                raise UpstreamTimeout(f"upstream at {self.url} timed out: {exc}") from exc
+                raise
             except OSError as exc:
                 conn.close()
-                if reused and attempt == 0:
+                if cancel is not None and cancel.is_cancelled:
+                    raise ClientGone("the client closed its connection") from exc
+                if reused and attempt == 0 and (not is_sent or isinstance(exc, ConnectionResetError)):
+                    self._drop_idle()
+                    conn, reused = self._new_connection(), False
                     continue
-                raise UpstreamUnavailable(f"cannot reach the upstream at {self.url}: {exc}") from exc
+                raise self._transport_error(exc) from exc
         raise AssertionError("unreachable")
+
+    def _transport_error(self, exc: OSError) -> ProxyError:
+        if isinstance(exc, TimeoutError):
+            return UpstreamTimeout(f"upstream at {self.url} timed out: {exc}")
+        return UpstreamUnavailable(f"cannot reach the upstream at {self.url}: {exc}")
 
     def _headers(self, extra: dict | None, stream: bool = False) -> dict:
         headers = {"Content-Type": "application/json",
@@ -180,37 +149,46 @@ class Upstream:
 
     # -- calls -------------------------------------------------------------------------
     def request_json(self, method: str, path: str, body: dict | None = None,
-                     headers: dict | None = None) -> tuple[int, object]:
+                     headers: dict | None = None, cancel: Cancel | None = None) -> tuple[int, object]:
+        status, data, _headers = self._request(method, path, body, headers, cancel)
+        return status, data
+
+    def _request(self, method: str, path: str, body: dict | None, headers: dict | None,
+                 cancel: Cancel | None) -> tuple[int, object, dict]:
         raw = None if body is None else json.dumps(body).encode()
-        conn, resp = self._send(method, path, raw, self._headers(headers))
+        conn, resp = self._send(method, path, raw, self._headers(headers), cancel)
         try:
             data = resp.read()
         except OSError as exc:
             conn.close()
+            if cancel is not None and cancel.is_cancelled:
+                raise ClientGone("the client closed its connection") from exc
             raise UpstreamError(f"upstream broke while answering: {exc}") from exc
+        if cancel is not None:
+            cancel.detach()
         if resp.will_close:
             conn.close()
         else:
             self._release(conn)
         try:
-            return resp.status, json.loads(data) if data else None
+            return resp.status, json.loads(data) if data else None, resp.headers
         except ValueError:
-            return resp.status, data.decode("utf-8", "replace")
+            return resp.status, data.decode("utf-8", "replace"), resp.headers
 
-    def chat(self, payload: dict, headers: dict | None = None) -> dict:
-        status, body = self.request_json("POST", self.target.api_prefix + "/chat/completions",
-                                         payload, headers)
+    def chat(self, payload: dict, headers: dict | None = None, cancel: Cancel | None = None) -> dict:
+        status, body, resp_headers = self._request("POST", self.target.api_prefix + "/chat/completions",
+                                                   payload, headers, cancel)
         if status >= 400:
-            raise _status_error(status, body)
+            raise _status_error(status, body, resp_headers, self.max_model_len)
         if not isinstance(body, dict):
             raise UpstreamError("upstream answered with a body that is not a JSON object")
         return body
 
-    def open_stream(self, payload: dict, headers: dict | None = None) -> Stream:
+    def open_stream(self, payload: dict, headers: dict | None = None, cancel: Cancel | None = None) -> Stream:
         """POST a streaming request; returns once the upstream sent its status line."""
         raw = json.dumps(payload).encode()
         conn, resp = self._send("POST", self.target.api_prefix + "/chat/completions", raw,
-                                self._headers(headers, stream=True))
+                                self._headers(headers, stream=True), cancel)
         if resp.status >= 400:
             try:
                 data = resp.read()
@@ -221,10 +199,12 @@ class Upstream:
                 body = json.loads(data)
             except ValueError:
                 body = data.decode("utf-8", "replace")
-            raise _status_error(resp.status, body)
+            raise _status_error(resp.status, body, resp.headers, self.max_model_len)
         if (resp.getheader("Content-Type") or "").startswith("application/json"):
+            if cancel is not None:
+                cancel.detach()
             return self._json_as_stream(conn, resp)  # a server that ignored stream:true
-        return Stream(self, conn, resp)
+        return Stream(self, conn, resp, cancel)
 
     def _json_as_stream(self, conn, resp) -> "ListStream":
         from proxy.pipeline import chunks_from_json
@@ -263,8 +243,10 @@ class Upstream:
             return {}
         data = body.get("data") if isinstance(body, dict) and status < 400 else None
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
-        return {k: first[k] for k, kind in (("id", str), ("max_model_len", int))
+        info = {k: first[k] for k, kind in (("id", str), ("max_model_len", int))
                 if isinstance(first.get(k), kind)}
+        self.max_model_len = info.get("max_model_len", self.max_model_len)
+        return info
 
     def health(self) -> tuple[bool, str]:
         try:
@@ -274,20 +256,4 @@ class Upstream:
         return status < 400, f"HTTP {status}"
 
     def close(self):
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-
-def _status_error(status: int, body) -> UpstreamError:
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        detail = body["error"].get("message") or json.dumps(body["error"])
-    else:
-        detail = body if isinstance(body, str) else json.dumps(body)
-    err = UpstreamError(f"upstream returned {status}: {str(detail)[:500]}", status=status)
-    if status == 400:
-        err.type = "invalid_request_error"
-    elif status in (502, 503, 504):
-        return UpstreamUnavailable(f"upstream returned {status}: {str(detail)[:500]}")
-    return err
+        self._drop_idle()

@@ -12,7 +12,9 @@ upstream needs is supported: Content-Length, chunked, or read-until-close bodies
 """
 from __future__ import annotations
 
+import select
 import socket
+import ssl
 from typing import Callable, Iterator
 
 MAX_HEAD = 64 * 1024
@@ -35,6 +37,23 @@ class Connection:
             self.sock = self._connect()
             self.buf.clear()
         self.sock.settimeout(self.timeout)
+
+    def is_idle_alive(self) -> bool:
+        """For a pooled connection: the upstream has not closed it and sent nothing unasked.
+        A non-blocking peek: EOF or stray bytes mean it must not carry another request."""
+        sock = self.sock
+        if sock is None or self.buf:
+            return sock is None and not self.buf  # never opened: open() connects afresh
+        try:
+            sock.settimeout(0)
+            if isinstance(sock, ssl.SSLSocket):
+                return not select.select([sock], [], [], 0)[0]
+            sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        return False
 
     def send_request(self, method: str, path: str, headers: dict, body: bytes | None) -> None:
         lines = [f"{method} {path} HTTP/1.1", "Host: localhost", *(f"{k}: {v}" for k, v in headers.items())]

@@ -39,9 +39,12 @@ def app(tmp_path_factory):
     return app
 
 
+# Text that cannot be encoded too: lone surrogates, which json.dumps escapes as \udXXX.
+texts = st.text(max_size=8) | st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+                                      | st.characters(), min_size=1, max_size=8)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | texts,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
     max_leaves=12)
 FIELDS = ["model", "messages", "max_tokens", "stream", "tools", "tool_choice", "system", "input", "stop",
           "temperature", "thinking", "n", "stream_options", "reasoning", "instructions", "content", "role",
@@ -239,3 +242,28 @@ def test_an_error_after_the_request_started_is_logged_with_its_status(tmp_path):
     assert resp.status_code == 503
     metrics = app.test_client().get("/metrics").get_data(as_text=True)
     assert 'kimi_proxy_requests_total{preset="' in metrics and 'status="503"' in metrics
+
+
+lone_surrogate_texts = st.builds(lambda a, s, b: a + s + b, st.text(max_size=4),
+                                 st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), st.text(max_size=4))
+
+
+@pytest.mark.parametrize("route", FUZZ_ROUTES)
+def test_generated_text_that_cannot_be_encoded_gets_400_in_dialect(app, route):
+    """Valid JSON, not valid Unicode: a lone surrogate in the model, the text, system or input."""
+    @settings(max_examples=150, deadline=None, derandomize=True, database=None)
+    @given(lone_surrogate_texts, st.sampled_from(["model", "text", "system"]), st.booleans())
+    def run(text, where, stream):
+        body = {**json.loads(json.dumps(VALID[route])), "stream": stream}
+        if where == "model":
+            body["model"] = text
+        elif where == "system":
+            body["system" if "messages" in body else "instructions"] = text
+        elif "messages" in body:
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            body["input"] = text
+        resp = app.test_client().post(route, data=json.dumps(body).encode(), content_type="application/json")
+        assert resp.status_code == 400, resp.get_data(as_text=True)
+        assert_shape(resp, ROUTES[route])
+    run()

@@ -34,6 +34,9 @@ class Reply:
     die_after: int | None = None                    # stream: drop the connection after N chunks
     delay_s: float = 0.0                            # pause before each chunk
     extra_choice: dict = field(default_factory=dict)  # e.g. {"stop_reason": "</x>"}
+    has_done: bool = True                           # stream: end with `data: [DONE]`
+    error_code: str | None = None                   # status >= 400: the error body's `code`
+    retry_after: str | None = None                  # status >= 400: a Retry-After header
 
     @staticmethod
     def text(text: str, reasoning: str = "", size: int = 8, **kw) -> "Reply":
@@ -97,6 +100,7 @@ class FakeUpstream:
         self.completed = 0
         self.has_tokenize = tokenize
         self.is_json_only = False  # answer streaming requests with JSON, as some servers do
+        self.max_model_len: int | None = None  # GET /v1/models reports it when set
         self._lock = threading.Lock()
 
     def count(self, outcome: str) -> None:
@@ -165,16 +169,21 @@ def _handler_for(fake: FakeUpstream):
         def log_message(self, *args):
             pass
 
-        def _send_json(self, status: int, body) -> None:
+        def _send_json(self, status: int, body, headers: dict | None = None) -> None:
             raw = json.dumps(body).encode()
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(raw)))
             self.end_headers()
             self.wfile.write(raw)
 
         def do_GET(self):
-            self._send_json(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+            model = {"id": "fake", "object": "model"}
+            if fake.max_model_len:
+                model["max_model_len"] = fake.max_model_len
+            self._send_json(200, {"object": "list", "data": [model]})
 
         def do_POST(self):
             payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
@@ -185,7 +194,9 @@ def _handler_for(fake: FakeUpstream):
             reply = fake.next_reply(payload, dict(self.headers))
             model = payload.get("model", "fake")
             if reply.status >= 400:
-                return self._send_json(reply.status, {"error": {"message": "scripted failure", "type": "x"}})
+                error = {"message": "scripted failure", "type": "x", "code": reply.error_code}
+                headers = {"Retry-After": reply.retry_after} if reply.retry_after else None
+                return self._send_json(reply.status, {"error": error}, headers)
             if not payload.get("stream") or fake.is_json_only:
                 return self._send_json(200, reply.completion(model))
             self._stream(reply, model)
@@ -205,7 +216,8 @@ def _handler_for(fake: FakeUpstream):
                     if reply.delay_s:
                         time.sleep(reply.delay_s)
                     self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
-                self._chunk(b"data: [DONE]\n\n")
+                if reply.has_done:
+                    self._chunk(b"data: [DONE]\n\n")
                 self._chunk(b"")
                 fake.count("completed")
             except (BrokenPipeError, ConnectionResetError):
@@ -227,11 +239,11 @@ class InProcessClient:
         self.url = "fake://in-process"
         self.is_down = False
 
-    def chat(self, payload: dict, headers: dict | None = None) -> dict:
+    def chat(self, payload: dict, headers: dict | None = None, cancel=None) -> dict:
         reply = self._reply(payload, headers)
         return reply.completion(payload.get("model", "fake"))
 
-    def open_stream(self, payload: dict, headers: dict | None = None):
+    def open_stream(self, payload: dict, headers: dict | None = None, cancel=None):
         reply = self._reply(payload, headers)
         return _InProcessStream(self.fake, reply, payload.get("model", "fake"))
 
