@@ -149,12 +149,15 @@ def base_url(host: str, port: int) -> str:
 def banner(cfg: dict) -> str:
     from proxy.clients.presets import setup_text
     base = base_url(cfg["HOST"], cfg["PORT"])
-    token = cfg.get("API_KEY") or "local"
     model = cfg["MODEL"] or "kimi-local"
     lines = [f"kimi-proxy {__version__} serving on {base}", f"  upstream {cfg['UPSTREAM']}",
              f"  client   {cfg['CLIENT']}", ""]
     if cfg.get("RECORD"):
         lines.insert(3, f"  record   {cfg['RECORD']}")
+    token = "local"
+    if cfg.get("API_KEY"):  # never printed: the banner lands in the journal
+        lines.insert(3, "  api key  set (not shown); the lines below read it from $KIMI_API_KEY")
+        token = "$KIMI_API_KEY"
     lines.append("Set up a client (copy and paste):")
     lines.extend("  " + line for line in setup_text(base, model, token).splitlines())
     return "\n".join(lines)

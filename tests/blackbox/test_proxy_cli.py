@@ -88,8 +88,9 @@ def test_serve_banner_sdks_and_sighup(tmp_path, env):
             out, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err
     for needle in ("ANTHROPIC_BASE_URL=http://localhost:", "codex", "opencode", "aider", "OPENAI_BASE_URL=",
-                   "ANTHROPIC_API_KEY=k3y"):
+                   "ANTHROPIC_API_KEY=$KIMI_API_KEY", "api key  set (not shown)"):
         assert needle in out, out
+    assert "k3y" not in out + err  # the key never reaches the journal
 
 
 def test_doctor(env):
