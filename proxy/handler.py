@@ -26,6 +26,7 @@ from proxy import sse
 from proxy.dialects import common as d
 from proxy.errors import InvalidRequest, from_exception
 from proxy.pipeline import Options, Pipeline, chunks_from_json, one_call_at_a_time
+from proxy.state.conversation import ConversationKeys
 from proxy.toolcalls import get_parser
 from proxy.upstream.payload import build_payload, tool_to_openai
 from proxy.upstream.stream import Cancel
@@ -46,6 +47,7 @@ class Context:
     req: c.Request | None = None
     turn: d.Turn | None = None
     ledger_id: str = ""
+    conversation: ConversationKeys | None = None  # keys of the request's messages (reasoning ledger)
     opts: Options | None = None
     headers: dict = field(default_factory=dict)  # sent upstream
     payload: dict | None = None
@@ -88,8 +90,9 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     ctx.ledger_id = services.reasoning.new_turn()
     field_ = cfg["REASONING_FIELD"]
     model = upstream_model(cfg, policy, req.model, None if cfg["MODEL"] else services.served_model())
-    payload = build_payload(req, model=model, reasoning_field=field_,
-                            restore=lambda m: services.reasoning.restore(m, field_), effort=policy.effort)
+    ctx.conversation = keys = ConversationKeys(req.messages)
+    payload = build_payload(req, model=model, reasoning_field=field_, effort=policy.effort,
+                            restore=lambda m, i: services.reasoning.restore(m, field_, keys.before(i)))
     ctx.payload = services.fit_max_tokens(payload, request.content_length or 0)
     turn.input_estimate = max(1, (request.content_length or 0) // 4)  # until the engine's real count
     ctx.started = time.monotonic()  # the request log, latency and TTFT count from here
@@ -127,7 +130,7 @@ def _json(ctx: Context) -> Response:
     end = None
     for ev in Pipeline(ctx.opts).run(chunks_from_json(body)):
         end = ev if isinstance(ev, c.StreamEnd) else end
-    services.record_turn(ctx.ledger_id, end.response)
+    services.record_turn(ctx.ledger_id, end.response, lambda: _conversation_key(ctx))
     ctx.frames = ctx.dialect.render_response(ctx.turn, ctx.req, end.response, ctx.policy)
     _done(ctx)
     return current_app.response_class(sse.dumps(ctx.frames), mimetype="application/json")
@@ -146,7 +149,7 @@ def _frames(ctx: Context, stream):
                 ctx.first_token = time.monotonic()  # the first model token the client can see
                 ctx.services.metrics.ttft.labels(ctx.route).observe(ctx.first_token - ctx.started)
             if isinstance(ev, c.StreamEnd):
-                ctx.services.record_turn(ctx.ledger_id, ev.response)
+                ctx.services.record_turn(ctx.ledger_id, ev.response, lambda: _conversation_key(ctx))
             yield ev
 
     events = finished(Pipeline(ctx.opts).run(recorded(stream)))
@@ -156,6 +159,10 @@ def _frames(ctx: Context, stream):
     if interval and ctx.policy.ping_interval_s:
         interval = min(interval, ctx.policy.ping_interval_s)
     return ctx.dialect.stream(ctx.turn, ctx.req, with_keepalive(events, interval), ctx.policy)
+
+
+def _conversation_key(ctx: Context):
+    return ctx.conversation.before(len(ctx.req.messages))
 
 
 def _done(ctx: Context) -> None:

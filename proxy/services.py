@@ -69,9 +69,10 @@ class Services:
             self.recorder.close()
 
     # -- request hooks -----------------------------------------------------------------
-    def record_turn(self, ledger_id: str, response: c.Response) -> None:
-        """A completed turn's reasoning and calls go to the ledger, for the client's next turn."""
-        self.reasoning.record(ledger_id, response, self.cfg["REASONING_FIELD"])
+    def record_turn(self, ledger_id: str, response: c.Response, conversation=None) -> None:
+        """A completed turn's reasoning and calls go to the ledger, for the client's next turn,
+        under the conversation's key (a callable: the ledger writer hashes it)."""
+        self.reasoning.record(ledger_id, response, self.cfg["REASONING_FIELD"], conversation)
 
     def done(self, ctx) -> None:
         self.log_request(ctx)

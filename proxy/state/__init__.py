@@ -3,8 +3,10 @@
 The handlers see two small interfaces:
 
     Reasoning: new_turn() -> ledger id;  sign(text, ledger_id) -> signature | None;
-               restore(message, reasoning_field) -> upstream assistant dict | None;
-               record(ledger_id, response, reasoning_field)
+               restore(message, reasoning_field, conversation="") -> upstream assistant dict | None;
+               record(ledger_id, response, reasoning_field, conversation=None)
+               (conversation: the key of the messages before the turn, proxy.state.conversation;
+               for record a callable, so the hash is computed by the ledger writer)
     Responses: put(id, input_items=, output_items=, previous_id=, response=);
                get(id) -> response body | None;  history(id) -> items | None;  delete(id) -> bool
 
@@ -68,7 +70,7 @@ class LedgerReasoning:
     def sign(self, text: str, ledger_id: str) -> str | None:
         return self.ledger.sign(text, ledger_id)
 
-    def restore(self, message: c.Message, reasoning_field: str) -> dict | None:
+    def restore(self, message: c.Message, reasoning_field: str, conversation: str = "") -> dict | None:
         from proxy.upstream.payload import assistant_from_echo
         from proxy.state.reasoning import apply_reasoning_field
         self._pending.join()
@@ -76,7 +78,7 @@ class LedgerReasoning:
         echoed = "".join(p.text for p in parts if not p.redacted) or None
         found = self.ledger.restore(signatures=[p.signature for p in parts if p.signature],
                                     echoed_reasoning=echoed, text=message.text(),
-                                    tool_calls=_calls(message.of(c.ToolCall)))
+                                    tool_calls=_calls(message.of(c.ToolCall)), conversation=conversation)
         if self.metrics is not None:
             self.metrics.ledger.labels(found.source if found else "miss").inc()
         if found is None:
@@ -85,14 +87,14 @@ class LedgerReasoning:
         base = found.message or assistant_from_echo(plain, "none") or {"role": "assistant", "content": ""}
         return apply_reasoning_field(base, found.reasoning, reasoning_field)
 
-    def record(self, ledger_id: str, response: c.Response, reasoning_field: str) -> None:
+    def record(self, ledger_id: str, response: c.Response, reasoning_field: str, conversation=None) -> None:
         """Queue one completed turn; a turn with neither reasoning nor calls has nothing to restore."""
         if not response.reasoning() and not response.tool_calls():
             return
         message = {k: v for k, v in (response.upstream_message or {}).items()
                    if k not in ("reasoning_content", "reasoning")}
         self._pending.put((ledger_id, "".join(p.text for p in response.reasoning()), response.text(),
-                           _calls(response.tool_calls()), message))
+                           _calls(response.tool_calls()), message, conversation))
 
     def _writer(self) -> None:
         while True:
@@ -100,8 +102,9 @@ class LedgerReasoning:
             try:
                 if item is None:
                     return
-                ledger_id, reasoning, text, calls, message = item
-                self.ledger.record(ledger_id, reasoning=reasoning, text=text, tool_calls=calls, message=message)
+                ledger_id, reasoning, text, calls, message, conversation = item
+                self.ledger.record(ledger_id, reasoning=reasoning, text=text, tool_calls=calls, message=message,
+                                   conversation=conversation() if conversation else "")
             except Exception as exc:  # noqa: BLE001 - a failed write must not kill the writer
                 log.warning("ledger write failed: %s", exc)
             finally:

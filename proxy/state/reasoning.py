@@ -26,7 +26,9 @@ Restore order: a signature whose ledger row exists (exact message) → the texts
 signatures → the echoed reasoning → the fingerprint of visible text + tool calls. A
 fingerprint hit also supplies the exact message when its reasoning agrees with what the
 signature or echo gave. Fingerprints ignore ``<think>`` spans in the text, so restoration
-works under ``--reasoning-field inline`` and for clients that keep inline tags.
+works under ``--reasoning-field inline`` and for clients that keep inline tags. They also
+cover the conversation (proxy.state.conversation: a hash of the client-visible messages
+before the turn), so two conversations with the same reply never get each other's reasoning.
 """
 from __future__ import annotations
 
@@ -96,9 +98,10 @@ def _payload(blob_b64: str) -> tuple[str | None, str | None]:
     return (text if isinstance(text, str) else None), (ledger_id if isinstance(ledger_id, str) and ledger_id else None)
 
 
-def fingerprint(text: str, tool_calls) -> str:
-    """Stable over a client's re-serialisation: visible text without <think>, canonical args."""
-    digest = hashlib.sha256(split_think(text or "")[1].strip().encode())
+def fingerprint(text: str, tool_calls, conversation: str = "") -> str:
+    """Stable over a client's re-serialisation: the conversation's key, then the visible text
+    without <think> and canonical args."""
+    digest = hashlib.sha256(conversation.encode() + b"\0" + split_think(text or "")[1].strip().encode())
     for call in tool_calls or ():
         name, arguments = _call_parts(call)
         digest.update(b"\0" + name.encode() + b"\0" + _canonical_args(arguments).encode())
@@ -198,10 +201,10 @@ class Ledger:
 
     # ledger rows
     def record(self, ledger_id: str | None = None, *, reasoning: str, text: str = "", tool_calls=(),
-               message: dict | None = None) -> str:
+               message: dict | None = None, conversation: str = "") -> str:
         """Store one completed turn; returns a signature of the whole reasoning for it."""
         ledger_id = ledger_id or self.new_id()
-        now, fp = self.db.clock(), fingerprint(text, tool_calls)
+        now, fp = self.db.clock(), fingerprint(text, tool_calls, conversation)
         encoded = None if message is None else json.dumps(message, ensure_ascii=False)
         self.db.execute_many([
             ("UPDATE ledger SET fingerprint = NULL WHERE fingerprint = ?", (fp,)),
@@ -222,7 +225,7 @@ class Ledger:
         return reasoning, None if message is None else json.loads(message)
 
     def restore(self, *, signatures=(), echoed_reasoning: str | None = None, text: str = "",
-                tool_calls=()) -> Restored | None:
+                tool_calls=(), conversation: str = "") -> Restored | None:
         """Reasoning (and when known the exact message) for one echoed assistant message."""
         decoded = [self.decode(sig) for sig in signatures or ()]
         rows = [self._lookup("id", ledger_id) for _, ledger_id in decoded if ledger_id]
@@ -234,7 +237,8 @@ class Ledger:
         found = (Restored("signature", "".join(texts)) if texts
                  else Restored("ledger", bare_row[0]) if bare_row
                  else Restored("echo", echoed_reasoning) if echoed_reasoning else None)
-        row = self._lookup("fingerprint", fingerprint(text, tool_calls)) if text or tool_calls else None
+        row = (self._lookup("fingerprint", fingerprint(text, tool_calls, conversation))
+               if text or tool_calls else None)
         if row is not None and (found is None or found.reasoning == row[0]):
             return self._hit(Restored("fingerprint", row[0], row[1]))
         if found is None:

@@ -11,7 +11,7 @@ from typing import Callable
 
 from proxy import canonical as c
 
-Restore = Callable[[c.Message], "dict | None"]
+Restore = Callable[[c.Message, int], "dict | None"]  # (assistant message, its index in the request)
 
 
 def build_payload(req: c.Request, *, model: str, reasoning_field: str,
@@ -54,7 +54,8 @@ def _messages(messages, reasoning_field: str, restore: Restore | None) -> list[d
         i += 1
     if any(leading):
         out.append({"role": "system", "content": "\n\n".join(t for t in leading if t)})
-    for msg in messages[i:]:
+    for index in range(i, len(messages)):
+        msg = messages[index]
         if msg.role == "system":
             out.append({"role": "system", "content": msg.text()})
         elif msg.role == "user":
@@ -62,7 +63,7 @@ def _messages(messages, reasoning_field: str, restore: Restore | None) -> list[d
         elif msg.role == "tool":
             out.extend(_tool_results(msg))
         else:
-            restored = restore(msg) if restore else None
+            restored = restore(msg, index) if restore else None
             built = restored if restored is not None else assistant_from_echo(msg, reasoning_field)
             if built is not None:
                 out.append(built)
