@@ -10,6 +10,9 @@ item, and the `compaction` items that come back in later `input`.
     {"type": "compaction" | "compaction_summary", "encrypted_content"} in later input
                                -> a user message carrying the summary
 
+Codex 0.171 (tests/fixtures/live-clients/codex-compact*.jsonl.gz) sends the trigger when its
+provider is named "OpenAI" and needs exactly one compaction item back; for any other provider
+it summarises with an ordinary turn. Some users report builds that call the compact route.
 Either way the model is asked once, without tools, to summarise the conversation. Our
 `encrypted_content` is `kcmp1.` + urlsafe base64 of {"summary": text}; one we cannot read
 (OpenAI's own ciphertext) is left out of the prompt rather than refused.

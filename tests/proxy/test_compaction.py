@@ -99,3 +99,26 @@ def test_compaction_trigger_answers_with_one_compaction_item(tmp_path, stream):
     item = final["output"][0]
     assert item["type"] == "compaction" and responses_compact.decode(item["encrypted_content"]) == SUMMARY
     assert asked_to_summarise(fake.requests[-1]) and fake.requests[-1]["stream"] is stream
+
+
+def test_captured_codex_v2_compaction_round_trip(tmp_path):
+    """codex-compact-v2.jsonl.gz: the trigger request, then the new window echoing the item."""
+    with gzip.open(CAPTURE.with_name("codex-compact-v2.jsonl.gz"), "rt") as fh:
+        _turn, trigger, window = [r for r in map(json.loads, fh) if r["method"] == "POST"]
+    headers = {k: v for k, v in dict(trigger["headers"]).items()
+               if k.lower() not in ("host", "content-length", "accept-encoding")}
+    assert trigger["body"]["input"][-1] == {"type": "compaction_trigger"} and trigger["body"]["stream"] is True
+    client, fake = make(tmp_path, Reply.text(SUMMARY), Reply.text("tool-ran-ok"))
+    frames = [(e, json.loads(d)) for e, d in sse.parse_frames(
+        client.post("/v1/responses", json=trigger["body"], headers=headers).get_data())]
+    done = [d["item"] for e, d in frames if e == "response.output_item.done"]
+    assert len(done) == 1 and done[0]["type"] == "compaction"  # Codex fails on anything else
+    assert frames[-1][1]["response"]["output"] == done and asked_to_summarise(fake.requests[-1])
+    body = copy.deepcopy(window["body"])
+    stub_item = next(i for i in body["input"] if i["type"] == "compaction")
+    assert client.post("/v1/responses", json=body, headers=headers).status_code == 200  # the stub's blob
+    assert "stub-compaction-blob" not in json.dumps(fake.requests[-1])
+    body["input"][body["input"].index(stub_item)] = done[0]  # what Codex echoes after talking to us
+    assert client.post("/v1/responses", json=body, headers=headers).status_code == 200
+    sent = fake.requests[-1]["messages"]
+    assert sent[-1] == {"role": "user", "content": responses_compact.SUMMARY_HEADER + SUMMARY}
