@@ -50,6 +50,12 @@ def main():
               help="Memory for reusing the KV cache (Kimi-Linear: state snapshots) of "
                    "prompt prefixes seen before, e.g. 256MiB; 0 turns it off. Counted in "
                    "the memory cap, least recently used evicted first.  [default: 256MiB]")
+@click.option("--max-queue", type=int, metavar="N",
+              help="Most requests waiting to start; one more is answered 429 with "
+                   "Retry-After; 0 means no bound.  [default: 16]")
+@click.option("--queue-timeout-s", type=float, metavar="SECONDS",
+              help="Longest a request waits to start; past it, 503 with Retry-After; "
+                   "0 means no limit.  [default: 120]")
 @click.option("--log-file", metavar="PATH",
               help="Append status and request lines here instead of standard error; "
                    "SIGHUP reopens it.")

@@ -94,6 +94,8 @@ class EngineConfig:
     max_batch: int = 8  # running sequences, decoded together
     prefill_chunk: int = 256  # prompt tokens per prefill step
     prefix_cache_bytes: int = 256 * 2**20  # 0 = no prefix cache
+    max_queue: int = 16  # requests waiting to start; more get 429; 0 = no bound
+    queue_timeout_s: float = 120.0  # longest wait to start, then 503; 0 = no limit
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -108,6 +110,8 @@ class EngineConfig:
         set_("max_batch", _bounded_int(self.max_batch, "max-batch", 1, 256))
         set_("prefill_chunk", _bounded_int(self.prefill_chunk, "prefill-chunk", 1, 1 << 20))
         set_("prefix_cache_bytes", parse_size(self.prefix_cache_bytes, "prefix-cache-bytes"))
+        set_("max_queue", _non_negative_int(self.max_queue, "max-queue"))
+        set_("queue_timeout_s", _non_negative_float(self.queue_timeout_s, "queue-timeout-s"))
         if self.log_file:
             set_("log_file", pathlib.Path(self.log_file))
 
@@ -167,3 +171,15 @@ def _bounded_int(value: Any, what: str, low: int, high: int) -> int:
     if not low <= number <= high:
         raise ConfigError(f"{what}: expected {low}..{high}, got {value!r}")
     return number
+
+
+def _non_negative_float(value: Any, what: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a number of seconds, got {value!r}")
+    try:
+        number = float(str(value).strip()) if not isinstance(value, (int, float)) else value
+    except ValueError:
+        raise ConfigError(f"{what}: expected a number of seconds, got {value!r}") from None
+    if not 0 <= number < float("inf"):
+        raise ConfigError(f"{what}: must be 0 or more seconds, got {value!r}")
+    return float(number)

@@ -9,6 +9,7 @@ class EngineError(Exception):
     status = 500
     type = "server_error"
     code: str | None = None
+    retry_after_s: int | None = None  # sent as Retry-After when set
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -20,6 +21,9 @@ class EngineError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type,
                           "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
 
 
 class InvalidRequest(EngineError):
@@ -54,6 +58,20 @@ class Unavailable(EngineError):
     status = 503
     type = "server_error"
     code = "unavailable"
+
+
+class QueueFull(EngineError):
+    """--max-queue requests are already waiting: come back later."""
+    status = 429
+    type = "rate_limit_exceeded"  # as the proxy's OpenAI dialect names a 429
+    code = "rate_limit_exceeded"
+    retry_after_s = 5
+
+
+class QueueTimeout(Unavailable):
+    """The request waited --queue-timeout-s without starting; it was taken off the queue."""
+    code = "queue_timeout"
+    retry_after_s = 5
 
 
 class InternalError(EngineError):

@@ -31,14 +31,15 @@ PREFIX_CACHE_BYTES = 256 * 2**20
 class Engine:
     def __init__(self, model: Model, max_context: int, metrics: EngineMetrics, threads: int = 0,
                  log=print, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
-                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES, max_queue: int = 0):
         self.model = model
         self.max_context = max_context
         self.metrics = metrics
         self.threads = threads
         self.log = log
         self.prefill_chunk = prefill_chunk
-        self.scheduler = Scheduler(token_budget=max_context, max_batch=max_batch)
+        self.scheduler = Scheduler(token_budget=max_context, max_batch=max_batch,
+                                   max_queue=max_queue)
         self.prefix_cache = PrefixCache(prefix_cache_bytes, metrics)
         self.step_log: collections.deque[tuple[str, tuple[int, ...]]] = collections.deque(
             maxlen=4096)  # (kind, seq ids) of recent steps: fairness is checkable

@@ -4,13 +4,15 @@ either one prefill chunk of one sequence or one decode token for every decoding 
 the two alternate while both have work, so no stream waits more than one prefill chunk for
 its next token, and prompts take turns chunk by chunk.
 
-`add` is called by HTTP threads; everything else runs on the model thread.
+At most `max_queue` sequences wait (0: no bound); `add` refuses one more with QueueFull.
+`add` and `withdraw` are called by HTTP threads; everything else runs on the model thread.
 """
 import collections
 import threading
 from dataclasses import dataclass
 
 from engined.engine.sequence import Sequence
+from engined.errors import QueueFull
 
 
 @dataclass(frozen=True)
@@ -20,9 +22,10 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, token_budget: int, max_batch: int = 8):
+    def __init__(self, token_budget: int, max_batch: int = 8, max_queue: int = 0):
         self.token_budget = token_budget  # KV slots shared by all running sequences
         self.max_batch = max_batch
+        self.max_queue = max_queue
         self.last_kind = "prefill"
         self.num_reserved_tokens = 0
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -40,8 +43,19 @@ class Scheduler:
 
     def add(self, seq: Sequence):
         with self._wakeup:
+            if self.max_queue and len(self.waiting) >= self.max_queue:
+                raise QueueFull(f"the engine's queue is full ({self.max_queue} requests "
+                                "waiting to start); retry later")
             self.waiting.append(seq)
             self._wakeup.notify()
+
+    def withdraw(self, seq: Sequence) -> bool:
+        """Take a sequence that has not started off the queue; False if it has started."""
+        with self._lock:
+            if seq not in self.waiting:
+                return False
+            self.waiting.remove(seq)
+            return True
 
     def wake(self):
         with self._wakeup:
@@ -77,6 +91,7 @@ class Scheduler:
                 seq = self.waiting.popleft()
                 self.num_reserved_tokens += seq.num_max_tokens
                 self.running.append(seq)
+                seq.mark_admitted()
                 admitted.append(seq)
         return admitted
 

@@ -108,6 +108,7 @@ class Sequence:
     finish_time: float | None = None
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     _cancelled: threading.Event = field(default_factory=threading.Event)
+    _admitted: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self):
         self.stop_matcher = StopMatcher(self.params.stop)
@@ -136,6 +137,14 @@ class Sequence:
     def cancel(self):
         """Called by the HTTP handler when its client went away."""
         self._cancelled.set()
+
+    def mark_admitted(self):
+        """Called by the scheduler when the sequence leaves the queue to run."""
+        self._admitted.set()
+
+    def wait_admitted(self, timeout: float) -> bool:
+        """For the HTTP handler: True once the sequence has left the queue to run."""
+        return self._admitted.wait(timeout)
 
     def append_token(self, token_id: int, logprob: TokenLogprob | None):
         """Record a sampled token; decide whether the sequence is finished."""

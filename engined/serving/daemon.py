@@ -103,10 +103,11 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     metrics.load_time.set(seconds)
     engine = Engine(loaded.model, max_context, metrics, config.threads, log.write,
                     max_batch=config.max_batch, prefill_chunk=config.prefill_chunk,
-                    prefix_cache_bytes=config.prefix_cache_bytes)
+                    prefix_cache_bytes=config.prefix_cache_bytes, max_queue=config.max_queue)
     engine.start()
     served = Served(engine, loaded.tokenizer, loaded.chat, loaded.model_id, max_context,
-                    IncrementalDecoder, created=int(time.time()))
+                    IncrementalDecoder, created=int(time.time()),
+                    queue_timeout_s=config.queue_timeout_s)
     return served, metrics, engine
 
 

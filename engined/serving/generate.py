@@ -12,7 +12,7 @@ from engined.serving import parse as api
 from engined.chat.errors import PromptTooLong
 from engined.chat.messages import forced_tool, normalize_tools
 from engined.chat.output import ContentDelta, OutputParser
-from engined.errors import ContextLengthExceeded, EngineError, InvalidRequest
+from engined.errors import ContextLengthExceeded, EngineError, InvalidRequest, QueueTimeout
 from engined.serving.bodies import (DONE, LogprobFormat, Shaper, chat_finish_reason, chat_message,
                                delta_dict, merge_deltas, sse, usage)
 from engined.engine.sequence import (ErrorEvent, FinishEvent, PromptLogprobsEvent, SamplingParams,
@@ -35,6 +35,7 @@ class Served:
     max_context: int
     decoder_factory: object  # tokenizer -> IncrementalDecoder
     created: int = 0  # unix time the model was loaded
+    queue_timeout_s: float = 0.0  # longest wait to start (--queue-timeout-s); 0 = no limit
 
     def logprob_format(self, token_ids: api.TokenIds = api.TokenIds()) -> LogprobFormat:
         return LogprobFormat(self.tokenizer, token_ids.is_logprob_ids)
@@ -80,9 +81,28 @@ def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling:
     params = SamplingParams(max_tokens, sampling.temperature, sampling.top_p, sampling.top_k,
                             sampling.seed, stops, stop_ids, num_top, is_prompt_logprobs)
     seq = Sequence(prompt_ids, params, served.decoder_factory(served.tokenizer), ex.request_id)
-    served.engine.submit(seq)
+    served.engine.submit(seq)  # a full queue raises QueueFull: 429
     ex.stats["seq"] = seq
+    await_admission(served, seq, ex)
     return seq
+
+
+def await_admission(served: Served, seq: Sequence, ex):
+    """Wait until the model loop starts the sequence, before any header is sent, so a
+    request that waits past --queue-timeout-s is taken off the queue and answered 503
+    (streamed or not). A client that leaves meanwhile is dropped at once."""
+    while not seq.wait_admitted(LIVENESS_POLL_S):
+        if seq.is_finished:  # failed while queued (the engine stopped): events() says so
+            return
+        if not ex.is_client_alive():
+            seq.cancel()
+            raise ClientGone()
+        waited = time.monotonic() - seq.arrival_time
+        if (served.queue_timeout_s and waited > served.queue_timeout_s
+                and served.engine.scheduler.withdraw(seq)):
+            raise QueueTimeout(f"the request waited {waited:.0f} s in the engine's queue "
+                               f"without starting (--queue-timeout-s "
+                               f"{served.queue_timeout_s:g}); retry later")
 
 
 def events(seq: Sequence, ex):

@@ -210,13 +210,15 @@ class Exchange:
     def server_is_draining(self) -> bool:
         return self._handler.server.is_draining
 
-    def send_bytes(self, status: int, body: bytes, content_type: str):
-        head = self._head(status, content_type, {"Content-Length": str(len(body))})
+    def send_bytes(self, status: int, body: bytes, content_type: str,
+                   headers: dict[str, str] | None = None):
+        head = self._head(status, content_type,
+                          {**(headers or {}), "Content-Length": str(len(body))})
         self._sock.sendall(head + (b"" if self.method == "HEAD" else body))
 
-    def send_json(self, status: int, obj: Any):
+    def send_json(self, status: int, obj: Any, headers: dict[str, str] | None = None):
         self.send_bytes(status, json.dumps(obj, ensure_ascii=False).encode(),
-                        "application/json")
+                        "application/json", headers)
 
     def start_stream(self, first_event: str):
         """Headers and the first SSE event in one write."""

@@ -107,7 +107,7 @@ class App:
                 ex.end_stream(sse(exc.body()) + DONE)
                 ex.status = exc.status
             else:
-                ex.send_json(exc.status, exc.body())
+                ex.send_json(exc.status, exc.body(), exc.headers())
                 ex.finish_refused_request()
         except OSError:
             ex.status = CLIENT_CLOSED

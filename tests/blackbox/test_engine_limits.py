@@ -2,6 +2,7 @@
 a prompt far over the context, text that is not Unicode, and the bounded queue."""
 import json
 import shutil
+import socket
 import threading
 import time
 
@@ -11,6 +12,7 @@ from tests.support.engine import Daemon, get, post
 
 HI = [{"role": "user", "content": "Say hello."}]
 MAX_CONTEXT = 256
+QUEUE_TIMEOUT_S = 1.0
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +22,8 @@ def engine_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(engine_cache):
-    daemon = Daemon(engine_cache, "--max-context", str(MAX_CONTEXT), "--threads", "1").start()
+    daemon = Daemon(engine_cache, "--max-context", str(MAX_CONTEXT), "--threads", "1",
+                    "--max-queue", "1", "--queue-timeout-s", str(QUEUE_TIMEOUT_S)).start()
     yield daemon
     daemon.stop()
     shutil.rmtree(daemon.dir, ignore_errors=True)
@@ -50,12 +53,13 @@ def timed(results: dict, name: str, fn):
 
 
 def test_huge_prompt_is_refused_fast_beside_a_small_request(engine):
-    post(engine.sock, "/v1/chat/completions", {"messages": HI, "max_tokens": 4})  # warm
+    small = {"messages": HI, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    results = {}
+    timed(results, "alone", lambda: post(engine.sock, "/v1/chat/completions", small))  # warm
     idle = rss_bytes(engine.proc.pid)
     content = b"word " * (16 * 2**20 // 5)  # 16 MiB
     big = b'{"messages": [{"role": "user", "content": "' + content + b'"}]}'
-    small = {"messages": HI, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
-    results, peak = {}, PeakRss(engine.proc.pid)
+    peak = PeakRss(engine.proc.pid)
     peak.start()
     threads = [threading.Thread(target=timed, args=(results, "big", lambda: post(
                    engine.sock, "/v1/chat/completions", big, timeout=60))),
@@ -67,12 +71,15 @@ def test_huge_prompt_is_refused_fast_beside_a_small_request(engine):
         t.join(120)
     peak.is_done = True
     peak.join()
-    print(f"refused in {results['big_s']:.2f} s, small answered in {results['small_s']:.2f} s, "
-          f"RSS {idle / 1e6:.0f} MB idle, {peak.peak / 1e6:.0f} MB peak")
+    print(f"refused in {results['big_s']:.2f} s, small answered in {results['small_s']:.2f} s "
+          f"({results['alone_s']:.2f} s alone), RSS {idle / 1e6:.0f} MB idle, "
+          f"{peak.peak / 1e6:.0f} MB peak")
     assert results["big"].status == 400
     assert results["big"].json()["error"]["code"] == "context_length_exceeded"
     assert results["big_s"] < 3.0
-    assert results["small"].status == 200 and results["small_s"] < 3.0
+    # 3 s, or on a machine so loaded that the small request alone is slow, 2 s more than that
+    assert results["small"].status == 200
+    assert results["small_s"] < max(3.0, results["alone_s"] + 2.0)
     assert peak.peak - idle <= 100e6
 
 
@@ -100,3 +107,45 @@ def test_a_prompt_that_just_fits_is_served(engine):
     over = post(engine.sock, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": content + " a a"}], "max_tokens": 1})
     assert over.status == 400 and over.json()["error"]["code"] == "context_length_exceeded"
+
+
+def hold_the_whole_context(sock_path: str) -> socket.socket:
+    """A stream whose prompt + max_tokens fill the context: nothing else can start."""
+    count = post(sock_path, "/tokenize", {"messages": HI}).json()["count"]
+    raw = json.dumps({"messages": HI, "max_tokens": MAX_CONTEXT - count, "ignore_eos": True,
+                      "stream": True}).encode()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(sock_path)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: engine\r\nContent-Type: "
+              b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    return s
+
+
+def test_full_queue_is_429_and_a_queue_timeout_is_503(engine):
+    holder = hold_the_whole_context(engine.sock)
+    try:
+        for is_stream in (False, True):
+            results = {}
+            waiter = threading.Thread(target=timed, args=(results, "queued", lambda: post(
+                engine.sock, "/v1/chat/completions",
+                {"messages": HI, "max_tokens": 4, "stream": is_stream}, timeout=30)))
+            waiter.start()
+            time.sleep(0.3)  # the waiter is in the queue (--max-queue 1)
+            full = post(engine.sock, "/v1/chat/completions", {"messages": HI, "max_tokens": 4},
+                        timeout=30)
+            assert full.status == 429, full.body
+            assert int(full.headers["Retry-After"]) > 0
+            assert full.json()["error"]["type"] == "rate_limit_exceeded"
+            waiter.join(30)
+            timed_out = results["queued"]
+            assert timed_out.status == 503, timed_out.body  # before any stream header
+            assert int(timed_out.headers["Retry-After"]) > 0
+            assert timed_out.json()["error"]["code"] == "queue_timeout"
+            assert QUEUE_TIMEOUT_S <= results["queued_s"] < QUEUE_TIMEOUT_S + 2
+    finally:
+        holder.close()
+    resp = post(engine.sock, "/v1/chat/completions", {"messages": HI, "max_tokens": 2},
+                timeout=60)
+    assert resp.status == 200, resp.body
