@@ -149,3 +149,20 @@ def test_full_queue_is_429_and_a_queue_timeout_is_503(engine):
     resp = post(engine.sock, "/v1/chat/completions", {"messages": HI, "max_tokens": 2},
                 timeout=60)
     assert resp.status == 200, resp.body
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"model": "m\ud800", "messages": HI}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\udc00b"}]}),
+    ("/v1/completions", {"prompt": "\udfff"}),
+    ("/tokenize", {"prompt": "\ud800"}),
+    ("/detokenize", {"tokens": [1], "model": "\udbff"}),
+], ids=["chat-model", "chat-message", "completions", "tokenize", "detokenize"])
+def test_text_that_is_not_unicode_is_400_on_every_route(engine, path, body, stream):
+    resp = post(engine.sock, path, json.dumps({**body, "stream": stream}), timeout=30)
+    assert resp.status == 400, resp.body
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and "surrogate" in error["message"]
+    assert get(engine.sock, "/health").status == 200
