@@ -11,8 +11,11 @@ Scenarios:
   reasoning    reasoning_content deltas before text; turn 2 checks the reasoning came back.
   interleaved  two parallel tool calls whose argument fragments interleave.
 Turns are keyed on whether a tool result (or an earlier assistant turn) is present, since
-opencode first sends a tool-less title request. Each request appends one JSON line to --log:
-{"turn", "scenario", "stream", "tools", "tool_result", "reasoning_restored"}.
+opencode first sends a tool-less title request. A request whose history was compacted into a
+summary that holds the final answer (Codex) gets COMPACTED_ANSWER. With --usage-from-size,
+usage counts the request's bytes / 4 as prompt tokens, so that a client's auto-compaction limit
+is reached. Each request appends one JSON line to --log: {"turn", "scenario", "stream",
+"tools", "tool_result", "reasoning_restored", "last_user"}.
 """
 import argparse
 import json
@@ -23,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 REASONING = "The user wants a shell command run; I will call the shell tool with echo."
 ANSWER = "Hello from the fake upstream."
 SHELL_HINTS = ("bash", "shell", "exec", "command", "terminal", "run")
+COMPACTED_ANSWER = "Resumed from the compacted summary."
 MARKER = "tool-ran-ok"
 COMMAND = f"echo {MARKER}"
 
@@ -81,6 +85,16 @@ def last_tool_result(messages: list[dict]) -> str | None:
     return None
 
 
+def text_of(content) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def last_user(messages: list[dict]) -> str:
+    return next((text_of(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
+
+
 def reasoning_restored(messages: list[dict]) -> bool:
     for msg in messages:
         if msg.get("role") == "assistant":
@@ -102,6 +116,8 @@ class Script:
         self.scenario = scenario
 
     def deltas(self) -> tuple[list[dict], str]:
+        if self.scenario == "tool" and final_answer(MARKER) in last_user(self.body.get("messages", [])):
+            return self.text(COMPACTED_ANSWER), "stop"
         if self.scenario == "tool" and self.turn == 1:
             fn = shell_tool(self.body.get("tools", []))
             if fn is not None:
@@ -152,6 +168,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     scenario = "text"
     log_path = None
+    usage_from_size = False
     lock = threading.Lock()
 
     def log_message(self, *args):
@@ -180,7 +197,7 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             self.stream(deltas, finish, body)
         else:
-            self.send_body(200, self.whole(deltas, finish))
+            self.send_body(200, self.whole(body, deltas, finish))
 
     def record(self, script: Script, body: dict):
         if not self.log_path:
@@ -188,12 +205,17 @@ class Handler(BaseHTTPRequestHandler):
         line = {"turn": script.turn, "scenario": self.scenario, "stream": bool(body.get("stream")),
                 "tools": [t.get("function", t).get("name") for t in body.get("tools") or []],
                 "tool_result": script.tool_result,
-                "reasoning_restored": reasoning_restored(body.get("messages", []))}
+                "reasoning_restored": reasoning_restored(body.get("messages", [])),
+                "last_user": last_user(body.get("messages", []))[:4000]}
         with self.lock, open(self.log_path, "a") as f:
             f.write(json.dumps(line) + "\n")
 
-    @staticmethod
-    def whole(deltas: list[dict], finish: str) -> dict:
+    def usage(self, body: dict, deltas: list[dict]) -> dict:
+        prompt = len(json.dumps(body)) // 4 if self.usage_from_size else 10
+        return {"prompt_tokens": prompt, "completion_tokens": len(deltas),
+                "total_tokens": prompt + len(deltas)}
+
+    def whole(self, body: dict, deltas: list[dict], finish: str) -> dict:
         content = "".join(d.get("content", "") for d in deltas) or None
         reasoning = "".join(d.get("reasoning_content", "") for d in deltas) or None
         calls: dict[int, dict] = {}
@@ -211,8 +233,7 @@ class Handler(BaseHTTPRequestHandler):
         return {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
                 "model": "fake-model", "choices": [{"index": 0, "message": message,
                                                      "finish_reason": finish}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": len(deltas),
-                          "total_tokens": 10 + len(deltas)}}
+                "usage": self.usage(body, deltas)}
 
     def stream(self, deltas: list[dict], finish: str, body: dict):
         self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -226,8 +247,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         self.wfile.write(f"data: {json.dumps(dict(base, choices=[{'index': 0, 'delta': {}, 'finish_reason': finish}]))}\n\n".encode())
         if (body.get("stream_options") or {}).get("include_usage"):
-            usage = {"prompt_tokens": 10, "completion_tokens": len(deltas),
-                     "total_tokens": 10 + len(deltas)}
+            usage = self.usage(body, deltas)
             self.wfile.write(f"data: {json.dumps(dict(base, choices=[], usage=usage))}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
         self.close_connection = True
@@ -238,8 +258,11 @@ def main():
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--scenario", choices=["text", "tool", "reasoning", "interleaved"], default="text")
     parser.add_argument("--log", help="append one JSON line per request here")
+    parser.add_argument("--usage-from-size", action="store_true",
+                        help="report the request's bytes / 4 as its prompt tokens")
     args = parser.parse_args()
     Handler.scenario, Handler.log_path = args.scenario, args.log
+    Handler.usage_from_size = args.usage_from_size
     ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
 
 

@@ -45,10 +45,11 @@ def run_client(client: str, prompt: str, server_cmd: str, tmp_path: pathlib.Path
                log.read_text(errors="replace") if log.exists() else "")
 
 
-def fake_upstream_cmd(tmp_path: pathlib.Path, scenario: str) -> str:
+def fake_upstream_cmd(tmp_path: pathlib.Path, scenario: str, *upstream_args: str) -> str:
     """kimi-proxy in front of tests/e2e/fake_upstream.py, both started inside the namespace."""
     return (f"{BIN}/python {ROOT}/tests/e2e/fake_upstream.py --port {UPSTREAM_PORT} "
-            f"--scenario {scenario} --log {tmp_path}/upstream.jsonl & exec {BIN}/kimi-proxy serve "
+            f"--scenario {scenario} --log {tmp_path}/upstream.jsonl {' '.join(upstream_args)} "
+            f"& exec {BIN}/kimi-proxy serve "
             f"--port {PROXY_PORT} --upstream http://127.0.0.1:{UPSTREAM_PORT}/v1 "
             f"--ledger {tmp_path}/ledger.sqlite")
 
@@ -66,21 +67,21 @@ class EngineRun:
         self.proxy_log = self.tmp_path / "proxy.log"
         self.cassettes = self.tmp_path / "cassettes"
 
-    def server_cmd(self) -> str:
+    def server_cmd(self, port: int = PROXY_PORT) -> str:
         """The engine first; the proxy only once the engine's socket exists, so that the port the
         client waits for opens when the whole chain can answer."""
         return (f"XDG_CACHE_HOME={self.cache} {BIN}/kimi-engine serve --model default "
                 f"--socket {self.socket} --log-file {self.engine_log} & "
                 f"for i in $(seq 3000); do [ -S {self.socket} ] && break; sleep 0.1; done; "
-                f"exec {BIN}/kimi-proxy serve --port {PROXY_PORT} --upstream unix://{self.socket} "
+                f"exec {BIN}/kimi-proxy serve --port {port} --upstream unix://{self.socket} "
                 f"--ledger {self.tmp_path}/ledger.sqlite --log-file {self.proxy_log} "
                 f"--record {self.cassettes}")
 
     def engine_requests(self) -> list[dict]:
         """The engine's request lines (one per request) as dicts of their key=value fields."""
         lines = self.engine_log.read_text().splitlines() if self.engine_log.exists() else []
-        return [dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line)) for line in lines
-                if "request_id=" in line]
+        return [{k: v.strip('"') for k, v in re.findall(r'(\w+)=("[^"]*"|\S+)', line)}
+                for line in lines if "request_id=" in line]
 
     def recorded(self) -> list[dict]:
         """The proxy's cassettes, oldest first."""
