@@ -20,9 +20,11 @@ def main():
 
 
 @main.command()
-@click.option("--model", metavar="default|PATH",
-              help="The model to serve: 'default' for the embedded SmolLM2-135M-Instruct, or "
-                   "the path of a GGUF file.  [default: default]")
+@click.option("--model", metavar="default|PATH|synthetic:NAME",
+              help="The model to serve: 'default' for the embedded SmolLM2-135M-Instruct, the "
+                   "path of a GGUF file or a Kimi-Linear directory, or synthetic:tiny|small|"
+                   "kimi-linear-48b (random Kimi-Linear weights, for benchmarks).  "
+                   "[default: default]")
 @click.option("--socket", metavar="PATH",
               help="Unix socket to listen on (mode 0660).  [default: "
                    "$RUNTIME_DIRECTORY/engine.sock, else $XDG_RUNTIME_DIR/kimi/engine.sock, "
@@ -74,7 +76,8 @@ def serve(config_file, **flags):
 
 
 @main.command()
-@click.option("--model", metavar="default|PATH", help="The model to check (as for serve).")
+@click.option("--model", metavar="default|PATH|synthetic:NAME",
+              help="The model to check (as for serve).")
 @click.option("--socket", metavar="PATH", help="The socket path to check (as for serve).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]),
               help="The device serve would use (cuda fails when no GPU is present).")
