@@ -2,7 +2,8 @@
  *
  * Every weight byte is read once per call, for all rows of x. Per group g of a
  * weight row, y += s_g * dot(q_g, x_g) + m_g * sum(x_g); sum(x_g) is computed once
- * per call. The code bytes hold elements 2j (low nibble) and 2j+1 (high nibble),
+ * per call. A symmetric row (mins NULL) has m_g = -8 s_g, so its min term is
+ * -8 * sum_g s_g * sum(x_g), computed from the scales. The code bytes hold elements 2j (low nibble) and 2j+1 (high nibble),
  * so x is de-interleaved once per call into blocks of 32: [x0 x2 .. x30 | x1 x3 .. x31];
  * a block of 16 code bytes then meets two contiguous runs of x.
  *
@@ -72,7 +73,7 @@ static void row_blocks_c(const KhRow *w, const float *xperm, const float *xsum,
         float total = 0.0f;
         for (j = 0; j < BLOCK / 2; j++) total += acc[r][j];
         for (g = 0; g < groups; g++)
-            total += kh_half_to_float(w->mins[g]) * xsum[r * groups + g];
+            total += kh_row_min(w, g) * xsum[r * groups + g];
         y[r * y_stride] = total;
     }
 }
@@ -92,7 +93,7 @@ static void row_scalar(const KhRow *w, const float *x, const float *xsum,
             for (j = 0; j < w->group / 2; j++)
                 dot += (float)(q[j] & 0x0f) * xg[2 * j] + (float)(q[j] >> 4) * xg[2 * j + 1];
             total += kh_half_to_float(w->scales[g]) * dot
-                     + kh_half_to_float(w->mins[g]) * xsum[r * groups + g];
+                     + kh_row_min(w, g) * xsum[r * groups + g];
         }
         y[r * y_stride] = total;
     }
@@ -160,7 +161,7 @@ static void routed_row(const GemvJob *job, int64_t i)
     int t;
     for (t = 0; t <= job->swiglu; t++) {
         KhRow w = {job->q[t] + wrow * (k / 2), job->s[t] + wrow * groups,
-                   job->m[t] + wrow * groups, k, job->group};
+                   job->m[t] ? job->m[t] + wrow * groups : NULL, k, job->group};
         job->row_fn(&w, xp, xs, 1, &v[t], 1);
     }
     job->out[i] = job->swiglu ? v[0] / (1.0f + expf(-v[0])) * v[1] : v[0];
@@ -176,8 +177,8 @@ static void gemv_chunk(void *ctx, int64_t chunk)
         if (job->expert_ids) {
             routed_row(job, i);
         } else {
-            KhRow w = {job->q[0] + i * (k / 2), job->s[0] + i * groups, job->m[0] + i * groups,
-                       k, job->group};
+            KhRow w = {job->q[0] + i * (k / 2), job->s[0] + i * groups,
+                       job->m[0] ? job->m[0] + i * groups : NULL, k, job->group};
             job->row_fn(&w, job->xperm, job->xsum, job->x_rows, job->out + i, job->n);
         }
     }
@@ -209,7 +210,7 @@ int gemv_w4a16(const float *x, int64_t rows, const uint8_t *qweight,
     GemvJob job = {0};
     int status = check_shape(rows, n, k, group, nthreads);
     if (status) return status;
-    if (!x || !qweight || !scales || !mins || !work || !out) return KH_EINVAL;
+    if (!x || !qweight || !scales || !work || !out) return KH_EINVAL;
     job.q[0] = qweight;
     job.s[0] = scales;
     job.m[0] = mins;
@@ -256,7 +257,7 @@ int grouped_gemv_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids
     int status = check_shape(1, n, k, group, nthreads);
     if (!status) status = check_routes(x, x_rows, expert_ids, routes, num_experts);
     if (status) return status;
-    if (!qweight || !scales || !mins || !work || !out) return KH_EINVAL;
+    if (!qweight || !scales || !work || !out) return KH_EINVAL;
     job = routed_job(expert_ids, x_rows, routes, n, k, group, out);
     job.q[0] = qweight;
     job.s[0] = scales;
@@ -274,8 +275,7 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
     int status = check_shape(1, n, k, group, nthreads);
     if (!status) status = check_routes(x, x_rows, expert_ids, routes, num_experts);
     if (status) return status;
-    if (!gate_q || !gate_s || !gate_m || !up_q || !up_s || !up_m || !work || !out)
-        return KH_EINVAL;
+    if (!gate_q || !gate_s || !up_q || !up_s || !work || !out) return KH_EINVAL;
     job = routed_job(expert_ids, x_rows, routes, n, k, group, out);
     job.swiglu = 1;
     job.q[0] = gate_q;

@@ -28,7 +28,8 @@ static KH_TARGET inline float hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* sum_g mins[g] * xsum[g]: the m*sum(x_g) half of the dot product, vectorized. */
+/* sum_g mins[g] * xsum[g]: the m*sum(x_g) half of the dot product, vectorized (given the
+ * scales, -8 times it is a symmetric row's half). */
 static KH_TARGET float mins_dot(const uint16_t *mins, const float *xsum, int64_t groups)
 {
     __m256 acc = _mm256_setzero_ps();
@@ -125,9 +126,12 @@ static KH_TARGET void halves_to_floats(const uint16_t *h, int64_t n, float *out)
                 if (b < blocks) KH_BLOCK(ROWS, g * blocks + b, sc0, acc0);         \
             }                                                                      \
         }                                                                          \
-        for (r = 0; r < ROWS; r++)                                                 \
-            y[r * y_stride] = hsum256(_mm256_add_ps(acc0[r], acc1[r]))             \
-                              + mins_dot(w->mins, xsum + r * groups, groups);      \
+        for (r = 0; r < ROWS; r++) {                                                        \
+            const float *xs = xsum + r * groups; /* symmetric: min = -8 s */                \
+            float mins_term = w->mins ? mins_dot(w->mins, xs, groups)                       \
+                                      : KH_SYMMETRIC_MIN(mins_dot(w->scales, xs, groups));  \
+            y[r * y_stride] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + mins_term;         \
+        }                                                                                   \
     }
 
 KH_ROW_KERNEL(1)

@@ -101,9 +101,12 @@ static KH_TARGET512 void halves_to_floats(const uint16_t *h, int64_t n, float *o
                 if (b < blocks) KH_BLOCK512(ROWS, g * blocks + b, sc0, acc0);      \
             }                                                                        \
         }                                                                            \
-        for (r = 0; r < ROWS; r++)                                                   \
-            y[r * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]))  \
-                              + mins_dot512(w->mins, xsum + r * groups, groups);     \
+        for (r = 0; r < ROWS; r++) {                                                              \
+            const float *xs = xsum + r * groups; /* symmetric: min = -8 s */                      \
+            float mins_term = w->mins ? mins_dot512(w->mins, xs, groups)                          \
+                                      : KH_SYMMETRIC_MIN(mins_dot512(w->scales, xs, groups));     \
+            y[r * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r])) + mins_term;  \
+        }                                                                                         \
     }
 
 KH_ROW_KERNEL512(1)

@@ -21,7 +21,8 @@ static void unpack_rows(void *ctx, int64_t chunk)
         for (g = 0; g < groups; g++) {
             const uint8_t *q = job->qweight + row * (k / 2) + g * (group / 2);
             float sc = kh_half_to_float(job->scales[row * groups + g]);
-            float mn = kh_half_to_float(job->mins[row * groups + g]);
+            float mn = job->mins ? kh_half_to_float(job->mins[row * groups + g])
+                                 : KH_SYMMETRIC_MIN(sc);
             float *o = job->out + row * k + g * group;
             for (j = 0; j < group / 2; j++) {
                 o[2 * j] = sc * (float)(q[j] & 0x0f) + mn;
@@ -36,7 +37,7 @@ int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
                 float *out, int nthreads)
 {
     UnpackJob job = {qweight, scales, mins, n, k, group, 0, out};
-    if (!qweight || !scales || !mins || !out || nthreads <= 0) return KH_EINVAL;
+    if (!qweight || !scales || !out || nthreads <= 0) return KH_EINVAL;
     if (n <= 0 || k <= 0 || group <= 0 || group % 2 || k % group) return KH_EINVAL;
     job.per_chunk = (n * k < (1 << 18)) ? n : 16; /* prefill: whole matrices, many chunks */
     kh_parallel(unpack_rows, &job, (n + job.per_chunk - 1) / job.per_chunk, nthreads,

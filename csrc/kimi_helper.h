@@ -13,9 +13,11 @@
 
 #define KH_MAX_ROWS 8    /* rows of x one gemv_w4a16 call handles (one pass over the weights) */
 
-/* Packed INT4 -> fp32, w = s*q + m.
+/* Packed INT4 -> fp32 (format version 2, engined/ops/README.md): w = s*q + m for an
+ * asymmetric linear; a symmetric one passes mins = NULL and is w = s*(q - 8).
  * qweight: [n, k/2] uint8, element 2j in the low nibble, 2j+1 in the high one.
- * scales, mins: [n, k/group] IEEE half bits. out: [n, k] fp32.
+ * scales, mins: [n, k/group] IEEE half bits (mins may be NULL). out: [n, k] fp32.
+ * Every kernel below takes mins = NULL the same way.
  * nthreads >= 1: the caller plus up to nthreads-1 pool threads. */
 int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
                 const uint16_t *mins, int64_t n, int64_t k, int64_t group,

@@ -25,7 +25,11 @@
 #define KH_HAVE_X86_SIMD 0
 #endif
 
-/* One packed weight row: q [k/2] codes, scales and mins [k/group] half bits. */
+/* A symmetric group (no mins) is w = s*(q - 8) = s*q + (-8 s): its min, exactly. */
+#define KH_SYMMETRIC_MIN(s) (-8.0f * (s))
+
+/* One packed weight row: q [k/2] codes, scales and mins [k/group] half bits; mins is
+ * NULL for a symmetric row. */
 typedef struct {
     const uint8_t *q;
     const uint16_t *scales;
@@ -82,6 +86,13 @@ static inline float kh_half_to_float(uint16_t h)
     }
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* The min of group g of a row: stored (asymmetric) or -8 s (symmetric, mins NULL). */
+static inline float kh_row_min(const KhRow *w, int64_t g)
+{
+    return w->mins ? kh_half_to_float(w->mins[g])
+                   : KH_SYMMETRIC_MIN(kh_half_to_float(w->scales[g]));
 }
 
 #endif

@@ -128,6 +128,7 @@ class Int4Weight:
 
     experts == 0: one linear, qweight [N, K/2], scales/mins [N, K/G].
     experts == E: a stack, qweight [E, N, K/2], scales/mins [E, N, K/G].
+    mins None: symmetric (w = s*(q - 8)), passed to C as NULL.
     Holds its tensors, so the pointers stay valid while the handle lives; `address` is
     qweight's data address when prepared (a tensor given new storage needs a new handle)."""
 
@@ -135,14 +136,15 @@ class Int4Weight:
                  "_tensors")
 
     def __init__(self, qweight, scales, mins, group: int):
-        tensors = (qweight, scales, mins)
+        tensors = (qweight, scales) if mins is None else (qweight, scales, mins)
         shape = tuple(qweight.shape)
         if len(shape) not in (2, 3) or group <= 0 or (2 * shape[-1]) % group \
                 or tuple(scales.shape) != shape[:-1] + (2 * shape[-1] // group,) \
-                or tuple(mins.shape) != tuple(scales.shape):
+                or (mins is not None and tuple(mins.shape) != tuple(scales.shape)):
             raise ValueError(f"bad INT4 shapes: qweight {shape}, scales {tuple(scales.shape)}, "
-                             f"mins {tuple(mins.shape)}, group {group}")
-        if (qweight.dtype, scales.dtype, mins.dtype) != (torch.uint8, torch.float16, torch.float16):
+                             f"mins {None if mins is None else tuple(mins.shape)}, group {group}")
+        if (qweight.dtype, scales.dtype) != (torch.uint8, torch.float16) \
+                or (mins is not None and mins.dtype != torch.float16):
             raise ValueError("the C kernels need uint8 qweight and fp16 scales and mins")
         if not all(t.is_cpu for t in tensors):
             raise ValueError("the C kernels need the packed weight on the CPU")
@@ -153,13 +155,14 @@ class Int4Weight:
         self.address = qweight.data_ptr()
         self.q = ffi.cast("uint8_t *", self.address)
         self.s = ffi.cast("uint16_t *", scales.data_ptr())
-        self.m = ffi.cast("uint16_t *", mins.data_ptr())
+        self.m = ffi.NULL if mins is None else ffi.cast("uint16_t *", mins.data_ptr())
         self.work_floats = int(lib.gemv_w4a16_work_floats(MAX_ROWS, self.k, group))
         self._tensors = tensors
 
 
 def int4_weight(qweight, scales, mins, group: int) -> Int4Weight:
-    """Validate packed INT4 tensors (contiguous CPU uint8 codes, fp16 scales and mins)."""
+    """Validate packed INT4 tensors (contiguous CPU uint8 codes, fp16 scales and mins; mins
+    None for a symmetric linear)."""
     require()
     return Int4Weight(qweight, scales, mins, group)
 
@@ -260,11 +263,12 @@ def _tensor(a, dtype):
 
 def _packed_arrays(qweight, scales, mins, group) -> Int4Weight:
     return int4_weight(_tensor(qweight, np.uint8), _tensor(scales, np.float16),
-                       _tensor(mins, np.float16), group)
+                       None if mins is None else _tensor(mins, np.float16), group)
 
 
 def unpack_int4(qweight, scales, mins, group: int, threads: int | None = None) -> np.ndarray:
-    """Packed INT4 -> fp32. qweight: [N, K/2] uint8; scales, mins: [N, K/G] fp16 -> [N, K] fp32."""
+    """Packed INT4 -> fp32. qweight: [N, K/2] uint8; scales, mins: [N, K/G] fp16 (mins None:
+    symmetric) -> [N, K] fp32."""
     require()
     return unpack(_packed_arrays(qweight, scales, mins, group), None, threads).numpy()
 
@@ -297,7 +301,7 @@ def _routed_arrays(call, x, expert_ids, stacks, group, threads):
     for qweight, scales, mins in stacks:
         if np.ndim(qweight) != 3:
             raise ValueError(f"bad expert stack: qweight {np.shape(qweight)}, scales "
-                             f"{np.shape(scales)}, mins {np.shape(mins)}, group {group}")
+                             f"{np.shape(scales)}, group {group}")
     weights = [_packed_arrays(*stack, group) for stack in stacks]
     x, ids = _tensor(x, np.float32), _tensor(expert_ids, np.int64)
     return call(*weights, x, ids, None, int(threads)).numpy()

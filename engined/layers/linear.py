@@ -30,10 +30,14 @@ def fill(slot: torch.Tensor, tensor: torch.Tensor, what: str):
 
 
 class Linear:
-    """W: [N, K] dense, or INT4 (qweight [N, K/2] u8, scales/mins [N, K/G] fp16)."""
+    """W: [N, K] dense, or INT4 (qweight [N, K/2] u8, scales/mins [N, K/G] fp16; a symmetric
+    INT4 linear has no mins). int4: its int4_format.Int4Layout (a bare int is an asymmetric
+    group size), None for dense."""
 
     def __init__(self, out_features: int, in_features: int, dtype: torch.dtype,
-                 device="cpu", group_size: int | None = None):
+                 device="cpu", int4: "int4_format.Int4Layout | int | None" = None):
+        layout = int4_format.Int4Layout.of(int4)
+        group_size = layout.group_size if layout else None
         self.out_features, self.in_features = out_features, in_features
         self.group_size = group_size
         self.device = torch.device(device)
@@ -47,7 +51,8 @@ class Linear:
         groups = in_features // group_size
         self.qweight = torch.empty(out_features, in_features // 2, dtype=torch.uint8, device=device)
         self.scales = torch.empty(out_features, groups, dtype=torch.float16, device=device)
-        self.mins = torch.empty(out_features, groups, dtype=torch.float16, device=device)
+        self.mins = (None if layout.symmetric else
+                     torch.empty(out_features, groups, dtype=torch.float16, device=device))
 
     @classmethod
     def from_packed(cls, packed: int4_format.PackedInt4, device="cpu") -> "Linear":
@@ -65,17 +70,19 @@ class Linear:
         rows keep their own scales and mins, so each output equals the part's, bit for bit, in
         one GEMV call instead of len(parts))."""
         ps = [lin.packed for lin in parts]
-        if len({(p.shape[1], p.group_size) for p in ps}) != 1:
-            raise ValueError("stacked linears need the same in_features and group size")
+        if len({(p.shape[1], p.layout) for p in ps}) != 1:
+            raise ValueError("stacked linears need the same in_features, group size and kind")
+        mins = None if ps[0].symmetric else torch.cat([p.mins for p in ps])
         return cls.from_packed(int4_format.PackedInt4(
-            torch.cat([p.qweight for p in ps]), torch.cat([p.scales for p in ps]),
-            torch.cat([p.mins for p in ps]), ps[0].group_size), device)
+            torch.cat([p.qweight for p in ps]), torch.cat([p.scales for p in ps]), mins,
+            ps[0].group_size), device)
 
     def rows(self, start: int, end: int) -> "Linear":
         """Output rows [start, end) of this INT4 linear, as views (no copy)."""
         p = self.packed
+        mins = None if p.symmetric else p.mins[start:end]
         return Linear.from_packed(int4_format.PackedInt4(
-            p.qweight[start:end], p.scales[start:end], p.mins[start:end], p.group_size), self.device)
+            p.qweight[start:end], p.scales[start:end], mins, p.group_size), self.device)
 
     @property
     def is_int4(self) -> bool:
@@ -85,10 +92,10 @@ class Linear:
         """The tensor a loader fills for `part` (checkpoint tables name parts, never attributes)."""
         if part == "weight" and not self.is_int4:
             return self.weight
-        if part in INT4_PARTS and self.is_int4:
+        if part in INT4_PARTS and self.is_int4 and not (part == "mins" and self.mins is None):
             return {"qweight": self.qweight, "scales": self.scales, "mins": self.mins}[part]
-        raise SlotError(f"this projection is {'INT4' if self.is_int4 else 'dense'}; "
-                        f"it has no {part!r} tensor")
+        kind = ("symmetric INT4" if self.mins is None else "INT4") if self.is_int4 else "dense"
+        raise SlotError(f"this projection is {kind}; it has no {part!r} tensor")
 
     @property
     def packed(self) -> int4_format.PackedInt4:
@@ -104,7 +111,8 @@ class Linear:
             return self.weight.to(dtype)
         p = self.packed
         if p.qweight.device.type == "cpu" and helper.available():
-            w = helper.unpack_int4(p.qweight.numpy(), p.scales.numpy(), p.mins.numpy(), p.group_size)
+            mins = None if p.symmetric else p.mins.numpy()
+            w = helper.unpack_int4(p.qweight.numpy(), p.scales.numpy(), mins, p.group_size)
             return torch.from_numpy(w).to(dtype)
         return int4_format.dequantize(p).to(dtype)
 
@@ -120,7 +128,10 @@ class Linear:
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.qweight, self.scales, self.mins) if self.is_int4 else (self.weight,)
+        if not self.is_int4:
+            return (self.weight,)
+        parts = (self.qweight, self.scales, self.mins)
+        return parts[:2] if self.mins is None else parts
 
     @property
     def nbytes(self) -> int:

@@ -3,7 +3,7 @@ sigmoid-routed MoE. Mixing weights are the UNBIASED sigmoid scores (vLLM); the c
 only chooses experts (§8.10).
 
 Expert banks are stacked: dense w1/w3 [E, I, D], w2 [E, D, I]; INT4 adds a leading E to each of
-qweight/scales/mins. Letters: t token, e expert, k choice, i expert width, d hidden.
+qweight/scales/mins (a symmetric bank has no mins). Letters: t token, e expert, k choice, i expert width, d hidden.
 """
 import torch
 import torch.nn.functional as F
@@ -15,9 +15,12 @@ from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 
 
 class ExpertBank:
-    """E stacked matrices of shape [N, K] (dense or INT4). `slot(part, e)` is expert e's tensor."""
+    """E stacked matrices of shape [N, K] (dense or INT4). `slot(part, e)` is expert e's tensor.
+    int4: the bank's int4_format.Int4Layout (a bare int is an asymmetric group size) or None."""
 
-    def __init__(self, num: int, out_features: int, in_features: int, dtype, device, group_size=None):
+    def __init__(self, num: int, out_features: int, in_features: int, dtype, device, int4=None):
+        layout = int4_format.Int4Layout.of(int4)
+        group_size = layout.group_size if layout else None
         self.group_size, self.shape = group_size, (out_features, in_features)
         self._packed = None
         if group_size is None:
@@ -26,13 +29,16 @@ class ExpertBank:
         groups = in_features // group_size
         self.qweight = torch.empty(num, out_features, in_features // 2, dtype=torch.uint8, device=device)
         self.scales = torch.empty(num, out_features, groups, dtype=torch.float16, device=device)
-        self.mins = torch.empty(num, out_features, groups, dtype=torch.float16, device=device)
+        self.mins = (None if layout.symmetric else
+                     torch.empty(num, out_features, groups, dtype=torch.float16, device=device))
 
     @property
     def banks(self) -> dict[str, torch.Tensor]:
         """Part name -> its stacked tensor [E, ...]."""
         if self.group_size is None:
             return {"weight": self.weight}
+        if self.mins is None:
+            return {"qweight": self.qweight, "scales": self.scales}
         return {"qweight": self.qweight, "scales": self.scales, "mins": self.mins}
 
     def slot(self, part: str, e: int) -> torch.Tensor:
@@ -53,8 +59,7 @@ class ExpertBank:
         """Expert e's W: [N, K] in dtype."""
         if self.group_size is None:
             return self.weight[e].to(dtype)
-        p = int4_format.PackedInt4(self.qweight[e], self.scales[e], self.mins[e], self.group_size)
-        return int4_format.dequantize(p).to(dtype)
+        return int4_format.dequantize(self.packed.expert(e)).to(dtype)
 
     @property
     def nbytes(self) -> int:

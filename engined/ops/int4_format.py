@@ -1,13 +1,15 @@
-"""The packed-INT4 weight format shared by every INT4 path in kimi-local.
+"""The packed-INT4 weight format (version 2) shared by every INT4 path in kimi-local.
 
-The full description, with a worked example, the metadata keys and the GGUF Q4_1 reorder,
+The full description, with worked examples, the metadata keys and the GGUF Q4_1 reorder,
 is engined/ops/README.md (the one place it is documented). In short, per quantized linear
-W[N, K] with group size G (K % G == 0, G even):
+W[N, K] with group size G (K % G == 0, G even), one of two kinds:
     <name>.qweight  uint8 [N, K/2]   unsigned codes q in 0..15, element 2j in the low nibble
     <name>.scales   fp16  [N, K/G]   s
-    <name>.mins     fp16  [N, K/G]   m          w = s * q + m
+    <name>.mins     fp16  [N, K/G]   m        asymmetric only:  w = s * q + m
+                                              symmetric (no mins): w = s * (q - 8)
 The safetensors __metadata__ carries FORMAT_KEY = FORMAT_NAME, VERSION_KEY = FORMAT_VERSION
-and, per tensor, "<name>.group_size" = str(G). Loaders refuse anything else.
+and, per quantized linear, "<name>.group_size" = str(G) and "<name>.scheme" = "symmetric" or
+"asymmetric" (recorded, never guessed). Loaders refuse anything else, version 1 included.
 """
 from dataclasses import dataclass
 
@@ -16,8 +18,10 @@ import torch
 FORMAT_KEY = "kimi.format"
 FORMAT_NAME = "kimi-packed-int4"
 VERSION_KEY = "kimi.format_version"
-FORMAT_VERSION = "1"
-SUFFIXES = (".qweight", ".scales", ".mins")
+FORMAT_VERSION = "2"
+SUFFIXES = (".qweight", ".scales", ".mins")  # every part a linear can have
+SYMMETRIC, ASYMMETRIC = "symmetric", "asymmetric"
+SYMMETRIC_OFFSET = 8  # a symmetric code c in -8..7 is stored as q = c + 8
 
 
 class FormatError(ValueError):
@@ -25,17 +29,50 @@ class FormatError(ValueError):
 
 
 @dataclass(frozen=True)
+class Int4Layout:
+    """How one quantized linear is stored: its group size and kind (symmetric: no mins)."""
+
+    group_size: int
+    symmetric: bool = False
+
+    @property
+    def scheme(self) -> str:
+        return SYMMETRIC if self.symmetric else ASYMMETRIC
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The tensors of one such linear: qweight, scales (and mins when asymmetric)."""
+        return ("qweight", "scales") if self.symmetric else ("qweight", "scales", "mins")
+
+    @classmethod
+    def of(cls, spec: "Int4Layout | int | None") -> "Int4Layout | None":
+        """A layout, or None for a dense linear; a bare int is an asymmetric group size."""
+        if spec is None or isinstance(spec, Int4Layout):
+            return spec
+        return cls(int(spec))
+
+
+@dataclass(frozen=True)
 class PackedInt4:
-    """One quantized linear. qweight: [N, K/2] uint8; scales, mins: [N, K/G] fp16."""
+    """One quantized linear. qweight: [N, K/2] uint8; scales, mins: [N, K/G] fp16.
+    mins is None for a symmetric linear (w = s * (q - 8))."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
-    mins: torch.Tensor
+    mins: torch.Tensor | None
     group_size: int
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.qweight.shape[0], self.qweight.shape[1] * 2
+
+    @property
+    def symmetric(self) -> bool:
+        return self.mins is None
+
+    @property
+    def layout(self) -> Int4Layout:
+        return Int4Layout(self.group_size, self.symmetric)
 
     def __post_init__(self):
         n, half_k = self.qweight.shape
@@ -46,6 +83,8 @@ class PackedInt4:
             raise FormatError(f"group size {g} does not divide K={2 * half_k} into even groups")
         want = (n, 2 * half_k // g)
         for name, t in (("scales", self.scales), ("mins", self.mins)):
+            if t is None and name == "mins":
+                continue
             if tuple(t.shape) != want or t.dtype != torch.float16:
                 raise FormatError(f"{name} must be fp16 {want}, got {t.dtype} {tuple(t.shape)}")
 
@@ -67,10 +106,13 @@ def unpack_codes(qweight: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(p: PackedInt4) -> torch.Tensor:
-    """The reference decode: W[N, K] fp32 = s * q + m, computed in fp32."""
+    """The reference decode, in fp32: W[N, K] = s * q + m, or s * (q - 8) when symmetric
+    (exact: an fp16 scale times a 4-bit integer fits an fp32 mantissa)."""
     n, k = p.shape
     g = p.group_size
     q = unpack_codes(p.qweight).float().view(n, k // g, g)
+    if p.symmetric:
+        return ((q - SYMMETRIC_OFFSET) * p.scales.float().unsqueeze(-1)).view(n, k)
     w = q * p.scales.float().unsqueeze(-1) + p.mins.float().unsqueeze(-1)
     return w.view(n, k)
 
@@ -90,7 +132,8 @@ def quantize_asym(w: torch.Tensor, group_size: int = 32) -> PackedInt4:
 
 
 def quantize_sym(w: torch.Tensor, group_size: int = 32) -> PackedInt4:
-    """Symmetric INT4 (the Kimi-Linear scheme): c in -7..7, s = absmax/7; stored q = c+8, m = -8s."""
+    """Symmetric INT4 (the Kimi-Linear scheme): c in -7..7, s = absmax/7; stored q = c + 8,
+    no mins."""
     n, k = w.shape
     if k % group_size:
         raise FormatError(f"K={k} is not a multiple of group size {group_size}")
@@ -98,19 +141,36 @@ def quantize_sym(w: torch.Tensor, group_size: int = 32) -> PackedInt4:
     absmax = wg.abs().amax(-1)
     scales = torch.where(absmax > 0, absmax / 7, torch.ones_like(absmax)).to(torch.float16)
     c = torch.round(wg / scales.float().unsqueeze(-1)).clamp(-7, 7)
-    codes = (c + 8).view(n, k)
-    return PackedInt4(pack_codes(codes), scales, (-8 * scales.float()).to(torch.float16), group_size)
+    codes = (c + SYMMETRIC_OFFSET).view(n, k)
+    return PackedInt4(pack_codes(codes), scales, None, group_size)
 
 
 def to_state_dict(name: str, p: PackedInt4) -> dict[str, torch.Tensor]:
-    return {name + ".qweight": p.qweight, name + ".scales": p.scales, name + ".mins": p.mins}
+    """<name>.qweight, <name>.scales and, for an asymmetric linear, <name>.mins."""
+    out = {name + ".qweight": p.qweight, name + ".scales": p.scales}
+    if not p.symmetric:
+        out[name + ".mins"] = p.mins
+    return out
 
 
-def metadata(group_sizes: dict[str, int]) -> dict[str, str]:
-    """safetensors __metadata__ for an artifact whose quantized linears have these group sizes."""
+def metadata(layouts: dict[str, Int4Layout]) -> dict[str, str]:
+    """safetensors __metadata__ for an artifact with these quantized linears."""
     meta = {FORMAT_KEY: FORMAT_NAME, VERSION_KEY: FORMAT_VERSION}
-    meta.update({f"{name}.group_size": str(g) for name, g in group_sizes.items()})
+    for name, layout in layouts.items():
+        meta[f"{name}.group_size"] = str(layout.group_size)
+        meta[f"{name}.scheme"] = layout.scheme
     return meta
+
+
+def layout(name: str, meta: dict[str, str]) -> Int4Layout:
+    """The recorded group size and kind of quantized linear `name` (metadata already checked)."""
+    g, scheme = meta.get(f"{name}.group_size"), meta.get(f"{name}.scheme")
+    if g is None:
+        raise FormatError(f"{name}: group size missing from metadata")
+    if scheme not in (SYMMETRIC, ASYMMETRIC):
+        raise FormatError(f"{name}: scheme {scheme!r} in metadata is not "
+                          f"{SYMMETRIC!r} or {ASYMMETRIC!r}")
+    return Int4Layout(int(g), scheme == SYMMETRIC)
 
 
 def check_metadata(meta: dict[str, str] | None, source: str = "artifact"):
@@ -121,13 +181,17 @@ def check_metadata(meta: dict[str, str] | None, source: str = "artifact"):
                           f"({FORMAT_KEY}={meta.get(FORMAT_KEY)!r})")
     if meta.get(VERSION_KEY) != FORMAT_VERSION:
         raise FormatError(f"{source}: {FORMAT_NAME} version {meta.get(VERSION_KEY)!r} is not "
-                          f"supported (this build reads version {FORMAT_VERSION})")
+                          f"supported (this build reads version {FORMAT_VERSION}); re-quantize "
+                          "it (`kimi-engine quantize`; a GGUF's cached repack rebuilds itself)")
 
 
 def from_state_dict(name: str, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> PackedInt4:
-    """Collect <name>.qweight/.scales/.mins and its recorded group size (metadata already checked)."""
-    key = f"{name}.group_size"
-    if key not in meta:
-        raise FormatError(f"{name}: group size missing from metadata")
+    """Collect <name>.qweight/.scales(/.mins) by its recorded layout (metadata already checked);
+    a symmetric linear with mins, or an asymmetric one without, is refused."""
+    lay = layout(name, meta)
+    has_mins = name + ".mins" in tensors
+    if has_mins == lay.symmetric:
+        raise FormatError(f"{name}: metadata says {lay.scheme} but the artifact "
+                          f"{'has' if has_mins else 'lacks'} {name}.mins")
     return PackedInt4(tensors[name + ".qweight"], tensors[name + ".scales"],
-                      tensors[name + ".mins"], int(meta[key]))
+                      tensors[name + ".mins"] if has_mins else None, lay.group_size)

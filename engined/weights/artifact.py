@@ -101,5 +101,6 @@ class TensorReader:
         return out
 
     def packed(self, name: str) -> int4_format.PackedInt4:
-        parts = {name + s: self.get(name + s) for s in int4_format.SUFFIXES}
+        """Linear `name` by its recorded layout (a symmetric one has no mins)."""
+        parts = {name + s: self.get(name + s) for s in int4_format.SUFFIXES if name + s in self}
         return int4_format.from_state_dict(name, parts, self.header.meta)

@@ -2,7 +2,7 @@
 
 | GGUF type | artifact tensors                                   | exact? |
 |-----------|----------------------------------------------------|--------|
-| Q4_1      | <name>.qweight/.scales/.mins (G = 32)              | yes    |
+| Q4_1      | <name>.qweight/.scales/.mins (G = 32, asymmetric)  | yes    |
 | Q8_0      | <name>.q8 int8 [N, K], <name>.q8_scales fp16 [N, K/32] | yes |
 | F32       | <name>.weight fp32                                 | yes    |
 
@@ -29,7 +29,7 @@ from engined.ops import int4_format
 
 log = logging.getLogger(__name__)
 
-REPACK_VERSION = "1"
+REPACK_VERSION = "2"  # 2: format version 2 (each linear's scheme recorded; Q4_1 is asymmetric)
 HPARAMS_KEY = "kimi.hparams"
 SOURCE_SHA_KEY = "kimi.source_sha256"
 SOURCE_NAME_KEY = "kimi.source_name"
@@ -147,9 +147,9 @@ def repack(gguf_path: pathlib.Path, out_path: pathlib.Path, source_sha256: str =
     reader = GGUFReader(gguf_path)
     hparams = read_hparams(reader)
     specs = {tensor.name: output_specs(tensor) for tensor in reader.tensors}
-    groups = {stem.removesuffix(".qweight"): Q4_1_BLOCK for spec in specs.values()
-              for stem in spec if stem.endswith(".qweight")}
-    meta = int4_format.metadata(groups)
+    layouts = {stem.removesuffix(".qweight"): int4_format.Int4Layout(Q4_1_BLOCK)  # Q4_1 has mins
+               for spec in specs.values() for stem in spec if stem.endswith(".qweight")}
+    meta = int4_format.metadata(layouts)
     meta.update({HPARAMS_KEY: json.dumps(hparams), SOURCE_SHA_KEY: source_sha256,
                  SOURCE_NAME_KEY: gguf_path.name, "kimi.repack_version": REPACK_VERSION})
     flat = {name: spec for tensor_specs in specs.values() for name, spec in tensor_specs.items()}

@@ -27,7 +27,7 @@ class Checkpoint:
     shards: tuple[pathlib.Path, ...]
     headers: dict[pathlib.Path, Header]
     is_int4: bool
-    int4: dict[str, int]          # model path -> group size (empty for BF16)
+    int4: dict[str, int4_format.Int4Layout]  # model path -> recorded layout (empty for BF16)
     names: dict[str, pathlib.Path]  # artifact tensor name -> shard
 
 
@@ -104,11 +104,13 @@ def open_checkpoint(path, rehash: bool = False) -> Checkpoint:
         quantized = {table.split_part(n)[0] for n in names if n.endswith(".qweight")}
         meta = {k: v for h in headers.values() for k, v in h.meta.items()}
         try:
-            group_sizes = {q.removesuffix(".weight"): int(meta[q.removesuffix(".weight") + ".group_size"])
-                           for q in quantized}
-            int4 = table.int4_paths(quantized, group_sizes, table.expand(config))
+            layouts = {q.removesuffix(".weight"): int4_format.layout(q.removesuffix(".weight"), meta)
+                       for q in quantized}
+            int4 = table.int4_paths(quantized, layouts, table.expand(config))
         except KeyError as exc:
-            raise CheckpointError(f"quantized tensor without a known slot or group size: {exc}") from None
+            raise CheckpointError(f"quantized tensor without a known slot: {exc}") from None
+        except int4_format.FormatError as exc:
+            raise CheckpointError(str(exc)) from None
     return Checkpoint(path, config, shards, headers, is_int4, int4, names)
 
 
@@ -151,8 +153,8 @@ def _path_part(expected, base, part):
     return path, part, expert
 
 
-def _parts(path: str, int4: dict[str, int]) -> tuple[str, ...]:
-    return ("qweight", "scales", "mins") if path in int4 else ("weight",)
+def _parts(path: str, int4: dict[str, int4_format.Int4Layout]) -> tuple[str, ...]:
+    return int4[path].parts if path in int4 else ("weight",)
 
 
 def act_dtype(device) -> torch.dtype:

@@ -3,7 +3,7 @@
 Each row: (checkpoint name pattern, model path pattern, where). `where` says which layers carry
 the tensor: model (once), layer (every layer), kda / mla (attention kind), dense / moe (FFN kind),
 expert (every routed expert of a MoE layer; {e} in the name). INT4 artifacts replace
-`X.weight` by `X.qweight` / `X.scales` / `X.mins` (engined/ops/int4_format.py).
+`X.weight` by `X.qweight` / `X.scales` (/ `X.mins` when asymmetric; engined/ops/int4_format.py).
 """
 import torch
 
@@ -101,12 +101,13 @@ def slot(model, path: str, part: str, expert: int | None) -> torch.Tensor:
     return target.slot(part, expert) if expert is not None else target.slot(part)
 
 
-def int4_paths(names, group_sizes: dict[str, int], table: dict[str, tuple[str, int | None]]) -> dict[str, int]:
-    """Quantized checkpoint names -> {model path: group size}, one size per expert bank."""
+def int4_paths(names, layouts: dict, table: dict[str, tuple[str, int | None]]) -> dict:
+    """Quantized checkpoint names -> {model path: int4_format.Int4Layout}, one layout (group
+    size and kind) per expert bank. layouts: name without ".weight" -> its recorded layout."""
     out = {}
     for name in names:
         path, _ = table[name]
-        g = group_sizes[name.removesuffix(".weight")]
-        if out.setdefault(path, g) != g:
-            raise SlotError(f"{path}: experts quantized with different group sizes ({out[path]}, {g})")
+        lay = layouts[name.removesuffix(".weight")]
+        if out.setdefault(path, lay) != lay:
+            raise SlotError(f"{path}: experts quantized with different layouts ({out[path]}, {lay})")
     return out

@@ -150,7 +150,7 @@ def _build(header: artifact.Header, device: str, progress: bool,
         def load_int4(name):
             bar.update(3)
             p = reader.packed(name)
-            return type(p)(p.qweight.to(device), p.scales.to(device), p.mins.to(device),
-                           p.group_size)
+            mins = None if p.mins is None else p.mins.to(device)
+            return type(p)(p.qweight.to(device), p.scales.to(device), mins, p.group_size)
 
         return LlamaModel.build(config, load_norm, load_int4, embedding, kv_dtype, device)

@@ -1,11 +1,13 @@
 """The `kimi-int4.json` manifest of a quantized Kimi-Linear artifact, and its verification.
 
-    {"format": "kimi-packed-int4", "format_version": "1", "plan": "selective", "group_size": 32,
+    {"format": "kimi-packed-int4", "format_version": "2", "plan": "selective", "group_size": 32,
      "tensors": {name: {"dtype": "U8", "shape": [N, K/2], "file": shard}},
      "files": {relative path: {"sha256": hex, "size": bytes}}}
 
 `files` covers every file of the artifact except the manifest itself. Verification re-reads
-safetensors headers only (json), never anything that unpickles.
+safetensors headers only (json), never anything that unpickles, and checks each quantized
+linear against its recorded layout: group size and scheme in the shard's metadata, scales
+[N, K/G], and mins present exactly when the scheme is asymmetric (format version 2).
 """
 import json
 import pathlib
@@ -40,7 +42,8 @@ def read_manifest(path: pathlib.Path) -> dict:
             int4_format.FORMAT_NAME, int4_format.FORMAT_VERSION):
         raise VerifyError(f"{MANIFEST}: format {manifest.get('format')!r} version "
                           f"{manifest.get('format_version')!r} is not {int4_format.FORMAT_NAME} "
-                          f"v{int4_format.FORMAT_VERSION}")
+                          f"v{int4_format.FORMAT_VERSION}; re-quantize the source checkpoint "
+                          "(`kimi-engine quantize`)")
     if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("tensors"), dict):
         raise VerifyError(f"{MANIFEST}: missing 'files' or 'tensors'")
     return manifest
@@ -64,14 +67,18 @@ def verify_artifact(path, rehash: bool = True) -> dict:
             raise VerifyError(f"{name}: size {f.stat().st_size} != manifest {entry['size']}")
         if rehash and file_sha256(f) != entry["sha256"]:
             raise VerifyError(f"{name}: sha256 differs from the manifest (file changed or corrupt)")
-    _verify_headers(path, manifest)
+    symmetric = _verify_headers(path, manifest)
     tensors = manifest["tensors"]
     return {"files": len(listed), "tensors": len(tensors), "plan": manifest.get("plan"),
-            "quantized": sum(n.endswith(".qweight") for n in tensors), "rehashed": rehash}
+            "quantized": sum(n.endswith(".qweight") for n in tensors), "symmetric": symmetric,
+            "rehashed": rehash}
 
 
-def _verify_headers(path: pathlib.Path, manifest: dict):
+def _verify_headers(path: pathlib.Path, manifest: dict) -> int:
+    """Headers against the manifest and every quantized linear against its recorded layout;
+    returns how many linears are symmetric."""
     by_file: dict[str, dict] = {}
+    symmetric = 0
     for name, entry in manifest["tensors"].items():
         by_file.setdefault(entry["file"], {})[name] = (entry["dtype"], tuple(entry["shape"]))
     for fname in sorted(n for n in manifest["files"] if n.endswith(".safetensors")):
@@ -82,5 +89,31 @@ def _verify_headers(path: pathlib.Path, manifest: dict):
             raise VerifyError(str(exc)) from None
         if header.tensors != by_file.pop(fname, {}):
             raise VerifyError(f"{fname}: tensor names, dtypes or shapes differ from the manifest")
+        for name in header.tensors:
+            if name.endswith(".qweight"):
+                symmetric += _verify_layout(fname, header, name.removesuffix(".qweight"))
     if by_file:
         raise VerifyError(f"manifest tensors in unknown files: {', '.join(sorted(by_file))}")
+    return symmetric
+
+
+def _verify_layout(fname: str, header, stem: str) -> bool:
+    """One quantized linear: recorded group size and scheme, scales [N, K/G], and mins
+    exactly when asymmetric. Returns whether it is symmetric."""
+    try:
+        lay = int4_format.layout(stem, header.meta)
+    except int4_format.FormatError as exc:
+        raise VerifyError(f"{fname}: {exc}") from None
+    n, half_k = header.tensors[stem + ".qweight"][1]
+    want = ("F16", (n, 2 * half_k // lay.group_size))
+    scales, mins = header.tensors.get(stem + ".scales"), header.tensors.get(stem + ".mins")
+    if (2 * half_k) % lay.group_size or scales != want:
+        raise VerifyError(f"{fname}: {stem}.scales is {scales}; group size {lay.group_size} "
+                          f"needs {want}")
+    if (mins is None) != lay.symmetric:
+        raise VerifyError(f"{fname}: {stem} is recorded {lay.scheme} but "
+                          f"{'lacks' if mins is None else 'has'} {stem}.mins")
+    if mins is not None and mins != want:
+        raise VerifyError(f"{fname}: {stem}.mins is {mins}; group size {lay.group_size} "
+                          f"needs {want}")
+    return lay.symmetric

@@ -5,7 +5,8 @@ q/kv_b/o and the dense layer-0 MLP; router, f/g/b low-rank projections, kv_a, no
 A_log/dt_bias, embeddings and lm_head stay as they are. `all` also quantizes the low-rank
 projections, kv_a and lm_head. `none` copies everything (a verified BF16 artifact). Every
 tensor must match a POLICY row, or the run fails before writing anything (fail closed, §8.26).
-Symmetric codes per engined/ops/int4_format.py (q = c + 8, m = -8 s). One shard in RAM at a time.
+Symmetric codes per engined/ops/int4_format.py (q = c + 8, scales only, no mins: format version
+2), each linear's scheme recorded in the shard metadata. One shard in RAM at a time.
 """
 import json
 import pathlib
@@ -18,7 +19,7 @@ from tqdm import tqdm
 
 from engined.weights import manifest as kimi_manifest
 from engined.weights.kimi_checkpoint import open_checkpoint
-from engined.weights.shards import INDEX, MANIFEST
+from engined.weights.shards import INDEX, MANIFEST, ST_DTYPES
 from engined.weights.quant_policy import PLANS, QuantizeError, policy
 from engined.ops import int4_format
 
@@ -36,19 +37,38 @@ def plan_tensors(headers, plan: str, group_size: int) -> dict[str, str]:
     return decisions
 
 
+def int4_bytes(n: int, k: int, group_size: int) -> int:
+    """Bytes of one symmetric INT4 linear [N, K]: codes (K/2 per row) and fp16 scales."""
+    return n * (k // 2) + 2 * n * (k // group_size)
+
+
+def planned_bytes(headers, plan: str, group_size: int) -> int:
+    """Tensor bytes of the artifact `plan` would write, from the source headers alone."""
+    decisions = plan_tensors(headers, plan, group_size)
+    total = 0
+    for header in headers.values():
+        for name, (dtype, shape) in header.tensors.items():
+            if decisions[name] == "int4":
+                total += int4_bytes(shape[0], shape[1], group_size)
+            else:
+                total += ST_DTYPES[dtype].itemsize * int(torch.Size(shape).numel())
+    return total
+
+
 def _quantize_shard(src_file, decisions, group_size, bar) -> tuple[dict, dict]:
-    out, groups = {}, {}
+    out, layouts = {}, {}
     with safe_open(str(src_file), framework="pt", device="cpu") as f:
         for name in f.keys():
             t = f.get_tensor(name)
             if decisions[name] == "int4":
                 stem = name.removesuffix(".weight")
-                out.update(int4_format.to_state_dict(stem, int4_format.quantize_sym(t, group_size)))
-                groups[stem] = group_size
+                packed = int4_format.quantize_sym(t, group_size)
+                out.update(int4_format.to_state_dict(stem, packed))
+                layouts[stem] = packed.layout
             else:
                 out[name] = t.contiguous()
             bar.update(1)
-    return out, groups
+    return out, layouts
 
 
 def quantize_checkpoint(src, dst, plan: str = "selective", group_size: int = 32,
@@ -74,8 +94,8 @@ def quantize_checkpoint(src, dst, plan: str = "selective", group_size: int = 32,
     tensors, weight_map = {}, {}
     with tqdm(total=len(decisions), desc=f"quantize ({plan})", unit="tensor", disable=not progress) as bar:
         for shard in ckpt.shards:
-            out, groups = _quantize_shard(shard, decisions, group_size, bar)
-            save_file(out, str(partial / shard.name), metadata=int4_format.metadata(groups))
+            out, layouts = _quantize_shard(shard, decisions, group_size, bar)
+            save_file(out, str(partial / shard.name), metadata=int4_format.metadata(layouts))
             for name, t in out.items():
                 tensors[name] = {"dtype": _st_dtype(t.dtype), "shape": list(t.shape), "file": shard.name}
                 weight_map[name] = shard.name

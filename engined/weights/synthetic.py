@@ -14,6 +14,7 @@ from engined.layers.linear import Linear
 from engined.layers.moe import ExpertBank
 from engined.models.kimi_linear import KimiLinearModel, weight_tensors
 from engined.models.kimi_linear_config import parse_config
+from engined.ops.int4_format import Int4Layout
 from engined.weights.plan import LoadedModel, LoadPlan
 
 PREFIX = "synthetic:"
@@ -64,9 +65,11 @@ CONFIGS = {
 }
 
 
-def selective_int4(cfg, group_size: int = 32) -> dict[str, int]:
-    """Model paths the selective plan stores as INT4 -> group size."""
-    return {path: group_size for name, (path, _) in table.expand(cfg).items()
+def selective_int4(cfg, group_size: int = 32) -> dict[str, Int4Layout]:
+    """Model paths the selective plan stores as INT4 -> layout: symmetric, as
+    `kimi-engine quantize` writes them (scales only, no mins)."""
+    layout = Int4Layout(group_size, symmetric=True)
+    return {path: layout for name, (path, _) in table.expand(cfg).items()
             if policy(name, "selective") == "int4"}
 
 
@@ -84,7 +87,8 @@ def _fill_plain(name: str, t: torch.Tensor, g: torch.Generator):
 
 
 def _fill_matrix(target, part_of, expert, g: torch.Generator):
-    """Dense: N(0, 1/K). INT4: random codes, scales ~ 2.5/(7 sqrt K) (absmax of a Gaussian group), m = -8 s."""
+    """Dense: N(0, 1/K). INT4: random codes, scales ~ 2.5/(7 sqrt K) (absmax of a Gaussian group);
+    an asymmetric bank gets m = -8 s, the same weights a symmetric one has."""
     k = target.shape[1] if isinstance(target, ExpertBank) else target.in_features
     if not target.group_size:
         part_of("weight").normal_(0.0, k ** -0.5, generator=g)
@@ -94,7 +98,8 @@ def _fill_matrix(target, part_of, expert, g: torch.Generator):
     scales = part_of("scales")
     scales.copy_(torch.empty(scales.shape, device=g.device).uniform_(0.5, 1.5, generator=g)
                  * (2.5 / 7 * k ** -0.5))
-    part_of("mins").copy_(-8 * scales.float())
+    if target.mins is not None:
+        part_of("mins").copy_(-8 * scales.float())
 
 
 def fill_random(model, seed: int = 0):

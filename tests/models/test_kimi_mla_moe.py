@@ -119,19 +119,20 @@ def test_int4_moe_matches_loop_on_dequantized_experts(t):
     """INT4 banks: decode runs the registered grouped kernels, prefill dequantizes per expert."""
     from engined.ops import int4_format
     dense = _moe(seed=7, experts=5, top_k=3)
+    sym = int4_format.Int4Layout(16, symmetric=True)  # as the quantizer writes them: no mins
     packed = MoE(D, 16, 5, 3, 1, True, 2.446, torch.float32,
-                 int4={"w1": 16, "w2": 16, "w3": 16, "shared_experts.gate_proj": 16})
+                 int4={"w1": sym, "w2": sym, "w3": sym, "shared_experts.gate_proj": sym})
     packed.gate.copy_(dense.gate)
     packed.e_score_correction_bias.copy_(dense.e_score_correction_bias)
     for name in ("w1", "w2", "w3"):
         src, dst = getattr(dense, name), getattr(packed, name)
         for e in range(5):
             p = int4_format.quantize_sym(src.weight[e], 16)
-            for part in ("qweight", "scales", "mins"):
+            for part in p.layout.parts:
                 dst.slot(part, e).copy_(getattr(p, part))
             src.weight[e].copy_(int4_format.dequantize(p))
     p = int4_format.quantize_sym(dense.shared_experts.gate_proj.weight, 16)
-    for part in ("qweight", "scales", "mins"):
+    for part in p.layout.parts:
         packed.shared_experts.gate_proj.slot(part).copy_(getattr(p, part))
     dense.shared_experts.gate_proj.weight.copy_(int4_format.dequantize(p))
     for name in ("up_proj", "down_proj"):

@@ -22,22 +22,28 @@ class Case:
     seed: int = 0
 
 
-def random_int4(gen: torch.Generator, n: int, k: int, group: int, lead=()) -> dict:
-    """Every byte value, scales of both signs, mins spread around zero."""
+def random_int4(gen: torch.Generator, n: int, k: int, group: int, lead=(),
+                symmetric: bool = False) -> dict:
+    """Every byte value, scales of both signs, mins spread around zero (None: symmetric)."""
     shape = (*lead, n)
-    return dict(
-        qweight=torch.randint(0, 256, (*shape, k // 2), generator=gen, dtype=torch.uint8),
-        scales=(torch.randn((*shape, k // group), generator=gen) * 0.05).half(),
-        mins=(torch.randn((*shape, k // group), generator=gen) * 0.3).half(),
-    )
+    qweight = torch.randint(0, 256, (*shape, k // 2), generator=gen, dtype=torch.uint8)
+    scales = (torch.randn((*shape, k // group), generator=gen) * 0.05).half()
+    mins = None if symmetric else (torch.randn((*shape, k // group), generator=gen) * 0.3).half()
+    return dict(qweight=qweight, scales=scales, mins=mins)
 
 
-def gemv_case(m: int, n: int, k: int, group: int, dtype=torch.float32, seed=0) -> Case:
+def kind_tag(symmetric: bool) -> str:
+    return "-sym" if symmetric else ""
+
+
+def gemv_case(m: int, n: int, k: int, group: int, dtype=torch.float32, seed=0,
+              symmetric: bool = False) -> Case:
     def make(gen):
-        w = PackedInt4(group_size=group, **random_int4(gen, n, k, group))
+        w = PackedInt4(group_size=group, **random_int4(gen, n, k, group, symmetric=symmetric))
         return torch.randn((m, k), generator=gen).to(dtype), w
     tag = "" if dtype == torch.float32 else f"-{str(dtype).split('.')[-1]}"
-    return Case(f"M{m}-N{n}-K{k}-G{group}{tag}", make, n * k, atol=2e-5 * k, seed=seed)
+    return Case(f"M{m}-N{n}-K{k}-G{group}{tag}{kind_tag(symmetric)}", make, n * k,
+                atol=2e-5 * k, seed=seed)
 
 
 GEMV = [
@@ -54,23 +60,33 @@ GEMV = [
     gemv_case(1, 192, 576, 32, seed=10),
     gemv_case(1, 1536, 576, 32, seed=11),
     gemv_case(1, 576, 1536, 32, seed=12),
+    # symmetric weights (no mins): every kernel path again
+    gemv_case(1, 40, 96, 32, seed=13, symmetric=True),
+    gemv_case(8, 40, 96, 32, seed=14, symmetric=True),
+    gemv_case(2, 33, 160, 32, seed=15, symmetric=True),       # odd group count
+    gemv_case(3, 24, 96, 16, seed=16, symmetric=True),        # the scalar C kernel
+    gemv_case(5, 17, 192, 64, seed=17, symmetric=True),       # two blocks per group
+    gemv_case(11, 40, 96, 32, seed=18, symmetric=True),       # chunks of 8 rows
+    gemv_case(1, 576, 1536, 32, seed=19, symmetric=True),     # many groups (SIMD tails)
 ]
 
 
-def experts(gen, e, n, k, group) -> PackedInt4Experts:
-    return PackedInt4Experts(group_size=group, **random_int4(gen, n, k, group, lead=(e,)))
+def experts(gen, e, n, k, group, symmetric: bool = False) -> PackedInt4Experts:
+    return PackedInt4Experts(group_size=group, **random_int4(gen, n, k, group, lead=(e,),
+                                                            symmetric=symmetric))
 
 
 def routed_case(op: str, e: int, ids: list[int], shared_x: bool, n: int, k: int, group: int,
-                seed=0) -> Case:
+                seed=0, symmetric: bool = False) -> Case:
     """Grouped GEMV / SwiGLU: `ids` are the router's picks (duplicates allowed)."""
     def make(gen):
-        stacks = [experts(gen, e, n, k, group) for _ in range(2 if op == "moe_swiglu" else 1)]
+        stacks = [experts(gen, e, n, k, group, symmetric)
+                  for _ in range(2 if op == "moe_swiglu" else 1)]
         x = torch.randn((1 if shared_x else len(ids), k), generator=gen)
         return (x, *stacks, torch.tensor(ids))
     tag = "shared" if shared_x else "per-route"
-    return Case(f"E{e}-R{len(ids)}-{tag}-N{n}-K{k}-G{group}", make, len(ids) * n * k,
-                atol=2e-5 * k, seed=seed)
+    return Case(f"E{e}-R{len(ids)}-{tag}-N{n}-K{k}-G{group}{kind_tag(symmetric)}", make,
+                len(ids) * n * k, atol=2e-5 * k, seed=seed)
 
 
 def routed(op: str) -> list[Case]:
@@ -81,6 +97,9 @@ def routed(op: str) -> list[Case]:
         routed_case(op, 4, [2, 3], False, 1, 64, 32, seed=3),                       # N = 1
         routed_case(op, 3, [0, 2], True, 24, 96, 16, seed=4),                       # group 16
         routed_case(op, 6, [5, 1, 4, 0, 3, 2, 1, 0], False, 64, 512, 32, seed=5),
+        routed_case(op, 5, [4, 0, 2], False, 40, 96, 32, seed=6, symmetric=True),
+        routed_case(op, 9, [8, 1, 1, 5], True, 33, 160, 32, seed=7, symmetric=True),
+        routed_case(op, 3, [0, 2], True, 24, 96, 16, seed=8, symmetric=True),     # group 16
     ]
 
 

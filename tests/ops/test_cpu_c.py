@@ -37,10 +37,13 @@ def test_thread_count_does_not_change_a_single_bit(weight, big_weight, threads, 
         assert torch.equal(cpu_c.w4a16_gemv(x, w), one)
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("level", [0, 1, 2])  # portable C, AVX2, AVX-512 (as the CPU allows)
 @pytest.mark.parametrize("rows", [1, 5, 8])
-def test_every_kernel_level_matches_reference(weight, level, rows):
+def test_every_kernel_level_matches_reference(weight, level, rows, symmetric):
     x = torch.randn(rows, 576)
+    if symmetric:
+        weight = PackedInt4(weight.qweight, weight.scales, None, weight.group_size)
     try:
         helper.gemv_simd(level)
         got = cpu_c.w4a16_gemv(x, weight)

@@ -15,34 +15,42 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
+def _cuda(t):
+    return None if t is None else t.cuda()
+
+
 def _close(got, want, k):
     torch.testing.assert_close(got.cpu(), want.cpu(), atol=2e-5 * k, rtol=1e-4)
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("n,k", [(4096, 2304), (2304, 4096), (1024, 2304)])
 @pytest.mark.parametrize("m", [1, 8])
-def test_dense_triton_at_kimi_shapes(n, k, m):
+def test_dense_triton_at_kimi_shapes(n, k, m, symmetric):
     gen = torch.Generator().manual_seed(n + k + m)
-    w = PackedInt4(group_size=32, **random_int4(gen, n, k, 32))
+    w = PackedInt4(group_size=32, **random_int4(gen, n, k, 32, symmetric=symmetric))
     x = torch.randn(m, k, generator=gen)
     want = registry.variants("w4a16_gemv")["reference"].fn(x, w)
-    wd = PackedInt4(w.qweight.cuda(), w.scales.cuda(), w.mins.cuda(), 32)
+    wd = PackedInt4(w.qweight.cuda(), w.scales.cuda(), _cuda(w.mins), 32)
     out = torch.full((m, n), float("nan"), device="cuda")
     got = registry.resolve("w4a16_gemv", "cuda").fn(x.cuda(), wd, out=out)
     _close(got, want, k)
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("op,n,k,per_route", [("w4a16_grouped_gemv", 1024, 2304, False),
                                               ("w4a16_grouped_gemv", 2304, 1024, True),
                                               ("moe_swiglu", 1024, 2304, False)])
-def test_routed_triton_256_experts_8_selected(op, n, k, per_route):
+def test_routed_triton_256_experts_8_selected(op, n, k, per_route, symmetric):
     gen = torch.Generator().manual_seed(n + k)
-    stacks = [PackedInt4Experts(group_size=32, **random_int4(gen, n, k, 32, lead=(256,)))
+    stacks = [PackedInt4Experts(group_size=32, **random_int4(gen, n, k, 32, lead=(256,),
+                                                            symmetric=symmetric))
               for _ in range(2 if op == "moe_swiglu" else 1)]
     ids = torch.randperm(256, generator=gen)[:8]
     x = torch.randn(8 if per_route else 1, k, generator=gen)
     want = registry.variants(op)["reference"].fn(x, *stacks, ids)
-    on_gpu = [PackedInt4Experts(s.qweight.cuda(), s.scales.cuda(), s.mins.cuda(), 32) for s in stacks]
+    on_gpu = [PackedInt4Experts(s.qweight.cuda(), s.scales.cuda(), _cuda(s.mins), 32)
+              for s in stacks]
     out = torch.full((8, n), float("nan"), device="cuda")
     got = registry.resolve(op, "cuda").fn(x.cuda(), *on_gpu, ids.cuda(), out=out)
     _close(got, want, k)

@@ -17,6 +17,15 @@ def test_unpack_int4_known_answer(threads):
     assert out.tolist() == [[-0.5, 0.0, 0.25, 30.25]]
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_unpack_int4_symmetric_known_answer(threads):
+    # no mins: w = s * (q - 8); bytes 0x21 -> (1, 2), 0xF0 -> (0, 15)
+    q = np.array([[0x21, 0xF0]], dtype=np.uint8)
+    s = np.array([[0.5, 2.0]], dtype=F16)
+    out = helper.unpack_int4(q, s, None, group=2, threads=threads)
+    assert out.tolist() == [[-3.5, -3.0, -16.0, 14.0]]
+
+
 def test_unpack_int4_large_matrix_on_threads_matches_numpy():
     rng = np.random.default_rng(0)
     q = rng.integers(0, 256, (700, 256), dtype=np.uint8)  # big enough to be split
@@ -58,6 +67,20 @@ def test_gemv_known_answer(group, threads):
     assert helper.gemv_w4a16(X, QW, s, m, group, threads).tolist() == WANT
 
 
+# Symmetric (no mins), same codes: row 0 every code 1, s=1 -> -7 * sum(x);
+# row 1 codes 0..15 twice, s=0.5 -> 0.5 * (dot(q, x) - 8 * sum(x)).
+# x=ones:   row0 -224, row1 0.5*(240 - 256) = -8
+# x=0..31:  row0 -3472, row1 0.5*(4400 - 3968) = 216
+WANT_SYM = [[-224.0, -8.0], [-3472.0, 216.0]]
+
+
+@pytest.mark.parametrize("group", [32, 16, 2])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemv_symmetric_known_answer(group, threads):
+    s, _ = _scales(group)
+    assert helper.gemv_w4a16(X, QW, s, None, group, threads).tolist() == WANT_SYM
+
+
 @pytest.fixture
 def simd_level():
     before = helper.gemv_simd()
@@ -71,6 +94,7 @@ def test_gemv_every_kernel_level_known_answer(level, simd_level):
     s, m = _scales(32)
     assert helper.gemv_simd(level) <= level
     assert helper.gemv_w4a16(np.tile(X, (3, 1)), QW, s, m, 32).tolist() == WANT * 3
+    assert helper.gemv_w4a16(np.tile(X, (3, 1)), QW, s, None, 32).tolist() == WANT_SYM * 3
 
 
 def test_gemv_rows_are_independent_of_each_other():
@@ -139,6 +163,18 @@ def test_memcap_zero_means_unlimited(fresh_cap):
 STACK_Q = np.stack([QW, QW[::-1]])
 STACK_S = np.stack([_scales(32)[0], _scales(32)[0][::-1]])
 STACK_M = np.stack([_scales(32)[1], _scales(32)[1][::-1]])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_grouped_and_swiglu_symmetric_known_answer(threads):
+    x = X[:1] / 16  # ones/16: row0 = -7 * 2 = -14, row1 = 0.5*(240 - 256)/16 = -0.5
+    sym = (STACK_Q, STACK_S, None)
+    got = helper.grouped_gemv_w4a16(x, [1, 0], sym, 32, threads)
+    assert got.tolist() == [[-0.5, -14.0], [-14.0, -0.5]]
+    def silu(v):
+        return v / (1.0 + np.exp(-v))
+    np.testing.assert_allclose(helper.moe_swiglu_w4a16(x, [0], sym, sym, 32, threads),
+                               [[silu(-14.0) * -14.0, silu(-0.5) * -0.5]], rtol=1e-6)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -13,6 +13,8 @@ EXAMPLE_BYTES = [0x10, 0x32, 0xEF, 0xCD]
 EXAMPLE_SCALES = [0.5, 0.25]
 EXAMPLE_MINS = [-1.0, 2.0]
 EXAMPLE_WEIGHTS = [-1.0, -0.5, 0.0, 0.5, 5.75, 5.5, 5.25, 5.0]
+# The same codes and scales stored symmetric (no mins): w = s * (q - 8).
+EXAMPLE_SYM_WEIGHTS = [-4.0, -3.5, -3.0, -2.5, 1.75, 1.5, 1.25, 1.0]
 
 
 def example() -> fmt.PackedInt4:
@@ -21,12 +23,21 @@ def example() -> fmt.PackedInt4:
                           torch.tensor([EXAMPLE_MINS], dtype=torch.float16), 4)
 
 
-def random_packed(n: int, k: int, g: int, seed: int = 0) -> fmt.PackedInt4:
+def symmetric_example() -> fmt.PackedInt4:
+    p = example()
+    return fmt.PackedInt4(p.qweight, p.scales, None, p.group_size)
+
+
+def random_packed(n: int, k: int, g: int, seed: int = 0, symmetric: bool = False) -> fmt.PackedInt4:
     gen = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 16, (n, k), generator=gen)
     scales = (torch.rand(n, k // g, generator=gen) * 0.1).half()
     mins = (torch.randn(n, k // g, generator=gen) * 0.1).half()
-    return fmt.PackedInt4(fmt.pack_codes(codes), scales, mins, g)
+    return fmt.PackedInt4(fmt.pack_codes(codes), scales, None if symmetric else mins, g)
+
+
+def _mins(p: fmt.PackedInt4):
+    return None if p.mins is None else p.mins.numpy()
 
 
 def test_worked_example_bytes_and_weights():
@@ -34,19 +45,29 @@ def test_worked_example_bytes_and_weights():
     assert packed.tolist() == [EXAMPLE_BYTES]
     assert fmt.unpack_codes(packed).tolist() == [EXAMPLE_CODES]
     assert fmt.dequantize(example()).tolist() == [EXAMPLE_WEIGHTS]
+    assert fmt.dequantize(symmetric_example()).tolist() == [EXAMPLE_SYM_WEIGHTS]
 
 
-def test_c_helper_matches_worked_example():
-    p = example()
-    out = helper.unpack_int4(p.qweight.numpy(), p.scales.numpy(), p.mins.numpy(), p.group_size)
-    assert out.tolist() == [EXAMPLE_WEIGHTS]
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_c_helper_matches_worked_example(symmetric):
+    p = symmetric_example() if symmetric else example()
+    out = helper.unpack_int4(p.qweight.numpy(), p.scales.numpy(), _mins(p), p.group_size)
+    assert out.tolist() == [EXAMPLE_SYM_WEIGHTS if symmetric else EXAMPLE_WEIGHTS]
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("n,k,g", [(1, 2, 2), (3, 64, 32), (5, 128, 64), (7, 96, 32), (4, 576, 32)])
-def test_c_helper_is_bit_identical_to_reference(n, k, g):
-    p = random_packed(n, k, g, seed=n * k + g)
-    out = helper.unpack_int4(p.qweight.numpy(), p.scales.numpy(), p.mins.numpy(), g)
+def test_c_helper_is_bit_identical_to_reference(n, k, g, symmetric):
+    p = random_packed(n, k, g, seed=n * k + g, symmetric=symmetric)
+    out = helper.unpack_int4(p.qweight.numpy(), p.scales.numpy(), _mins(p), g)
     assert np.array_equal(out, fmt.dequantize(p).numpy())
+
+
+def test_symmetric_equals_asymmetric_with_min_minus_eight_scales():
+    """v2's symmetric linear is exactly v1's encoding of it (m = -8 s), stored smaller."""
+    p = random_packed(6, 128, 32, seed=3, symmetric=True)
+    asym = fmt.PackedInt4(p.qweight, p.scales, (-8 * p.scales.float()).half(), 32)
+    assert torch.equal(fmt.dequantize(p), fmt.dequantize(asym))
 
 
 def test_c_helper_rejects_bad_shapes():
@@ -81,7 +102,9 @@ def test_packed_int4_validates_shapes_and_dtypes():
 
 
 def test_metadata_round_trip_and_refusals():
-    meta = fmt.metadata({"blk.0.attn_q": 32})
+    meta = fmt.metadata({"blk.0.attn_q": fmt.Int4Layout(32)})
+    assert meta == {"kimi.format": "kimi-packed-int4", "kimi.format_version": "2",
+                    "blk.0.attn_q.group_size": "32", "blk.0.attn_q.scheme": "asymmetric"}
     fmt.check_metadata(meta)
     state = fmt.to_state_dict("blk.0.attn_q", random_packed(2, 64, 32))
     assert fmt.from_state_dict("blk.0.attn_q", state, meta).group_size == 32
@@ -89,10 +112,36 @@ def test_metadata_round_trip_and_refusals():
         fmt.check_metadata(None)
     with pytest.raises(fmt.FormatError, match="not a kimi-packed-int4 artifact"):
         fmt.check_metadata({**meta, fmt.FORMAT_KEY: "gptq"})
-    with pytest.raises(fmt.FormatError, match="version '2' is not supported"):
-        fmt.check_metadata({**meta, fmt.VERSION_KEY: "2"})
+    with pytest.raises(fmt.FormatError, match="version '3' is not supported"):
+        fmt.check_metadata({**meta, fmt.VERSION_KEY: "3"})
     with pytest.raises(fmt.FormatError, match="group size missing"):
         fmt.from_state_dict("blk.0.attn_q", state, fmt.metadata({}))
+
+
+def test_version_1_is_refused_with_a_re_quantize_message():
+    meta = {**fmt.metadata({"blk.0.attn_q": fmt.Int4Layout(32)}), fmt.VERSION_KEY: "1"}
+    with pytest.raises(fmt.FormatError, match=r"version '1' is not supported .*re-quantize"):
+        fmt.check_metadata(meta, "old.safetensors")
+
+
+def test_symmetric_round_trip_has_no_mins_and_the_scheme_is_recorded():
+    p = random_packed(2, 64, 32, symmetric=True)
+    state = fmt.to_state_dict("w", p)
+    assert sorted(state) == ["w.qweight", "w.scales"]
+    meta = fmt.metadata({"w": p.layout})
+    assert meta["w.scheme"] == "symmetric"
+    back = fmt.from_state_dict("w", state, meta)
+    assert back.symmetric and back.layout == fmt.Int4Layout(32, symmetric=True)
+    # the metadata decides, never the tensors present or the name: disagreement is refused
+    with pytest.raises(fmt.FormatError, match="says asymmetric but the artifact lacks w.mins"):
+        fmt.from_state_dict("w", state, fmt.metadata({"w": fmt.Int4Layout(32)}))
+    with_mins = fmt.to_state_dict("w", random_packed(2, 64, 32))
+    with pytest.raises(fmt.FormatError, match="says symmetric but the artifact has w.mins"):
+        fmt.from_state_dict("w", with_mins, meta)
+    unrecorded = {k: v for k, v in meta.items() if k != "w.scheme"}
+    with pytest.raises(fmt.FormatError, match="scheme None"):
+        fmt.from_state_dict("w", state, unrecorded)
+
 
 
 def grouped(t: torch.Tensor, g: int) -> torch.Tensor:
@@ -117,7 +166,7 @@ def test_quantize_sym_stores_offset_codes_and_bounded_error():
     p = fmt.quantize_sym(w, 32)
     codes = fmt.unpack_codes(p.qweight)
     assert int(codes.min()) >= 1 and int(codes.max()) <= 15  # c in -7..7, stored as c + 8
-    assert torch.equal(p.mins, (-8 * p.scales.float()).half())
+    assert p.symmetric and p.mins is None  # version 2: no mins for a symmetric linear
     err = grouped((fmt.dequantize(p) - w).abs(), 32).amax(-1)
     assert bool((err <= 0.51 * p.scales.float() + 1e-6).all())
 

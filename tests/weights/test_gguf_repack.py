@@ -112,6 +112,25 @@ def test_cache_builds_once_then_hits(tmp_path, kimi_cache, monkeypatch):
     assert gguf_repack.cached_artifact(source, progress=False) == first
 
 
+def test_repack_is_format_2_asymmetric_and_a_version_1_cache_is_not_reused(tmp_path, kimi_cache):
+    """Q4_1 has mins: every repacked linear is recorded asymmetric. The cache key carries the
+    format and repack versions, so a cache written by a version-1 build is never read."""
+    source = write_tiny_llama(tmp_path / "tiny.gguf")
+    sha = gguf_repack.file_sha256(source)
+    old = kimi_cache / "kimi" / f"{sha}.{fmt.FORMAT_NAME}-v1-r1.safetensors"
+    old.parent.mkdir(parents=True, exist_ok=True)
+    old.write_bytes(b"a version-1 cache file")
+    built = gguf_repack.cached_artifact(source, progress=False)
+    assert built != old and built.name.endswith(f"-v2-r{gguf_repack.REPACK_VERSION}.safetensors")
+    header = artifact.read_header(built)
+    assert header.meta[fmt.VERSION_KEY] == "2" and gguf_repack.REPACK_VERSION == "2"
+    stems = [n.removesuffix(".qweight") for n in header.tensors if n.endswith(".qweight")]
+    assert stems and all(header.meta[s + ".scheme"] == "asymmetric" and s + ".mins" in header.tensors
+                         for s in stems)
+    with artifact.TensorReader(header) as reader:
+        assert not reader.packed(stems[0]).symmetric
+
+
 def test_cache_directory_from_systemd_wins(tmp_path, kimi_cache, monkeypatch):
     monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path / "systemd-cache"))
     assert gguf_repack.cache_dir() == tmp_path / "systemd-cache"
@@ -134,6 +153,7 @@ def rewrite_metadata(path: pathlib.Path, **changes):
     (lambda p: p.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all" + b"x" * 64), "not JSON"),
     (lambda p: rewrite_metadata(p, **{fmt.FORMAT_KEY: "gptq-int4"}), "not a kimi-packed-int4"),
     (lambda p: rewrite_metadata(p, **{fmt.VERSION_KEY: "99"}), "version '99' is not supported"),
+    (lambda p: rewrite_metadata(p, **{fmt.VERSION_KEY: "1"}), "version '1' is not supported"),
 ])
 def test_damaged_or_foreign_artifact_is_refused_and_cache_rebuilt(tmp_path, kimi_cache,
                                                                  monkeypatch, damage, message):

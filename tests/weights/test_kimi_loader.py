@@ -119,18 +119,22 @@ KDA_48B = [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 
 MLA_48B = [4, 8, 12, 16, 20, 24, 27]
 
 
-def test_full_size_header_contract_plan_and_selective_policy(tmp_path):
-    """The real 48B shapes (§1, §3) as header-only shards: the table accepts all 20,493 tensors,
-    the plan adds up, and the selective policy picks exactly §5.2's 20,150 matrices."""
-    from engined.weights.kimi_checkpoint import open_checkpoint
-    from engined.weights.quantize import plan_tensors
-    cfg = kimi_tiny.tiny_config(
+def kimi_48b_config() -> dict:
+    return kimi_tiny.tiny_config(
         163_584, hidden_size=2304, intermediate_size=9216, num_hidden_layers=27, num_attention_heads=32,
         num_key_value_heads=32, head_dim=72, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
         v_head_dim=128, num_experts=256, num_experts_per_token=8, moe_intermediate_size=1024,
         model_max_length=1_048_576, linear_attn_config={
             "head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4,
             "kda_layers": KDA_48B, "full_attn_layers": MLA_48B})
+
+
+def test_full_size_header_contract_plan_and_selective_policy(tmp_path):
+    """The real 48B shapes (§1, §3) as header-only shards: the table accepts all 20,493 tensors,
+    the plan adds up, and the selective policy picks exactly §5.2's 20,150 matrices."""
+    from engined.weights.kimi_checkpoint import open_checkpoint
+    from engined.weights.quantize import plan_tensors
+    cfg = kimi_48b_config()
     path = tmp_path / "k48"
     assert kimi_tiny.write_header_only(path, cfg) == 98_245_528_576          # §3.7 total bytes
     ckpt = open_checkpoint(path)
@@ -141,6 +145,30 @@ def test_full_size_header_contract_plan_and_selective_policy(tmp_path):
     assert plan.weight_bytes == 98_245_528_576 + 15_335_424 * 2 + state     # router held in fp32
     decisions = plan_tensors(ckpt.headers, "selective", 32)
     assert sum(d == "int4" for d in decisions.values()) == 20_150
+
+
+def test_full_size_int4_artifact_is_planned_at_26_8_gib(tmp_path):
+    """Format version 2 (issue 12): the selective plan's symmetric linears store codes and
+    scales only. The 48B artifact plans at 28,803,304,448 bytes = 26.83 GiB (version 1, with an
+    fp16 min per group: 31,822,531,584 = 29.64 GiB); the memory plan of the loaded model is
+    that plus the router held in fp32."""
+    from engined.models.kimi_linear import KimiLinearModel
+    from engined.weights.kimi_checkpoint import open_checkpoint
+    from engined.weights.quantize import plan_tensors, planned_bytes
+    from engined.weights.synthetic import selective_int4
+    path = tmp_path / "k48"
+    kimi_tiny.write_header_only(path, kimi_48b_config())
+    ckpt = open_checkpoint(path)
+    planned = planned_bytes(ckpt.headers, "selective", 32)
+    assert planned == 28_803_304_448 and planned / 2**30 <= 27.0
+    decisions = plan_tensors(ckpt.headers, "selective", 32)
+    int4_params = sum(shape[0] * shape[1] for h in ckpt.headers.values()
+                      for name, (_, shape) in h.tensors.items() if decisions[name] == "int4")
+    assert int4_params == 48_307_634_176
+    assert planned + int4_params // 16 == 31_822_531_584  # what version 1's mins added
+    model = KimiLinearModel(ckpt.config, torch.bfloat16, "meta", selective_int4(ckpt.config),
+                            torch.bfloat16)
+    assert model.weight_bytes == planned + 15_335_424 * 2  # router held in fp32
 
 
 def test_tied_embeddings_share_one_tensor(tmp_path):

@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 from tests.support import kimi_tiny  # noqa: E402
 
 from engined.weights import kimi_table as table  # noqa: E402
-from engined.weights.kimi_checkpoint import build_empty, load_kimi_linear, load_weights, open_checkpoint  # noqa: E402
+from engined.weights.kimi_checkpoint import (CheckpointError, build_empty, load_kimi_linear,  # noqa: E402
+                                            load_weights, open_checkpoint)
 from engined.weights.manifest import VerifyError, verify_artifact  # noqa: E402
 from engined.ops import int4_format  # noqa: E402
 from engined.weights.quantize import QuantizeError, policy, quantize_checkpoint  # noqa: E402
@@ -177,3 +178,91 @@ def test_cli_quantize_verify_and_clear_errors(tmp_path):
     assert done.exit_code == 1 and "config.json: size" in done.output and "Traceback" not in done.output
     done = runner.invoke(quantize, [str(tmp_path / "q"), str(tmp_path / "q2")])
     assert done.exit_code == 1 and "Error:" in done.output and "Traceback" not in done.output
+
+
+def _copy_artifact(dst, to):
+    to.mkdir()
+    for f in dst.iterdir():
+        (to / f.name).write_bytes(f.read_bytes())
+    return to
+
+
+def _rewrite_shard_metadata(path, **changes):
+    """Edit a safetensors header's __metadata__ in place (None deletes a key)."""
+    import struct
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    meta = header["__metadata__"]
+    for key, value in changes.items():
+        if value is None:
+            meta.pop(key, None)
+        else:
+            meta[key] = value
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length:])
+
+
+def _reseal(path, manifest):
+    """Re-hash the files into a fresh manifest: a consistent artifact with the edits kept."""
+    from engined.weights.manifest import write_manifest
+    return write_manifest(path, manifest["plan"], manifest["group_size"], manifest["tensors"])
+
+
+def _quantized_shard(path) -> tuple:
+    from engined.weights.shards import read_header
+    for shard in sorted(path.glob("*.safetensors")):
+        stems = [n.removesuffix(".qweight") for n in read_header(shard).tensors if n.endswith(".qweight")]
+        if stems:
+            return shard, stems[0]
+    raise AssertionError("no quantized shard")
+
+
+def test_quantized_linears_are_symmetric_scales_only(pair):
+    """Format version 2: the quantizer writes each linear's scheme, and no mins."""
+    from engined.weights.shards import read_header
+    _, dst, manifest = pair
+    assert manifest["format_version"] == "2"
+    assert not any(n.endswith(".mins") for n in manifest["tensors"])
+    summary = verify_artifact(dst, rehash=False)
+    assert summary["symmetric"] == summary["quantized"] == 99
+    for shard in dst.glob("*.safetensors"):
+        header = read_header(shard)
+        for name in header.tensors:
+            if name.endswith(".qweight"):
+                stem = name.removesuffix(".qweight")
+                assert header.meta[stem + ".scheme"] == "symmetric"
+                assert header.meta[stem + ".group_size"] == "32"
+    model = load_kimi_linear(dst, progress=False).model
+    assert model.layers[0].mlp.gate_proj.mins is None
+    assert model.layers[1].block_sparse_moe.w1.mins is None
+
+
+def test_verify_checks_each_linears_recorded_scheme(pair, tmp_path):
+    _, dst, manifest = pair
+    for i, (change, message) in enumerate([
+            ("asymmetric", "recorded asymmetric but lacks"),
+            (None, "scheme None in metadata"),
+            ("lopsided", "scheme 'lopsided'")]):
+        copy = _copy_artifact(dst, tmp_path / f"c{i}")
+        shard, stem = _quantized_shard(copy)
+        _rewrite_shard_metadata(shard, **{stem + ".scheme": change})
+        _reseal(copy, manifest)
+        with pytest.raises(VerifyError, match=message):
+            verify_artifact(copy)
+
+
+def test_version_1_artifact_is_refused_with_a_re_quantize_message(pair, tmp_path):
+    """Version 1 (an fp16 min for every group) is refused, not guessed at: re-quantize."""
+    _, dst, manifest = pair
+    copy = _copy_artifact(dst, tmp_path / "v1")
+    for shard in copy.glob("*.safetensors"):
+        _rewrite_shard_metadata(shard, **{int4_format.VERSION_KEY: "1"})
+    sealed = _reseal(copy, manifest)
+    sealed["format_version"] = "1"
+    (copy / "kimi-int4.json").write_text(json.dumps(sealed))
+    with pytest.raises(VerifyError, match=r"version '1' is not kimi-packed-int4 v2; re-quantize"):
+        verify_artifact(copy)
+    with pytest.raises(CheckpointError, match=r"version '1' is not supported .*re-quantize"):
+        load_kimi_linear(copy, progress=False)

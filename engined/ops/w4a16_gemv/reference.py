@@ -1,12 +1,12 @@
 """Plain fp32 reference for w4a16_gemv.
 
-| tensor  | shape    | dtype         |
-|---------|----------|---------------|
-| x       | [M, K]   | any float     |
-| qweight | [N, K/2] | uint8         |
-| scales  | [N, K/G] | fp16          |
-| mins    | [N, K/G] | fp16          |
-| out     | [M, N]   | fp32          |
+| tensor  | shape    | dtype                                 |
+|---------|----------|---------------------------------------|
+| x       | [M, K]   | any float                             |
+| qweight | [N, K/2] | uint8                                 |
+| scales  | [N, K/G] | fp16                                  |
+| mins    | [N, K/G] | fp16, or None (symmetric: w = s*(q-8)) |
+| out     | [M, N]   | fp32                                  |
 """
 import torch
 

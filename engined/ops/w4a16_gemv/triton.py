@@ -2,7 +2,8 @@
 
 Each program walks K (the contiguous axis of the packed weight) with a single-row
 fp32 accumulator [BLOCK_N]; no tl.dot and no 16-row tile. Memory traffic per output
-element: K/2 code bytes + 4*K/G bytes of fp16 scale and min, read once per row of x
+element: K/2 code bytes + 4*K/G bytes of fp16 scale and min (2*K/G for a symmetric
+weight, which has no mins), read once per row of x
 (rows of one N tile run next to each other, so rows after the first hit L2); x is
 4*K bytes shared by the whole row and stays in cache.
 
@@ -20,11 +21,13 @@ from engined.ops import int4_format, registry
 
 @triton.jit
 def int4_row_dot(x_row, q_rows, s_rows, m_rows, offs_n, n_mask, K,
-                 GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 HAS_MINS: tl.constexpr):
     """acc[i] = sum_k x_row[k] * (s*q + m)[offs_n[i], k]; *_rows point at weight row 0.
 
     Per group g: s_g * dot(q_g, x_g) + m_g * sum(x_g), so the inner loop is one
-    multiply-add per weight and scales/mins are loaded once per group. A K tile is
+    multiply-add per weight and scales/mins are loaded once per group. Without mins
+    (HAS_MINS false: symmetric, w = s*(q - 8)) m_g is -8 s_g and m_rows is not read. A K tile is
     [BLOCK_N, BLOCK_K/GROUP groups, GROUP/2 bytes]; byte j of a group holds
     elements 2j (low nibble) and 2j+1 (high nibble)."""
     half_k = K // 2
@@ -46,19 +49,23 @@ def int4_row_dot(x_row, q_rows, s_rows, m_rows, offs_n, n_mask, K,
         sm_mask = n_mask[:, None] & g_mask[None, :]
         sm = offs_n[:, None] * groups + g[None, :]
         s = tl.load(s_rows + sm, mask=sm_mask, other=0.0).to(tl.float32)
-        m = tl.load(m_rows + sm, mask=sm_mask, other=0.0).to(tl.float32)
+        if HAS_MINS:
+            m = tl.load(m_rows + sm, mask=sm_mask, other=0.0).to(tl.float32)
+        else:
+            m = -8.0 * s
         acc += tl.sum(s * dot + m * x_sum[None, :], axis=1)
     return acc
 
 
 @triton.jit
 def w4a16_gemv_kernel(x_ptr, q_ptr, s_ptr, m_ptr, y_ptr, N, K,
-                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      HAS_MINS: tl.constexpr):
     row = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     acc = int4_row_dot(x_ptr + row * K, q_ptr, s_ptr, m_ptr, offs_n, n_mask, K,
-                       GROUP, BLOCK_N, BLOCK_K)
+                       GROUP, BLOCK_N, BLOCK_K, HAS_MINS)
     tl.store(y_ptr + row * N + offs_n, acc, mask=n_mask)
 
 
@@ -90,7 +97,7 @@ def check_packed(w, what: str):
     if g < 2 or g & (g - 1):
         raise registry.KernelError(f"{what}: the triton variant needs a power-of-two group "
                                    f"size (tl.arange), got {g}")
-    tensors = (w.qweight, w.scales, w.mins)
+    tensors = (w.qweight, w.scales) + (() if w.mins is None else (w.mins,))
     if not all(t.is_contiguous() for t in tensors):
         raise registry.KernelError(f"{what}: qweight, scales and mins must be contiguous")
     if len({t.device for t in tensors}) != 1:
@@ -98,6 +105,11 @@ def check_packed(w, what: str):
     if w.qweight.device.type != "cuda" and not triton_interpreted():
         raise registry.KernelError(f"{what}: the triton variant needs CUDA tensors "
                                    f"(or TRITON_INTERPRET=1), got {w.qweight.device}")
+
+
+def mins_arg(w) -> tuple[torch.Tensor, bool]:
+    """(the mins pointer argument, HAS_MINS): a symmetric weight passes its scales, unread."""
+    return (w.scales, False) if w.mins is None else (w.mins, True)
 
 
 def as_rows(x: torch.Tensor, k: int, device, what: str) -> torch.Tensor:
@@ -126,6 +138,8 @@ def w4a16_gemv(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | N
     out = out_buffer(out, (x.shape[0], n), w.qweight.device, "w4a16_gemv")
     cfg = pick_config(n, k, w.group_size, x.shape[0])
     grid = (x.shape[0], triton.cdiv(n, cfg["BLOCK_N"]))
-    w4a16_gemv_kernel[grid](x, w.qweight, w.scales, w.mins, out, n, k, GROUP=w.group_size, **cfg)
+    mins, has_mins = mins_arg(w)
+    w4a16_gemv_kernel[grid](x, w.qweight, w.scales, mins, out, n, k, GROUP=w.group_size,
+                            HAS_MINS=has_mins, **cfg)
     return out
 

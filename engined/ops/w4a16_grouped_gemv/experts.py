@@ -4,9 +4,9 @@
 |---------|-------------|-------|
 | qweight | [E, N, K/2] | uint8 |
 | scales  | [E, N, K/G] | fp16  |
-| mins    | [E, N, K/G] | fp16  |
+| mins    | [E, N, K/G] | fp16, or None: symmetric (w = s*(q - 8)) |
 
-Expert e is exactly the PackedInt4 (qweight[e], scales[e], mins[e], G).
+Expert e is exactly the PackedInt4 (qweight[e], scales[e], mins[e] or None, G).
 """
 from dataclasses import dataclass
 
@@ -19,7 +19,7 @@ from engined.ops.int4_format import FormatError, PackedInt4
 class PackedInt4Experts:
     qweight: torch.Tensor
     scales: torch.Tensor
-    mins: torch.Tensor
+    mins: torch.Tensor | None
     group_size: int
 
     def __post_init__(self):
@@ -36,16 +36,22 @@ class PackedInt4Experts:
     def num_experts(self) -> int:
         return self.qweight.shape[0]
 
+    @property
+    def symmetric(self) -> bool:
+        return self.mins is None
+
     def expert(self, e: int) -> PackedInt4:
-        return PackedInt4(self.qweight[e], self.scales[e], self.mins[e], self.group_size)
+        mins = None if self.mins is None else self.mins[e]
+        return PackedInt4(self.qweight[e], self.scales[e], mins, self.group_size)
 
     @classmethod
     def stack(cls, experts: list[PackedInt4]) -> "PackedInt4Experts":
-        groups = {p.group_size for p in experts}
-        if len(groups) != 1:
-            raise FormatError(f"experts mix group sizes {sorted(groups)}")
-        return cls(torch.stack([p.qweight for p in experts]), torch.stack([p.scales for p in experts]),
-                   torch.stack([p.mins for p in experts]), groups.pop())
+        layouts = {p.layout for p in experts}
+        if len(layouts) != 1:
+            raise FormatError(f"experts mix layouts {sorted(layouts, key=str)}")
+        mins = None if experts[0].symmetric else torch.stack([p.mins for p in experts])
+        return cls(torch.stack([p.qweight for p in experts]),
+                   torch.stack([p.scales for p in experts]), mins, layouts.pop().group_size)
 
 
 def check_routes(x: torch.Tensor, experts: PackedInt4Experts, expert_ids: torch.Tensor):

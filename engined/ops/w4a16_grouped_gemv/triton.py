@@ -3,22 +3,24 @@
 Same single-row accumulator along contiguous K as w4a16_gemv (int4_row_dot); the
 expert id is read from the router's tensor inside the kernel, so there is no host
 sync and no per-call partial buffer. Memory traffic per output element: K/2 code
-bytes + 4*K/G bytes of scale and min of the selected expert, read once.
+bytes + 4*K/G bytes of scale and min (2*K/G when symmetric) of the selected expert, read
+once.
 """
 import torch
 import triton
 import triton.language as tl
 
 from engined.ops import registry
-from engined.ops.w4a16_gemv.triton import (as_rows, check_packed, int4_row_dot, out_buffer,
-                                           pick_config)
+from engined.ops.w4a16_gemv.triton import (as_rows, check_packed, int4_row_dot, mins_arg,
+                                           out_buffer, pick_config)
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 
 
 @triton.jit
 def w4a16_grouped_gemv_kernel(x_ptr, ids_ptr, q_ptr, s_ptr, m_ptr, y_ptr, N, K,
                               X_PER_ROUTE: tl.constexpr, GROUP: tl.constexpr,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              HAS_MINS: tl.constexpr):
     route = tl.program_id(0)
     expert = tl.load(ids_ptr + route).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -26,7 +28,8 @@ def w4a16_grouped_gemv_kernel(x_ptr, ids_ptr, q_ptr, s_ptr, m_ptr, y_ptr, N, K,
     x_row = x_ptr + route * K if X_PER_ROUTE else x_ptr
     first = expert * N  # weight row 0 of this expert
     acc = int4_row_dot(x_row, q_ptr + first * (K // 2), s_ptr + first * (K // GROUP),
-                       m_ptr + first * (K // GROUP), offs_n, n_mask, K, GROUP, BLOCK_N, BLOCK_K)
+                       m_ptr + first * (K // GROUP), offs_n, n_mask, K, GROUP, BLOCK_N, BLOCK_K,
+                       HAS_MINS)
     tl.store(y_ptr + route * N + offs_n, acc, mask=n_mask)
 
 
@@ -55,9 +58,11 @@ def route_inputs(x, experts: PackedInt4Experts, expert_ids, what: str):
 def launch_routed(kernel, what: str, x, stacks: list[PackedInt4Experts], expert_ids,
                   out) -> torch.Tensor:
     """The launcher the routed kernels share: kernel(x, ids, q, s, m of each stack, out, N, K,
-    X_PER_ROUTE, GROUP, BLOCK_N, BLOCK_K), one program per (route, BLOCK_N outputs)."""
+    X_PER_ROUTE, GROUP, BLOCK_N, BLOCK_K, HAS_MINS), one program per (route, BLOCK_N outputs);
+    the stacks share one shape and layout."""
     for stack in stacks[1:]:
-        if stack.shape != stacks[0].shape or stack.group_size != stacks[0].group_size:
+        if stack.shape != stacks[0].shape or stack.group_size != stacks[0].group_size \
+                or stack.symmetric != stacks[0].symmetric:
             raise ValueError(f"{what}: stacks {[s.shape for s in stacks]} differ")
     x, ids = route_inputs(x, stacks[0], expert_ids, what)
     for stack in stacks[1:]:
@@ -67,9 +72,9 @@ def launch_routed(kernel, what: str, x, stacks: list[PackedInt4Experts], expert_
     out = out_buffer(out, (routes, n), stacks[0].qweight.device, what)
     cfg = pick_config(n, k, stacks[0].group_size, routes)
     grid = (routes, triton.cdiv(n, cfg["BLOCK_N"]))
-    tensors = [t for s in stacks for t in (s.qweight, s.scales, s.mins)]
+    tensors = [t for s in stacks for t in (s.qweight, s.scales, mins_arg(s)[0])]
     kernel[grid](x, ids, *tensors, out, n, k, X_PER_ROUTE=x.shape[0] > 1,
-                 GROUP=stacks[0].group_size, **cfg)
+                 GROUP=stacks[0].group_size, HAS_MINS=not stacks[0].symmetric, **cfg)
     return out
 
 
