@@ -68,11 +68,13 @@ class EngineRun:
         self.cassettes = self.tmp_path / "cassettes"
 
     def server_cmd(self, port: int = PROXY_PORT) -> str:
-        """The engine first; the proxy only once the engine's socket exists, so that the port the
-        client waits for opens when the whole chain can answer."""
+        """The engine first; the proxy once the engine's socket exists (or the engine died, so
+        that the client fails at once), so that the port the client waits for opens when the
+        whole chain can answer."""
         return (f"XDG_CACHE_HOME={self.cache} {BIN}/kimi-engine serve --model default "
-                f"--socket {self.socket} --log-file {self.engine_log} & "
-                f"for i in $(seq 3000); do [ -S {self.socket} ] && break; sleep 0.1; done; "
+                f"--socket {self.socket} --log-file {self.engine_log} & E=$!; "
+                f"for i in $(seq 3000); do [ -S {self.socket} ] || ! kill -0 $E 2>/dev/null "
+                f"&& break; sleep 0.1; done; "
                 f"exec {BIN}/kimi-proxy serve --port {port} --upstream unix://{self.socket} "
                 f"--ledger {self.tmp_path}/ledger.sqlite --log-file {self.proxy_log} "
                 f"--record {self.cassettes}")

@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.harness import ROOT, EngineRun
 
-pytestmark = pytest.mark.realclient
+pytestmark = [pytest.mark.realclient, pytest.mark.timeout(600)]  # the engine may load slowly
 
 CAPTURES = ROOT / "tests" / "fixtures" / "live-clients"
 ENGINE_WAIT_S = 300
