@@ -36,9 +36,12 @@ test-slow: setup
 test-all: setup
 	@$(VENV)/bin/python -m pytest -q -m "not realclient"
 
+# Every tests/e2e module: the five clients through kimi-proxy in front of a scripted upstream
+# (text, tool, Codex compaction), then aider/Cline/opencode in front of kimi-engine's default
+# model and Codex/Claude Code's context error from it (the slow part: minutes per client on CPU).
 test-clients: setup
 	@$(TIME) clients "bash ../shared/tools/agent-clients/install.sh"
-	@$(VENV)/bin/python -m pytest -q -m realclient tests/e2e
+	@$(VENV)/bin/python -m pytest -q -m realclient --durations=5 tests/e2e
 
 # llama.cpp is a bench-only baseline: its wheel compiles for ~20 min on 2 cores, so it is
 # built once into $(WHEELS) and installed from there afterwards.
