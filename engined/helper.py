@@ -6,8 +6,8 @@ validates its inputs, allocates or accepts the buffers and maps the status code 
 exception; the ops (engined/ops/*/cpu_c.py) and layers call these functions, never `lib`
 (tests/ops/test_helper_boundary.py checks). Buffers are CPU torch tensors.
 
-- `int4_weight` validates a packed INT4 weight (or a stack of experts) once and returns an
-  `Int4Weight` holding its C pointers; the hot calls `gemv`, `grouped_gemv` and
+- `int4_weight` validates a packed INT4 weight (or a stack of experts; mins None for a
+  symmetric one, format version 2) once and returns an `Int4Weight` holding its C pointers; the hot calls `gemv`, `grouped_gemv` and
   `moe_swiglu` take that handle, so a decode GEMV costs a few microseconds of Python.
   `gemv_f16` is the fp16 LM head; `unpack` dequantizes a handle to fp32.
 - `unpack_int4`, `gemv_w4a16`, `grouped_gemv_w4a16`, `moe_swiglu_w4a16`: the same kernels
