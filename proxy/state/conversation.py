@@ -23,10 +23,13 @@ from proxy.toolcalls.think import split_think
 class ConversationKeys:
     def __init__(self, messages):
         self._messages = messages
-        self._digest = hashlib.sha256()
-        self._keys = [self._digest.hexdigest()]  # _keys[i]: before messages[i]
+        self._digest = None
+        self._keys: list[str] = []  # _keys[i]: before messages[i]
 
     def before(self, index: int) -> str:
+        if self._digest is None:
+            self._digest = hashlib.sha256()
+            self._keys.append(self._digest.hexdigest())
         while len(self._keys) <= index:
             _update(self._digest, self._messages[len(self._keys) - 1])
             self._keys.append(self._digest.hexdigest())

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import threading
 
 from proxy import sse
 from proxy.errors import ClientGone, UpstreamError
@@ -11,28 +10,28 @@ from proxy.upstream.http11 import Connection
 
 class Cancel:
     """Lets another greenlet abort one upstream call (its client left): cancel() closes the
-    call's connection, which wakes its reader and makes the engine drop the request."""
+    call's connection, which wakes its reader and makes the engine drop the request.
+    No lock: no method blocks, so greenlets cannot interleave inside one (a lock cost 5 us
+    a request under gevent)."""
+
+    __slots__ = ("_conn", "is_cancelled")
 
     def __init__(self):
-        self._lock = threading.Lock()
         self._conn: Connection | None = None
         self.is_cancelled = False
 
     def attach(self, conn: Connection) -> None:
-        with self._lock:
-            if self.is_cancelled:
-                raise ClientGone("the client closed its connection")
-            self._conn = conn
+        if self.is_cancelled:
+            raise ClientGone("the client closed its connection")
+        self._conn = conn
 
     def detach(self) -> None:
         """Before the connection goes back to the pool: it is no longer this call's to close."""
-        with self._lock:
-            self._conn = None
+        self._conn = None
 
     def cancel(self) -> None:
-        with self._lock:
-            self.is_cancelled = True
-            conn, self._conn = self._conn, None
+        self.is_cancelled = True
+        conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
 
