@@ -41,6 +41,7 @@ import uuid
 import zlib
 from dataclasses import dataclass, field
 
+from proxy.state.conversation import canonical_args
 from proxy.state.store import as_database
 from proxy.toolcalls.think import split_think
 
@@ -104,7 +105,7 @@ def fingerprint(text: str, tool_calls, conversation: str = "") -> str:
     digest = hashlib.sha256(conversation.encode() + b"\0" + split_think(text or "")[1].strip().encode())
     for call in tool_calls or ():
         name, arguments = _call_parts(call)
-        digest.update(b"\0" + name.encode() + b"\0" + _canonical_args(arguments).encode())
+        digest.update(b"\0" + name.encode() + b"\0" + canonical_args(arguments).encode())
     return digest.hexdigest()
 
 
@@ -113,15 +114,6 @@ def _call_parts(call) -> tuple[str, object]:
         return "", ""
     fn = call.get("function") if isinstance(call.get("function"), dict) else call
     return str(fn.get("name", "")), fn.get("arguments", fn.get("input", ""))
-
-
-def _canonical_args(arguments) -> str:
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return arguments.strip()
-    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def apply_reasoning_field(message: dict, reasoning: str | None, field_name: str) -> dict:

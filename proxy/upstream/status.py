@@ -6,8 +6,8 @@ import json
 from proxy.errors import ProxyError, RateLimited, UpstreamError, UpstreamUnavailable
 
 LARGER_CONTEXT_HINT = ("Claude Code needs ~32k tokens and Codex ~10k: serve Kimi-Linear "
-                       "(kimi-engine serve --model <kimi-linear dir>) or put kimi-proxy in front of "
-                       "a larger model (--upstream)")
+                       "(kimi-engine serve --model <kimi-linear dir> --max-context 32768) or put "
+                       "kimi-proxy in front of a larger model (--upstream)")
 STATUS_ERRORS = {400: ("invalid_request_error", None), 401: ("authentication_error", None),
                  403: ("permission_error", None), 404: ("not_found_error", None),
                  413: ("request_too_large", None), 422: ("invalid_request_error", None)}

@@ -15,6 +15,8 @@ from proxy.app import create_app
 from tests.support.engine import Daemon, metric
 from tests.support.proxy_fakes import proxy_config
 
+pytestmark = pytest.mark.slow  # ~150 s of engine prefill on 2 cores: make test-slow (CI runs it)
+
 CAPTURE = pathlib.Path(__file__).parents[1] / "fixtures" / "live-clients" / "claude-tool.jsonl.gz"
 HIT = "kimi_engine_prefix_cache_hit_tokens_total"
 SYSTEM_CHARS, REMINDER_CHARS, TOOLS, DESCRIPTION_CHARS = 3000, 800, ("Bash", "Read"), 300

@@ -77,9 +77,7 @@ def test_claude_code_gets_an_invalid_request_naming_the_context(proxy_port):
     assert "8192" in body["error"]["message"] and "Kimi-Linear" in body["error"]["message"], body
 
 
-@pytest.mark.xfail(strict=True, reason="the hint's command serves Kimi-Linear with the engine's "
-                   "default --max-context (8192), which Codex and Claude Code overflow too")
 @pytest.mark.parametrize("capture", ["codex-text", "claude-text"])
 def test_hint_names_a_context_that_fits(proxy_port, capture):
     _, body = replay(proxy_port, capture)
-    assert "--max-context" in body["error"]["message"], body
+    assert "--max-context 32768" in body["error"]["message"], body
