@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/ab_engine.py --base main~5 [--rounds 5]
 
-The base revision is checked out into a temporary git worktree (the compiled C helper is
-copied beside it, so csrc/ must not differ). Both engines serve the default model over
+The base revision is checked out into a temporary git worktree and its C helper is built
+from its own csrc/. Both engines serve the default model over
 their own Unix socket, one at a time so they never share the cores, and the rounds
 alternate A, B, A, B so that a noisy neighbour hits both alike. Each round: the decode
 request of bench/decode.py (17-token prompt, 64 new tokens, greedy) and a 512-token
@@ -30,8 +30,9 @@ ENGINE_MAIN = "import sys; sys.path.insert(0, sys.argv.pop(1)); from engined.__m
 def checkout(rev: str, into: pathlib.Path) -> pathlib.Path:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(into), rev],
                    check=True)
-    for so in (ROOT / "engined").glob("_kimi_helper*.so"):
-        shutil.copy2(so, into / "engined" / so.name)
+    subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, '.'); from engined._helper_build "
+                    "import ffibuilder; ffibuilder.compile(tmpdir='.')"], cwd=into, check=True,
+                   stdout=subprocess.DEVNULL)  # the base's own C helper, from its own csrc/
     return into
 
 
