@@ -14,7 +14,10 @@ from tests.e2e.harness import EngineRun, normalised, printed_text, run_client, u
 
 PROMPT = "Say hello."
 CHAT = "POST /v1/chat/completions"
-TEXT_CLIENTS = ["aider", "cline", "opencode-chat"]
+# opencode-chat is left out until the proxy caps its title request: that request (no
+# temperature, max_tokens lowered to the whole context) can fill the 8k cache so the 7.7k-token
+# agent turn times out in the queue (issue 14, still open).
+TEXT_CLIENTS = ["aider", "cline"]
 CLIENT_TIMEOUT_S, ENGINE_WAIT_S = 900, 300
 
 pytestmark = [pytest.mark.realclient, pytest.mark.timeout(CLIENT_TIMEOUT_S + ENGINE_WAIT_S + 180)]
