@@ -58,9 +58,10 @@ DEFAULTS = {
     "LEDGER_MAX_ENTRIES": 100_000,     # reasoning rows kept (oldest evicted first)
     "LEDGER_TTL_S": 30 * 86400.0,      # reasoning rows and stored Responses expire after this
     "RESPONSES_MAX_ENTRIES": 10_000,   # stored Responses kept for previous_response_id
-    "DRAIN_TIMEOUT_S": 25.0,           # SIGTERM: open streams get this long (unit: TimeoutStopSec=30s)
+    "DRAIN_TIMEOUT_S": 25.0,
+    "SIDE_MAX_TOKENS": 256,            # max_tokens cap on a client's title request (0: none)           # SIGTERM: open streams get this long (unit: TimeoutStopSec=30s)
 }
-INTS = {"PORT", "MAX_BODY_BYTES", "LEDGER_MAX_ENTRIES", "RESPONSES_MAX_ENTRIES"}
+INTS = {"PORT", "MAX_BODY_BYTES", "LEDGER_MAX_ENTRIES", "RESPONSES_MAX_ENTRIES", "SIDE_MAX_TOKENS"}
 FLOATS = {"PING_INTERVAL_S", "UPSTREAM_TIMEOUT_S", "LEDGER_TTL_S", "DRAIN_TIMEOUT_S"}
 POSITIVE = ("LEDGER_MAX_ENTRIES", "LEDGER_TTL_S", "RESPONSES_MAX_ENTRIES")
 LISTS = {"MODEL_ALIAS", "ALLOW_ORIGIN", "ALLOW_HOST"}
@@ -161,6 +162,8 @@ def validate(cfg: dict, environ=None) -> dict:
         raise ConfigError("ping-interval-s must be >= 0, upstream-timeout-s and max-body-bytes > 0")
     if cfg["DRAIN_TIMEOUT_S"] < 0:
         raise ConfigError(f"drain-timeout-s must be >= 0, got {cfg['DRAIN_TIMEOUT_S']}")
+    if cfg["SIDE_MAX_TOKENS"] < 0:
+        raise ConfigError(f"side-max-tokens must be >= 0 (0: no cap), got {cfg['SIDE_MAX_TOKENS']}")
     return cfg
 
 

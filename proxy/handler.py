@@ -23,6 +23,7 @@ from flask import Response, current_app, g, request
 
 from proxy import canonical as c
 from proxy import sse
+from proxy.clients.side_tasks import cap_side_request
 from proxy.dialects import common as d
 from proxy.errors import InvalidRequest, from_exception
 from proxy.pipeline import Options, Pipeline, chunks_from_json, one_call_at_a_time
@@ -93,6 +94,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     ctx.conversation = keys = ConversationKeys(req.messages)
     payload = build_payload(req, model=model, reasoning_field=field_, effort=policy.effort,
                             restore=lambda m, i: services.reasoning.restore(m, field_, keys.before(i)))
+    payload = cap_side_request(payload, req, cfg["SIDE_MAX_TOKENS"])
     ctx.payload = services.fit_max_tokens(payload, request.content_length or 0)
     turn.input_estimate = max(1, (request.content_length or 0) // 4)  # until the engine's real count
     ctx.started = time.monotonic()  # the request log, latency and TTFT count from here
