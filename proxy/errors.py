@@ -74,6 +74,20 @@ class UpstreamError(ProxyError):
     type = "api_error"
 
 
+class ContextTooLong(UpstreamError):
+    """The upstream refused a prompt longer than its context (code context_length_exceeded).
+    ``tokens`` (asked) and ``maximum`` (the context) when the upstream's message names them:
+    the Anthropic dialect leads with "prompt is too long: N tokens > M maximum", the wording
+    Claude Code reads to compact its history."""
+    status = 400
+    type = "invalid_request_error"
+    code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, tokens: int | None = None, maximum: int | None = None):
+        super().__init__(message)
+        self.tokens, self.maximum = tokens, maximum
+
+
 class UpstreamUnavailable(ProxyError):
     """The upstream cannot be reached: 503 plus Retry-After."""
     status = 503
@@ -100,7 +114,10 @@ def openai_code(err: ProxyError) -> str:
 
 
 def anthropic_body(err: ProxyError) -> dict:
-    return {"type": "error", "error": {"type": err.type, "message": err.message}}
+    message = err.message
+    if isinstance(err, ContextTooLong) and err.tokens and err.maximum:
+        message = f"prompt is too long: {err.tokens} tokens > {err.maximum} maximum. {message}"
+    return {"type": "error", "error": {"type": err.type, "message": message}}
 
 
 def openai_body(err: ProxyError) -> dict:

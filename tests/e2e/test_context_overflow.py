@@ -6,6 +6,7 @@ import gzip
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -75,9 +76,11 @@ def test_claude_code_gets_an_invalid_request_naming_the_context(proxy_port):
     assert status == 400, body
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
     assert "8192" in body["error"]["message"] and "Kimi-Linear" in body["error"]["message"], body
+    # the API's wording, which Claude Code parses to compact its history
+    assert re.match(r"prompt is too long: \d+ tokens > 8192 maximum\. ", body["error"]["message"]), body
 
 
 @pytest.mark.parametrize("capture", ["codex-text", "claude-text"])
 def test_hint_names_a_context_that_fits(proxy_port, capture):
     _, body = replay(proxy_port, capture)
-    assert "--max-context 32768" in body["error"]["message"], body
+    assert "--max-context 65536" in body["error"]["message"], body

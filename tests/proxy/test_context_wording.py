@@ -1,0 +1,45 @@
+"""A context overflow from any upstream keeps OpenAI's code, and on the Anthropic dialect leads
+with the API's own wording, "prompt is too long: N tokens > M maximum", which Claude Code reads
+to compact its history."""
+import pytest
+
+from proxy.errors import ContextTooLong, anthropic_body, openai_body
+from proxy.upstream.status import status_error
+
+ENGINE = ("This model's maximum context length is 8192 tokens. However, you requested 9100 tokens "
+          "(8900 in the messages, 200 in the completion). Please reduce the length of the messages "
+          "or completion.")
+CASES = [  # (upstream error body, tokens, maximum)
+    ({"message": ENGINE, "code": "context_length_exceeded"}, 9100, 8192),
+    ({"message": "This model's maximum context length is 8192 tokens. However, your messages "
+                 "resulted in at least 30001 tokens. Please reduce the length of the messages.",
+      "code": "context_length_exceeded"}, 30001, 8192),
+    ({"message": "The input (40000 tokens) is longer than the model's context length (32768 tokens).",
+      "code": "context_length_exceeded"}, 40000, 32768),                               # SGLang
+    ({"code": 400, "message": "the request exceeds the available context size, try increasing it",
+      "type": "exceed_context_size_error", "n_prompt_tokens": 12000, "n_ctx": 4096}, 12000, 4096),  # llama.cpp
+]
+
+
+@pytest.mark.parametrize("error,tokens,maximum", CASES)
+def test_overflow_counts_come_through_in_both_dialects(error, tokens, maximum):
+    err = status_error(400, {"error": error}, context=None)
+    assert isinstance(err, ContextTooLong) and (err.tokens, err.maximum) == (tokens, maximum)
+    assert err.status == 400
+    message = anthropic_body(err)["error"]["message"]
+    assert message.startswith(f"prompt is too long: {tokens} tokens > {maximum} maximum. ")
+    assert "--max-context 65536" in message
+    body = openai_body(err)["error"]
+    assert body["code"] == "context_length_exceeded" and not body["message"].startswith("prompt is too long")
+
+
+def test_an_overflow_without_counts_keeps_the_plain_message():
+    err = status_error(400, {"error": {"message": "too long", "code": "context_length_exceeded"}})
+    assert isinstance(err, ContextTooLong) and err.tokens is None
+    assert anthropic_body(err)["error"]["message"].startswith("upstream returned 400: too long")
+
+
+def test_the_served_context_stands_in_for_an_unnamed_maximum():
+    err = status_error(400, {"error": {"message": "your messages resulted in 9000 tokens",
+                                       "code": "context_length_exceeded"}}, context=8192)
+    assert anthropic_body(err)["error"]["message"].startswith("prompt is too long: 9000 tokens > 8192 maximum")
