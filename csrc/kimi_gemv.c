@@ -20,8 +20,8 @@
 
 /* xperm: [rows, k] de-interleaved per block (raw copy when group % 32 != 0);
  * xsum: [rows, k/group]. */
-static void prepare_x(const float *x, int64_t rows, int64_t k, int64_t group,
-                      float *xperm, float *xsum)
+void kh_prepare_x(const float *x, int64_t rows, int64_t k, int64_t group,
+                  float *xperm, float *xsum)
 {
     int64_t groups = k / group, i;
     int blocked = group % BLOCK == 0;
@@ -190,7 +190,7 @@ static int run_job(GemvJob *job, const float *x, float *work, int nthreads)
 {
     float *xperm = work, *xsum = work + job->x_rows * job->k;
     int64_t per_thread;
-    prepare_x(x, job->x_rows, job->k, job->group, xperm, xsum);
+    kh_prepare_x(x, job->x_rows, job->k, job->group, xperm, xsum);
     job->xperm = xperm;
     job->xsum = xsum;
     job->row_fn = kh_pick_row_fn(job->group);

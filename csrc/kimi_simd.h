@@ -44,6 +44,11 @@ typedef void (*KhRowFn)(const KhRow *w, const float *xperm, const float *xsum,
 
 KhRowFn kh_pick_row_fn(int64_t group);
 
+/* x [rows, k] -> xperm [rows, k] (de-interleaved per block of 32 when group % 32 == 0, else
+ * a copy) and xsum [rows, k/group], the form every row kernel reads (kimi_gemv.c). */
+void kh_prepare_x(const float *x, int64_t rows, int64_t k, int64_t group,
+                  float *xperm, float *xsum);
+
 /* Runs fn(ctx, c) for every chunk c < nchunks on the caller and up to nthreads-1
  * pool threads (kimi_pool.c); returns when all chunks are done. worth_waking: the
  * job is big enough to wake sleeping helpers (else only awake ones join). */

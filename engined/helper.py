@@ -8,7 +8,7 @@ exception; the ops (engined/ops/*/cpu_c.py) and layers call these functions, nev
 
 - `int4_weight` validates a packed INT4 weight (or a stack of experts; mins None for a
   symmetric one, format version 2) once and returns an `Int4Weight` holding its C pointers; the hot calls `gemv`, `grouped_gemv` and
-  `moe_swiglu` take that handle, so a decode GEMV costs a few microseconds of Python.
+  `moe_swiglu` (and `moe_grouped`, the multi-row MoE) take that handle, so a decode GEMV costs a few microseconds of Python.
   `gemv_f16` is the fp16 LM head; `unpack` dequantizes a handle to fp32.
 - `unpack_int4`, `gemv_w4a16`, `grouped_gemv_w4a16`, `moe_swiglu_w4a16`: the same kernels
   on numpy arrays, returning new arrays (the known-answer tests, and dequantizing).
@@ -198,6 +198,37 @@ def moe_swiglu(gate: Int4Weight, up: Int4Weight, x, expert_ids, out=None, thread
     """out[r] = silu(x_r @ G_e^T) * (x_r @ U_e^T), e = expert_ids[r]."""
     return _routed(lib.moe_swiglu_w4a16, "moe_swiglu_w4a16", (gate, up), x, expert_ids, out,
                    threads)
+
+
+def moe_grouped(gate: Int4Weight, up: Int4Weight, down: Int4Weight, x, experts, weights,
+                out=None, threads: int = 1):
+    """Routed SwiGLU experts of T tokens: x [T, D], experts [T, k] integer ids, weights [T, k]
+    -> out [T, D] fp32, out[t] = sum_c weights[t, c] * (silu(x_t G_e^T) * (x_t U_e^T)) D_e^T.
+    Each chosen expert is read once per call; an id out of range is KH_EINVAL."""
+    e, inner, d, group = gate.experts, gate.n, gate.k, gate.group
+    if not e or (up.experts, up.n, up.k, up.group) != (e, inner, d, group) \
+            or (down.experts, down.n, down.k, down.group) != (e, d, inner, group):
+        raise ValueError(f"moe_grouped: gate/up [E, I, D] and down [E, D, I] stacks of one group "
+                         f"needed, got {[(w.experts, w.n, w.k, w.group) for w in (gate, up, down)]}")
+    x = _as_rows(x, d)
+    tokens = x.shape[0]
+    if experts.dim() != 2 or experts.shape[0] != tokens or weights.shape != experts.shape \
+            or experts.is_floating_point() or not experts.is_cpu or not weights.is_cpu:
+        raise ValueError(f"moe_grouped: experts (integer) and weights must be CPU [{tokens}, k], "
+                         f"got {experts.dtype} {list(experts.shape)} and {list(weights.shape)}")
+    experts = experts.to(torch.int64).contiguous()
+    weights = weights.to(F32).contiguous()
+    top_k = experts.shape[1]
+    out = _out(out, (tokens, d))
+    cast = ffi.cast
+    work = _workspace(lib.moe_grouped_work_floats(tokens * top_k, d, inner, group))
+    status = lib.moe_grouped_w4a16(
+        cast("float *", x.data_ptr()), tokens, top_k, cast("int64_t *", experts.data_ptr()),
+        cast("float *", weights.data_ptr()), e, gate.q, gate.s, gate.m, up.q, up.s, up.m,
+        down.q, down.s, down.m, d, inner, group, work, cast("float *", out.data_ptr()), threads)
+    if status:
+        check(status, "moe_grouped_w4a16")
+    return out
 
 
 def _routed(fn, what, stacks, x, expert_ids, out, threads):

@@ -97,27 +97,24 @@ class MoE:
                                             scope(int4, "shared_experts")) if num_shared else None)
 
     def __call__(self, f: torch.Tensor) -> torch.Tensor:
-        # f: [T, D] -> [T, D]
+        """f: [T, D] -> [T, D]: a prefill chunk, one decode token, or the decode rows of B
+        sequences alike. The router and the shared experts run once for all rows; INT4 banks
+        run the registered moe_grouped op (each chosen expert read once for all the rows that
+        chose it, and a row's result independent of the rows beside it)."""
         experts, weights = route(f.float() @ self.gate.t(), self.e_score_correction_bias,
                                  self.top_k, self.renormalize, self.scaling)
-        if f.shape[0] == 1:
-            routed = self._routed_one(f, experts[0], weights[0]).to(f.dtype)
+        if self.w1.group_size and self.w3.group_size and self.w2.group_size:
+            routed = registry.resolve("moe_grouped", f.device.type).fn(
+                f, self.w1.packed, self.w3.packed, self.w2.packed, experts, weights)
+        elif f.shape[0] == 1:
+            routed = self._dense_one(f, experts[0], weights[0])
         else:
-            routed = self._routed(f, experts, weights).to(f.dtype)
+            routed = self._dense(f, experts, weights)
+        routed = routed.to(f.dtype)
         return routed + self.shared_experts(f) if self.shared_experts is not None else routed
 
-    def decode_rows(self, f: torch.Tensor) -> torch.Tensor:
-        """Decode rows of B sequences: the router and the shared experts run once for all rows,
-        the routed experts per row through the one-token kernels (each row equals its lone
-        step). f: [B, D] -> [B, D]."""
-        experts, weights = route(f.float() @ self.gate.t(), self.e_score_correction_bias,
-                                 self.top_k, self.renormalize, self.scaling)
-        routed = torch.cat([self._routed_one(f[r:r + 1], experts[r], weights[r])
-                            for r in range(f.shape[0])]).to(f.dtype)
-        return routed + self.shared_experts(f) if self.shared_experts is not None else routed
-
-    def _routed(self, f, experts, weights) -> torch.Tensor:
-        """Σ_k w_k Expert_{e_k}(f), summed in fp32: one pass per expert that any token chose."""
+    def _dense(self, f, experts, weights) -> torch.Tensor:
+        """Dense banks: Σ_k w_k Expert_{e_k}(f), summed in fp32, one pass per chosen expert."""
         out = torch.zeros(f.shape, dtype=torch.float32, device=f.device)
         for e in torch.unique(experts).tolist():
             tok, choice = (experts == e).nonzero(as_tuple=True)
@@ -127,15 +124,9 @@ class MoE:
             out.index_add_(0, tok, y * weights[tok, choice].unsqueeze(-1))
         return out
 
-    def _routed_one(self, f, ids, weights) -> torch.Tensor:
-        """Decode (one token), no host sync: INT4 banks run the registered grouped kernels
-        (moe_swiglu, w4a16_grouped_gemv); dense banks gather the k chosen experts.
+    def _dense_one(self, f, ids, weights) -> torch.Tensor:
+        """Dense banks, one token, no host sync: gather the k chosen experts.
         f: [1, D]; ids, weights: [k] -> [1, D] fp32."""
-        if self.w1.group_size and self.w3.group_size and self.w2.group_size:
-            device = f.device.type
-            h = registry.resolve("moe_swiglu", device).fn(f, self.w1.packed, self.w3.packed, ids)  # [k, I]
-            y = registry.resolve("w4a16_grouped_gemv", device).fn(h, self.w2.packed, ids)       # [k, D]
-            return (weights.unsqueeze(-1) * y).sum(0, keepdim=True)
         x = f[0]
         w1, w3, w2 = (bank.weight[ids].to(f.dtype) for bank in (self.w1, self.w3, self.w2))
         h = F.silu(torch.einsum("d,kid->ki", x, w1)) * torch.einsum("d,kid->ki", x, w3)

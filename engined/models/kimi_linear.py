@@ -112,7 +112,7 @@ class DecoderLayer:
         else:
             h = h + self.self_attn.decode_batch(a, [c.kda[i] for c in caches])
         f = self.post_attention_layernorm(h)
-        return h + (self.ffn.decode_rows(f) if isinstance(self.ffn, MoE) else self.ffn(f))
+        return h + self.ffn(f)                   # MoE: one moe_grouped call for the B rows
 
 
 class KimiLinearModel:
@@ -170,8 +170,9 @@ class KimiLinearModel:
                      positions: list[int]) -> torch.Tensor:
         """One token for each of B sequences -> logits fp32 [B, V]. tokens: [B] int64; token b
         sits at positions[b] of caches[b], which must continue its recurrent state there.
-        Every projection and the LM head run once for all rows (one pass over the weights);
-        the short conv, the KDA step and the attention run per row on the row's own state."""
+        Every projection, the routed experts (moe_grouped) and the LM head run once for all
+        rows (one pass over the weights); the short conv, the KDA step and the attention run
+        per row on the row's own state."""
         for cache, pos in zip(caches, positions):
             if not 0 <= pos < cache.max_tokens or pos != cache.num_tokens:
                 raise ValueError(f"position {pos} does not continue a cache holding "

@@ -103,7 +103,37 @@ def routed(op: str) -> list[Case]:
     ]
 
 
-CASES = {"w4a16_gemv": GEMV, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
+def moe_case(e: int, t: int, k: int, d: int, inner: int, group: int, seed=0, symmetric=False,
+             dtype=torch.float32, ids=None) -> Case:
+    """moe_grouped: T tokens with k picks each among E experts (ids: fixed picks [T][k])."""
+    def make(gen):
+        w1, w3 = (experts(gen, e, inner, d, group, symmetric) for _ in range(2))
+        w2 = experts(gen, e, d, inner, group, symmetric)
+        x = torch.randn((t, d), generator=gen).to(dtype)
+        picks = (torch.tensor(ids) if ids is not None else
+                 torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)]))
+        weights = torch.rand((t, k), generator=gen)
+        return x, w1, w3, w2, picks, weights
+    tag = "" if dtype == torch.float32 else f"-{str(dtype).split('.')[-1]}"
+    return Case(f"E{e}-T{t}-k{k}-D{d}-I{inner}-G{group}{tag}{kind_tag(symmetric)}", make,
+                e * 3 * d * inner, atol=2e-5 * (d + inner) * k, rtol=2e-4, seed=seed)
+
+
+MOE = [
+    moe_case(4, 1, 2, 64, 32, 32),                            # one decode token
+    moe_case(5, 3, 2, 96, 64, 32, seed=1),                    # experts shared by some tokens
+    moe_case(6, 8, 4, 64, 96, 32, seed=2),                    # a batch of 8 rows
+    moe_case(3, 11, 2, 64, 32, 32, seed=3),                   # > 8 rows of one expert: chunks
+    moe_case(4, 4, 2, 160, 64, 32, seed=4),                   # 5 groups: odd group count
+    moe_case(3, 3, 2, 48, 32, 16, seed=5),                    # group 16: the scalar C kernel
+    moe_case(5, 5, 1, 64, 32, 32, seed=6, ids=[[2], [2], [2], [0], [2]]),  # top-1, one hot expert
+    moe_case(5, 3, 2, 96, 64, 32, seed=7, symmetric=True),
+    moe_case(3, 11, 2, 64, 32, 32, seed=8, symmetric=True),
+    moe_case(4, 4, 2, 64, 32, 32, seed=9, dtype=torch.bfloat16),
+]
+
+
+CASES = {"w4a16_gemv": GEMV, "moe_grouped": MOE, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
          "moe_swiglu": routed("moe_swiglu")}
 
 

@@ -18,6 +18,7 @@ from triton.compiler import ASTSource
 from engined.ops.w4a16_gemv.triton import w4a16_gemv_kernel
 from engined.ops.w4a16_grouped_gemv.triton import w4a16_grouped_gemv_kernel
 from engined.ops.moe_swiglu.triton import moe_swiglu_kernel
+from engined.ops.moe_grouped.triton import moe_grouped_kernel
 
 W = {"q_ptr": "*u8", "s_ptr": "*fp16", "m_ptr": "*fp16"}
 TAIL = {"y_ptr": "*fp32", "N": "i32", "K": "i32"}
@@ -32,6 +33,11 @@ for has_mins in (True, False):  # asymmetric, symmetric (format version 2: no mi
         swiglu = {"x_ptr": "*fp32", "ids_ptr": "*i64", "gq_ptr": "*u8", "gs_ptr": "*fp16",
                   "gm_ptr": "*fp16", "uq_ptr": "*u8", "us_ptr": "*fp16", "um_ptr": "*fp16", **TAIL}
         cases.append((moe_swiglu_kernel, swiglu, meta))
+    grouped = {"x_ptr": "*fp32", "token_ptr": "*i64", "offsets_ptr": "*i64", "aq_ptr": "*u8",
+               "as_ptr": "*fp16", "am_ptr": "*fp16", "bq_ptr": "*u8", "bs_ptr": "*fp16",
+               "bm_ptr": "*fp16", **TAIL}
+    for gather, swiglu in ((True, True), (False, False)):  # gate/up, then down
+        cases.append((moe_grouped_kernel, grouped, {"GATHER": gather, "SWIGLU": swiglu, **META}))
 for fn, sig, meta in cases:
     sig = {**sig, **{name: "constexpr" for name in meta}}
     compiled = triton_compile(ASTSource(fn, sig, constexprs=meta), target=GPUTarget("cuda", 90, 32))
@@ -48,4 +54,4 @@ def test_triton_kernels_compile_for_sm90(tmp_path):
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
                           text=True, timeout=220)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled") == 10
+    assert done.stdout.count("compiled") == 14

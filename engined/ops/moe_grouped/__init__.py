@@ -1,0 +1,11 @@
+"""moe_grouped: the routed SwiGLU experts of T tokens (decode rows of a batch, or a prefill
+chunk), with the routes sorted by expert so each chosen expert is read once for all the rows
+that chose it. Every MoE path shares it: batched decode, prefill, CPU decode, expert offload."""
+from engined.ops import registry
+from engined.ops.moe_grouped import cpu_c, reference  # noqa: F401  (registers variants)
+
+# Registered lazily: triton is imported on the first call (see registry.lazy).
+registry.register("moe_grouped", "triton", devices=("cuda",), description=(
+    "Triton: per (expert, BLOCK_N outputs) program over the expert's rows, two launches"))(
+    registry.lazy("engined.ops.moe_grouped.triton:moe_grouped"))
+registry.set_default("moe_grouped", "cuda", "triton")
