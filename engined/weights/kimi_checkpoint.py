@@ -5,6 +5,7 @@ tiktoken.model and tokenizer_config.json. Two formats are accepted: the BF16 HF 
 our packed-INT4 artifact (engined/weights/quantize.py: kimi-int4.json manifest + kimi.format metadata).
 Anything else is refused before a byte of weights is read.
 """
+import ctypes
 import json
 import pathlib
 from dataclasses import dataclass
@@ -196,10 +197,15 @@ def _read_into(f, name: str, header: Header, slot: torch.Tensor):
     direct = slot.device.type == "cpu" and slot.dtype == dtype and slot.is_contiguous()
     target = slot if direct else torch.empty(shape, dtype=dtype)
     f.seek(begin)
-    if f.readinto(memoryview(target.view(-1).view(torch.uint8).numpy())) != want:
+    if f.readinto(_bytes_of(target)) != want:
         raise CheckpointError(f"{name}: file ends inside the tensor's data")
     if not direct:
         fill(slot, target, name)
+
+
+def _bytes_of(t: torch.Tensor):
+    """The writable bytes of a contiguous CPU tensor, without numpy (the GPU image has none)."""
+    return (ctypes.c_ubyte * t.nbytes).from_address(t.data_ptr())
 
 
 def load_weights(ckpt: Checkpoint, model: KimiLinearModel, progress: bool = True):

