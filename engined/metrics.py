@@ -2,7 +2,6 @@
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from engined import helper
 from engined.engine import memory
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -41,7 +40,7 @@ class EngineMetrics:
               registry=r).set_function(memory.current_rss)
         Gauge("kimi_engine_memory_reserved_bytes",
               "Bytes reserved against the memory cap: weights + running sequences' KV",
-              registry=r).set_function(helper.memcap_reserved)
+              registry=r).set_function(memory.reserved)
         self.tokens_after_cancel = Counter(
             "kimi_engine_tokens_after_cancel",
             "Tokens generated for a request after its client went away (stays near 0 when "

@@ -13,8 +13,7 @@ import time
 
 import torch
 
-from engined import helper
-from engined.engine import sampler
+from engined.engine import memory, sampler
 from engined.errors import InternalError
 from engined.metrics import EngineMetrics
 from engined.models.protocol import Model
@@ -194,7 +193,7 @@ class Engine:
         try:
             seq.cache = self.model.new_cache(seq.num_max_tokens)
         except Exception:
-            helper.memcap_release(self._kv_bytes(seq))
+            memory.release(self._kv_bytes(seq))
             raise
         if self.prefix_cache.is_enabled:
             self._restore_prefix(seq)
@@ -213,15 +212,15 @@ class Engine:
         """Reserve against the memory cap; running sequences come before cached prefixes."""
         while True:
             try:
-                return helper.memcap_reserve(num_bytes)
-            except helper.MemoryCapExceeded:
+                return memory.reserve(num_bytes)
+            except memory.MemoryCapExceeded:
                 if not self.prefix_cache.evict(num_bytes):
                     raise
 
     def _release(self, seq: Sequence):
         if seq.cache is not None:
             seq.cache = None
-            helper.memcap_release(self._kv_bytes(seq))
+            memory.release(self._kv_bytes(seq))
 
     def _kv_bytes(self, seq: Sequence) -> int:
         # Recurrent models (Kimi-Linear's KDA) also hold a fixed state per sequence.

@@ -1,14 +1,18 @@
 """The memory budget, planned before any weight is loaded: weights + KV for --max-context.
 
-A plan over the cap refuses the start with the budget spelled out. Under the cap, the C
-helper's counter is armed with it: the weights are reserved at start and each running
+A plan over the cap refuses the start with the budget spelled out. Under the cap, the
+reservation counter is armed with it: the weights are reserved at start and each running
 sequence reserves its own KV slots (engine/loop.py), so the plan is also what is enforced.
-What the kernel will actually grant is read here too: the cgroup limit (v2 memory.max, v1
-memory.limit_in_bytes) lowers the cap, so the engine refuses a plan cleanly instead of being
-OOM-killed half-way through loading; `current_rss` is what this process already holds.
+The cap is what the device can hold. On the CPU, what the kernel will grant: the cgroup limit
+(v2 memory.max, v1 memory.limit_in_bytes) lowers --memory-cap, so the engine refuses a plan
+cleanly instead of being OOM-killed half-way through loading; `current_rss` is what this
+process already holds. On CUDA, the GPU's free memory at start lowers it instead.
+The counter is the C helper's (csrc memcap_*); without the compiled helper (the GPU image)
+`Reservations` keeps the same count here.
 """
 import os
 import pathlib
+import threading
 from dataclasses import dataclass
 
 from engined import helper
@@ -102,17 +106,86 @@ def current_rss(statm: str = "/proc/self/statm") -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def plan_budget(plan, max_context: int, requested_cap: int) -> Budget:
-    """plan: loader.LoadPlan (weight_bytes, kv_bytes_per_token)."""
-    cap, source = effective_cap(requested_cap)
+def cuda_cap(requested: int, device: str = "cuda") -> tuple[int, str]:
+    """(cap, where it comes from) for a model on the GPU: the requested cap, lowered to the
+    device's free memory now (what this and every other process leave for the weights + KV)."""
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(device)
+    if requested <= 0 or free < requested:
+        return int(free), f"free memory of {torch.cuda.get_device_name(device)}"
+    return int(requested), "--memory-cap"
+
+
+def plan_budget(plan, max_context: int, requested_cap: int, device: str = "cpu") -> Budget:
+    """plan: loader.LoadPlan (weight_bytes, kv_bytes_per_token) on `device`."""
+    cap, source = (cuda_cap(requested_cap, device) if device.startswith("cuda")
+                   else effective_cap(requested_cap))
     return Budget(int(plan.weight_bytes), int(plan.kv_bytes_per_token), max_context, cap, source)
 
 
 def enforce(budget: Budget):
-    """Refuse an over-cap plan; otherwise arm the helper's counter and reserve the weights."""
+    """Refuse an over-cap plan; otherwise arm the counter and reserve the weights."""
     if budget.is_over_cap:
         raise MemoryCapError(
             f"refusing to start: the memory plan exceeds the cap: {budget.describe()}. "
             "Lower --max-context, or raise --memory-cap.")
-    helper.memcap_init(budget.cap_bytes)
-    helper.memcap_reserve(budget.weight_bytes)
+    arm(budget.cap_bytes)
+    reserve(budget.weight_bytes)
+
+
+MemoryCapExceeded = helper.MemoryCapExceeded  # whichever counter refused
+
+
+class Reservations:
+    """csrc's memcap_* in Python, for a process without the C helper: bytes reserved against
+    a cap (0 = none), and the peak."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.cap = self.used = self.peak = 0
+
+    def arm(self, cap_bytes: int):
+        with self._lock:
+            self.cap, self.used, self.peak = int(cap_bytes), 0, 0
+
+    def reserve(self, nbytes: int):
+        with self._lock:
+            if self.cap and self.used + nbytes > self.cap:
+                raise MemoryCapExceeded(f"reserve({nbytes}): memory cap exceeded")
+            self.used += nbytes
+            self.peak = max(self.peak, self.used)
+
+    def release(self, nbytes: int):
+        with self._lock:
+            if nbytes > self.used:
+                raise ValueError(f"release({nbytes}): only {self.used} bytes are reserved")
+            self.used -= nbytes
+
+
+_reservations = Reservations()  # the process-wide counter when the helper is not built
+
+
+def arm(cap_bytes: int):
+    """Start counting against `cap_bytes` (0 = no cap) from zero."""
+    if helper.available():
+        return helper.memcap_init(cap_bytes)
+    _reservations.arm(cap_bytes)
+
+
+def reserve(nbytes: int):
+    """Count `nbytes` more, or raise MemoryCapExceeded."""
+    if helper.available():
+        return helper.memcap_reserve(nbytes)
+    _reservations.reserve(nbytes)
+
+
+def release(nbytes: int):
+    if helper.available():
+        return helper.memcap_release(nbytes)
+    _reservations.release(nbytes)
+
+
+def reserved() -> int:
+    """Bytes reserved now: the weights plus the running sequences' and cached prefixes' KV."""
+    return helper.memcap_reserved() if helper.available() else _reservations.used

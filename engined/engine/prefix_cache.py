@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engined import helper
+from engined.engine import memory
 
 BLOCK = 64  # positions per shared block; prefill chunks are multiples of it
 
@@ -176,16 +176,16 @@ class PrefixCache:
             self.evict(self.num_bytes + num_bytes - self.budget_bytes)
         while True:
             try:
-                helper.memcap_reserve(num_bytes)
+                memory.reserve(num_bytes)
                 return True
-            except helper.MemoryCapExceeded:
+            except memory.MemoryCapExceeded:
                 if not self.entries:
                     return False
                 self.evict(num_bytes)
 
     def _forget(self, entry: Entry):
         self.num_bytes -= entry.nbytes
-        helper.memcap_release(entry.nbytes)
+        memory.release(entry.nbytes)
         if entry.end % self.block:
             self._tail_ends[entry.end] -= 1
             if not self._tail_ends[entry.end]:

@@ -10,6 +10,7 @@ import time
 
 from engined import helper
 from engined.weights import loader
+from engined.engine import kernels
 from engined.engine import memory as memcap
 from engined.chat import IncrementalDecoder
 from engined.config import DEFAULT_MAX_CONTEXT, EngineConfig
@@ -88,9 +89,12 @@ def run(config: EngineConfig) -> int:
 def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, Engine]:
     check_socket_path(config.socket)  # fail before minutes of loading, not after
     device = _device(config.device)
+    moved = kernels.settle(device)
+    if moved:
+        log.write(f"kimi-engine: {kernels.describe_fallback(moved)}")
     plan = loader.plan_model(config.model, device=device)
     max_context = _max_context(config.max_context, plan.context_length)
-    budget = memcap.plan_budget(plan, max_context, config.memory_cap)
+    budget = memcap.plan_budget(plan, max_context, config.memory_cap, device)
     log.write(f"kimi-engine: memory plan: {budget.describe()}")
     memcap.enforce(budget)
     sd_notify(f"STATUS=loading {config.model} on {device}")
