@@ -76,10 +76,10 @@ def seconds_per_call(fn, args_list, min_time: float) -> float:
     return best
 
 
-def probe_bandwidth(nbytes: int) -> float:
+def probe_bandwidth(nbytes: int, min_time: float) -> float:
     """Read bandwidth: torch sum over a buffer as large as the working set."""
     buf = torch.ones(nbytes // 4, dtype=torch.float32, device=DEVICE)
-    return nbytes / seconds_per_call(lambda: buf.sum(), [()], 0.6) / 1e9
+    return nbytes / seconds_per_call(lambda: buf.sum(), [()], min_time) / 1e9
 
 
 def copies_for(nbytes: int, working_set: int) -> int:
@@ -87,7 +87,8 @@ def copies_for(nbytes: int, working_set: int) -> int:
 
 
 def bench_dense(label, n, k, args) -> list[dict]:
-    probe = probe_bandwidth(args.working_set)  # next to its rows: the load on a shared host drifts
+    # next to its rows: the load on a shared host drifts
+    probe = probe_bandwidth(args.working_set, args.min_time)
     copies = copies_for(packed_bytes(n, k), args.working_set)
     weights = [int4_format.PackedInt4(group_size=GROUP, **random_packed(n, k)) for _ in range(copies)]
     x = torch.randn(1, k, device=DEVICE)
@@ -107,7 +108,7 @@ def bench_dense(label, n, k, args) -> list[dict]:
 
 
 def bench_routed(label, n, k, args) -> list[dict]:
-    probe = probe_bandwidth(args.working_set)
+    probe = probe_bandwidth(args.working_set, args.min_time)
     experts = max(ROUTES, copies_for(packed_bytes(n, k), args.working_set))
     stack = PackedInt4Experts(group_size=GROUP, **random_packed(n, k, lead=(experts,)))
     gen = torch.Generator().manual_seed(0)

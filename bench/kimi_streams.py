@@ -25,11 +25,13 @@ from common import append_results, hardware, unix_post, write_json  # noqa: E402
 NEW_TOKENS, STREAMS = 64, (1, 2, 4, 8)
 
 
-def stream_ids(sock: str, prompt: str, out: dict, key):
+def stream_ids(sock: str, prompt: str, out: dict, key, max_tokens: int = NEW_TOKENS):
     """One greedy stream -> out[key] = (time of first ids, time of last, all ids)."""
     conn, resp = unix_post(sock, "/v1/completions", {
-        "model": "default", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0,
+        "model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
         "stream": True, "ignore_eos": True, "return_token_ids": True})
+    if resp.status != 200:  # raised in the stream's thread: its traceback shows the reply
+        raise RuntimeError(f"stream {key}: HTTP {resp.status}: {resp.read()[:300]!r}")
     first = last = None
     ids = []
     for raw in resp:
@@ -44,9 +46,10 @@ def stream_ids(sock: str, prompt: str, out: dict, key):
     out[key] = (first, last, ids)
 
 
-def aggregate(sock: str, prompts: list[str]) -> tuple[float, list[list[int]]]:
+def aggregate(sock: str, prompts: list[str],
+              max_tokens: int = NEW_TOKENS) -> tuple[float, list[list[int]]]:
     results = {}
-    threads = [threading.Thread(target=stream_ids, args=(sock, p, results, i))
+    threads = [threading.Thread(target=stream_ids, args=(sock, p, results, i, max_tokens))
                for i, p in enumerate(prompts)]
     for t in threads:
         t.start()
@@ -54,7 +57,8 @@ def aggregate(sock: str, prompts: list[str]) -> tuple[float, list[list[int]]]:
         t.join()
     rows = [results[i] for i in range(len(prompts))]
     tokens = sum(len(ids) - 1 for _, _, ids in rows)
-    return tokens / (max(r[1] for r in rows) - min(r[0] for r in rows)), [r[2] for r in rows]
+    span = max(r[1] for r in rows) - min(r[0] for r in rows)  # 0: every id came in one chunk
+    return tokens / span if span > 0 else float("nan"), [r[2] for r in rows]
 
 
 def main() -> int:
