@@ -23,7 +23,7 @@ IMPORT_ONLY = sorted(p.name for p in BENCH.glob("*.py") if p.name not in SCRIPTS
 def test_every_bench_script_is_either_run_or_imported():
     assert set(SCRIPTS_WITH_HELP) >= {"decode.py", "kernels.py", "proxy_overhead.py",
                                       "agent_turns.py", "model_step.py"}
-    assert set(IMPORT_ONLY) == {"common.py", "llamacpp_run.py"}
+    assert set(IMPORT_ONLY) == {"common.py", "llamacpp_run.py", "served.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS_WITH_HELP)
@@ -54,6 +54,53 @@ def test_gpu_run_names_modules_and_files_that_exist():
     out = subprocess.run([sys.executable, "-m", modules[0], "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--synthetic" in out.stdout, out.stderr
+
+
+def test_gpu_run_dry_run_measures_every_section(tmp_path):
+    """`bash bench/gpu_run.sh --dry-run`: the GPU run's sections on the CPU (synthetic:small
+    served, tiny sizes), so the script is tested before its one GPU shot; nothing recorded."""
+    out, results_md = tmp_path / "out", (BENCH / "RESULTS.md").read_text()
+    done = subprocess.run(["bash", str(BENCH / "gpu_run.sh"), "--dry-run"], cwd=ROOT,
+                          env={**os.environ, "PYTHON": sys.executable, "OUT": str(out)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in summary] == ["kernels", "serve", "offload"]
+    assert summary[0].startswith("kernels: ok,") and summary[1].startswith("serve: ok,"), summary
+    assert summary[2].startswith("offload: skipped, not built yet (issue 17)"), summary
+    kernels = (out / "kernels.log").read_text()
+    assert "| Kimi o_proj | 2304x4096 | cpu_c |" in kernels
+    assert "Kimi-Linear synthetic tiny INT4 on cpu" in kernels and "tests collected" in kernels
+    serve = json.loads((out / "serve.json").read_text())
+    assert set(serve["decode_tok_s"]) == {"1", "2"}
+    assert all(rate > 0 for rate in serve["decode_tok_s"].values())
+    assert serve["generated_tokens"] > 0
+    prefill, roofline = serve["prefill"]["256"], serve["roofline"]
+    assert prefill["prompt_tokens"] == 256 and prefill["ttft_s"] > 0
+    assert roofline["bytes_per_token"] > 5e6 and roofline["bandwidth_gbs"] > 0
+    assert roofline["pct"] > 0
+    failures = serve["graph_capture_failures"]
+    assert failures == "not exposed by this build" or isinstance(failures, float)
+    assert serve["peak_memory"]["bytes"] > 50 << 20, serve["peak_memory"]
+    assert (BENCH / "RESULTS.md").read_text() == results_md
+
+
+def test_gpu_memory_sampler_prefers_the_engine_process_row(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\ncase "$1" in\n'
+                    '  --query-compute-apps*) printf "17, 500\\n4242, 70000\\n" ;;\n'
+                    '  *) echo 90000 ;;\nesac\n')  # MiB: two processes' rows, then the GPU's
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    spec = importlib.util.spec_from_file_location("bench_served", BENCH / "served.py")
+    served = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(served)
+    engine_row, no_row = served.GpuMemorySampler(4242), served.GpuMemorySampler(99)
+    for sampler in (engine_row, no_row):
+        sampler.sample()
+    assert engine_row.result()["bytes"] == 70000 << 20
+    assert "engine process" in engine_row.result()["source"]
+    assert no_row.result()["bytes"] == 90000 << 20 and "whole GPU" in no_row.result()["source"]
 
 
 def test_makefile_helper_check_runs():

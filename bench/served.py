@@ -1,0 +1,132 @@
+"""The engine as a bench script's subprocess: `python -m engined serve` (not the kimi-engine
+launcher, which the GPU image lacks) on a temporary socket, its metrics, and its peak memory.
+
+Peak memory, best source first: the engine's own DEVICE_PEAK metric, when a build exposes it
+(torch.cuda.max_memory_reserved is not reachable from outside the process); on CUDA,
+nvidia-smi's used memory of the engine's process (its CUDA context included), sampled every
+0.5 s, or of the whole GPU where nvidia-smi has no per-process rows (a sandboxed runtime); on
+the CPU, the engine's VmHWM. Each result says which source it came from.
+"""
+import http.client
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+DEVICE_PEAK = "kimi_engine_device_memory_peak_bytes"
+
+
+class Engine:
+    """`python -m engined serve` on a temporary socket; its log kept for a failed start."""
+
+    def __init__(self, model: str, device: str, max_context: int, max_batch: int,
+                 threads: int | None = None, start_timeout: float = 300):
+        self.device = device
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="kimi-serve-"))
+        self.sock, self.log = str(self.dir / "engine.sock"), self.dir / "engine.log"
+        command = [sys.executable, "-m", "engined", "serve", "--model", model, "--device", device,
+                   "--socket", self.sock, "--max-context", str(max_context),
+                   "--max-batch", str(max_batch)] + (["--threads", str(threads)] if threads else [])
+        env = dict(os.environ, XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(self.dir)))
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.time() + start_timeout
+        while not os.path.exists(self.sock):
+            if time.time() > deadline or self.proc.poll() is not None:
+                tail = self.log_tail()
+                self.stop()
+                raise RuntimeError(f"{' '.join(command)} did not start:\n{tail}")
+            time.sleep(0.2)
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def metrics(self) -> dict[str, float]:
+        """GET /metrics -> sample name (labels included) -> value."""
+        conn = http.client.HTTPConnection("engine", timeout=60)
+        conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.sock.connect(self.sock)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        return {name: float(value) for name, _, value in
+                (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
+                if name}
+
+    def peak_rss(self) -> int:
+        status = pathlib.Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(status.split("VmHWM:")[1].split()[0]) * 1024
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class GpuMemorySampler(threading.Thread):
+    """Peak of nvidia-smi's used memory: the engine process's row, and the whole GPU's."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.process_peak, self.gpu_peak = str(pid), 0, 0
+        self.is_done = threading.Event()
+
+    @classmethod
+    def start_for(cls, engine: Engine) -> "GpuMemorySampler | None":
+        if not shutil.which("nvidia-smi"):
+            return None
+        sampler = cls(engine.proc.pid)
+        sampler.start()
+        return sampler
+
+    def query(self, what: str) -> list[list[str]]:
+        out = subprocess.run(["nvidia-smi", f"--query-{what}", "--format=csv,noheader,nounits"],
+                             check=False, capture_output=True, text=True, timeout=10).stdout
+        return [[cell.strip() for cell in line.split(",")] for line in out.splitlines() if line]
+
+    def sample(self):
+        apps, gpu = self.query("compute-apps=pid,used_memory"), self.query("gpu=memory.used")
+        mib = [int(row[1]) for row in apps if row[0] == self.pid]
+        self.process_peak = max([self.process_peak] + [m << 20 for m in mib])
+        self.gpu_peak = max(self.gpu_peak, int(gpu[0][0]) << 20 if gpu else 0)
+
+    def run(self):
+        while not self.is_done.wait(0.5):
+            try:
+                self.sample()
+            except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+                print(f"nvidia-smi sample skipped: {exc!r}", file=sys.stderr)
+
+    def result(self) -> dict:
+        self.is_done.set()
+        if self.is_alive():
+            self.join()
+        if self.process_peak:
+            return {"bytes": self.process_peak, "source": "nvidia-smi, the engine process's used "
+                    "memory (CUDA context included), sampled every 0.5 s"}
+        return {"bytes": self.gpu_peak, "source": "nvidia-smi, the whole GPU's used memory "
+                "(no per-process row here), sampled every 0.5 s"}
+
+
+def peak_memory(engine: Engine, metrics: dict[str, float],
+                sampler: GpuMemorySampler | None) -> dict:
+    """{"bytes", "source"} from the best source this build and machine offer."""
+    if DEVICE_PEAK in metrics:
+        return {"bytes": int(metrics[DEVICE_PEAK]), "source": f"the engine's {DEVICE_PEAK}"}
+    if sampler:
+        return sampler.result()
+    if engine.device == "cpu":
+        return {"bytes": engine.peak_rss(), "source": "VmHWM of the engine process"}
+    return {"bytes": 0, "source": f"none: the engine exposes no {DEVICE_PEAK} "
+            "(torch.cuda.max_memory_reserved is not reachable from outside) and nvidia-smi "
+            "is missing"}
