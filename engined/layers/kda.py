@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engined.layers.rmsnorm import GatedRMSNorm
 from engined.layers.linear import Linear
+from engined.layers.rmsnorm import GatedRMSNorm
+from engined.ops import registry
 
 CHUNK = 64
 L2_EPS = 1e-6
@@ -136,22 +137,23 @@ class KDA:
         y = self.o_norm(o.to(a.dtype), heads(self.g_b_proj(self.g_a_proj(a))))
         return self.o_proj(y.reshape(t, -1).to(a.dtype))
 
-    def decode_batch(self, a: torch.Tensor, states: list[KDAState]) -> torch.Tensor:
-        """One token for each of B sequences, each with its own state (updated in place).
-        a: [B, D] -> [B, D]. The projections run once for all rows; the short conv and the
-        recurrent step run per row on that row's own window and state, so each row equals
-        its lone step."""
+    def decode_batch(self, a: torch.Tensor, conv: torch.Tensor, S: torch.Tensor,
+                     slots: torch.Tensor) -> torch.Tensor:
+        """One token for each of B sequences whose states are slots of a pool, updated in place
+        by slot: conv windows conv [N, 3, C, W-1], states S [N, H, K, V] fp32, slots [B] int64.
+        a: [B, D] -> [B, D]. The projections, the short conv and the recurrent step
+        (ops/kda_step) each run once for all rows."""
         b, h = a.shape[0], self.num_heads
         heads = lambda x: x.float().view(b, h, -1)  # noqa: E731  [B, H*K] -> [B, H, K]
-        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-        qkv = []
-        for j, (proj, weight) in enumerate(zip((self.q_proj, self.k_proj, self.v_proj), convs)):
-            x = proj(a)                                         # [B, C]
-            qkv.append(torch.cat([short_conv(x[r:r + 1], weight, s.conv[j]) for r, s in enumerate(states)]))
-        q, k, v = l2norm(heads(qkv[0])), l2norm(heads(qkv[1])), heads(qkv[2])
+        windows = conv.index_select(0, slots).float()           # [B, 3, C, W-1]
+        taps = [torch.cat((windows[:, j], p(a).float().unsqueeze(-1)), dim=-1)   # [B, C, W]
+                for j, p in enumerate((self.q_proj, self.k_proj, self.v_proj))]
+        q, k, v = (F.silu(torch.einsum("bcw,cw->bc", x, w[:, 0].float())).to(a.dtype)
+                   for x, w in zip(taps, (self.q_conv1d, self.k_conv1d, self.v_conv1d)))
+        conv.index_copy_(0, slots, torch.stack([x[..., 1:] for x in taps], 1).to(conv.dtype))
+        q, k, v = l2norm(heads(q)), l2norm(heads(k)), heads(v)
         g = kda_gate(heads(self.f_b_proj(self.f_a_proj(a))), self.A_log, self.dt_bias)
         beta = torch.sigmoid(self.b_proj(a).float())            # [B, H]
-        o = torch.stack([recurrent_kda_step(q[r], k[r], v[r], g[r], beta[r], s.S, self.scale)
-                         for r, s in enumerate(states)])        # [B, H, V]
+        o = registry.resolve("kda_step", a.device.type).fn(q, k, v, g, beta, S, slots, self.scale)
         y = self.o_norm(o.to(a.dtype), heads(self.g_b_proj(self.g_a_proj(a))))
         return self.o_proj(y.reshape(b, -1).to(a.dtype))

@@ -3,59 +3,17 @@ This module only wires layers (engined/layers/{kda,mla,moe,mlp,rmsnorm,linear}.p
 names live in engined/weights/kimi_checkpoint.py's table. Activations run in `dtype`; the KDA state,
 router, softmax and norms compute in fp32.
 """
-from dataclasses import dataclass
-
 import torch
 
-from engined.layers.kda import KDA, KDAState
+from engined.layers.kda import KDA
 from engined.layers.linear import Linear
 from engined.layers.mla import MLA
 from engined.layers.mlp import SwiGLU
 from engined.layers.moe import MoE, scope
 from engined.layers.rmsnorm import RMSNorm
+from engined.models.kimi_cache import KimiCache, StatePool
 from engined.models.kimi_linear_config import KimiLinearConfig
 from engined.models.protocol import check_span
-
-
-@dataclass
-class KimiCache:
-    """One sequence: KDA state per KDA layer, a latent cache [max_tokens, R+P] per MLA layer.
-    `num_tokens` counts positions already folded into the recurrent state (it cannot rewind)."""
-
-    kda: dict[int, KDAState]
-    mla: dict[int, torch.Tensor]
-    max_tokens: int
-    num_tokens: int = 0
-
-    is_recurrent = True  # resuming needs a state snapshot, not just rows (prefix_cache.py)
-
-    def read_rows(self, start: int, end: int) -> dict[int, torch.Tensor]:
-        """A copy of the MLA latents of positions [start, end): layer -> [end-start, R+P]."""
-        return {i: latents[start:end].clone() for i, latents in self.mla.items()}
-
-    def write_rows(self, start: int, rows: dict[int, torch.Tensor]):
-        for i, latents in self.mla.items():
-            latents[start:start + rows[i].shape[0]].copy_(rows[i])
-
-    def save_state(self) -> dict[int, KDAState]:
-        """A copy of every KDA layer's conv windows and recurrent state at num_tokens."""
-        return {i: KDAState(s.conv.clone(), s.S.clone()) for i, s in self.kda.items()}
-
-    def load_state(self, state: dict[int, KDAState], num_tokens: int):
-        """Copy a snapshot in (the snapshot stays untouched, so it can be restored again)."""
-        for i, s in self.kda.items():
-            s.conv.copy_(state[i].conv)
-            s.S.copy_(state[i].S)
-        self.num_tokens = num_tokens
-
-    def reset(self):
-        """Back to an empty sequence, in place (tensor addresses stay valid for a captured graph)."""
-        for state in self.kda.values():
-            state.conv.zero_()
-            state.S.zero_()
-        for latents in self.mla.values():
-            latents.zero_()
-        self.num_tokens = 0
 
 
 def weight_tensors(obj) -> list[torch.Tensor]:
@@ -104,13 +62,14 @@ class DecoderLayer:
         return h + self.ffn(self.post_attention_layernorm(h))
 
     def decode_batch(self, h: torch.Tensor, caches: list[KimiCache], i: int,
-                     positions: list[int]) -> torch.Tensor:
-        # h: [B, D], row b one token of caches[b] at positions[b]
+                     positions: list[int], slots: torch.Tensor) -> torch.Tensor:
+        # h: [B, D], row b one token of caches[b] at positions[b]; slots: [B] their state slots
         a = self.input_layernorm(h)
         if self.is_mla:
             h = h + self.self_attn.decode_batch(a, [c.mla[i] for c in caches], positions)
         else:
-            h = h + self.self_attn.decode_batch(a, [c.kda[i] for c in caches])
+            pool = caches[0].pool
+            h = h + self.self_attn.decode_batch(a, pool.conv[i], pool.S[i], slots)
         f = self.post_attention_layernorm(h)
         return h + self.ffn(f)                   # MoE: one moe_grouped call for the B rows
 
@@ -133,9 +92,10 @@ class KimiLinearModel:
             self.lm_head.weight = self.embed_tokens              # one tensor, filled once
         latent = (c.kv_lora_rank + c.qk_rope_head_dim) * dtype.itemsize
         self.kv_bytes_per_token = len(c.mla_layers) * latent
-        state = self.new_cache(1)
-        self.state_bytes = sum(s.conv.nbytes + s.S.nbytes for s in state.kda.values())
         self.weight_bytes = sum(t.nbytes for t in self.tensors())
+        self.state_pool = StatePool({i: layer.self_attn for i, layer in enumerate(self.layers)
+                                     if not layer.is_mla}, dtype, self.device)
+        self.state_bytes = self.state_pool.slot_bytes
 
     def tensors(self) -> list[torch.Tensor]:
         return weight_tensors(self)
@@ -143,11 +103,9 @@ class KimiLinearModel:
     def new_cache(self, max_tokens: int) -> KimiCache:
         if not 0 < max_tokens <= self.config.context_length:
             raise ValueError(f"cache of {max_tokens} tokens: must be 1..{self.config.context_length}")
-        kda = {i: layer.self_attn.new_state(self.dtype, self.device)
-               for i, layer in enumerate(self.layers) if not layer.is_mla}
         mla = {i: torch.zeros(max_tokens, layer.self_attn.latent_width, dtype=self.dtype, device=self.device)
                for i, layer in enumerate(self.layers) if layer.is_mla}
-        return KimiCache(kda, mla, max_tokens)
+        return KimiCache(self.state_pool, mla, max_tokens)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KimiCache, start: int,
@@ -170,16 +128,19 @@ class KimiLinearModel:
                      positions: list[int]) -> torch.Tensor:
         """One token for each of B sequences -> logits fp32 [B, V]. tokens: [B] int64; token b
         sits at positions[b] of caches[b], which must continue its recurrent state there.
-        Every projection, the routed experts (moe_grouped) and the LM head run once for all
-        rows (one pass over the weights); the short conv, the KDA step and the attention run
-        per row on the row's own state."""
+        Every projection, the short conv and KDA step (on the rows' state slots, in place), the
+        routed experts (moe_grouped) and the LM head run once for all rows; MLA attention runs
+        per row over the row's own latents."""
         for cache, pos in zip(caches, positions):
             if not 0 <= pos < cache.max_tokens or pos != cache.num_tokens:
                 raise ValueError(f"position {pos} does not continue a cache holding "
                                  f"{cache.num_tokens} of {cache.max_tokens} tokens")
+            if cache.pool is not self.state_pool:
+                raise ValueError("a cache of another model's state pool")
+        slots = torch.tensor([c.slot for c in caches], dtype=torch.int64, device=self.device)  # [B]
         h = self.embed_tokens[tokens.to(self.device)].to(self.dtype)  # [B, D]
         for i, layer in enumerate(self.layers):
-            h = layer.decode_batch(h, caches, i, positions)
+            h = layer.decode_batch(h, caches, i, positions, slots)
         for cache, pos in zip(caches, positions):
             cache.num_tokens = pos + 1
         return self.lm_head(self.norm(h)).float()                    # [B, V]

@@ -20,6 +20,7 @@ class Case:
     atol: float
     rtol: float = 1e-4
     seed: int = 0
+    updates: tuple[int, ...] = ()   # positions of arguments the op updates in place
 
 
 def random_int4(gen: torch.Generator, n: int, k: int, group: int, lead=(),
@@ -133,7 +134,30 @@ MOE = [
 ]
 
 
-CASES = {"w4a16_gemv": GEMV, "moe_grouped": MOE, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
+def kda_case(b: int, h: int, k: int, v: int, num_slots: int, seed=0) -> Case:
+    """kda_step: B rows on distinct slots of an N-slot pool (unused slots must stay as they are)."""
+    def make(gen):
+        q, kk = (torch.nn.functional.normalize(torch.randn((b, h, k), generator=gen), dim=-1)
+                 for _ in range(2))
+        g = -torch.rand((b, h, k), generator=gen) * 0.5
+        vv = torch.randn((b, h, v), generator=gen)
+        beta = torch.rand((b, h), generator=gen)
+        states = torch.randn((num_slots, h, k, v), generator=gen) * 0.1
+        slots = torch.randperm(num_slots, generator=gen)[:b]
+        return q, kk, vv, g, beta, states, slots, k ** -0.5
+    return Case(f"B{b}-H{h}-K{k}-V{v}-N{num_slots}", make, b * h * k * v, atol=1e-5, rtol=1e-5,
+                seed=seed, updates=(5,))
+
+
+KDA = [
+    kda_case(1, 2, 16, 16, 3),
+    kda_case(3, 4, 32, 32, 8, seed=1),
+    kda_case(8, 2, 16, 24, 9, seed=2),     # V not a power of two
+    kda_case(2, 3, 20, 8, 2, seed=3),      # K not a power of two; every slot used
+]
+
+
+CASES = {"w4a16_gemv": GEMV, "moe_grouped": MOE, "kda_step": KDA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
          "moe_swiglu": routed("moe_swiglu")}
 
 

@@ -45,16 +45,24 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float
                            f"max |diff| {float((got - want).abs().max()):.3g}")
 
 
+def call(fn, args, case, **kw):
+    """fn on fresh copies of the arguments the op updates in place -> (output, those copies)."""
+    args = [a.clone() if i in case.updates else a for i, a in enumerate(args)]
+    return fn(*args, **kw), [args[i] for i in case.updates]
+
+
 @pytest.mark.parametrize("op,name,case", list(_params()))
 def test_variant_matches_reference(op, name, case):
     gen = torch.Generator().manual_seed(case.seed)
     args = case.make(gen)
-    want = registry.variants(op)[registry.REFERENCE].fn(*args)
+    want, want_updated = call(registry.variants(op)[registry.REFERENCE].fn, args, case)
     out = torch.full_like(want, float("nan"))
-    got = registry.variants(op)[name].fn(*args, out=out)
+    got, updated = call(registry.variants(op)[name].fn, args, case, out=out)
     assert got.data_ptr() == out.data_ptr(), "variant ignored the out buffer"
     assert_close(got, want, atol=case.atol, rtol=case.rtol)
-    fresh = registry.variants(op)[name].fn(*args)  # and with its own allocation
+    for mine, theirs in zip(updated, want_updated):   # in-place updates (state pools)
+        assert_close(mine, theirs, atol=case.atol, rtol=case.rtol)
+    fresh, _ = call(registry.variants(op)[name].fn, args, case)  # and with its own allocation
     assert_close(fresh, want, atol=case.atol, rtol=case.rtol)
 
 

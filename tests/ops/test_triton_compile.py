@@ -19,6 +19,7 @@ from engined.ops.w4a16_gemv.triton import w4a16_gemv_kernel
 from engined.ops.w4a16_grouped_gemv.triton import w4a16_grouped_gemv_kernel
 from engined.ops.moe_swiglu.triton import moe_swiglu_kernel
 from engined.ops.moe_grouped.triton import moe_grouped_kernel
+from engined.ops.kda_step.triton import kda_step_kernel
 
 W = {"q_ptr": "*u8", "s_ptr": "*fp16", "m_ptr": "*fp16"}
 TAIL = {"y_ptr": "*fp32", "N": "i32", "K": "i32"}
@@ -38,6 +39,9 @@ for has_mins in (True, False):  # asymmetric, symmetric (format version 2: no mi
                "bm_ptr": "*fp16", **TAIL}
     for gather, swiglu in ((True, True), (False, False)):  # gate/up, then down
         cases.append((moe_grouped_kernel, grouped, {"GATHER": gather, "SWIGLU": swiglu, **META}))
+kda = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "g_ptr": "*fp32", "beta_ptr": "*fp32",
+       "s_ptr": "*fp32", "slots_ptr": "*i64", "o_ptr": "*fp32", "scale": "fp32", "H": "i32"}
+cases.append((kda_step_kernel, kda, {"K": 128, "V": 128, "BLOCK_K": 128, "BLOCK_V": 64}))  # Kimi-Linear
 for fn, sig, meta in cases:
     sig = {**sig, **{name: "constexpr" for name in meta}}
     compiled = triton_compile(ASTSource(fn, sig, constexprs=meta), target=GPUTarget("cuda", 90, 32))
@@ -54,4 +58,4 @@ def test_triton_kernels_compile_for_sm90(tmp_path):
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
                           text=True, timeout=220)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled") == 14
+    assert done.stdout.count("compiled") == 15

@@ -1,0 +1,130 @@
+"""Kimi-Linear's per-sequence cache, with every KDA state in a slot of one pool per layer.
+
+The pool holds, per KDA layer, the conv windows [N, 3, C, W-1] and the recurrent states
+[N, H, K, V] fp32 of N sequences; a sequence owns one slot index. Batched decode reads and
+updates the B rows' states by slot (ops/kda_step), and a single sequence's prefill works on
+views of its slot, so no state is ever copied per step. A slot is returned to the pool when
+its cache is released (or garbage-collected). The pool grows one slot at a time, so it holds
+the peak number of concurrent sequences (each reserved against the memory cap as state_bytes
+while it lives); freed slots stay allocated for the next sequence.
+"""
+import weakref
+
+import torch
+
+from engined.layers.kda import KDAState
+
+
+class StatePool:
+    """Slots of KDA state for every KDA layer. `layers`: layer index -> its KDA module."""
+
+    def __init__(self, layers: dict, dtype, device):
+        metas = {i: kda.new_state(dtype, "meta") for i, kda in layers.items()}
+        self.shapes = {i: (m.conv.shape, m.S.shape) for i, m in metas.items()}
+        self.dtype, self.device = dtype, device
+        self.conv: dict[int, torch.Tensor] = {}
+        self.S: dict[int, torch.Tensor] = {}
+        self.num_slots = 0
+        self.free_slots: list[int] = []
+        self._grow(0)
+
+    @torch.inference_mode(False)
+    def _grow(self, num_slots: int):
+        """Room for num_slots sequences: live slots are copied to the new tensors (addresses
+        change, so a captured CUDA graph needs `reserve` before it is captured). Never
+        inference tensors, whatever mode the caller is in: those refuse in-place updates
+        outside inference mode."""
+        for i, (conv_shape, s_shape) in self.shapes.items():
+            conv = torch.zeros((num_slots, *conv_shape), dtype=self.dtype, device=self.device)
+            S = torch.zeros((num_slots, *s_shape), dtype=torch.float32, device=self.device)
+            if self.num_slots:
+                conv[:self.num_slots].copy_(self.conv[i])
+                S[:self.num_slots].copy_(self.S[i])
+            self.conv[i], self.S[i] = conv, S
+        self.free_slots += range(self.num_slots, num_slots)
+        self.num_slots = num_slots
+
+    def reserve(self, num_slots: int):
+        if num_slots > self.num_slots:
+            self._grow(num_slots)
+
+    def allocate(self) -> int:
+        """A zeroed slot; the pool grows by one when none is free."""
+        if not self.free_slots:
+            self._grow(self.num_slots + 1)
+        slot = self.free_slots.pop(0)
+        self.zero(slot)
+        return slot
+
+    def release(self, slot: int):
+        if slot in self.free_slots or not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is not in use")
+        self.free_slots.append(slot)
+        self.free_slots.sort()
+
+    def zero(self, slot: int):
+        for i in self.shapes:
+            self.conv[i][slot].zero_()
+            self.S[i][slot].zero_()
+
+    def state(self, layer: int, slot: int) -> KDAState:
+        """Views of one slot's conv windows and state: writes go to the pool."""
+        return KDAState(self.conv[layer][slot], self.S[layer][slot])
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one sequence's KDA state across all layers (conv windows + S)."""
+        return sum(conv.numel() * self.dtype.itemsize + S.numel() * 4
+                   for conv, S in self.shapes.values())
+
+    @property
+    def num_used(self) -> int:
+        return self.num_slots - len(self.free_slots)
+
+
+class KimiCache:
+    """One sequence: a slot of the model's state pool, a latent cache [max_tokens, R+P] per MLA
+    layer. `num_tokens` counts positions already folded into the recurrent state (it cannot
+    rewind)."""
+
+    is_recurrent = True  # resuming needs a state snapshot, not just rows (prefix_cache.py)
+
+    def __init__(self, pool: StatePool, mla: dict[int, torch.Tensor], max_tokens: int):
+        self.pool, self.mla, self.max_tokens, self.num_tokens = pool, mla, max_tokens, 0
+        self.slot = pool.allocate()
+        self._finalizer = weakref.finalize(self, pool.release, self.slot)
+
+    @property
+    def kda(self) -> dict[int, KDAState]:
+        """KDA layer -> views of this sequence's conv windows and recurrent state."""
+        return {i: self.pool.state(i, self.slot) for i in self.pool.shapes}
+
+    def release(self):
+        """Give the slot back now (also done when the cache is garbage-collected)."""
+        self._finalizer()
+
+    def read_rows(self, start: int, end: int) -> dict[int, torch.Tensor]:
+        """A copy of the MLA latents of positions [start, end): layer -> [end-start, R+P]."""
+        return {i: latents[start:end].clone() for i, latents in self.mla.items()}
+
+    def write_rows(self, start: int, rows: dict[int, torch.Tensor]):
+        for i, latents in self.mla.items():
+            latents[start:start + rows[i].shape[0]].copy_(rows[i])
+
+    def save_state(self) -> dict[int, KDAState]:
+        """A copy of every KDA layer's conv windows and recurrent state at num_tokens."""
+        return {i: KDAState(s.conv.clone(), s.S.clone()) for i, s in self.kda.items()}
+
+    def load_state(self, state: dict[int, KDAState], num_tokens: int):
+        """Copy a snapshot in (the snapshot stays untouched, so it can be restored again)."""
+        for i, s in self.kda.items():
+            s.conv.copy_(state[i].conv)
+            s.S.copy_(state[i].S)
+        self.num_tokens = num_tokens
+
+    def reset(self):
+        """Back to an empty sequence, in place (tensor addresses stay valid for a captured graph)."""
+        self.pool.zero(self.slot)
+        for latents in self.mla.values():
+            latents.zero_()
+        self.num_tokens = 0
