@@ -58,7 +58,7 @@ class Engine:
         return self._thread.is_alive()
 
     def submit(self, seq: Sequence):
-        seq.generator = sampler.new_generator(seq.params.seed)
+        seq.seed = sampler.new_seed(seq.params.seed)
         self.scheduler.add(seq)
         self.metrics.queue_depth.set(self.scheduler.num_waiting)
 
@@ -104,13 +104,14 @@ class Engine:
         return self.scheduler.next_batch()
 
     def run(self, batch: Batch) -> list[torch.Tensor]:
-        """-> logits per sequence ([1, V], or [T, V] while scoring a prompt), fp32 on the CPU."""
+        """-> logits per sequence ([1, V], or [T, V] while scoring a prompt), fp32 on the
+        model's device: sampling happens there, and only ids and logprobs come back."""
         self.metrics.steps.labels(batch.kind).inc()
         self.step_log.append((batch.kind, tuple(s.seq_id for s in batch.seqs)))
         if batch.kind == "prefill":
-            return [self.prefill(batch.seqs[0]).float().cpu()]
+            return [self.prefill(batch.seqs[0]).float()]
         self.metrics.decode_batch_size.observe(len(batch.seqs))
-        return list(self.decode(batch.seqs).float().cpu().split(1))
+        return list(self.decode(batch.seqs).float().split(1))
 
     def prefill(self, seq: Sequence) -> torch.Tensor:
         """The next chunk of the prompt into the KV cache; every row kept when scoring.
@@ -138,10 +139,20 @@ class Engine:
         return logits
 
     def postprocess(self, batch: Batch, logits: list[torch.Tensor]):
-        for seq, seq_logits in zip(batch.seqs, logits):
-            self._postprocess_one(seq, seq_logits)
+        """Every row that ends a prompt or decodes draws its next token in one batched call."""
+        drawing = [i for i, s in enumerate(batch.seqs)
+                   if not s.is_prefilling and s.params.max_tokens != 0]
+        ids = {}
+        if drawing:
+            seqs = [batch.seqs[i] for i in drawing]
+            rows = torch.cat([logits[i][-1:] for i in drawing])            # [R, V]
+            ids = dict(zip(drawing, sampler.sample_rows(
+                rows, [s.params for s in seqs], [s.seed for s in seqs],
+                [len(s.output_ids) for s in seqs])))
+        for i, (seq, seq_logits) in enumerate(zip(batch.seqs, logits)):
+            self._postprocess_one(seq, seq_logits, ids.get(i))
 
-    def _postprocess_one(self, seq: Sequence, logits: torch.Tensor):
+    def _postprocess_one(self, seq: Sequence, logits: torch.Tensor, token_id: int | None):
         if seq.params.is_prompt_logprobs and not seq.output_ids:  # this step was a prefill
             start = seq.num_computed - logits.shape[0]
             seq.events.put(PromptLogprobsEvent(sampler.prompt_logprobs(
@@ -151,7 +162,7 @@ class Engine:
         if seq.params.max_tokens == 0:  # scoring only (echo + logprobs)
             seq.finish("length")
         else:
-            self._append_sampled(seq, logits[-1])
+            self._append_sampled(seq, logits[-1], token_id)
         if seq.is_finished:
             self._observe_finished(seq)
             self.scheduler.finish(seq)
@@ -165,8 +176,7 @@ class Engine:
         self._release(seq)
         seq.fail(InternalError(f"model error: {exc}"))
 
-    def _append_sampled(self, seq: Sequence, last_logits: torch.Tensor):
-        token_id = sampler.sample(last_logits, seq.params, seq.generator)
+    def _append_sampled(self, seq: Sequence, last_logits: torch.Tensor, token_id: int):
         logprob = None
         if seq.params.num_top_logprobs is not None:
             logprob = sampler.token_logprob(last_logits, token_id, seq.params.num_top_logprobs)

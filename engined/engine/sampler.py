@@ -1,42 +1,77 @@
-"""Next-token choice: greedy at temperature 0, else temperature -> top-k -> top-p -> draw
-with the request's own torch.Generator (seeded from `seed`, so runs repeat exactly).
-Logprobs always come from the model's raw distribution (log_softmax of the logits).
+"""Next-token choice for the B rows of a step, on the logits' own device: greedy at temperature
+0, else temperature -> top-k -> top-p -> one draw by inverse CDF. Only the chosen ids (and
+any requested logprobs) come back to the host.
+
+The draw of row b is a pure function of (seed_b, counter_b): a uniform u from a counter-based
+hash (splitmix64 in int64 tensor ops, the same bits on every device) meets the row's own
+cumulative distribution. So a seeded request draws the same tokens whatever else is in the
+batch, however the batch is padded, and on the CPU or a GPU alike; there is no generator
+state to carry. Logprobs always come from the model's raw distribution (log_softmax).
 """
+import secrets
+
 import torch
 
 from engined.engine.sequence import SamplingParams, TokenLogprob
 
-
-def new_generator(seed: int | None) -> torch.Generator:
-    generator = torch.Generator()
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
-    return generator
+_M1, _M2 = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64)  # as int64
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """logits: [V] fp32 -> the chosen token id."""
-    if params.is_greedy:
-        return int(torch.argmax(logits))
-    scaled = logits.float() / params.temperature  # [V]
-    if 0 < params.top_k < scaled.numel():
-        kth = torch.topk(scaled, params.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if params.top_p < 1.0:
-        scaled = _mask_top_p(scaled, params.top_p)
-    probs = torch.softmax(scaled, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+def new_seed(seed: int | None) -> int:
+    """A request's seed as int64: its own, or a fresh random one."""
+    value = secrets.randbits(64) if seed is None else seed & 0xFFFF_FFFF_FFFF_FFFF
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _mask_top_p(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of tokens whose probability mass reaches top_p (at least one)."""
-    sorted_logits, order = torch.sort(scaled, descending=True)  # [V], [V]
-    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)  # [V]
-    is_outside = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before >= p
-    sorted_logits = sorted_logits.masked_fill(is_outside, float("-inf"))
-    return torch.empty_like(scaled).scatter_(0, order, sorted_logits)
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> keeps the sign)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """seeds, counters: [B] int64 -> [B] float64 in [0, 1), splitmix64 of seed + counter."""
+    z = seeds + (counters + 1) * _GOLDEN              # int64 arithmetic wraps like uint64
+    z = (z ^ _shr(z, 30)) * _M1
+    z = (z ^ _shr(z, 27)) * _M2
+    z = z ^ _shr(z, 31)
+    return _shr(z, 11).double() * 2.0 ** -53
+
+
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
+                counters: list[int]) -> list[int]:
+    """logits: [B, V] (any device) -> the chosen id of each row, row b drawn with params[b]
+    from uniforms(seeds[b], counters[b])."""
+    device = logits.device
+    chosen = logits.argmax(-1)                                          # [B] greedy
+    drawn = [b for b, p in enumerate(params) if not p.is_greedy]
+    if drawn:
+        rows = torch.tensor(drawn, device=device)
+        temperature = torch.tensor([params[b].temperature for b in drawn], device=device)
+        top_k = torch.tensor([params[b].top_k for b in drawn], device=device)
+        top_p = torch.tensor([params[b].top_p for b in drawn], device=device)
+        u = uniforms(torch.tensor([seeds[b] for b in drawn], device=device),
+                     torch.tensor([counters[b] for b in drawn], device=device))
+        chosen[rows] = _draw(logits[rows].float() / temperature[:, None], top_k, top_p, u)
+    return chosen.tolist()
+
+
+def _draw(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+          u: torch.Tensor) -> torch.Tensor:
+    """scaled: [R, V] logits / temperature; top_k [R] (<= 0 or >= V: all); top_p [R];
+    u [R] -> ids [R]. Tokens in descending order; keep the top k, then the smallest head
+    whose mass reaches top_p (at least one), renormalize, and invert the CDF at u."""
+    v = scaled.shape[-1]
+    ordered, order = torch.sort(scaled, dim=-1, descending=True)       # [R, V]
+    rank = torch.arange(v, device=scaled.device)
+    k = torch.where((top_k > 0) & (top_k < v), top_k, v)
+    ordered = ordered.masked_fill(rank[None, :] >= k[:, None], float("-inf"))
+    probs = torch.softmax(ordered.double(), dim=-1)                    # [R, V]
+    before = probs.cumsum(-1) - probs                                  # mass before each token
+    probs = probs.masked_fill(before >= top_p[:, None].double(), 0.0)
+    cdf = probs.cumsum(-1)
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1).contiguous(), right=True)
+    return order.gather(-1, pick.clamp_max(v - 1)).squeeze(-1)
 
 
 def token_logprob(logits: torch.Tensor, token_id: int, num_top: int) -> TokenLogprob:

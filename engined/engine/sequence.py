@@ -101,7 +101,7 @@ class Sequence:
     num_computed: int = 0  # tokens already in the KV cache
     cache: object = None
     prefix_keys: object = None  # prefix_cache.PrefixKeys of the prompt, when caching
-    generator: object = None  # torch.Generator, set by the engine
+    seed: int = 0  # int64 draw seed (the request's, else random), set by the engine
     finish_reason: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None

@@ -1,5 +1,7 @@
-"""Sampling: greedy, seeded draws, top-k/top-p, logprobs."""
+"""Sampling: greedy, seeded draws that do not depend on the batch, top-k/top-p, logprobs.
 
+Re-baselined for the batched on-device sampler (issue 15): a seeded draw is now a pure
+function of (seed, position), not of a per-request torch.Generator's state."""
 import pytest
 import torch
 
@@ -11,27 +13,63 @@ def _logits(seed=0, vocab=50):
     return torch.randn(vocab, generator=torch.Generator().manual_seed(seed))
 
 
-def test_greedy_is_argmax_and_ignores_the_generator():
+def draws(logits, params, seed, n, start=0):
+    """n tokens drawn at positions start.. from the same logits."""
+    return [sampler.sample_rows(logits[None], [params], [seed], [c])[0] for c in range(start, start + n)]
+
+
+def test_greedy_is_argmax_whatever_the_seed():
     logits = _logits()
-    params = SamplingParams(max_tokens=1, temperature=0)
-    assert sampler.sample(logits, params, sampler.new_generator(1)) == int(logits.argmax())
-    assert sampler.sample(logits, SamplingParams(1, temperature=1.0, top_k=1),
-                          sampler.new_generator(2)) == int(logits.argmax())
+    for seed in (1, 2):
+        assert draws(logits, SamplingParams(max_tokens=1, temperature=0), seed, 3) == [int(logits.argmax())] * 3
+    assert draws(logits, SamplingParams(1, temperature=1.0, top_k=1), 5, 3) == [int(logits.argmax())] * 3
 
 
-def test_seeded_sampling_repeats():
+def test_seeded_sampling_repeats_and_the_seed_steers_it():
     logits, params = _logits(), SamplingParams(max_tokens=1, temperature=1.0)
-    draws = [[sampler.sample(logits, params, g) for _ in range(20)]
-             for g in (sampler.new_generator(42), sampler.new_generator(42))]
-    assert draws[0] == draws[1]
-    assert len(set(draws[0])) > 1
+    first, again = draws(logits, params, 42, 40), draws(logits, params, 42, 40)
+    assert first == again and len(set(first)) > 1
+    assert draws(logits, params, 43, 40) != first
+
+
+def test_a_rows_draw_does_not_depend_on_the_batch_around_it():
+    """The same row drawn alone, among other rows, or padded out: the same token."""
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(5, 200, generator=gen)
+    params = [SamplingParams(1, temperature=0.8, top_p=0.9, top_k=k) for k in (0, 20, 0, 5, 0)]
+    seeds, counters = [11, -7, 2**62, 3, 11], [0, 5, 9, 1, 0]
+    together = sampler.sample_rows(logits, params, seeds, counters)
+    alone = [sampler.sample_rows(logits[b:b + 1], params[b:b + 1], seeds[b:b + 1], counters[b:b + 1])[0]
+             for b in range(5)]
+    assert together == alone
+    greedy_mix = [SamplingParams(1, temperature=0)] + params[1:]
+    assert sampler.sample_rows(logits, greedy_mix, seeds, counters)[1:] == together[1:]
+
+
+def test_draws_follow_the_distribution():
+    """Over many positions the frequencies match softmax(logits / T) (chi-square-sized bound)."""
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    params = SamplingParams(1, temperature=0.7)
+    n = 4000
+    drawn = torch.tensor(sampler.sample_rows(logits.expand(n, 4), [params] * n, [123] * n, list(range(n))))
+    freq = torch.bincount(drawn, minlength=4).double() / n
+    want = torch.softmax(logits.double() / 0.7, -1)
+    assert (freq - want).abs().max() < 4 * (want * (1 - want) / n).sqrt().max()
+
+
+def test_uniforms_are_uniform_and_device_independent_bits():
+    u = sampler.uniforms(torch.full((20000,), 5, dtype=torch.int64), torch.arange(20000))
+    assert 0 <= float(u.min()) and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
+    # splitmix64 known answer: seed 0, counter 0 -> state 0x9E3779B97F4A7C15 -> 0xE220A8397B1DCDAF
+    first = sampler.uniforms(torch.tensor([0]), torch.tensor([0]))
+    assert float(first[0]) == (0xE220A8397B1DCDAF >> 11) * 2.0 ** -53
 
 
 def test_top_k_and_top_p_only_draw_allowed_tokens():
     logits = _logits(3)
     top5 = set(torch.topk(logits, 5).indices.tolist())
-    generator = sampler.new_generator(0)
-    drawn = {sampler.sample(logits, SamplingParams(1, top_k=5), generator) for _ in range(300)}
+    drawn = set(draws(logits, SamplingParams(1, top_k=5), 0, 300))
     assert drawn <= top5 and len(drawn) > 1
     # reference nucleus: sort, keep tokens while the mass before them is < p
     probs = torch.softmax(logits, -1)
@@ -42,8 +80,13 @@ def test_top_k_and_top_p_only_draw_allowed_tokens():
             break
         nucleus.add(token)
         mass += float(probs[token])
-    drawn = {sampler.sample(logits, SamplingParams(1, top_p=0.6), generator) for _ in range(300)}
+    drawn = set(draws(logits, SamplingParams(1, top_p=0.6), 1, 300))
     assert drawn <= nucleus and len(drawn) > 1
+
+
+def test_new_seed_keeps_a_given_seed_and_draws_a_fresh_one_otherwise():
+    assert sampler.new_seed(7) == 7 and sampler.new_seed(2**64 - 1) == -1
+    assert sampler.new_seed(None) != sampler.new_seed(None)
 
 
 def test_logprobs_match_log_softmax():
@@ -52,4 +95,3 @@ def test_logprobs_match_log_softmax():
     reference = torch.log_softmax(logits.double(), -1)
     assert entry.logprob == pytest.approx(float(reference[7]), abs=1e-5)
     assert [i for i, _ in entry.top] == torch.topk(reference, 3).indices.tolist()
-
