@@ -58,6 +58,9 @@ def main():
 @click.option("--queue-timeout-s", type=float, metavar="SECONDS",
               help="Longest a request waits to start; past it, 503 with Retry-After; "
                    "0 means no limit.  [default: 120]")
+@click.option("--enforce-eager", is_flag=True, default=None,
+              help="Never capture CUDA graphs: every decode step runs eagerly (slower on a "
+                   "GPU; for debugging). The CPU always runs eagerly.  [default: graphs on CUDA]")
 @click.option("--log-file", metavar="PATH",
               help="Append status and request lines here instead of standard error; "
                    "SIGHUP reopens it.")

@@ -96,6 +96,7 @@ class EngineConfig:
     prefix_cache_bytes: int = 256 * 2**20  # 0 = no prefix cache
     max_queue: int = 16  # requests waiting to start; more get 429; 0 = no bound
     queue_timeout_s: float = 120.0  # longest wait to start, then 503; 0 = no limit
+    enforce_eager: bool = False  # no CUDA graphs: every decode step runs eagerly (vLLM's name)
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -112,6 +113,7 @@ class EngineConfig:
         set_("prefix_cache_bytes", parse_size(self.prefix_cache_bytes, "prefix-cache-bytes"))
         set_("max_queue", _non_negative_int(self.max_queue, "max-queue"))
         set_("queue_timeout_s", _non_negative_float(self.queue_timeout_s, "queue-timeout-s"))
+        set_("enforce_eager", _bool(self.enforce_eager, "enforce-eager"))
         if self.log_file:
             set_("log_file", pathlib.Path(self.log_file))
 
@@ -171,6 +173,18 @@ def _bounded_int(value: Any, what: str, low: int, high: int) -> int:
     if not low <= number <= high:
         raise ConfigError(f"{what}: expected {low}..{high}, got {value!r}")
     return number
+
+
+def _bool(value: Any, what: str) -> bool:
+    """A flag from TOML (true/false), the environment ("1", "true", "0", "false") or the CLI."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{what}: expected true or false, got {value!r}")
 
 
 def _non_negative_float(value: Any, what: str) -> float:

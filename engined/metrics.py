@@ -69,6 +69,14 @@ class EngineMetrics:
         self.decode_batch_size = Histogram(
             "kimi_engine_decode_batch_size", "Sequences decoded together in one step",
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
+        self.decode_steps = Counter(
+            "kimi_engine_decode_steps", "Decode steps by how they ran: a CUDA graph replay of "
+            "a bucket (rows padded up to it), or eager (bucket = the rows)", ["mode", "bucket"],
+            registry=r)
+        self.graph_capture_failures = Counter(
+            "kimi_engine_graph_capture_failures",
+            "Decode buckets whose CUDA graph capture failed at start (they run eagerly)",
+            registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

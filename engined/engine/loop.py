@@ -18,6 +18,7 @@ from engined.errors import InternalError
 from engined.metrics import EngineMetrics
 from engined.models.protocol import Model
 from engined.engine.prefix_cache import PrefixCache, PrefixKeys
+from engined.engine.runner import Runner
 from engined.engine.scheduler import Batch, Scheduler
 from engined.engine.sequence import PromptLogprobsEvent, Sequence
 
@@ -30,8 +31,10 @@ PREFIX_CACHE_BYTES = 256 * 2**20
 class Engine:
     def __init__(self, model: Model, max_context: int, metrics: EngineMetrics, threads: int = 0,
                  log=print, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
-                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES, max_queue: int = 0):
+                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES, max_queue: int = 0,
+                 enforce_eager: bool = False):
         self.model = model
+        self.runner = Runner(model, metrics, log, max_batch=max_batch, enforce_eager=enforce_eager)
         self.max_context = max_context
         self.metrics = metrics
         self.threads = threads
@@ -46,6 +49,9 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="kimi-model", daemon=True)
 
     def start(self):
+        """Capture the decode graphs (on CUDA), then start the model thread."""
+        with torch.inference_mode():
+            self.runner.capture()
         self._thread.start()
 
     def stop(self, timeout: float = 10.0):
@@ -130,10 +136,10 @@ class Engine:
         return logits
 
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One token per sequence: the last sampled ones go in -> logits [B, V]."""
-        tokens = torch.tensor([s.output_ids[-1] for s in seqs], dtype=torch.int64)  # [B]
-        positions = [s.num_computed for s in seqs]
-        logits = self.model.decode_batch(tokens, [s.cache for s in seqs], positions)
+        """One token per sequence: the last sampled ones go in -> logits [B, V] (runner.py:
+        a CUDA graph replay of the batch's bucket, or eager)."""
+        logits = self.runner.decode([s.output_ids[-1] for s in seqs], [s.cache for s in seqs],
+                                    [s.num_computed for s in seqs])
         for seq in seqs:
             seq.num_computed += 1
         return logits

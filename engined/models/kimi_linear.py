@@ -145,6 +145,11 @@ class KimiLinearModel:
             cache.num_tokens = pos + 1
         return self.lm_head(self.norm(h)).float()                    # [B, V]
 
+    def graph_step(self, rows: int) -> None:
+        """None for now: a capturable step needs the latent cache in fixed blocks (paged MLA),
+        which the batched decode gains next; until then Kimi-Linear decodes eagerly."""
+        return None
+
     def decode_step(self, token: torch.Tensor, cache: KimiCache, pos: torch.Tensor) -> torch.Tensor:
         """One token with its position as a 0-d device tensor: no host sync and no Python value
         that changes per step, so it can be captured once in a CUDA graph and replayed.

@@ -162,6 +162,11 @@ class LlamaModel:
             return self.embedding.logits(self.final_norm(h))  # [T or 1, V]
 
     @torch.inference_mode()
+    def graph_step(self, rows: int) -> None:
+        """No capturable step: the KV caches are per-sequence tensors, and the CPU path it
+        serves runs eagerly anyway."""
+        return None
+
     def decode_batch(self, tokens: torch.Tensor, caches: list[KVCache],
                      positions: list[int]) -> torch.Tensor:
         """One token for each of B sequences -> logits fp32 [B, V]. tokens: [B] int64; token i

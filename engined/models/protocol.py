@@ -47,6 +47,11 @@ class Model(Protocol):
         """One token for each of B sequences. tokens: [B] int64; token i sits at
         positions[i] of caches[i] -> logits fp32 [B, V], each row equal to a lone forward."""
 
+    def graph_step(self, rows: int) -> Any:
+        """The decode step of `rows` rows in static device tensors, for a CUDA graph
+        (engine/runner.py: load, load_scratch, run, finish, logits), or None: this model
+        decodes eagerly."""
+
 
 def check_span(tokens: torch.Tensor, cache: Cache, start: int) -> int:
     """A prefill's positions start..start+T-1 must fit the cache -> T. tokens: [T]."""

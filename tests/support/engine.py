@@ -217,6 +217,11 @@ class ScriptedModel:
             raise ValueError(f"cache of {max_tokens} tokens: must be 1..{self.cache_limit}")
         return ScriptedCache(passes=0, max_tokens=max_tokens)
 
+    device = "cpu"
+
+    def graph_step(self, rows):
+        return None  # decodes eagerly, as every model does on the CPU
+
     def decode_batch(self, tokens, caches, positions):
         import torch
 

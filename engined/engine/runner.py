@@ -1,0 +1,87 @@
+"""The decode runner: the engine hands it a batch, and it owns the decode step.
+
+Eager everywhere: the model's `decode_batch` (one token for each of B sequences). On CUDA,
+unless `--enforce-eager`, `capture()` records the step once per bucket (1, 2, 4, 8, 16,
+up to the first bucket that holds `--max-batch`) in a CUDA graph, after a warm-up (kernel
+compilation, MLA's absorbed weights); a batch then runs padded up to its bucket by one
+replay, every per-step value living in the bucket's static device tensors (the model's
+`GraphStep`: token ids, positions, state slots, block tables; a padded row reads and writes
+only scratch). A model without a capturable step (`graph_step` returns None) and a bucket
+whose capture fails run eagerly; failures are logged and counted, never fatal.
+The anchor is nano-vllm's ModelRunner.capture_cudagraph.
+"""
+import time
+
+import torch
+
+BUCKETS = (1, 2, 4, 8, 16)
+
+
+def buckets_for(max_batch: int) -> tuple[int, ...]:
+    """The buckets up to the first that holds max_batch rows (all of them beyond 16)."""
+    wanted = [b for b in BUCKETS if b < max_batch] + [next((b for b in BUCKETS if b >= max_batch), BUCKETS[-1])]
+    return tuple(sorted(set(wanted)))
+
+
+class Runner:
+    def __init__(self, model, metrics, log=print, max_batch: int = 8, enforce_eager: bool = False):
+        self.model, self.metrics, self.log = model, metrics, log
+        self.max_batch, self.enforce_eager = max_batch, enforce_eager
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, object]] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.model.device)
+
+    def capture(self, warmup: int = 2):
+        """At start-up: a graph per bucket on CUDA (nothing on the CPU or with enforce_eager)."""
+        if self.device.type != "cuda" or self.enforce_eager:
+            why = "--enforce-eager" if self.enforce_eager else f"device {self.device.type}"
+            self.log(f"kimi-engine: decode runs eagerly ({why})")
+            return
+        for bucket in buckets_for(self.max_batch):
+            step = self.model.graph_step(bucket)
+            if step is None:
+                self.log("kimi-engine: this model has no capturable decode step; decode runs eagerly")
+                return
+            started, free_before = time.monotonic(), torch.cuda.mem_get_info()[0]
+            try:
+                self.graphs[bucket] = (_capture(step, warmup), step)
+            except Exception as exc:  # noqa: BLE001 - a failed bucket falls back to eager
+                self.metrics.graph_capture_failures.inc()
+                self.log(f"kimi-engine: CUDA graph capture failed for {bucket} rows, that bucket "
+                         f"runs eagerly: {exc!r}")
+                continue
+            used = (free_before - torch.cuda.mem_get_info()[0]) / 2**20
+            self.log(f"kimi-engine: captured the decode step for {bucket} rows in "
+                     f"{time.monotonic() - started:.2f} s, {used:.0f} MiB")
+
+    def decode(self, tokens: list[int], caches: list, positions: list[int]) -> torch.Tensor:
+        """One token for each of B sequences -> logits fp32 [B, V] on the model's device."""
+        rows = len(tokens)
+        bucket = next((b for b in sorted(self.graphs) if b >= rows), None)
+        if bucket is None:
+            self.metrics.decode_steps.labels("eager", str(rows)).inc()
+            ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)  # [B]
+            return self.model.decode_batch(ids, caches, positions)
+        graph, step = self.graphs[bucket]
+        step.load(tokens, caches, positions)   # per-step values into the static tensors, padded
+        graph.replay()
+        step.finish(caches, positions)
+        self.metrics.decode_steps.labels("graph", str(bucket)).inc()
+        return step.logits[:rows]
+
+
+def _capture(step, warmup: int) -> "torch.cuda.CUDAGraph":
+    """Warm up on a side stream, then record one replay of step.run() (on scratch rows)."""
+    step.load_scratch()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step.run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step.run()
+    return graph
