@@ -76,12 +76,16 @@ class UpstreamError(ProxyError):
 
 class ContextTooLong(UpstreamError):
     """The upstream refused a prompt longer than its context (code context_length_exceeded).
-    ``tokens`` (asked) and ``maximum`` (the context) when the upstream's message names them:
-    the Anthropic dialect leads with "prompt is too long: N tokens > M maximum", the wording
-    Claude Code reads to compact its history."""
+    ``tokens`` (asked) and ``maximum`` (the context) when the upstream's message names them.
+
+    On a later turn the Anthropic dialect leads with "prompt is too long: N tokens > M
+    maximum", the wording Claude Code reads to compact its history. A first turn that does not
+    fit cannot be compacted (``is_first_turn``, set by the route): its message leads with what
+    to serve instead, which Claude Code then prints as it is."""
     status = 400
     type = "invalid_request_error"
     code = "context_length_exceeded"
+    is_first_turn = False
 
     def __init__(self, message: str, *, tokens: int | None = None, maximum: int | None = None):
         super().__init__(message)
@@ -115,7 +119,7 @@ def openai_code(err: ProxyError) -> str:
 
 def anthropic_body(err: ProxyError) -> dict:
     message = err.message
-    if isinstance(err, ContextTooLong) and err.tokens and err.maximum:
+    if isinstance(err, ContextTooLong) and err.tokens and err.maximum and not err.is_first_turn:
         message = f"prompt is too long: {err.tokens} tokens > {err.maximum} maximum. {message}"
     return {"type": "error", "error": {"type": err.type, "message": message}}
 

@@ -11,8 +11,8 @@ from flask import Flask, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
 from proxy import config as config_mod
-from proxy.errors import (AuthError, Forbidden, MethodNotAllowed, NotFound, ProxyError, TooLarge,
-                          anthropic_body, from_exception, openai_body)
+from proxy.errors import (AuthError, ContextTooLong, Forbidden, MethodNotAllowed, NotFound,
+                          ProxyError, TooLarge, anthropic_body, from_exception, openai_body)
 
 log = logging.getLogger("kimi.proxy")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -40,13 +40,15 @@ def _routeless_body(err: ProxyError) -> dict:
 
 
 def render_error(err: ProxyError):
+    ctx = g.get("context")
+    if isinstance(err, ContextTooLong) and ctx is not None:  # compactable only after a reply
+        err.is_first_turn = not any(m.role == "assistant" for m in ctx.req.messages)
     dialect = current_app.extensions["kimi.dialect_of"]()
     body = dialect.render_error(err) if dialect is not None else _routeless_body(err)
     resp = current_app.response_class(current_app.json.dumps(body), status=err.status,
                                       mimetype="application/json")
     for key, value in err.headers.items():
         resp.headers[key] = value
-    ctx = g.get("context")
     if ctx is not None:
         ctx.status = err.status
         current_app.extensions["kimi"].log_request(ctx)

@@ -43,3 +43,25 @@ def test_the_served_context_stands_in_for_an_unnamed_maximum():
     err = status_error(400, {"error": {"message": "your messages resulted in 9000 tokens",
                                        "code": "context_length_exceeded"}}, context=8192)
     assert anthropic_body(err)["error"]["message"].startswith("prompt is too long: 9000 tokens > 8192 maximum")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_first_turn_that_does_not_fit_says_what_to_serve_a_later_one_asks_to_compact(tmp_path, stream):
+    """A first turn cannot be compacted: Claude Code prints our message, which names the model
+    and context to serve. After a reply, the API's wording lets Claude Code compact."""
+    from proxy.app import create_app
+    from tests.support.proxy_fakes import FakeUpstream, Reply, proxy_config
+    fake = FakeUpstream()
+    fake.max_model_len = 8192
+    first = [{"role": "user", "content": "hi"}]
+    later = first + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    with fake.serve() as url:
+        client = create_app(proxy_config(url, tmp_path)).test_client()
+        for messages, compact in ((first, False), (later, True)):
+            fake.script = [Reply(status=400, error_code="context_length_exceeded", error_message=ENGINE)]
+            resp = client.post("/v1/messages", json={"model": "m", "max_tokens": 64, "stream": stream,
+                                                      "messages": messages})
+            assert resp.status_code == 400
+            message = resp.get_json()["error"]["message"]
+            assert message.startswith("prompt is too long: 9100 tokens > 8192 maximum. ") is compact, message
+            assert "Kimi-Linear" in message and "--max-context 65536" in message
