@@ -157,7 +157,37 @@ KDA = [
 ]
 
 
-CASES = {"w4a16_gemv": GEMV, "moe_grouped": MOE, "kda_step": KDA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
+def paged_mla_case(lengths: list[int], h: int, r: int, p: int, block: int, seed=0) -> Case:
+    """paged_mla_decode: rows of the given lengths on shuffled blocks of a pool, tables padded
+    with -1 past each row's blocks (and one column past the longest), free blocks NaN, and the
+    rows of a row's last block past its length large (finite: the pool zeroes what it hands out)."""
+    def make(gen):
+        need = [-(-n // block) for n in lengths]
+        num_blocks = sum(need) + 2
+        pool = torch.randn((num_blocks, block, r + p), generator=gen)
+        order = torch.randperm(num_blocks, generator=gen)
+        tables = torch.full((len(lengths), max(need) + 1), -1, dtype=torch.int64)
+        for b, ids in enumerate(order[:sum(need)].split(need)):
+            tables[b, :len(ids)] = ids
+            pool[ids[-1], (lengths[b] - 1) % block + 1:] = 1e3
+        pool[order[sum(need):]] = float("nan")
+        q_lat = torch.randn((len(lengths), h, r), generator=gen)
+        q_rope = torch.randn((len(lengths), h, p), generator=gen)
+        return q_lat, q_rope, pool, tables, torch.tensor(lengths), (r + p) ** -0.5
+    return Case(f"B{len(lengths)}-H{h}-R{r}-P{p}-BLOCK{block}-L{'_'.join(map(str, lengths))}",
+                make, sum(lengths) * h * (r + p), atol=1e-5, rtol=1e-4, seed=seed)
+
+
+PAGED_MLA = [
+    paged_mla_case([1], 2, 16, 8, 16),                                # one key
+    paged_mla_case([5, 16, 17, 1], 3, 32, 16, 16, seed=1),            # block edges, odd heads
+    paged_mla_case([33, 2, 48, 9, 1, 20, 64, 15], 4, 24, 8, 16, seed=2),  # B = 8, R not 2^k
+    paged_mla_case([70, 3], 2, 64, 32, 64, seed=3),                   # blocks of 64
+    paged_mla_case([100], 17, 16, 8, 16, seed=4),                     # two head blocks
+]
+
+
+CASES = {"w4a16_gemv": GEMV, "moe_grouped": MOE, "kda_step": KDA, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
          "moe_swiglu": routed("moe_swiglu")}
 
 

@@ -54,3 +54,24 @@ def test_routed_triton_256_experts_8_selected(op, n, k, per_route, symmetric):
     out = torch.full((8, n), float("nan"), device="cuda")
     got = registry.resolve(op, "cuda").fn(x.cuda(), *on_gpu, ids.cuda(), out=out)
     _close(got, want, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_mla_decode_at_kimi_shapes(dtype):
+    """32 heads, R = 512, P = 64, blocks of 64, rows of 1 .. 3000 keys; a bf16 pool runs its
+    products in bf16 (q and the probabilities rounded), so it gets a bf16-sized tolerance."""
+    gen = torch.Generator().manual_seed(7)
+    lengths = torch.tensor([1, 63, 64, 65, 3000, 700, 2, 129])
+    need = (lengths + 63) // 64
+    pool = torch.randn((int(need.sum()) + 3, 64, 576), generator=gen).to(dtype)
+    tables = torch.zeros((8, int(need.max())), dtype=torch.int64)
+    for b, ids in enumerate(torch.randperm(pool.shape[0], generator=gen)[:int(need.sum())].split(need.tolist())):
+        tables[b, :len(ids)] = ids
+    q_lat, q_rope = torch.randn((8, 32, 512), generator=gen), torch.randn((8, 32, 64), generator=gen)
+    args = (q_lat, q_rope, pool, tables, lengths, 192 ** -0.5)
+    want = registry.variants("paged_mla_decode")["reference"].fn(*args)
+    out = torch.full((8, 32, 512), float("nan"), device="cuda")
+    got = registry.resolve("paged_mla_decode", "cuda").fn(*(a.cuda() if isinstance(a, torch.Tensor) else a
+                                                            for a in args), out=out)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.cpu(), want, atol=tol, rtol=tol)

@@ -13,6 +13,8 @@ SHIPPED = {
     ("w4a16_gemv", "cuda"): "triton",
     ("w4a16_grouped_gemv", "cuda"): "triton",
     ("moe_swiglu", "cuda"): "triton",
+    ("paged_mla_decode", "cpu"): "cpu_batched",
+    ("paged_mla_decode", "cuda"): "triton",
 }
 
 

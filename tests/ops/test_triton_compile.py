@@ -20,6 +20,7 @@ from engined.ops.w4a16_grouped_gemv.triton import w4a16_grouped_gemv_kernel
 from engined.ops.moe_swiglu.triton import moe_swiglu_kernel
 from engined.ops.moe_grouped.triton import moe_grouped_kernel
 from engined.ops.kda_step.triton import kda_step_kernel
+from engined.ops.paged_mla_decode.triton import paged_mla_decode_kernel, pick_config
 
 W = {"q_ptr": "*u8", "s_ptr": "*fp16", "m_ptr": "*fp16"}
 TAIL = {"y_ptr": "*fp32", "N": "i32", "K": "i32"}
@@ -42,6 +43,11 @@ for has_mins in (True, False):  # asymmetric, symmetric (format version 2: no mi
 kda = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "g_ptr": "*fp32", "beta_ptr": "*fp32",
        "s_ptr": "*fp32", "slots_ptr": "*i64", "o_ptr": "*fp32", "scale": "fp32", "H": "i32"}
 cases.append((kda_step_kernel, kda, {"K": 128, "V": 128, "BLOCK_K": 128, "BLOCK_V": 64}))  # Kimi-Linear
+for pool in ("*bf16", "*fp32"):  # the served bf16 pool (tensor cores), the fp32 CPU-dtype pool
+    mla = {"q_lat_ptr": "*fp32", "q_rope_ptr": "*fp32", "pool_ptr": pool, "tables_ptr": "*i64",
+           "lengths_ptr": "*i64", "o_ptr": "*fp32", "scale": "fp32", "H": "i32", "MB": "i32"}
+    cfg = {k: v for k, v in pick_config(32, 512, 64, 64).items() if k != "num_warps"}
+    cases.append((paged_mla_decode_kernel, mla, {"R": 512, "P": 64, "BLOCK": 64, **cfg}))  # Kimi-Linear
 for fn, sig, meta in cases:
     sig = {**sig, **{name: "constexpr" for name in meta}}
     compiled = triton_compile(ASTSource(fn, sig, constexprs=meta), target=GPUTarget("cuda", 90, 32))
@@ -58,4 +64,4 @@ def test_triton_kernels_compile_for_sm90(tmp_path):
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
                           text=True, timeout=220)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("compiled") == 15
+    assert done.stdout.count("compiled") == 17
