@@ -73,6 +73,11 @@ int moe_grouped_w4a16(const float *x, int64_t tokens, int64_t top_k, const int64
 int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
              float *out, int nthreads);
 
+/* Memory read-bandwidth probe: reads every byte of buf [nbytes, a multiple of 8, 8-byte
+ * aligned] once with nthreads threads of the GEMVs' pool; *checksum gets the sum of its
+ * 64-bit words (so the reads cannot be dropped). Time it to get the read ceiling. */
+int read_probe(const uint8_t *buf, int64_t nbytes, int nthreads, uint64_t *checksum);
+
 /* Counters of the worker pool: jobs handed to it (not run on the caller alone) and
  * chunks its helper threads ran. */
 void pool_stats(int64_t *jobs, int64_t *helper_chunks);

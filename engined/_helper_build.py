@@ -32,7 +32,7 @@ ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "engined._kimi_helper",
     '#include "kimi_helper.h"',
-    sources=["csrc/kimi_helper.c", "csrc/kimi_gemv.c", "csrc/kimi_moe.c", "csrc/kimi_gemv_avx2.c",
+    sources=["csrc/kimi_helper.c", "csrc/kimi_gemv.c", "csrc/kimi_moe.c", "csrc/kimi_probe.c", "csrc/kimi_gemv_avx2.c",
              "csrc/kimi_gemv_avx512.c", "csrc/kimi_pool.c"],  # relative: setuptools runs from the root
     include_dirs=["csrc"],
     extra_compile_args=_cflags(),

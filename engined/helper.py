@@ -352,6 +352,19 @@ def gemv_simd(level: int | None = None) -> int:
     return int(lib.gemv_simd(-1 if level is None else level))
 
 
+def read_probe(buf, threads: int = 1) -> int:
+    """Read every byte of `buf` (a contiguous CPU tensor, nbytes a multiple of 8) with
+    `threads` pool threads -> the sum of its 64-bit words mod 2**64. Timed, it is the memory
+    read ceiling the GEMV benchmarks compare against."""
+    require()
+    if not buf.is_cpu or not buf.is_contiguous() or buf.nbytes % 8 or buf.data_ptr() % 8:
+        raise ValueError("read_probe needs a contiguous, 8-byte aligned CPU tensor of 8k bytes")
+    checksum = ffi.new("uint64_t *")
+    check(lib.read_probe(ffi.cast("uint8_t *", buf.data_ptr()), buf.nbytes, threads, checksum),
+          "read_probe")
+    return int(checksum[0])
+
+
 def pool_stats() -> tuple[int, int]:
     """(jobs handed to the worker pool, chunks its helper threads ran) since start."""
     require()

@@ -1,6 +1,7 @@
 """Known-answer tests for the C helper (csrc/ + engined/helper.py)."""
 import numpy as np
 import pytest
+import torch
 
 from engined import helper
 
@@ -241,3 +242,19 @@ def test_gemv_f16_known_answer_and_checks():
         helper.gemv_f16(w.float(), x)
     with pytest.raises(helper.HelperError, match="invalid argument"):
         helper.gemv_f16(w, x, None, 0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_read_probe_reads_every_word(threads):
+    """The bandwidth probe's checksum is the sum of the buffer's 64-bit words (mod 2**64):
+    every byte was read, at every SIMD level."""
+    words = torch.randint(-2**62, 2**62, (3 * 2**18 + 5,), dtype=torch.int64, generator=torch.Generator().manual_seed(1))
+    want = int(words.sum()) % 2**64
+    try:
+        for level in (0, 2):
+            helper.gemv_simd(level)
+            assert helper.read_probe(words, threads) == want
+    finally:
+        helper.gemv_simd(2)
+    with pytest.raises(ValueError, match="8-byte aligned"):
+        helper.read_probe(torch.zeros(12, dtype=torch.uint8), threads)
