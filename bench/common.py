@@ -28,10 +28,17 @@ def today() -> str:
     return datetime.date.today().isoformat()
 
 
-def write_json(name: str, payload: dict) -> pathlib.Path:
-    out = BENCH / "results" / f"{name}-{today()}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+def write_json(name: str, payload: dict, folder: pathlib.Path | None = None) -> pathlib.Path:
+    """bench/results/NAME-DATE.json; a later run the same day gets NAME-DATE-2.json, -3, ...:
+    a results file is never overwritten."""
+    folder = folder or BENCH / "results"
+    folder.mkdir(parents=True, exist_ok=True)
+    out, n = folder / f"{name}-{today()}.json", 1
+    while out.exists():
+        n += 1
+        out = folder / f"{name}-{today()}-{n}.json"
+    with out.open("x") as f:                      # "x": fails rather than overwrite
+        f.write(json.dumps(payload, indent=2) + "\n")
     return out
 
 

@@ -42,6 +42,15 @@ def test_bench_helpers_import():
     compile((BENCH / "llamacpp_run.py").read_text(), "llamacpp_run.py", "exec")
 
 
+def test_a_results_file_is_never_overwritten(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_common", BENCH / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    paths = [common.write_json("decode", {"run": i}, tmp_path) for i in range(3)]
+    assert len(set(paths)) == 3 and paths[1].name.endswith("-2.json")
+    assert [json.loads(p.read_text())["run"] for p in paths] == [0, 1, 2]
+
+
 def test_gpu_run_names_modules_and_files_that_exist():
     text = (BENCH / "gpu_run.sh").read_text()
     modules = re.findall(r'-m (engined[\w.]+)', text)
