@@ -2,13 +2,15 @@
 per position [ĉ (normed latent, R) ; kr (P)], R = kv_lora_rank, P = qk_rope_head_dim.
 
 Short calls (decode, small prefill chunks) absorb kv_b into the query and output; long prefill
-chunks expand K/V from the cached latents.
+chunks expand K/V from the cached latents. Batched decode reads each row's latents through its
+block table (ops/paged_mla_decode).
 Letters: t query, s key position, h head, r latent dim, n nope dim, p rope-slice dim, v value dim.
 """
 import torch
 
-from engined.layers.rmsnorm import RMSNorm
 from engined.layers.linear import Linear
+from engined.layers.rmsnorm import RMSNorm
+from engined.ops import registry
 
 LATENT_EPS = 1e-6  # kv_a_layernorm keeps the class default, not rms_norm_eps (§8.9)
 # Absorbed attention costs ~T*(2R+P) per head and key, expanded ~R*(N+V) + T*(N+P+V): with the
@@ -40,38 +42,47 @@ class MLA:
     def latent_width(self) -> int:
         return self.rank + self.rope
 
-    def __call__(self, a: torch.Tensor, latents: torch.Tensor, start: int) -> torch.Tensor:
-        """a: [T, D] at positions start..start+T-1; latents: [S_max, R+P] cache -> [T, D].
-        `start` may be a 0-d device tensor when T == 1 (graph-capturable decode)."""
+    def __call__(self, a: torch.Tensor, latents: torch.Tensor, start: int,
+                 rows: torch.Tensor | None = None) -> torch.Tensor:
+        """a: [T, D] at positions start..start+T-1 -> [T, D]. latents: rows [N, R+P] of a latent
+        cache; `rows` [start+T] int64: where positions 0..start+T-1 live in it (a paged pool's
+        flat view, models/latent_pool.py), or None: position s is row s. Positions before
+        start are gathered into one contiguous copy (a prefill pays it once per chunk)."""
         t, h = a.shape[0], self.num_heads
-        ckr = self.kv_a_proj_with_mqa(a)                        # [T, R+P]
-        c, kr = ckr.split((self.rank, self.rope), dim=-1)
-        latent = torch.cat((self.kv_a_layernorm(c), kr), -1).to(latents.dtype)
-        if isinstance(start, torch.Tensor):                     # static decode (CUDA graphs):
-            latents.index_copy_(0, start.view(1), latent)       # all of the capacity, masked;
-            seen = latents.float()                              # rows are zeros, never NaN (§8.2)
-        else:
+        latent = self._latent(a).to(latents.dtype)              # [T, R+P]
+        if rows is None:
             latents[start:start + t] = latent
             seen = latents[:start + t].float()                  # [S, R+P]
+        else:
+            latents.index_copy_(0, rows[start:start + t], latent)
+            seen = latents.index_select(0, rows).float()
         q = self.q_proj(a).float().view(t, h, self.nope + self.rope)
         attend = self._absorbed if t <= ABSORB_MAX_T else self._expanded
         o = attend(q, seen, start)                              # [T, H, V] fp32
         return self.o_proj(o.reshape(t, -1).to(a.dtype))
 
-    def decode_batch(self, a: torch.Tensor, caches: list[torch.Tensor], positions: list[int]) -> torch.Tensor:
-        """One token for each of B sequences: row b at positions[b] of its own latent cache
-        caches[b] ([S_max, R+P]). a: [B, D] -> [B, D]. Projections run once for all rows;
-        attention runs per row over that row's own latents."""
-        b, h = a.shape[0], self.num_heads
-        ckr = self.kv_a_proj_with_mqa(a)                        # [B, R+P]
-        c, kr = ckr.split((self.rank, self.rope), dim=-1)
-        latent = torch.cat((self.kv_a_layernorm(c), kr), -1)
-        q = self.q_proj(a).float().view(b, h, self.nope + self.rope)
-        o = []
-        for r, (latents, pos) in enumerate(zip(caches, positions)):
-            latents[pos] = latent[r].to(latents.dtype)
-            o.append(self._absorbed(q[r:r + 1], latents[:pos + 1].float(), pos))  # [1, H, V]
-        return self.o_proj(torch.cat(o).reshape(b, -1).to(a.dtype))
+    def decode_batch(self, a: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
+                     positions: torch.Tensor) -> torch.Tensor:
+        """One token for each of B sequences, row b at positions[b] of the sequence whose latent
+        blocks block_tables[b] lists. a: [B, D]; pool: the layer's [NB, BLOCK, R+P];
+        block_tables: [B, MB] int64; positions: [B] int64 -> [B, D]. Tensors only (no host
+        sync): each row's latent is written into its block, then one paged_mla_decode call
+        attends every row over its own rows."""
+        b, h, block = a.shape[0], self.num_heads, pool.shape[1]
+        latent = self._latent(a).to(pool.dtype)                 # [B, R+P]
+        at = block_tables.gather(1, (positions // block)[:, None])[:, 0] * block + positions % block
+        pool.view(-1, pool.shape[2]).index_copy_(0, at, latent)
+        w_uk, w_uv = self._kv_b()
+        qn, qr = self.q_proj(a).float().view(b, h, self.nope + self.rope).split((self.nope, self.rope), -1)
+        q_lat = torch.einsum("bhn,hnr->bhr", qn, w_uk)          # query folded into latent space
+        decode = registry.resolve("paged_mla_decode", pool.device.type).fn
+        mixed = decode(q_lat, qr, pool, block_tables, positions + 1, self.scale)  # [B, H, R]
+        return self.o_proj(torch.einsum("bhr,hvr->bhv", mixed, w_uv).reshape(b, -1).to(a.dtype))
+
+    def _latent(self, a: torch.Tensor) -> torch.Tensor:
+        # a: [T, D] -> the cached row [ĉ ; kr]: [T, R+P]
+        c, kr = self.kv_a_proj_with_mqa(a).split((self.rank, self.rope), dim=-1)
+        return torch.cat((self.kv_a_layernorm(c), kr), -1)
 
     def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK: [H, N, R], W_UV: [H, V, R] fp32 (kv_b rows are per head [k_nope | v]).

@@ -1,4 +1,5 @@
-"""Kimi-Linear's per-sequence cache, with every KDA state in a slot of one pool per layer.
+"""Kimi-Linear's per-sequence cache: every KDA state in a slot of one pool per layer, and the
+MLA latent rows in blocks of the model's latent pool (models/latent_pool.py).
 
 The pool holds, per KDA layer, the conv windows [N, 3, C, W-1] and the recurrent states
 [N, H, K, V] fp32 of N sequences; a sequence owns one slot index. Batched decode reads and
@@ -13,6 +14,7 @@ import weakref
 import torch
 
 from engined.layers.kda import KDAState
+from engined.models.latent_pool import LatentPool, num_blocks_for, rows_of
 
 
 class StatePool:
@@ -83,33 +85,42 @@ class StatePool:
 
 
 class KimiCache:
-    """One sequence: a slot of the model's state pool, a latent cache [max_tokens, R+P] per MLA
-    layer. `num_tokens` counts positions already folded into the recurrent state (it cannot
-    rewind)."""
+    """One sequence: a slot of the model's state pool and the blocks of its latent pool that
+    hold positions 0..max_tokens-1 (all allocated here, so its memory is bounded by its own
+    max_tokens). `num_tokens` counts positions already folded into the recurrent state (it
+    cannot rewind)."""
 
     is_recurrent = True  # resuming needs a state snapshot, not just rows (prefix_cache.py)
 
-    def __init__(self, pool: StatePool, mla: dict[int, torch.Tensor], max_tokens: int):
-        self.pool, self.mla, self.max_tokens, self.num_tokens = pool, mla, max_tokens, 0
+    def __init__(self, pool: StatePool, latent_pool: LatentPool, max_tokens: int):
+        self.pool, self.latent_pool, self.max_tokens, self.num_tokens = pool, latent_pool, max_tokens, 0
         self.slot = pool.allocate()
-        self._finalizer = weakref.finalize(self, pool.release, self.slot)
+        self.blocks = latent_pool.allocate(num_blocks_for(max_tokens))
+        self.block_table = torch.tensor(self.blocks, dtype=torch.int64, device=latent_pool.device)  # [nb]
+        self.slot_index = torch.tensor([self.slot], dtype=torch.int64, device=pool.device)        # [1]
+        self._finalizer = weakref.finalize(self, _release, pool, self.slot, latent_pool, self.blocks)
 
     @property
     def kda(self) -> dict[int, KDAState]:
         """KDA layer -> views of this sequence's conv windows and recurrent state."""
         return {i: self.pool.state(i, self.slot) for i in self.pool.shapes}
 
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        """Flat latent-pool rows of positions [start, end) -> [end - start] int64."""
+        return rows_of(self.block_table, start, end)
+
     def release(self):
-        """Give the slot back now (also done when the cache is garbage-collected)."""
+        """Give the slot and the blocks back now (also done when the cache is garbage-collected)."""
         self._finalizer()
 
     def read_rows(self, start: int, end: int) -> dict[int, torch.Tensor]:
         """A copy of the MLA latents of positions [start, end): layer -> [end-start, R+P]."""
-        return {i: latents[start:end].clone() for i, latents in self.mla.items()}
+        rows = self.rows(start, end)
+        return {i: self.latent_pool.flat(i).index_select(0, rows) for i in self.latent_pool.widths}
 
     def write_rows(self, start: int, rows: dict[int, torch.Tensor]):
-        for i, latents in self.mla.items():
-            latents[start:start + rows[i].shape[0]].copy_(rows[i])
+        for i in self.latent_pool.widths:
+            self.latent_pool.flat(i).index_copy_(0, self.rows(start, start + rows[i].shape[0]), rows[i])
 
     def save_state(self) -> dict[int, KDAState]:
         """A copy of every KDA layer's conv windows and recurrent state at num_tokens."""
@@ -125,6 +136,10 @@ class KimiCache:
     def reset(self):
         """Back to an empty sequence, in place (tensor addresses stay valid for a captured graph)."""
         self.pool.zero(self.slot)
-        for latents in self.mla.values():
-            latents.zero_()
+        self.latent_pool.zero(self.blocks)
         self.num_tokens = 0
+
+
+def _release(pool: StatePool, slot: int, latent_pool: LatentPool, blocks: list[int]):
+    pool.release(slot)
+    latent_pool.release(blocks)

@@ -3,6 +3,8 @@ This module only wires layers (engined/layers/{kda,mla,moe,mlp,rmsnorm,linear}.p
 names live in engined/weights/kimi_checkpoint.py's table. Activations run in `dtype`; the KDA state,
 router, softmax and norms compute in fp32.
 """
+from typing import NamedTuple
+
 import torch
 
 from engined.layers.kda import KDA
@@ -12,6 +14,7 @@ from engined.layers.mlp import SwiGLU
 from engined.layers.moe import MoE, scope
 from engined.layers.rmsnorm import RMSNorm
 from engined.models.kimi_cache import KimiCache, StatePool
+from engined.models.latent_pool import LatentPool
 from engined.models.kimi_linear_config import KimiLinearConfig
 from engined.models.protocol import check_span
 
@@ -56,22 +59,33 @@ class DecoderLayer:
             self.mlp = self.ffn = SwiGLU.empty(d, cfg.intermediate_size, dtype, device, scope(int4, "mlp"))
 
     def __call__(self, h: torch.Tensor, cache: KimiCache, i: int, start: int) -> torch.Tensor:
-        # h: [T, D]
-        a = self.input_layernorm(h)
-        h = h + (self.self_attn(a, cache.mla[i], start) if self.is_mla else self.self_attn(a, cache.kda[i]))
-        return h + self.ffn(self.post_attention_layernorm(h))
-
-    def decode_batch(self, h: torch.Tensor, caches: list[KimiCache], i: int,
-                     positions: list[int], slots: torch.Tensor) -> torch.Tensor:
-        # h: [B, D], row b one token of caches[b] at positions[b]; slots: [B] their state slots
+        # h: [T, D] at positions start..start+T-1
         a = self.input_layernorm(h)
         if self.is_mla:
-            h = h + self.self_attn.decode_batch(a, [c.mla[i] for c in caches], positions)
+            rows = cache.rows(0, start + h.shape[0])                # [S] its latent rows
+            h = h + self.self_attn(a, cache.latent_pool.flat(i), start, rows)
         else:
-            pool = caches[0].pool
-            h = h + self.self_attn.decode_batch(a, pool.conv[i], pool.S[i], slots)
+            h = h + self.self_attn(a, cache.kda[i])
+        return h + self.ffn(self.post_attention_layernorm(h))
+
+    def decode_batch(self, h: torch.Tensor, i: int, pools: tuple[StatePool, LatentPool],
+                     rows: "DecodeRows") -> torch.Tensor:
+        # h: [B, D], row b one token at rows.positions[b] of the sequence on slot rows.slots[b]
+        a = self.input_layernorm(h)
+        states, latents = pools
+        if self.is_mla:
+            h = h + self.self_attn.decode_batch(a, latents.latents[i], rows.block_tables, rows.positions)
+        else:
+            h = h + self.self_attn.decode_batch(a, states.conv[i], states.S[i], rows.slots)
         f = self.post_attention_layernorm(h)
         return h + self.ffn(f)                   # MoE: one moe_grouped call for the B rows
+
+
+class DecodeRows(NamedTuple):
+    """One decode step's rows as device tensors: all a captured CUDA graph needs per step."""
+    slots: torch.Tensor          # [B] int64 KDA state slots
+    block_tables: torch.Tensor   # [B, MB] int64 latent blocks (a row's first block pads it)
+    positions: torch.Tensor      # [B] int64
 
 
 class KimiLinearModel:
@@ -96,6 +110,8 @@ class KimiLinearModel:
         self.state_pool = StatePool({i: layer.self_attn for i, layer in enumerate(self.layers)
                                      if not layer.is_mla}, dtype, self.device)
         self.state_bytes = self.state_pool.slot_bytes
+        self.latent_pool = LatentPool({i: layer.self_attn.latent_width for i, layer in enumerate(self.layers)
+                                       if layer.is_mla}, dtype, self.device)
 
     def tensors(self) -> list[torch.Tensor]:
         return weight_tensors(self)
@@ -103,9 +119,7 @@ class KimiLinearModel:
     def new_cache(self, max_tokens: int) -> KimiCache:
         if not 0 < max_tokens <= self.config.context_length:
             raise ValueError(f"cache of {max_tokens} tokens: must be 1..{self.config.context_length}")
-        mla = {i: torch.zeros(max_tokens, layer.self_attn.latent_width, dtype=self.dtype, device=self.device)
-               for i, layer in enumerate(self.layers) if layer.is_mla}
-        return KimiCache(self.state_pool, mla, max_tokens)
+        return KimiCache(self.state_pool, self.latent_pool, max_tokens)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KimiCache, start: int,
@@ -128,24 +142,36 @@ class KimiLinearModel:
                      positions: list[int]) -> torch.Tensor:
         """One token for each of B sequences -> logits fp32 [B, V]. tokens: [B] int64; token b
         sits at positions[b] of caches[b], which must continue its recurrent state there.
-        Every projection, the short conv and KDA step (on the rows' state slots, in place), the
-        routed experts (moe_grouped) and the LM head run once for all rows; MLA attention runs
-        per row over the row's own latents."""
+        Builds the rows' device tensors and runs decode_rows."""
         for cache, pos in zip(caches, positions):
             if not 0 <= pos < cache.max_tokens or pos != cache.num_tokens:
                 raise ValueError(f"position {pos} does not continue a cache holding "
                                  f"{cache.num_tokens} of {cache.max_tokens} tokens")
             if cache.pool is not self.state_pool:
                 raise ValueError("a cache of another model's state pool")
-        slots = torch.tensor([c.slot for c in caches], dtype=torch.int64, device=self.device)  # [B]
-        h = self.embed_tokens[tokens.to(self.device)].to(self.dtype)  # [B, D]
-        for i, layer in enumerate(self.layers):
-            h = layer.decode_batch(h, caches, i, positions, slots)
+        width = max(len(c.blocks) for c in caches)
+        tables = [c.blocks + c.blocks[:1] * (width - len(c.blocks)) for c in caches]
+        as_rows = (torch.tensor(x, dtype=torch.int64, device=self.device)
+                   for x in ([c.slot for c in caches], tables, positions))
+        logits = self.decode_rows(tokens.to(self.device), DecodeRows(*as_rows))
         for cache, pos in zip(caches, positions):
             cache.num_tokens = pos + 1
-        return self.lm_head(self.norm(h)).float()                    # [B, V]
+        return logits
 
-    def graph_step(self, rows: int) -> None:
+    @torch.inference_mode()
+    def decode_rows(self, tokens: torch.Tensor, rows: DecodeRows) -> torch.Tensor:
+        """One token for each of B rows, tensors only (no host sync, no value read back), so a
+        CUDA graph can capture it. tokens: [B] int64 on the device -> logits fp32 [B, V]. Every
+        projection, the short conv and KDA step (on the rows' state slots, in place), the MLA
+        attention (paged_mla_decode over each row's own blocks), the routed experts
+        (moe_grouped) and the LM head run once for all rows."""
+        h = self.embed_tokens[tokens].to(self.dtype)             # [B, D]
+        pools = (self.state_pool, self.latent_pool)
+        for i, layer in enumerate(self.layers):
+            h = layer.decode_batch(h, i, pools, rows)
+        return self.lm_head(self.norm(h)).float()                # [B, V]
+
+    def graph_step(self, rows: int, max_context: int) -> None:
         """None for now: a capturable step needs the latent cache in fixed blocks (paged MLA),
         which the batched decode gains next; until then Kimi-Linear decodes eagerly."""
         return None
@@ -154,7 +180,4 @@ class KimiLinearModel:
         """One token with its position as a 0-d device tensor: no host sync and no Python value
         that changes per step, so it can be captured once in a CUDA graph and replayed.
         token: [1] int64 on the device -> logits fp32 [1, V]. The caller owns cache.num_tokens."""
-        h = self.embed_tokens[token].to(self.dtype)              # [1, D]
-        for i, layer in enumerate(self.layers):
-            h = layer(h, cache, i, pos)
-        return self.lm_head(self.norm(h)).float()
+        return self.decode_rows(token, DecodeRows(cache.slot_index, cache.block_table.view(1, -1), pos.view(1)))

@@ -1,4 +1,4 @@
-"""The graph-capturable decode step (position as a device tensor, MLA over the whole capacity,
+"""The graph-capturable decode step (position as a device tensor, MLA through the paged op, no
 no host sync) equals ordinary decode; on CPU it runs eagerly (CUDA capture needs a GPU)."""
 import torch
 
