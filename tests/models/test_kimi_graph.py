@@ -1,5 +1,5 @@
 """The graph-capturable decode step (position as a device tensor, MLA through the paged op, no
-no host sync) equals ordinary decode; on CPU it runs eagerly (CUDA capture needs a GPU)."""
+host sync) equals ordinary decode; on CPU it runs eagerly (CUDA capture needs a GPU)."""
 import torch
 
 from engined.commands import bench as synthetic_bench
