@@ -1,7 +1,9 @@
 """Synthetic-weight decode benchmark for Kimi-Linear (`kimi-engine bench --synthetic ...`).
 
 Builds the model with random weights directly on the device (no checkpoint), then measures
-batch-1 greedy decode: a 17-token prompt, 64 new tokens, 5 repeats, median. The ceiling is the
+batch-1 greedy decode through the engine's own decode runner (engine/runner.py: a CUDA graph
+per bucket on CUDA, the step the server runs, a token id back to the host per step as served):
+a 17-token prompt, 64 new tokens, 5 repeats, median. The ceiling is the
 bandwidth roofline: bytes read per decoded token (weights touched + KDA state read/write + MLA
 latents) / the GPU's peak bandwidth (reference §7). Imports only torch and engined's model code,
 so it runs on the GPU image (no cffi, flask or gevent):
@@ -14,10 +16,12 @@ import time
 
 import torch
 
-from engined.weights import synthetic as synthetic_weights
-from engined.engine.cuda_graph import GreedyDecoder
+from engined.engine import sampler
+from engined.engine.runner import Runner
+from engined.engine.sequence import SamplingParams
 from engined.layers.moe import MoE
 from engined.models.kimi_linear import KimiLinearModel
+from engined.weights import synthetic as synthetic_weights
 
 PROMPT_TOKENS, NEW_TOKENS, REPEATS = 17, 64, 5
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "L40S": 864e9, "5090": 1.79e12, "A100": 2.0e12,
@@ -44,20 +48,27 @@ def bytes_per_token(model: KimiLinearModel, context: int) -> int:
     return total + 2 * model.state_bytes + context * model.kv_bytes_per_token
 
 
-def decode_run(model: KimiLinearModel, decoder: GreedyDecoder, prompt: torch.Tensor):
-    """One greedy generation after the prompt -> (seconds per decoded token, tokens)."""
-    decoder.cache.reset()
-    first = model.forward(prompt, decoder.cache, 0).argmax(-1)
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0)
+
+
+def decode_run(model: KimiLinearModel, runner: Runner, cache, prompt: torch.Tensor):
+    """One greedy generation after the prompt, as the engine decodes -> (seconds per decoded
+    token, tokens)."""
+    cache.reset()
+    token = int(model.forward(prompt, cache, 0).argmax(-1))
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     sync()
-    t0 = time.perf_counter()
-    tokens = decoder.run(first, PROMPT_TOKENS, NEW_TOKENS)
+    t0, tokens = time.perf_counter(), []
+    for i in range(NEW_TOKENS):
+        logits = runner.decode([token], [cache], [PROMPT_TOKENS + i])        # [1, V]
+        token = sampler.sample_rows(logits, [GREEDY], [0], [i])[0]
+        tokens.append(token)
     sync()
-    return (time.perf_counter() - t0) / NEW_TOKENS, tokens.tolist()
+    return (time.perf_counter() - t0) / NEW_TOKENS, tokens
 
 
 def eager_tokens(model: KimiLinearModel, prompt: torch.Tensor) -> list[int]:
-    """Greedy tokens through the ordinary forward (the graph's cross-check)."""
+    """Greedy tokens through the ordinary forward (the runner's cross-check)."""
     cache = model.new_cache(PROMPT_TOKENS + NEW_TOKENS + 1)
     token, out = model.forward(prompt, cache, 0).argmax(-1), []
     for i in range(NEW_TOKENS):
@@ -66,16 +77,12 @@ def eager_tokens(model: KimiLinearModel, prompt: torch.Tensor) -> list[int]:
     return out
 
 
-def make_decoder(model: KimiLinearModel) -> tuple[GreedyDecoder, str]:
-    cache = model.new_cache(PROMPT_TOKENS + NEW_TOKENS + 1)
-    if model.device.type == "cuda":
-        try:
-            return GreedyDecoder(model, cache, use_graph=True), "CUDA graph"
-        except Exception as exc:  # noqa: BLE001 - report and measure eager instead
-            print(f"CUDA graph capture failed ({exc!r}); timing eager decode")
-            torch.cuda.synchronize()
-            cache = model.new_cache(PROMPT_TOKENS + NEW_TOKENS + 1)
-    return GreedyDecoder(model, cache, use_graph=False), "eager"
+def make_runner(model: KimiLinearModel) -> tuple[Runner, str]:
+    """The engine's runner for one sequence: graphs on CUDA (a failed capture falls back to
+    eager, and says so), eager elsewhere."""
+    runner = Runner(model, None, print, max_batch=1, max_context=PROMPT_TOKENS + NEW_TOKENS + 1)
+    runner.capture()
+    return runner, "CUDA graph" if runner.graphs else "eager"
 
 
 def peak_bandwidth(device: str) -> tuple[str, float | None]:
@@ -89,9 +96,10 @@ def run(name: str, device: str, int4: bool, repeats: int = REPEATS) -> dict:
     model = build(name, device, int4)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, model.config.vocab_size, (PROMPT_TOKENS,), generator=g).to(device)
-    decoder, mode = make_decoder(model)
-    decode_run(model, decoder, prompt)                          # warm-up (allocator, kernels)
-    runs = [decode_run(model, decoder, prompt) for _ in range(repeats)]
+    runner, mode = make_runner(model)
+    cache = model.new_cache(PROMPT_TOKENS + NEW_TOKENS + 1)
+    decode_run(model, runner, cache, prompt)                    # warm-up (allocator, kernels)
+    runs = [decode_run(model, runner, cache, prompt) for _ in range(repeats)]
     secs = statistics.median(r[0] for r in runs)
     reference = eager_tokens(model, prompt)
     same = sum(a == b for a, b in zip(runs[0][1], reference))

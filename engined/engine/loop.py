@@ -34,7 +34,8 @@ class Engine:
                  prefix_cache_bytes: int = PREFIX_CACHE_BYTES, max_queue: int = 0,
                  enforce_eager: bool = False):
         self.model = model
-        self.runner = Runner(model, metrics, log, max_batch=max_batch, enforce_eager=enforce_eager)
+        self.runner = Runner(model, metrics, log, max_batch=max_batch, max_context=max_context,
+                             enforce_eager=enforce_eager)
         self.max_context = max_context
         self.metrics = metrics
         self.threads = threads

@@ -11,10 +11,22 @@ whose capture fails run eagerly; failures are logged and counted, never fatal.
 The anchor is nano-vllm's ModelRunner.capture_cudagraph.
 """
 import time
+from types import SimpleNamespace
 
 import torch
 
 BUCKETS = (1, 2, 4, 8, 16)
+
+
+class _Uncounted:
+    """A counter that counts nothing: the metrics of a runner outside the engine (the
+    synthetic bench runs on the GPU image, without prometheus_client)."""
+
+    def labels(self, *values):
+        return self
+
+    def inc(self, amount: float = 1):
+        pass
 
 
 def buckets_for(max_batch: int) -> tuple[int, ...]:
@@ -24,9 +36,11 @@ def buckets_for(max_batch: int) -> tuple[int, ...]:
 
 
 class Runner:
-    def __init__(self, model, metrics, log=print, max_batch: int = 8, enforce_eager: bool = False):
-        self.model, self.metrics, self.log = model, metrics, log
-        self.max_batch, self.enforce_eager = max_batch, enforce_eager
+    def __init__(self, model, metrics, log=print, max_batch: int = 8, max_context: int = 8192,
+                 enforce_eager: bool = False):
+        uncounted = SimpleNamespace(decode_steps=_Uncounted(), graph_capture_failures=_Uncounted())
+        self.model, self.metrics, self.log = model, metrics or uncounted, log
+        self.max_batch, self.max_context, self.enforce_eager = max_batch, max_context, enforce_eager
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, object]] = {}
 
     @property
@@ -34,13 +48,14 @@ class Runner:
         return torch.device(self.model.device)
 
     def capture(self, warmup: int = 2):
-        """At start-up: a graph per bucket on CUDA (nothing on the CPU or with enforce_eager)."""
+        """At start-up: a graph per bucket on CUDA (nothing on the CPU or with enforce_eager),
+        the largest bucket first, since building its step reserves the pools for all."""
         if self.device.type != "cuda" or self.enforce_eager:
             why = "--enforce-eager" if self.enforce_eager else f"device {self.device.type}"
             self.log(f"kimi-engine: decode runs eagerly ({why})")
             return
-        for bucket in buckets_for(self.max_batch):
-            step = self.model.graph_step(bucket)
+        for bucket in reversed(buckets_for(self.max_batch)):  # largest first: it sizes the pools
+            step = self.model.graph_step(bucket, self.max_context)
             if step is None:
                 self.log("kimi-engine: this model has no capturable decode step; decode runs eagerly")
                 return
@@ -62,10 +77,15 @@ class Runner:
         bucket = next((b for b in sorted(self.graphs) if b >= rows), None)
         if bucket is None:
             self.metrics.decode_steps.labels("eager", str(rows)).inc()
-            ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)  # [B]
+            ids = torch.tensor(tokens, dtype=torch.int64, device=self.model.device)  # [B]
             return self.model.decode_batch(ids, caches, positions)
         graph, step = self.graphs[bucket]
-        step.load(tokens, caches, positions)   # per-step values into the static tensors, padded
+        try:
+            step.load(tokens, caches, positions)   # per-step values into the static tensors, padded
+        except Exception as exc:  # noqa: BLE001 - e.g. a pool moved: the graphs are stale
+            self.log(f"kimi-engine: decode graphs dropped, decoding eagerly from now on: {exc!r}")
+            self.graphs.clear()
+            return self.decode(tokens, caches, positions)
         graph.replay()
         step.finish(caches, positions)
         self.metrics.decode_steps.labels("graph", str(bucket)).inc()

@@ -14,7 +14,7 @@ from engined.layers.mlp import SwiGLU
 from engined.layers.moe import MoE, scope
 from engined.layers.rmsnorm import RMSNorm
 from engined.models.kimi_cache import KimiCache, StatePool
-from engined.models.latent_pool import LatentPool
+from engined.models.latent_pool import LatentPool, num_blocks_for
 from engined.models.kimi_linear_config import KimiLinearConfig
 from engined.models.protocol import check_span
 
@@ -110,6 +110,7 @@ class KimiLinearModel:
         self.state_pool = StatePool({i: layer.self_attn for i, layer in enumerate(self.layers)
                                      if not layer.is_mla}, dtype, self.device)
         self.state_bytes = self.state_pool.slot_bytes
+        self._scratch: KimiCache | None = None
         self.latent_pool = LatentPool({i: layer.self_attn.latent_width for i, layer in enumerate(self.layers)
                                        if layer.is_mla}, dtype, self.device)
 
@@ -171,13 +172,24 @@ class KimiLinearModel:
             h = layer.decode_batch(h, i, pools, rows)
         return self.lm_head(self.norm(h)).float()                # [B, V]
 
-    def graph_step(self, rows: int, max_context: int) -> None:
-        """None for now: a capturable step needs the latent cache in fixed blocks (paged MLA),
-        which the batched decode gains next; until then Kimi-Linear decodes eagerly."""
-        return None
+    def graph_step(self, rows: int, max_context: int):
+        """The decode step of `rows` rows for a CUDA graph (models/kimi_graph_step.py), the
+        pools reserved first: a state slot per row plus scratch, and the blocks of max_context
+        tokens (the scheduler's budget across sequences) plus a rounding block per row."""
+        from engined.models.kimi_graph_step import KimiGraphStep
+        max_blocks = num_blocks_for(max_context)
+        self.state_pool.reserve(self.state_pool.num_used + rows + 1)
+        self.latent_pool.reserve(self.latent_pool.num_used + max_blocks + rows + 1)
+        return KimiGraphStep(self, rows, max_blocks)
 
-    def decode_step(self, token: torch.Tensor, cache: KimiCache, pos: torch.Tensor) -> torch.Tensor:
-        """One token with its position as a 0-d device tensor: no host sync and no Python value
-        that changes per step, so it can be captured once in a CUDA graph and replayed.
-        token: [1] int64 on the device -> logits fp32 [1, V]. The caller owns cache.num_tokens."""
-        return self.decode_rows(token, DecodeRows(cache.slot_index, cache.block_table.view(1, -1), pos.view(1)))
+    def scratch_cache(self) -> KimiCache:
+        """The sequence padded decode rows read and write (one slot, one block), made once."""
+        if self._scratch is None:
+            self._scratch = self.new_cache(1)
+        return self._scratch
+
+    def pool_addresses(self) -> tuple[int, ...]:
+        """Where every pool tensor lives: a captured graph is valid while this is unchanged."""
+        tensors = [*self.state_pool.conv.values(), *self.state_pool.S.values(),
+                   *self.latent_pool.latents.values()]
+        return tuple(t.data_ptr() for t in tensors)

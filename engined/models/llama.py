@@ -162,7 +162,7 @@ class LlamaModel:
             return self.embedding.logits(self.final_norm(h))  # [T or 1, V]
 
     @torch.inference_mode()
-    def graph_step(self, rows: int) -> None:
+    def graph_step(self, rows: int, max_context: int) -> None:
         """No capturable step: the KV caches are per-sequence tensors, and the CPU path it
         serves runs eagerly anyway."""
         return None

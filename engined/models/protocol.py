@@ -47,9 +47,10 @@ class Model(Protocol):
         """One token for each of B sequences. tokens: [B] int64; token i sits at
         positions[i] of caches[i] -> logits fp32 [B, V], each row equal to a lone forward."""
 
-    def graph_step(self, rows: int) -> Any:
+    def graph_step(self, rows: int, max_context: int) -> Any:
         """The decode step of `rows` rows in static device tensors, for a CUDA graph
-        (engine/runner.py: load, load_scratch, run, finish, logits), or None: this model
+        (engine/runner.py: load, load_scratch, run, finish, logits), its caches' memory
+        reserved for sequences of up to max_context tokens in all; or None: this model
         decodes eagerly."""
 
 

@@ -219,7 +219,7 @@ class ScriptedModel:
 
     device = "cpu"
 
-    def graph_step(self, rows):
+    def graph_step(self, rows, max_context):
         return None  # decodes eagerly, as every model does on the CPU
 
     def decode_batch(self, tokens, caches, positions):
