@@ -33,6 +33,18 @@ int gemv_w4a16(const float *x, int64_t rows, const uint8_t *qweight,
                const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,
                int64_t group, float *work, float *out, int nthreads);
 
+/* W4A8 GEMV: as gemv_w4a16, but each row of x is first quantized to int8 per block of 32
+ * (d = max|x|/127, xq = x/d rounded half away from zero; kimi_w4a8.c) and the dot products
+ * with the codes are taken in integers. group must be a multiple of 32 (else KH_EINVAL:
+ * the caller falls back to gemv_w4a16). work: gemv_w4a8_work_floats(rows, k, group) floats
+ * (-1 for a shape it refuses). The kernel is capped by gemv_simd; w4a8_simd() says which
+ * runs: 1 AVX2 (also on AVX-512 machines, until VNNI kernels exist), 0 portable C. */
+int64_t gemv_w4a8_work_floats(int64_t rows, int64_t k, int64_t group);
+int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16_t *scales,
+              const uint16_t *mins, int64_t n, int64_t k, int64_t group, float *work,
+              float *out, int nthreads);
+int w4a8_simd(void);
+
 /* MoE GEMVs for one token: route r multiplies x row (x_rows == 1 ? 0 : r) by expert
  * expert_ids[r] of a stack qweight [num_experts, n, k/2], scales/mins [num_experts,
  * n, k/group]; out: [routes, n] fp32. Expert ids outside 0..num_experts-1 are

@@ -44,6 +44,16 @@ typedef void (*KhRowFn)(const KhRow *w, const float *xperm, const float *xsum,
 
 KhRowFn kh_pick_row_fn(int64_t group);
 
+/* x quantized for the W4A8 GEMV (kimi_w4a8.c), per row r: q [k] int8 codes, de-interleaved
+ * per block of KH_Q8_BLOCK; d [k/32] the blocks' scales; gsum [k/group] = sum over the
+ * group's blocks of d * sum(q). Row strides k, k/32 and k/group. */
+#define KH_Q8_BLOCK 32
+typedef struct {
+    int8_t *q;
+    float *d;
+    float *gsum;
+} KhQ8;
+
 /* x [rows, k] -> xperm [rows, k] (de-interleaved per block of 32 when group % 32 == 0, else
  * a copy) and xsum [rows, k/group], the form every row kernel reads (kimi_gemv.c). */
 void kh_prepare_x(const float *x, int64_t rows, int64_t k, int64_t group,
@@ -59,6 +69,8 @@ void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads, int worth_
 int kh_cpu_has_avx2(void);
 void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
                         int64_t rows, float *y, int64_t y_stride);
+/* y[r * y_stride] = W4A8 dot(w, x row r) for r < rows (1..KH_MAX_ROWS), group % 32 == 0. */
+void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride);
 int kh_cpu_has_avx512(void);
 /* y[r * y_stride] = dot(w row, x row r) for two fp16 weight rows w0, w1 (y1 for w1). */
 void kh_f16_rows_avx512(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x,

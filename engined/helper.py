@@ -9,6 +9,7 @@ exception; the ops (engined/ops/*/cpu_c.py) and layers call these functions, nev
 - `int4_weight` validates a packed INT4 weight (or a stack of experts; mins None for a
   symmetric one, format version 2) once and returns an `Int4Weight` holding its C pointers; the hot calls `gemv`, `grouped_gemv` and
   `moe_swiglu` (and `moe_grouped`, the multi-row MoE) take that handle, so a decode GEMV costs a few microseconds of Python.
+  `gemv_w4a8` is `gemv` with x quantized to int8 per block of 32 (`w4a8_simd` says which kernel runs).
   `gemv_f16` is the fp16 LM head; `unpack` dequantizes a handle to fp32.
 - `unpack_int4`, `gemv_w4a16`, `grouped_gemv_w4a16`, `moe_swiglu_w4a16`: the same kernels
   on numpy arrays, returning new arrays (the known-answer tests, and dequantizing).
@@ -188,6 +189,31 @@ def gemv(w: Int4Weight, x, out=None, threads: int = 1):
     return out
 
 
+def gemv_w4a8(w: Int4Weight, x, out=None, threads: int = 1):
+    """out[M, N] = q8(x)[M, K] @ W^T in fp32: as `gemv`, but each row of x is quantized to
+    int8 per block of 32 (engined/ops/w4a8_gemv) and the dots are taken in integers. The
+    group size must be a multiple of 32 (ValueError otherwise: fall back to `gemv`)."""
+    k, n = w.k, w.n
+    if w.experts:
+        raise ValueError("gemv_w4a8 takes one linear, not an expert stack")
+    work_floats = lib.gemv_w4a8_work_floats(MAX_ROWS, k, w.group)
+    if work_floats < 0:
+        raise ValueError(f"gemv_w4a8 needs a group size that is a multiple of 32, got {w.group}")
+    x = _as_rows(x, k)
+    rows = x.shape[0]
+    out = _out(out, (rows, n))
+    x_addr, out_addr = x.data_ptr(), out.data_ptr()
+    work, cast = _workspace(work_floats), ffi.cast
+    for start in range(0, rows, MAX_ROWS):
+        m = min(MAX_ROWS, rows - start)
+        status = lib.gemv_w4a8(cast("float *", x_addr + 4 * start * k), m, w.q, w.s, w.m,
+                               n, k, w.group, work, cast("float *", out_addr + 4 * start * n),
+                               threads)
+        if status:
+            check(status, "gemv_w4a8")
+    return out
+
+
 def grouped_gemv(w: Int4Weight, x, expert_ids, out=None, threads: int = 1):
     """out[r] = x[r or 0] @ W[expert_ids[r]]^T; w an expert stack, x [1 or R, K], ids [R]."""
     return _routed(lib.grouped_gemv_w4a16, "grouped_gemv_w4a16", (w,), x, expert_ids, out,
@@ -350,6 +376,13 @@ def gemv_simd(level: int | None = None) -> int:
     if level is not None and level not in SIMD_LEVELS:
         raise ValueError(f"SIMD level must be one of {sorted(SIMD_LEVELS)}, got {level}")
     return int(lib.gemv_simd(-1 if level is None else level))
+
+
+def w4a8_simd() -> int:
+    """The W4A8 kernel that runs under the current cap (SIMD_LEVELS key): 1 AVX2, also on
+    AVX-512 machines until VNNI kernels exist, or 0 portable C."""
+    require()
+    return int(lib.w4a8_simd())
 
 
 def read_probe(buf, threads: int = 1) -> int:

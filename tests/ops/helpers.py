@@ -3,7 +3,7 @@ import os
 import pathlib
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -69,6 +69,28 @@ GEMV = [
     gemv_case(5, 17, 192, 64, seed=17, symmetric=True),       # two blocks per group
     gemv_case(11, 40, 96, 32, seed=18, symmetric=True),       # chunks of 8 rows
     gemv_case(1, 576, 1536, 32, seed=19, symmetric=True),     # many groups (SIMD tails)
+]
+
+
+def w4a8_case(m: int, n: int, k: int, group: int, dtype=torch.float32, seed=0,
+              symmetric: bool = False) -> Case:
+    """The reference quantizes x exactly as C does, so only fp32 accumulation differs."""
+    return replace(gemv_case(m, n, k, group, dtype, seed, symmetric), atol=1e-6 * k, rtol=1e-5)
+
+
+W4A8 = [
+    w4a8_case(1, 40, 96, 32),
+    w4a8_case(2, 33, 160, 32, seed=1),                  # 5 groups: odd group count
+    w4a8_case(3, 24, 96, 32, seed=2, symmetric=True),
+    w4a8_case(4, 1, 64, 32, seed=3),                    # N = 1
+    w4a8_case(5, 17, 192, 64, seed=4),                  # group 64: two blocks per group
+    w4a8_case(6, 40, 320, 64, seed=5, symmetric=True),  # 5 groups of 64
+    w4a8_case(7, 40, 96, 32, torch.bfloat16, seed=6),
+    w4a8_case(8, 40, 96, 32, seed=7, symmetric=True),
+    w4a8_case(9, 17, 192, 64, seed=8),                  # more than 8 rows: two passes
+    w4a8_case(11, 40, 96, 32, seed=9, symmetric=True),
+    w4a8_case(1, 576, 1536, 32, seed=10),               # SmolLM2 shapes
+    w4a8_case(8, 1536, 576, 32, seed=11, symmetric=True),
 ]
 
 
@@ -187,7 +209,7 @@ PAGED_MLA = [
 ]
 
 
-CASES = {"w4a16_gemv": GEMV, "moe_grouped": MOE, "kda_step": KDA, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
+CASES = {"w4a16_gemv": GEMV, "w4a8_gemv": W4A8, "moe_grouped": MOE, "kda_step": KDA, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
          "moe_swiglu": routed("moe_swiglu")}
 
 

@@ -9,6 +9,7 @@ from engined.ops import registry
 SHIPPED = {
     ("w4a16_gemv", "cpu"): "cpu_c",
     ("w4a16_grouped_gemv", "cpu"): "cpu_c",
+    ("w4a8_gemv", "cpu"): "cpu_c",
     ("moe_swiglu", "cpu"): "cpu_c",
     ("w4a16_gemv", "cuda"): "triton",
     ("w4a16_grouped_gemv", "cuda"): "triton",

@@ -1,0 +1,166 @@
+/* kimi_w4a8.c: the W4A8 GEMV, x quantized to int8 per block of 32 (see kimi_helper.h).
+ *
+ * Row r of x, block b of 32 elements: d = max|x| / 127 and xq = round(x * (1/d)), rounded
+ * half away from zero into -127..127 (d = 0 and xq = 0 when d is below FLT_MIN: 1/d would
+ * overflow). The codes are stored de-interleaved like the fp32 path's x,
+ * [xq0 xq2 .. xq30 | xq1 xq3 .. xq31], so 16 code bytes (low nibbles = even elements) meet
+ * 32 contiguous int8 values. Per weight row and group g:
+ *     y += s_g * sum_b d_b * dot(q_b, xq_b) + m_g * gsum_g,  gsum_g = sum_b d_b * sum(xq_b)
+ * The dots are exact int32; gsum is computed once per call (symmetric rows: m_g = -8 s_g).
+ *
+ * Kernels: AVX2 (kimi_w4a8_avx2.c) or portable C, capped by gemv_simd like the W4A16 ones.
+ * TODO: AVX-512 VNNI (vpdpbusd on 64 bytes) and AVX-VNNI kernels come next, once a machine
+ * that has them can test them; until then such machines run the AVX2 kernel and say so. */
+#include "kimi_helper.h"
+#include "kimi_simd.h"
+
+#include <float.h>
+#include <math.h>
+
+/* One x row block -> its de-interleaved int8 codes; returns d and stores sum(xq). */
+static float quantize_block(const float *src, int8_t *dst, int32_t *sum)
+{
+    float amax = 0.0f, d, inv;
+    int32_t total = 0;
+    int j;
+    for (j = 0; j < KH_Q8_BLOCK; j++) {
+        float a = fabsf(src[j]);
+        amax = a > amax ? a : amax;
+    }
+    d = amax / 127.0f;
+    if (!(d >= FLT_MIN)) d = 0.0f; /* also NaN */
+    inv = d > 0.0f ? 1.0f / d : 0.0f;
+    for (j = 0; j < KH_Q8_BLOCK; j++) {
+        float v = src[j] * inv, frac;
+        int32_t t = (int32_t)v; /* truncation; v - t is exact, so the tie test is too */
+        frac = v - (float)t;
+        t += (frac >= 0.5f) - (frac <= -0.5f);
+        t = t > 127 ? 127 : (t < -127 ? -127 : t);
+        dst[(j & 1) * (KH_Q8_BLOCK / 2) + j / 2] = (int8_t)t;
+        total += t;
+    }
+    *sum = total;
+    return d;
+}
+
+/* x [rows, k] -> q8->q [rows, k], q8->d [rows, k/32], q8->gsum [rows, k/group]. */
+static void quantize_x(const float *x, int64_t rows, int64_t k, int64_t group, KhQ8 *q8)
+{
+    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, i;
+    for (i = 0; i < rows * nb; i++) {
+        int32_t sum;
+        float d = quantize_block(x + i * KH_Q8_BLOCK, q8->q + i * KH_Q8_BLOCK, &sum);
+        q8->d[i] = d;
+        if (i % per_group == 0) q8->gsum[i / per_group] = 0.0f;
+        q8->gsum[i / per_group] += d * (float)sum;
+    }
+}
+
+/* Portable kernel: one weight row against `rows` quantized rows of x. */
+static void q8_row_c(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride)
+{
+    int64_t groups = w->k / w->group, nb = w->k / KH_Q8_BLOCK, per_group = w->group / KH_Q8_BLOCK;
+    int64_t r, g, b;
+    float acc[KH_MAX_ROWS] = {0};
+    for (g = 0; g < groups; g++) {
+        float s = kh_half_to_float(w->scales[g]);
+        for (b = g * per_group; b < (g + 1) * per_group; b++) {
+            const uint8_t *q = w->q + b * (KH_Q8_BLOCK / 2);
+            int32_t lo[KH_Q8_BLOCK / 2], hi[KH_Q8_BLOCK / 2];
+            int j;
+            for (j = 0; j < KH_Q8_BLOCK / 2; j++) {
+                lo[j] = q[j] & 0x0f;
+                hi[j] = q[j] >> 4;
+            }
+            for (r = 0; r < rows; r++) {
+                const int8_t *xe = x->q + r * w->k + b * KH_Q8_BLOCK;
+                int32_t dot = 0;
+                for (j = 0; j < KH_Q8_BLOCK / 2; j++)
+                    dot += lo[j] * xe[j] + hi[j] * xe[KH_Q8_BLOCK / 2 + j];
+                acc[r] += s * x->d[r * nb + b] * (float)dot;
+            }
+        }
+    }
+    for (r = 0; r < rows; r++) {
+        float mins = 0.0f;
+        for (g = 0; g < groups; g++) mins += kh_row_min(w, g) * x->gsum[r * groups + g];
+        y[r * y_stride] = acc[r] + mins;
+    }
+}
+
+int w4a8_simd(void)
+{
+#if KH_HAVE_X86_SIMD
+    if (gemv_simd(-1) >= 1) return 1; /* AVX2, also on AVX-512 machines (see the TODO) */
+#endif
+    return 0;
+}
+
+int64_t gemv_w4a8_work_floats(int64_t rows, int64_t k, int64_t group)
+{
+    if (rows <= 0 || k <= 0 || group <= 0 || group % KH_Q8_BLOCK || k % group) return -1;
+    /* d and gsum (floats), then the int8 codes (k / 4 floats a row) */
+    return rows * (k / KH_Q8_BLOCK) + rows * (k / group) + rows * (k / 4);
+}
+
+typedef struct {
+    void (*row_fn)(const KhRow *, const KhQ8 *, int64_t, float *, int64_t);
+    const uint8_t *q;
+    const uint16_t *s, *m;
+    KhQ8 x;
+    int64_t rows, n, k, group, per_chunk;
+    float *out;
+} W4a8Job;
+
+static void avx2_rows(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride)
+{
+#if KH_HAVE_X86_SIMD
+    kh_q8_row_avx2(w, x, rows, y, y_stride);
+#else
+    q8_row_c(w, x, rows, y, y_stride);
+#endif
+}
+
+static void w4a8_chunk(void *ctx, int64_t chunk)
+{
+    const W4a8Job *job = ctx;
+    int64_t i = chunk * job->per_chunk, end = i + job->per_chunk;
+    int64_t k = job->k, groups = k / job->group;
+    if (end > job->n) end = job->n;
+    for (; i < end; i++) {
+        KhRow w = {job->q + i * (k / 2), job->s + i * groups, job->m ? job->m + i * groups : NULL,
+                   k, job->group};
+        job->row_fn(&w, &job->x, job->rows, job->out + i, job->n);
+    }
+}
+
+int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16_t *scales,
+              const uint16_t *mins, int64_t n, int64_t k, int64_t group, float *work,
+              float *out, int nthreads)
+{
+    W4a8Job job;
+    int64_t per_thread, nb = k / KH_Q8_BLOCK;
+    if (rows <= 0 || rows > KH_MAX_ROWS || n <= 0 || nthreads <= 0) return KH_EINVAL;
+    if (gemv_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
+    if (!x || !qweight || !scales || !work || !out) return KH_EINVAL;
+    job.q = qweight;
+    job.s = scales;
+    job.m = mins;
+    job.rows = rows;
+    job.n = n;
+    job.k = k;
+    job.group = group;
+    job.out = out;
+    job.x.d = work;
+    job.x.gsum = work + rows * nb;
+    job.x.q = (int8_t *)(work + rows * nb + rows * (k / group));
+    quantize_x(x, rows, k, group, &job.x);
+    job.row_fn = w4a8_simd() == 1 ? avx2_rows : q8_row_c;
+    if (n * k < KH_SERIAL_BELOW) nthreads = 1;
+    per_thread = (n + nthreads - 1) / nthreads;
+    job.per_chunk = nthreads == 1 ? n : (per_thread + 7) / 8;
+    if (job.per_chunk < 8) job.per_chunk = 8;
+    kh_parallel(w4a8_chunk, &job, (n + job.per_chunk - 1) / job.per_chunk, nthreads,
+                n * k >= KH_WAKE_WORTH);
+    return KH_OK;
+}

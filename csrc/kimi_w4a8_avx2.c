@@ -1,0 +1,105 @@
+/* AVX2 W4A8 kernel (group % 32 == 0), compiled for AVX2/FMA/F16C by function attribute and
+ * chosen at run time. Per block of 32 weights: 16 code bytes become one vector of 32
+ * unsigned codes (low nibbles, then high ones: the order of the de-interleaved x codes),
+ * maddubs multiplies them by the 32 signed x codes into 16 int16 pair sums (at most
+ * 2 * 15 * 127, no saturation), madd by ones gives 8 int32, and one FMA adds them times
+ * s_g * d_b. Memory traffic: 16 code bytes + 2 or 4 bytes of scale/min per 32 weights,
+ * read once for all rows; x is 1 byte per element (plus 4 per block) and stays in L1. */
+#include "kimi_simd.h"
+
+#if KH_HAVE_X86_SIMD
+#include <immintrin.h>
+
+#define KH_TARGET __attribute__((target("avx2,fma,f16c")))
+
+static KH_TARGET inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* sum_g h[g] * gsum[g], h fp16 (the mins, or the scales of a symmetric row). */
+static KH_TARGET float halves_dot(const uint16_t *h, const float *gsum, int64_t groups)
+{
+    __m256 acc = _mm256_setzero_ps();
+    float tail = 0.0f;
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + g))),
+                              _mm256_loadu_ps(gsum + g), acc);
+    for (; g < groups; g++) tail += _cvtsh_ss(h[g]) * gsum[g];
+    return hsum256(acc) + tail;
+}
+
+/* acc[r] += (s * d_rb) * dot(codes of block BLK, x row r block BLK) for every row r. */
+#define KH_Q8_BLOCK_STEP(ROWS, BLK, S, ACC)                                                \
+    do {                                                                                   \
+        __m128i raw = _mm_loadu_si128((const __m128i *)(w->q + (BLK) * 16));               \
+        if (!((BLK) & 3)) /* once per cache line of codes */                               \
+            _mm_prefetch((const char *)(w->q + (BLK) * 16 + KH_PREFETCH), _MM_HINT_T0);    \
+        __m256i codes = _mm256_and_si256(_mm256_inserti128_si256(                          \
+            _mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), mask);                \
+        for (r = 0; r < ROWS; r++) {                                                       \
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(x->q + r * w->k + (BLK) * 32)); \
+            __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xq), ones);        \
+            ACC[r] = _mm256_fmadd_ps(_mm256_set1_ps((S) * x->d[r * nb + (BLK)]),           \
+                                     _mm256_cvtepi32_ps(dot), ACC[r]);                     \
+        }                                                                                  \
+    } while (0)
+
+/* ROWS is a constant in each instance, so the row loops unroll and the accumulators live
+ * in registers; up to 4 rows, a second accumulator set breaks the FMA chain. */
+#define KH_Q8_ROW_KERNEL(ROWS)                                                             \
+    static KH_TARGET void q8_avx2_##ROWS(const KhRow *w, const KhQ8 *x, float *y,          \
+                                         int64_t y_stride)                                 \
+    {                                                                                      \
+        const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);          \
+        int64_t groups = w->k / w->group, nb = w->k / 32, per_group = w->group / 32;       \
+        int64_t g, b;                                                                      \
+        __m256 acc0[ROWS], acc1[ROWS];                                                     \
+        int r;                                                                             \
+        for (r = 0; r < ROWS; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();                \
+        for (g = 0; g < groups; g++) {                                                     \
+            float s = _cvtsh_ss(w->scales[g]);                                             \
+            int64_t end = (g + 1) * per_group;                                             \
+            for (b = g * per_group; b + 1 < end; b += 2) {                                 \
+                KH_Q8_BLOCK_STEP(ROWS, b, s, acc0);                                        \
+                if (ROWS <= 4) KH_Q8_BLOCK_STEP(ROWS, b + 1, s, acc1);                     \
+                else KH_Q8_BLOCK_STEP(ROWS, b + 1, s, acc0);                               \
+            }                                                                              \
+            if (b < end) {                                                                 \
+                if (ROWS <= 4 && (g & 1)) KH_Q8_BLOCK_STEP(ROWS, b, s, acc1);              \
+                else KH_Q8_BLOCK_STEP(ROWS, b, s, acc0);                                   \
+            }                                                                              \
+        }                                                                                  \
+        for (r = 0; r < ROWS; r++) {                                                       \
+            const float *gs = x->gsum + r * groups; /* symmetric: min = -8 s */            \
+            float mins = w->mins ? halves_dot(w->mins, gs, groups)                         \
+                                 : KH_SYMMETRIC_MIN(halves_dot(w->scales, gs, groups));    \
+            y[r * y_stride] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + mins;             \
+        }                                                                                  \
+    }
+
+KH_Q8_ROW_KERNEL(1)
+KH_Q8_ROW_KERNEL(2)
+KH_Q8_ROW_KERNEL(3)
+KH_Q8_ROW_KERNEL(4)
+KH_Q8_ROW_KERNEL(5)
+KH_Q8_ROW_KERNEL(6)
+KH_Q8_ROW_KERNEL(7)
+KH_Q8_ROW_KERNEL(8)
+
+typedef void (*RowQ8)(const KhRow *, const KhQ8 *, float *, int64_t);
+static const RowQ8 by_rows[KH_MAX_ROWS + 1] = {
+    0, q8_avx2_1, q8_avx2_2, q8_avx2_3, q8_avx2_4, q8_avx2_5, q8_avx2_6, q8_avx2_7, q8_avx2_8};
+
+void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride)
+{
+    by_rows[rows](w, x, y, y_stride);
+}
+
+#else
+typedef int kh_no_x86_simd; /* ISO C forbids an empty translation unit */
+#endif

@@ -1,0 +1,28 @@
+"""w4a8_gemv on CPU through the C helper: x quantized to int8 per 32-block, integer dots.
+
+Same calling convention and weight handle as w4a16_gemv's cpu_c (one pass over W for up to
+helper.MAX_ROWS rows of x); the SIMD kernel follows helper.gemv_simd's cap
+(helper.w4a8_simd() says which runs).
+"""
+import torch
+
+from engined import helper
+from engined.ops import int4_format, registry
+from engined.ops.w4a16_gemv.cpu_c import c_weight, num_threads
+from engined.ops.w4a8_gemv.reference import check_group
+
+
+@registry.register("w4a8_gemv", "cpu_c", devices=("cpu",),
+                   description="C helper: int8 x per 32-block, maddubs integer dots (AVX2)")
+def w4a8_gemv(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """x: [M, K] -> [M, N] fp32, written into `out` when given (contiguous fp32 [M, N])."""
+    check_group(w)
+    cw = c_weight(w)
+    try:
+        return helper.gemv_w4a8(cw, x, out, num_threads())
+    except ValueError as exc:
+        raise registry.KernelError(f"w4a8_gemv: {exc}") from None
+
+
+registry.set_default("w4a8_gemv", "cpu", "cpu_c")
