@@ -5,9 +5,10 @@ unless `--enforce-eager`, `capture()` records the step once per bucket (1, 2, 4,
 up to the first bucket that holds `--max-batch`) in a CUDA graph, after a warm-up (kernel
 compilation, MLA's absorbed weights); a batch then runs padded up to its bucket by one
 replay, every per-step value living in the bucket's static device tensors (the model's
-`GraphStep`: token ids, positions, state slots, block tables; a padded row reads and writes
-only scratch). A model without a capturable step (`graph_step` returns None) and a bucket
-whose capture fails run eagerly; failures are logged and counted, never fatal.
+graph step: token ids, positions, state slots, block tables; a padded row reads and writes
+only scratch: models/kimi_graph_step.py). A model without a capturable step (`graph_step`
+returns None: Llama, which serves the CPU) and a bucket whose capture fails run eagerly;
+failures are logged and counted, never fatal.
 The anchor is nano-vllm's ModelRunner.capture_cudagraph.
 """
 import time

@@ -75,3 +75,60 @@ def test_paged_mla_decode_at_kimi_shapes(dtype):
                                                             for a in args), out=out)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.cpu(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 16])
+def test_moe_grouped_at_kimi_shapes(tokens):
+    """256 experts of w1/w3 [1024, 2304] and w2 [2304, 1024], 8 picks per token (symmetric)."""
+    gen = torch.Generator().manual_seed(tokens)
+    banks = [PackedInt4Experts(group_size=32, **random_int4(gen, n, k, 32, lead=(256,), symmetric=True))
+             for n, k in ((1024, 2304), (1024, 2304), (2304, 1024))]
+    ids = torch.stack([torch.randperm(256, generator=gen)[:8] for _ in range(tokens)])
+    ids[1:, 0] = ids[0, 0]                                  # one expert shared by every token
+    x, weights = torch.randn(tokens, 2304, generator=gen), torch.rand(tokens, 8, generator=gen)
+    want = registry.variants("moe_grouped")["reference"].fn(x, *banks, ids, weights)
+    on_gpu = [PackedInt4Experts(b.qweight.cuda(), b.scales.cuda(), None, 32) for b in banks]
+    out = torch.full((tokens, 2304), float("nan"), device="cuda")
+    got = registry.resolve("moe_grouped", "cuda").fn(x.cuda(), *on_gpu, ids.cuda(), weights.cuda(), out=out)
+    torch.testing.assert_close(got.cpu(), want, atol=2e-5 * 3328 * 8, rtol=2e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_kda_step_at_kimi_shapes(rows):
+    """32 heads of K = V = 128, states in slots of a 20-slot pool, updated in place."""
+    gen = torch.Generator().manual_seed(rows)
+    q, k = (torch.nn.functional.normalize(torch.randn(rows, 32, 128, generator=gen), dim=-1) for _ in range(2))
+    g, v = -torch.rand(rows, 32, 128, generator=gen), torch.randn(rows, 32, 128, generator=gen)
+    beta, states = torch.rand(rows, 32, generator=gen), torch.randn(20, 32, 128, 128, generator=gen) * 0.1
+    slots = torch.randperm(20, generator=gen)[:rows]
+    want_states = states.clone()
+    want = registry.variants("kda_step")["reference"].fn(q, k, v, g, beta, want_states, slots, 128 ** -0.5)
+    got_states = states.cuda()
+    got = registry.resolve("kda_step", "cuda").fn(q.cuda(), k.cuda(), v.cuda(), g.cuda(), beta.cuda(),
+                                                  got_states, slots.cuda(), 128 ** -0.5)
+    torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got_states.cpu(), want_states, atol=1e-4, rtol=1e-4)
+
+
+def test_the_served_decode_step_captures_and_replays_in_a_cuda_graph():
+    """The engine's runner on a tiny synthetic Kimi-Linear: every bucket captures, and replayed
+    buckets give the eager tokens."""
+    from engined.commands import bench as synthetic_bench
+    from engined.engine.runner import Runner
+    model = synthetic_bench.build("tiny", "cuda", int4=True)
+    lines = []
+    with torch.inference_mode():
+        runner = Runner(model, None, lines.append, max_batch=4, max_context=256)
+        runner.capture()
+        assert sorted(runner.graphs) == [1, 2, 4], lines
+        prompts = [[3, 5, 7], [11, 2], [9, 9, 9, 4]]
+        graphed, eager = ([model.new_cache(32) for _ in prompts] for _ in range(2))
+        tokens = [int(model.forward(torch.tensor(p, device="cuda"), c, 0).argmax()) for p, c in zip(prompts, graphed)]
+        for p, c in zip(prompts, eager):
+            model.forward(torch.tensor(p, device="cuda"), c, 0)
+        positions = [len(p) for p in prompts]
+        for _ in range(4):
+            got = runner.decode(tokens, graphed, positions).argmax(-1).tolist()
+            want = model.decode_batch(torch.tensor(tokens, device="cuda"), eager, positions).argmax(-1).tolist()
+            assert got == want
+            tokens, positions = got, [p + 1 for p in positions]
