@@ -15,30 +15,37 @@
 #include "kimi_simd.h"
 
 #include <float.h>
-#include <math.h>
+#include <string.h>
 
-/* One x row block -> its de-interleaved int8 codes; returns d and stores sum(xq). */
+/* One x row block -> its de-interleaved int8 codes; returns d and stores sum(xq). The
+ * loops are plain so that the compiler vectorizes them (SSE2 at the baseline). */
 static float quantize_block(const float *src, int8_t *dst, int32_t *sum)
 {
-    float amax = 0.0f, d, inv;
-    int32_t total = 0;
+    float amax, d, inv;
+    int32_t bits[KH_Q8_BLOCK], q[KH_Q8_BLOCK], top = 0, total = 0;
     int j;
+    /* max |x| on the bits: without the sign, floats order as their bits (a NaN above all) */
+    memcpy(bits, src, sizeof bits);
     for (j = 0; j < KH_Q8_BLOCK; j++) {
-        float a = fabsf(src[j]);
-        amax = a > amax ? a : amax;
+        int32_t a = bits[j] & 0x7fffffff;
+        top = a > top ? a : top;
     }
+    memcpy(&amax, &top, sizeof amax);
     d = amax / 127.0f;
     if (!(d >= FLT_MIN)) d = 0.0f; /* also NaN */
     inv = d > 0.0f ? 1.0f / d : 0.0f;
     for (j = 0; j < KH_Q8_BLOCK; j++) {
-        float v = src[j] * inv, frac;
+        float v = src[j] * inv;
         int32_t t = (int32_t)v; /* truncation; v - t is exact, so the tie test is too */
-        frac = v - (float)t;
+        float frac = v - (float)t;
         t += (frac >= 0.5f) - (frac <= -0.5f);
-        t = t > 127 ? 127 : (t < -127 ? -127 : t);
-        dst[(j & 1) * (KH_Q8_BLOCK / 2) + j / 2] = (int8_t)t;
-        total += t;
+        q[j] = t > 127 ? 127 : (t < -127 ? -127 : t);
     }
+    for (j = 0; j < KH_Q8_BLOCK / 2; j++) {
+        dst[j] = (int8_t)q[2 * j];
+        dst[KH_Q8_BLOCK / 2 + j] = (int8_t)q[2 * j + 1];
+    }
+    for (j = 0; j < KH_Q8_BLOCK; j++) total += q[j];
     *sum = total;
     return d;
 }

@@ -33,46 +33,64 @@ static KH_TARGET float halves_dot(const uint16_t *h, const float *gsum, int64_t 
     return hsum256(acc) + tail;
 }
 
-/* acc[r] += (s * d_rb) * dot(codes of block BLK, x row r block BLK) for every row r. */
-#define KH_Q8_BLOCK_STEP(ROWS, BLK, S, ACC)                                                \
+/* The scale s_g of each of the `count` (<= 8) blocks from b0 on, as floats. */
+static KH_TARGET void block_scales(const KhRow *w, int64_t b0, int count, float *out)
+{
+    int64_t per_group = w->group / 32;
+    int j;
+    if (per_group == 1 && count == 8) {
+        _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->scales + b0))));
+        return;
+    }
+    for (j = 0; j < count; j++) out[j] = _cvtsh_ss(w->scales[(b0 + j) / per_group]);
+}
+
+/* acc[r] += sd[r][J] * dot(codes of block BLK, x row r block BLK) for every row r. */
+#define KH_Q8_STEP(ROWS, BLK, J, ACC)                                                      \
     do {                                                                                   \
         __m128i raw = _mm_loadu_si128((const __m128i *)(w->q + (BLK) * 16));               \
-        if (!((BLK) & 3)) /* once per cache line of codes */                               \
-            _mm_prefetch((const char *)(w->q + (BLK) * 16 + KH_PREFETCH), _MM_HINT_T0);    \
         __m256i codes = _mm256_and_si256(_mm256_inserti128_si256(                          \
             _mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), mask);                \
         for (r = 0; r < ROWS; r++) {                                                       \
             __m256i xq = _mm256_loadu_si256((const __m256i *)(x->q + r * w->k + (BLK) * 32)); \
             __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xq), ones);        \
-            ACC[r] = _mm256_fmadd_ps(_mm256_set1_ps((S) * x->d[r * nb + (BLK)]),           \
+            ACC[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sd[r][J]),                       \
                                      _mm256_cvtepi32_ps(dot), ACC[r]);                     \
         }                                                                                  \
     } while (0)
 
 /* ROWS is a constant in each instance, so the row loops unroll and the accumulators live
- * in registers; up to 4 rows, a second accumulator set breaks the FMA chain. */
+ * in registers; up to 4 rows, a second accumulator set breaks the FMA chain. Blocks go
+ * 8 at a time: their s_g * d_rb products are formed in one vector multiply per row. */
 #define KH_Q8_ROW_KERNEL(ROWS)                                                             \
     static KH_TARGET void q8_avx2_##ROWS(const KhRow *w, const KhQ8 *x, float *y,          \
                                          int64_t y_stride)                                 \
     {                                                                                      \
         const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);          \
-        int64_t groups = w->k / w->group, nb = w->k / 32, per_group = w->group / 32;       \
-        int64_t g, b;                                                                      \
+        int64_t groups = w->k / w->group, nb = w->k / 32, b0;                              \
         __m256 acc0[ROWS], acc1[ROWS];                                                     \
-        int r;                                                                             \
+        float sblk[8], sd[ROWS][8];                                                        \
+        int r, j;                                                                          \
         for (r = 0; r < ROWS; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();                \
-        for (g = 0; g < groups; g++) {                                                     \
-            float s = _cvtsh_ss(w->scales[g]);                                             \
-            int64_t end = (g + 1) * per_group;                                             \
-            for (b = g * per_group; b + 1 < end; b += 2) {                                 \
-                KH_Q8_BLOCK_STEP(ROWS, b, s, acc0);                                        \
-                if (ROWS <= 4) KH_Q8_BLOCK_STEP(ROWS, b + 1, s, acc1);                     \
-                else KH_Q8_BLOCK_STEP(ROWS, b + 1, s, acc0);                               \
+        for (b0 = 0; b0 < nb; b0 += 8) {                                                   \
+            int count = nb - b0 < 8 ? (int)(nb - b0) : 8;                                  \
+            _mm_prefetch((const char *)(w->q + b0 * 16 + KH_PREFETCH), _MM_HINT_T0);       \
+            _mm_prefetch((const char *)(w->q + b0 * 16 + 64 + KH_PREFETCH), _MM_HINT_T0);  \
+            block_scales(w, b0, count, sblk);                                              \
+            for (r = 0; r < ROWS; r++) {                                                   \
+                const float *d = x->d + r * nb + b0;                                       \
+                if (count == 8)                                                            \
+                    _mm256_storeu_ps(sd[r], _mm256_mul_ps(_mm256_loadu_ps(sblk),           \
+                                                          _mm256_loadu_ps(d)));            \
+                else                                                                       \
+                    for (j = 0; j < count; j++) sd[r][j] = sblk[j] * d[j];                 \
             }                                                                              \
-            if (b < end) {                                                                 \
-                if (ROWS <= 4 && (g & 1)) KH_Q8_BLOCK_STEP(ROWS, b, s, acc1);              \
-                else KH_Q8_BLOCK_STEP(ROWS, b, s, acc0);                                   \
+            for (j = 0; j + 1 < count; j += 2) {                                           \
+                KH_Q8_STEP(ROWS, b0 + j, j, acc0);                                         \
+                if (ROWS <= 4) KH_Q8_STEP(ROWS, b0 + j + 1, j + 1, acc1);                  \
+                else KH_Q8_STEP(ROWS, b0 + j + 1, j + 1, acc0);                            \
             }                                                                              \
+            if (j < count) KH_Q8_STEP(ROWS, b0 + j, j, acc0);                              \
         }                                                                                  \
         for (r = 0; r < ROWS; r++) {                                                       \
             const float *gs = x->gsum + r * groups; /* symmetric: min = -8 s */            \
