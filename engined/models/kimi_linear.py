@@ -3,6 +3,7 @@ This module only wires layers (engined/layers/{kda,mla,moe,mlp,rmsnorm,linear}.p
 names live in engined/weights/kimi_checkpoint.py's table. Activations run in `dtype`; the KDA state,
 router, softmax and norms compute in fp32.
 """
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -17,6 +18,7 @@ from engined.models.kimi_cache import KimiCache, StatePool
 from engined.models.latent_pool import LatentPool, num_blocks_for
 from engined.models.kimi_linear_config import KimiLinearConfig
 from engined.models.protocol import check_span
+from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 
 
 def weight_tensors(obj) -> list[torch.Tensor]:
@@ -154,7 +156,8 @@ class KimiLinearModel:
         tables = [c.blocks + c.blocks[:1] * (width - len(c.blocks)) for c in caches]
         as_rows = (torch.tensor(x, dtype=torch.int64, device=self.device)
                    for x in ([c.slot for c in caches], tables, positions))
-        logits = self.decode_rows(tokens.to(self.device), DecodeRows(*as_rows))
+        with torch_single_threaded() if self.device.type == "cpu" else contextlib.nullcontext():
+            logits = self.decode_rows(tokens.to(self.device), DecodeRows(*as_rows))
         for cache, pos in zip(caches, positions):
             cache.num_tokens = pos + 1
         return logits
