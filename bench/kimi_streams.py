@@ -65,10 +65,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--model", default="synthetic:small")
+    parser.add_argument("--threads", type=int, default=2, help="the engine's --threads (default 2)")
     parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args()
     prompts = [f"Stream {i}: the quick brown fox number {i} jumps." for i in range(max(STREAMS))]
-    daemon = Daemon("--model", args.model, "--max-context", "2048", "--max-batch", "8")
+    daemon = Daemon("--model", args.model, "--max-context", "2048", "--max-batch", "8",
+                    "--threads", str(args.threads))
     try:
         alone = {}
         for i, p in enumerate(prompts):
@@ -94,7 +96,8 @@ def main() -> int:
         write_json("kimi_streams", {"hardware": hardware(), "model": args.model, "rates": rates,
                                     "mismatches": mismatches, "load": load})
         append_results(f"Concurrent Kimi-Linear streams, {args.model}, CPU",
-                       f"python bench/kimi_streams.py --model {args.model} --runs {args.runs}", lines)
+                       f"python bench/kimi_streams.py --model {args.model} --runs {args.runs} "
+                       f"--threads {args.threads}", lines)
     return 0
 
 
