@@ -126,6 +126,11 @@ class Linear:
             return self._gemv(x, self.packed).to(x.dtype)
         return F.linear(x, self.dense_weight(x.dtype))
 
+    def select_gemv(self, op: str = "w4a16_gemv"):
+        """Run decode rows through `op`, an op with w4a16_gemv's signature (e.g. w4a8_gemv);
+        resolved now, on this linear's device (bench/quality.py compares the two)."""
+        self._gemv = registry.resolve(op, self.device.type).fn
+
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
         if not self.is_int4:

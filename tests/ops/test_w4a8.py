@@ -113,3 +113,15 @@ def test_groups_not_a_multiple_of_32_are_refused():
             registry.variants("w4a8_gemv")[variant].fn(torch.randn(1, 64), w)
     with pytest.raises(ValueError, match="multiple of 32"):
         helper.gemv_w4a8(helper.int4_weight(w.qweight, w.scales, w.mins, 16), torch.randn(1, 64))
+
+
+def test_a_linear_runs_w4a8_only_when_selected():
+    """Llama's decode path stays W4A16 unless a linear is switched (bench/quality.py does)."""
+    from engined.layers.linear import Linear
+    w = PackedInt4(group_size=32, **random_int4(torch.Generator().manual_seed(4), 40, 96, 32))
+    lin, x = Linear.from_packed(w), torch.randn(3, 96)
+    assert torch.equal(lin(x), registry.variants("w4a16_gemv")["cpu_c"].fn(x, w))
+    lin.select_gemv("w4a8_gemv")
+    assert torch.equal(lin(x), cpu_c.w4a8_gemv(x, w))
+    lin.select_gemv()
+    assert torch.equal(lin(x), registry.variants("w4a16_gemv")["cpu_c"].fn(x, w))

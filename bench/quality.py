@@ -1,0 +1,105 @@
+"""W4A8 quality gate on the default Llama model: perplexity and teacher-forced top-1 agreement
+against W4A16 on a frozen English text (bench/quality_text.txt: README.md and the stripped
+kimi-engine(8) page as of issue 16; its sha256 is checked, so numbers stay comparable).
+
+The text runs teacher-forced in chunks of helper.MAX_ROWS tokens, so every INT4 linear takes
+its decode path (the GEMV op), once with w4a16_gemv and once with w4a8_gemv; the LM head
+stays fp16 in both. The gate (issue 16): W4A8's perplexity within 1% of W4A16's and top-1
+agreement >= 95%. Exit status 0 when it holds, 1 when not.
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/quality.py [--threads 2] [--max-tokens N]
+"""
+import argparse
+import hashlib
+import math
+import pathlib
+import sys
+import time
+
+import torch
+
+from engined import helper
+from engined.layers.linear import Linear
+from engined.ops.w4a16_gemv import cpu_c
+from engined.weights import loader
+
+TEXT = pathlib.Path(__file__).resolve().parent / "quality_text.txt"
+TEXT_SHA256 = "c8884636b90fdc4254e704bfd87ccaccefb364857ae4750a3487466a7e01bd2d"
+OPS = ("w4a16_gemv", "w4a8_gemv")
+
+
+def frozen_text() -> str:
+    data = TEXT.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != TEXT_SHA256:
+        sys.exit(f"{TEXT} changed (sha256 {digest}); the gate's numbers need the frozen text")
+    return data.decode()
+
+
+def linears(obj, seen=None) -> list[Linear]:
+    """Every Linear reachable through attributes and lists of the model (each once)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, (torch.Tensor, str, int, float, type(None))):
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, Linear):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        children = obj
+    elif isinstance(obj, dict):
+        children = obj.values()
+    elif hasattr(obj, "__dict__"):
+        children = vars(obj).values()
+    else:
+        return []
+    return [lin for child in children for lin in linears(child, seen)]
+
+
+def teacher_forced_logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    """tokens: [T] -> logits [T, V] fp32, MAX_ROWS tokens per forward call."""
+    cache = model.new_cache(len(tokens))
+    chunks = [model.forward(tokens[i:i + helper.MAX_ROWS], cache, i, last_only=False).float()
+              for i in range(0, len(tokens), helper.MAX_ROWS)]
+    return torch.cat(chunks)
+
+
+def perplexity(logits: torch.Tensor, tokens: torch.Tensor) -> float:
+    nll = torch.nn.functional.cross_entropy(logits[:-1].double(), tokens[1:])
+    return math.exp(float(nll))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=0, help="0: the whole text")
+    args = parser.parse_args()
+    loaded = loader.load_model("default", threads=args.threads, progress=False)
+    cpu_c.set_num_threads(args.threads)
+    tokens = torch.tensor(loaded.tokenizer.encode(frozen_text(), add_bos=True))
+    tokens = tokens[:min(args.max_tokens or len(tokens), loaded.context_length)]
+    layers = linears(loaded.model)
+    print(f"{loaded.model_id}: {len(tokens)} tokens, {len(layers)} INT4 linears, "
+          f"w4a8 kernel {helper.SIMD_LEVELS[helper.w4a8_simd()]}, {args.threads} threads")
+    logits = {}
+    for op in OPS:
+        for lin in layers:
+            lin.select_gemv(op)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            logits[op] = teacher_forced_logits(loaded.model, tokens)
+        print(f"{op}: perplexity {perplexity(logits[op], tokens):.4f} "
+              f"({time.perf_counter() - start:.1f} s)", flush=True)
+    for lin in layers:
+        lin.select_gemv("w4a16_gemv")
+    ppl16, ppl8 = (perplexity(logits[op], tokens) for op in OPS)
+    agree = float((logits[OPS[0]].argmax(-1) == logits[OPS[1]].argmax(-1)).double().mean())
+    change = ppl8 / ppl16 - 1
+    holds = abs(change) <= 0.01 and agree >= 0.95
+    print(f"perplexity W4A16 {ppl16:.4f}, W4A8 {ppl8:.4f} ({100 * change:+.2f}%); "
+          f"top-1 agreement {100 * agree:.2f}% -> gate {'holds' if holds else 'fails'} "
+          f"(|change| <= 1%, agreement >= 95%)")
+    sys.exit(0 if holds else 1)
+
+
+if __name__ == "__main__":
+    main()
