@@ -1,4 +1,5 @@
 """GEMV benchmark: GB/s of every CPU variant of the INT4 ops at decode shapes (M = 1),
+W4A8 (w4a8_gemv: x in int8, the same packed bytes) included,
 beside two baselines measured in the same run:
 
 - a read-bandwidth probe: the C helper's read_probe (the kernels' own threads, median of 7
@@ -112,12 +113,14 @@ def bench_dense(label, n, k, args) -> list[dict]:
     weights = [int4_format.PackedInt4(group_size=GROUP, **random_packed(n, k)) for _ in range(copies)]
     x = torch.randn(1, k, device=DEVICE)
     rows = []
-    for name, variant in sorted(registry.variants("w4a16_gemv").items()):
-        if DEVICE not in variant.devices or (name == registry.REFERENCE and not args.reference):
-            continue
-        cold = seconds_per_call(variant.fn, [(x, w) for w in weights], args.min_time)
-        hot = seconds_per_call(variant.fn, [(x, weights[0])], args.min_time)
-        rows.append(row(label, "w4a16_gemv", name, n, k, packed_bytes(n, k), cold, hot, probe))
+    for op in ("w4a16_gemv", "w4a8_gemv"):  # W4A8: x rounded to int8 per 32-block first
+        for name, variant in sorted(registry.variants(op).items()):
+            if DEVICE not in variant.devices or (name == registry.REFERENCE and not args.reference):
+                continue
+            cold = seconds_per_call(variant.fn, [(x, w) for w in weights], args.min_time)
+            hot = seconds_per_call(variant.fn, [(x, weights[0])], args.min_time)
+            shown = name if op == "w4a16_gemv" else f"w4a8 {name}"
+            rows.append(row(label, op, shown, n, k, packed_bytes(n, k), cold, hot, probe))
     dense = [int4_format.dequantize(w) for w in weights[:copies_for(4 * n * k, args.working_set)]]
     del weights  # keep one working set in memory at a time
     cold = seconds_per_call(lambda a, b: a @ b.t(), [(x, w) for w in dense], args.min_time)
