@@ -10,11 +10,19 @@ the peak number of concurrent sequences (each reserved against the memory cap as
 while it lives); freed slots stay allocated for the next sequence.
 """
 import weakref
+from typing import NamedTuple
 
 import torch
 
 from engined.layers.kda import KDAState
 from engined.models.latent_pool import LatentPool, num_blocks_for, rows_of
+
+
+class DecodeRows(NamedTuple):
+    """One decode step's rows as device tensors: all a captured CUDA graph needs per step."""
+    slots: torch.Tensor          # [B] int64 KDA state slots
+    block_tables: torch.Tensor   # [B, MB] int64 latent blocks (a row's first block pads it)
+    positions: torch.Tensor      # [B] int64
 
 
 class StatePool:

@@ -9,7 +9,7 @@ run eagerly. The pools are reserved before the first capture and must not move a
 """
 import torch
 
-from engined.models.kimi_linear import DecodeRows
+from engined.models.kimi_cache import DecodeRows
 
 
 class PoolsMoved(RuntimeError):

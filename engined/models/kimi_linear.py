@@ -4,7 +4,6 @@ names live in engined/weights/kimi_checkpoint.py's table. Activations run in `dt
 router, softmax and norms compute in fp32.
 """
 import contextlib
-from typing import NamedTuple
 
 import torch
 
@@ -14,7 +13,8 @@ from engined.layers.mla import MLA
 from engined.layers.mlp import SwiGLU
 from engined.layers.moe import MoE, scope
 from engined.layers.rmsnorm import RMSNorm
-from engined.models.kimi_cache import KimiCache, StatePool
+from engined.models.kimi_cache import DecodeRows, KimiCache, StatePool
+from engined.models.kimi_graph_step import KimiGraphStep
 from engined.models.latent_pool import LatentPool, num_blocks_for
 from engined.models.kimi_linear_config import KimiLinearConfig
 from engined.models.protocol import check_span
@@ -71,7 +71,7 @@ class DecoderLayer:
         return h + self.ffn(self.post_attention_layernorm(h))
 
     def decode_batch(self, h: torch.Tensor, i: int, pools: tuple[StatePool, LatentPool],
-                     rows: "DecodeRows") -> torch.Tensor:
+                     rows: DecodeRows) -> torch.Tensor:
         # h: [B, D], row b one token at rows.positions[b] of the sequence on slot rows.slots[b]
         a = self.input_layernorm(h)
         states, latents = pools
@@ -81,13 +81,6 @@ class DecoderLayer:
             h = h + self.self_attn.decode_batch(a, states.conv[i], states.S[i], rows.slots)
         f = self.post_attention_layernorm(h)
         return h + self.ffn(f)                   # MoE: one moe_grouped call for the B rows
-
-
-class DecodeRows(NamedTuple):
-    """One decode step's rows as device tensors: all a captured CUDA graph needs per step."""
-    slots: torch.Tensor          # [B] int64 KDA state slots
-    block_tables: torch.Tensor   # [B, MB] int64 latent blocks (a row's first block pads it)
-    positions: torch.Tensor      # [B] int64
 
 
 class KimiLinearModel:
@@ -179,7 +172,6 @@ class KimiLinearModel:
         """The decode step of `rows` rows for a CUDA graph (models/kimi_graph_step.py), the
         pools reserved first: a state slot per row plus scratch, and the blocks of max_context
         tokens (the scheduler's budget across sequences) plus a rounding block per row."""
-        from engined.models.kimi_graph_step import KimiGraphStep
         max_blocks = num_blocks_for(max_context)
         self.state_pool.reserve(self.state_pool.num_used + rows + 1)
         self.latent_pool.reserve(self.latent_pool.num_used + max_blocks + rows + 1)
