@@ -308,7 +308,7 @@ typedef struct {
     const float *x;
     const uint16_t *w;
     int64_t rows, n, k, per_chunk;
-    int use_avx512;
+    int level; /* gemv_simd(-1): 2 AVX-512, 1 AVX2, 0 portable */
     float *out;
 } F16Job;
 
@@ -318,10 +318,14 @@ static void f16_chunk(void *ctx, int64_t chunk)
     int64_t i = chunk * job->per_chunk, end = i + job->per_chunk, k = job->k;
     if (end > job->n) end = job->n;
 #if KH_HAVE_X86_SIMD
-    if (job->use_avx512) {
+    if (job->level == 2) {
         for (; i + 1 < end; i += 2)
             kh_f16_rows_avx512(job->w + i * k, job->w + (i + 1) * k, k, job->x, job->rows,
                                job->out + i, job->out + i + 1, job->n);
+    } else if (job->level == 1) {
+        for (; i + 1 < end; i += 2)
+            kh_f16_rows_avx2(job->w + i * k, job->w + (i + 1) * k, k, job->x, job->rows,
+                             job->out + i, job->out + i + 1, job->n);
     }
 #endif
     for (; i < end; i++) f16_row_c(job->w + i * k, k, job->x, job->rows, job->out + i, job->n);
@@ -339,12 +343,12 @@ int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t
     job.n = n;
     job.k = k;
     job.out = out;
-    job.use_avx512 = gemv_simd(-1) == 2;
+    job.level = gemv_simd(-1);
     if (n * k < KH_SERIAL_BELOW) nthreads = 1;
     per_thread = (n + nthreads - 1) / nthreads;
     job.per_chunk = nthreads == 1 ? n : (per_thread + 7) / 8;
     if (job.per_chunk < 8) job.per_chunk = 8;
-    job.per_chunk += job.per_chunk % 2; /* pairs of weight rows for the AVX-512 kernel */
+    job.per_chunk += job.per_chunk % 2; /* pairs of weight rows for the SIMD kernels */
     kh_parallel(f16_chunk, &job, (n + job.per_chunk - 1) / job.per_chunk, nthreads,
                 n * k >= KH_WAKE_WORTH);
     return KH_OK;

@@ -71,6 +71,9 @@ void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
                         int64_t rows, float *y, int64_t y_stride);
 /* y[r * y_stride] = W4A8 dot(w, x row r) for r < rows (1..KH_MAX_ROWS), group % 32 == 0. */
 void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride);
+/* y[r * y_stride] = dot(w row, x row r) for two fp16 weight rows w0, w1 (y1 for w1). */
+void kh_f16_rows_avx2(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x,
+                      int64_t rows, float *y0, float *y1, int64_t y_stride);
 int kh_cpu_has_avx512(void);
 /* y[r * y_stride] = dot(w row, x row r) for two fp16 weight rows w0, w1 (y1 for w1). */
 void kh_f16_rows_avx512(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x,
