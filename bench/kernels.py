@@ -147,6 +147,41 @@ def bench_routed(label, n, k, args) -> list[dict]:
     return rows
 
 
+MOE_EXPERTS, MOE_TOP_K, MOE_D, MOE_I = 256, 8, 2304, 1024
+
+
+def bench_moe_layer(args) -> list[dict]:
+    """One Kimi-Linear MoE layer's routed experts at real shapes (256 experts of w1/w3 [1024,
+    2304] and w2 [2304, 1024], symmetric INT4, top-8) through moe_grouped: B = 1 (8 experts,
+    ~32 MB read, random picks per call so nothing stays cached) and a 256-token prefill
+    chunk (every expert read once for all the rows that chose it). GB/s counts the bytes of
+    the experts the call chose; tok/s is tokens per second through this one layer."""
+    probe = probe_bandwidth(args.working_set, args.min_time)
+    gen = torch.Generator().manual_seed(3)
+    symmetric = lambda n, k: {**random_packed(n, k, lead=(MOE_EXPERTS,)), "mins": None}  # noqa: E731
+    banks = [PackedInt4Experts(group_size=GROUP, **symmetric(n, k))
+             for n, k in ((MOE_I, MOE_D), (MOE_I, MOE_D), (MOE_D, MOE_I))]
+    expert_bytes = 3 * MOE_I * MOE_D * 9 // 16            # codes + one fp16 scale per 32
+    rows = []
+    for tokens in (1, 256):
+        calls = []
+        for _ in range(8):
+            picks = torch.stack([torch.randperm(MOE_EXPERTS, generator=gen)[:MOE_TOP_K]
+                                 for _ in range(tokens)]).to(DEVICE)
+            calls.append((torch.randn(tokens, MOE_D, device=DEVICE), *banks, picks,
+                          torch.rand(tokens, MOE_TOP_K, device=DEVICE)))
+        chosen = statistics.mean(len(torch.unique(c[4])) for c in calls) * expert_bytes
+        for name, variant in sorted(registry.variants("moe_grouped").items()):
+            if DEVICE not in variant.devices or name == registry.REFERENCE:
+                continue
+            secs = seconds_per_call(variant.fn, calls, args.min_time)
+            r = row(f"Kimi MoE layer, T={tokens}, top-8 of 256", "moe_grouped", name, MOE_D,
+                    MOE_I, int(chosen), secs, secs, probe)
+            r["tok_s"] = tokens / secs
+            rows.append(r)
+    return rows
+
+
 def row(label, op, variant, n, k, nbytes, cold, hot, probe) -> dict:
     gbs = nbytes / cold / 1e9
     return dict(shape=label, op=op, variant=variant, n=n, k=k, bytes=nbytes, us_cold=cold * 1e6,
@@ -183,6 +218,7 @@ def main():
     cpu_c.set_num_threads(args.threads)
     rows = [r for label, n, k in DENSE for r in bench_dense(label, n, k, args)]
     rows += [r for label, n, k in ROUTED for r in bench_routed(label, n, k, args)]
+    rows += bench_moe_layer(args)
     lines = table(rows)
     print("\n".join(lines))
     if args.no_record:
@@ -192,8 +228,11 @@ def main():
     path = write_json(f"gemv-{DEVICE}", dict(hardware=where, command=command, device=DEVICE,
                                               threads=args.threads,
                                               rows=rows))
-    notes = ["", f"Probe: torch sum over {args.working_set_mib} MiB, measured before each shape; "
-             f"load: 1-minute load average (other jobs share this host)."]
+    notes = ["", f"Probe: the C helper's read_probe over {args.working_set_mib} MiB (median of "
+             f"{PROBE_PASSES} passes) before each shape (torch sum on CUDA); load: 1-minute load "
+             f"average (other jobs share this host). MoE layer rows: tok/s through one layer = "
+             + ", ".join(f"{r['tok_s']:.0f} (T={r['shape'].split('T=')[1].split(',')[0]})"
+                         for r in rows if "tok_s" in r) + "."]
     if DEVICE == "cpu":
         notes.append("GPU: not run (no GPU in this session); on a GPU machine: "
                      "`python bench/kernels.py --device cuda`.")
