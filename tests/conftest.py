@@ -30,6 +30,16 @@ def kimi_cache(tmp_path, monkeypatch) -> pathlib.Path:
     return cache
 
 
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory):
+    """A tiny real-format Kimi-Linear checkpoint, written and loaded once per test module
+    (tests change its state and latent pools, so modules do not share one)."""
+    from engined.weights.kimi_checkpoint import load_kimi_linear
+    from tests.support import kimi_tiny
+    return load_kimi_linear(kimi_tiny.write_tiny_checkpoint(tmp_path_factory.mktemp("kimi") / "t"),
+                            progress=False).model
+
+
 _DESELECTED: dict[str, int] = {}
 
 

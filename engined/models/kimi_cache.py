@@ -105,7 +105,6 @@ class KimiCache:
         self.slot = pool.allocate()
         self.blocks = latent_pool.allocate(num_blocks_for(max_tokens))
         self.block_table = torch.tensor(self.blocks, dtype=torch.int64, device=latent_pool.device)  # [nb]
-        self.slot_index = torch.tensor([self.slot], dtype=torch.int64, device=pool.device)        # [1]
         self._finalizer = weakref.finalize(self, _release, pool, self.slot, latent_pool, self.blocks)
 
     @property

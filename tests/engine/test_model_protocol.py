@@ -8,17 +8,9 @@ import pytest
 import torch
 
 from engined.models.protocol import Cache, Model
-from engined.weights.kimi_checkpoint import load_kimi_linear
-from tests.support import kimi_tiny
 from tests.support.engine import ScriptedModel
 
 ENGINE_DIR = pathlib.Path(__file__).resolve().parents[2] / "engined" / "engine"
-
-
-@pytest.fixture(scope="module")
-def kimi(tmp_path_factory):
-    return load_kimi_linear(kimi_tiny.write_tiny_checkpoint(tmp_path_factory.mktemp("kimi") / "t"),
-                            progress=False).model
 
 
 def methods(protocol) -> list[str]:

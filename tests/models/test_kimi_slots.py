@@ -9,12 +9,6 @@ from engined.weights.kimi_checkpoint import load_kimi_linear
 from tests.support import kimi_tiny
 
 
-@pytest.fixture(scope="module")
-def kimi(tmp_path_factory):
-    return load_kimi_linear(kimi_tiny.write_tiny_checkpoint(tmp_path_factory.mktemp("kimi") / "t"),
-                            progress=False).model
-
-
 def test_a_cache_owns_a_slot_until_it_is_released(kimi):
     pool = kimi.state_pool
     before = pool.num_used

@@ -8,14 +8,6 @@ import pytest
 import torch
 
 from engined.models.latent_pool import BLOCK, LatentPool
-from engined.weights.kimi_checkpoint import load_kimi_linear
-from tests.support import kimi_tiny
-
-
-@pytest.fixture(scope="module")
-def kimi(tmp_path_factory):
-    return load_kimi_linear(kimi_tiny.write_tiny_checkpoint(tmp_path_factory.mktemp("kimi") / "t"),
-                            progress=False).model
 
 
 def test_a_cache_holds_the_blocks_of_its_max_tokens_until_released(kimi):
