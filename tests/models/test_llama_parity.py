@@ -58,13 +58,19 @@ def private_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def shipped(private_cache):
-    return loader.load_model("default", threads=min(2, os.cpu_count() or 1), progress=False)
+    """The shipped model on the W4A16 path: this file tests the model's wiring (the W4A8 decode
+    path that AVX2-only CPUs default to has its own gate, bench/quality.py)."""
+    loaded = loader.load_model("default", threads=min(2, os.cpu_count() or 1), progress=False)
+    loaded.model.select_decode_gemv("w4a16_gemv")
+    return loaded
 
 
 @pytest.fixture(scope="module")
 def exact(private_cache, shipped):
-    return loader.load_model("default", progress=False, embed_dtype=torch.float32,
-                             kv_dtype=torch.float32)
+    loaded = loader.load_model("default", progress=False, embed_dtype=torch.float32,
+                               kv_dtype=torch.float32)
+    loaded.model.select_decode_gemv("w4a16_gemv")
+    return loaded
 
 
 def hf_logits(hf_model, tokens: list[int]) -> torch.Tensor:
@@ -143,3 +149,23 @@ def test_plan_matches_loaded_model(shipped):
     assert plan.kv_bytes_per_token == shipped.model.kv_bytes_per_token == 30 * 2 * 3 * 64 * 2
     assert plan.total_bytes(8192) == plan.weight_bytes + 8192 * plan.kv_bytes_per_token
     assert shipped.model.new_cache(16).data.nbytes == 16 * plan.kv_bytes_per_token
+
+
+def test_the_decode_gemv_follows_the_widest_kernel(monkeypatch):
+    """W4A8 decodes where its kernel is as wide as W4A16's (AVX2-only CPUs), W4A16 elsewhere."""
+    from engined import helper
+    from engined.models import llama
+    for w4a8, w4a16, want in ((1, 1, "w4a8_gemv"), (1, 2, "w4a16_gemv"), (0, 0, "w4a8_gemv")):
+        monkeypatch.setattr(helper, "w4a8_simd", lambda w=w4a8: w)
+        monkeypatch.setattr(helper, "gemv_simd", lambda level=None, v=w4a16: v)
+        assert llama.decode_gemv_op("cpu") == want
+        assert llama.decode_gemv_op("cuda") == "w4a16_gemv"
+    monkeypatch.setattr(helper, "available", lambda: False)
+    assert llama.decode_gemv_op("cpu") == "w4a16_gemv"
+
+
+def test_the_shipped_model_decodes_through_the_chosen_gemv(private_cache):
+    from engined.models import llama
+    model = loader.load_model("default", progress=False).model
+    assert model.decode_gemv == llama.decode_gemv_op("cpu")
+    print(f"default model decodes through {model.decode_gemv}")
