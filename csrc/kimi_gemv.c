@@ -184,22 +184,16 @@ static void gemv_chunk(void *ctx, int64_t chunk)
     }
 }
 
-/* Prepares x, then runs every output row: chunks of at least 8 rows, about 8 chunks
- * per thread so a helper that starts late still finds work. */
+/* Prepares x, then runs every output row (kh_parallel_rows splits them). */
 static int run_job(GemvJob *job, const float *x, float *work, int nthreads)
 {
     float *xperm = work, *xsum = work + job->x_rows * job->k;
-    int64_t per_thread;
     kh_prepare_x(x, job->x_rows, job->k, job->group, xperm, xsum);
     job->xperm = xperm;
     job->xsum = xsum;
     job->row_fn = kh_pick_row_fn(job->group);
-    if (job->total * job->k * (job->swiglu + 1) < KH_SERIAL_BELOW) nthreads = 1;
-    per_thread = (job->total + nthreads - 1) / nthreads;
-    job->per_chunk = nthreads == 1 ? job->total : (per_thread + 7) / 8;
-    if (job->per_chunk < 8) job->per_chunk = 8;
-    kh_parallel(gemv_chunk, job, (job->total + job->per_chunk - 1) / job->per_chunk, nthreads,
-                job->total * job->k * (job->swiglu + 1) >= KH_WAKE_WORTH);
+    kh_parallel_rows(gemv_chunk, job, job->total, job->total * job->k * (job->swiglu + 1),
+                     nthreads, 1, &job->per_chunk);
     return KH_OK;
 }
 
@@ -335,7 +329,6 @@ int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t
              float *out, int nthreads)
 {
     F16Job job;
-    int64_t per_thread;
     if (!x || !w || !out || rows <= 0 || n <= 0 || k <= 0 || nthreads <= 0) return KH_EINVAL;
     job.x = x;
     job.w = w;
@@ -344,12 +337,7 @@ int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t
     job.k = k;
     job.out = out;
     job.level = gemv_simd(-1);
-    if (n * k < KH_SERIAL_BELOW) nthreads = 1;
-    per_thread = (n + nthreads - 1) / nthreads;
-    job.per_chunk = nthreads == 1 ? n : (per_thread + 7) / 8;
-    if (job.per_chunk < 8) job.per_chunk = 8;
-    job.per_chunk += job.per_chunk % 2; /* pairs of weight rows for the SIMD kernels */
-    kh_parallel(f16_chunk, &job, (n + job.per_chunk - 1) / job.per_chunk, nthreads,
-                n * k >= KH_WAKE_WORTH);
+    /* chunks of whole pairs of weight rows for the SIMD kernels */
+    kh_parallel_rows(f16_chunk, &job, n, n * k, nthreads, 2, &job.per_chunk);
     return KH_OK;
 }

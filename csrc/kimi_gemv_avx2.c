@@ -20,17 +20,9 @@ int kh_cpu_has_avx2(void)
     return known;
 }
 
-static KH_TARGET inline float hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* sum_g mins[g] * xsum[g]: the m*sum(x_g) half of the dot product, vectorized (given the
- * scales, -8 times it is a symmetric row's half). */
-static KH_TARGET float mins_dot(const uint16_t *mins, const float *xsum, int64_t groups)
+ * scales, -8 times it is a symmetric row's half). The W4A8 kernel shares it. */
+KH_TARGET float kh_halves_dot_avx2(const uint16_t *mins, const float *xsum, int64_t groups)
 {
     __m256 acc = _mm256_setzero_ps();
     float tail = 0.0f;
@@ -128,8 +120,8 @@ static KH_TARGET void halves_to_floats(const uint16_t *h, int64_t n, float *out)
         }                                                                          \
         for (r = 0; r < ROWS; r++) {                                                        \
             const float *xs = xsum + r * groups; /* symmetric: min = -8 s */                \
-            float mins_term = w->mins ? mins_dot(w->mins, xs, groups)                       \
-                                      : KH_SYMMETRIC_MIN(mins_dot(w->scales, xs, groups));  \
+            float mins_term = w->mins ? kh_halves_dot_avx2(w->mins, xs, groups)                       \
+                                      : KH_SYMMETRIC_MIN(kh_halves_dot_avx2(w->scales, xs, groups));  \
             y[r * y_stride] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + mins_term;         \
         }                                                                                   \
     }

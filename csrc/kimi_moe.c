@@ -60,16 +60,11 @@ static void seg_chunk(void *ctx, int64_t chunk)
 /* Runs the job's (segment, output row) pairs on the pool; xperm/xsum already prepared. */
 static void run_segments(SegJob *job, int64_t segments, int nthreads)
 {
-    int64_t per_thread, cost;
+    int64_t cost;
     job->row_fn = kh_pick_row_fn(job->group);
     job->total = segments * job->n;
     cost = job->total * job->k * (job->swiglu + 1);
-    if (cost < KH_SERIAL_BELOW) nthreads = 1;
-    per_thread = (job->total + nthreads - 1) / nthreads;
-    job->per_chunk = nthreads == 1 ? job->total : (per_thread + 7) / 8;
-    if (job->per_chunk < 8) job->per_chunk = 8;
-    kh_parallel(seg_chunk, job, (job->total + job->per_chunk - 1) / job->per_chunk, nthreads,
-                cost >= KH_WAKE_WORTH);
+    kh_parallel_rows(seg_chunk, job, job->total, cost, nthreads, 1, &job->per_chunk);
 }
 
 /* Work layout, in floats: int64 order [R], seg_expert [R], seg_start [R+1] (2 floats each);

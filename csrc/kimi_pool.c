@@ -182,3 +182,15 @@ void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads, int worth_
     }
     pthread_mutex_unlock(&submit_lock);
 }
+
+void kh_parallel_rows(KhTask fn, void *ctx, int64_t total, int64_t cost, int nthreads,
+                      int64_t multiple, int64_t *per_chunk)
+{
+    int64_t per_thread;
+    if (cost < KH_SERIAL_BELOW) nthreads = 1;
+    per_thread = (total + nthreads - 1) / nthreads;
+    *per_chunk = nthreads == 1 ? total : (per_thread + 7) / 8;
+    if (*per_chunk < 8) *per_chunk = 8;
+    *per_chunk += (multiple - *per_chunk % multiple) % multiple;
+    kh_parallel(fn, ctx, (total + *per_chunk - 1) / *per_chunk, nthreads, cost >= KH_WAKE_WORTH);
+}

@@ -65,7 +65,28 @@ void kh_prepare_x(const float *x, int64_t rows, int64_t k, int64_t group,
 typedef void (*KhTask)(void *ctx, int64_t chunk);
 void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads, int worth_waking);
 
+/* The GEMVs' split of `total` output rows: *per_chunk is set, then fn(ctx, c) runs over the
+ * chunks. One thread when `cost` (weights touched) is below KH_SERIAL_BELOW, else chunks of
+ * at least 8 rows, about 8 per thread so a helper that starts late still finds work, rounded
+ * up to a multiple of `multiple` (kernels that take weight rows in pairs); sleeping helpers
+ * are woken from KH_WAKE_WORTH on. */
+void kh_parallel_rows(KhTask fn, void *ctx, int64_t total, int64_t cost, int nthreads,
+                      int64_t multiple, int64_t *per_chunk);
+
 #if KH_HAVE_X86_SIMD
+#include <immintrin.h>
+
+/* The sum of 8 floats (AVX2), shared by the AVX2 kernels. */
+static __attribute__((target("avx2,fma,f16c"))) inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* sum_g h[g] * v[g] for fp16 h (a row's mins, or its scales when symmetric), AVX2. */
+float kh_halves_dot_avx2(const uint16_t *h, const float *v, int64_t n);
 int kh_cpu_has_avx2(void);
 void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
                         int64_t rows, float *y, int64_t y_stride);

@@ -146,7 +146,7 @@ int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16
               float *out, int nthreads)
 {
     W4a8Job job;
-    int64_t per_thread, nb = k / KH_Q8_BLOCK;
+    int64_t nb = k / KH_Q8_BLOCK;
     if (rows <= 0 || rows > KH_MAX_ROWS || n <= 0 || nthreads <= 0) return KH_EINVAL;
     if (gemv_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
     if (!x || !qweight || !scales || !work || !out) return KH_EINVAL;
@@ -163,11 +163,6 @@ int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16
     job.x.q = (int8_t *)(work + rows * nb + rows * (k / group));
     quantize_x(x, rows, k, group, &job.x);
     job.row_fn = w4a8_simd() == 1 ? avx2_rows : q8_row_c;
-    if (n * k < KH_SERIAL_BELOW) nthreads = 1;
-    per_thread = (n + nthreads - 1) / nthreads;
-    job.per_chunk = nthreads == 1 ? n : (per_thread + 7) / 8;
-    if (job.per_chunk < 8) job.per_chunk = 8;
-    kh_parallel(w4a8_chunk, &job, (n + job.per_chunk - 1) / job.per_chunk, nthreads,
-                n * k >= KH_WAKE_WORTH);
+    kh_parallel_rows(w4a8_chunk, &job, n, n * k, nthreads, 1, &job.per_chunk);
     return KH_OK;
 }

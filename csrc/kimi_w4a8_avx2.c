@@ -12,27 +12,6 @@
 
 #define KH_TARGET __attribute__((target("avx2,fma,f16c")))
 
-static KH_TARGET inline float hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* sum_g h[g] * gsum[g], h fp16 (the mins, or the scales of a symmetric row). */
-static KH_TARGET float halves_dot(const uint16_t *h, const float *gsum, int64_t groups)
-{
-    __m256 acc = _mm256_setzero_ps();
-    float tail = 0.0f;
-    int64_t g = 0;
-    for (; g + 8 <= groups; g += 8)
-        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + g))),
-                              _mm256_loadu_ps(gsum + g), acc);
-    for (; g < groups; g++) tail += _cvtsh_ss(h[g]) * gsum[g];
-    return hsum256(acc) + tail;
-}
-
 /* The scale s_g of each of the `count` (<= 8) blocks from b0 on, as floats. */
 static KH_TARGET void block_scales(const KhRow *w, int64_t b0, int count, float *out)
 {
@@ -94,8 +73,8 @@ static KH_TARGET void block_scales(const KhRow *w, int64_t b0, int count, float 
         }                                                                                  \
         for (r = 0; r < ROWS; r++) {                                                       \
             const float *gs = x->gsum + r * groups; /* symmetric: min = -8 s */            \
-            float mins = w->mins ? halves_dot(w->mins, gs, groups)                         \
-                                 : KH_SYMMETRIC_MIN(halves_dot(w->scales, gs, groups));    \
+            float mins = w->mins ? kh_halves_dot_avx2(w->mins, gs, groups)                         \
+                                 : KH_SYMMETRIC_MIN(kh_halves_dot_avx2(w->scales, gs, groups));    \
             y[r * y_stride] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + mins;             \
         }                                                                                  \
     }

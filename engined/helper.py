@@ -133,8 +133,8 @@ class Int4Weight:
     Holds its tensors, so the pointers stay valid while the handle lives; `address` is
     qweight's data address when prepared (a tensor given new storage needs a new handle)."""
 
-    __slots__ = ("q", "s", "m", "experts", "n", "k", "group", "work_floats", "address",
-                 "_tensors")
+    __slots__ = ("q", "s", "m", "experts", "n", "k", "group", "work_floats", "q8_work_floats",
+                 "address", "_tensors")
 
     def __init__(self, qweight, scales, mins, group: int):
         tensors = (qweight, scales) if mins is None else (qweight, scales, mins)
@@ -158,6 +158,7 @@ class Int4Weight:
         self.s = ffi.cast("uint16_t *", scales.data_ptr())
         self.m = ffi.NULL if mins is None else ffi.cast("uint16_t *", mins.data_ptr())
         self.work_floats = int(lib.gemv_w4a16_work_floats(MAX_ROWS, self.k, group))
+        self.q8_work_floats = int(lib.gemv_w4a8_work_floats(MAX_ROWS, self.k, group))  # -1: refused
         self._tensors = tensors
 
 
@@ -171,46 +172,34 @@ def int4_weight(qweight, scales, mins, group: int) -> Int4Weight:
 def gemv(w: Int4Weight, x, out=None, threads: int = 1):
     """out[M, N] = x[M, K] @ W^T in fp32, W one packed linear; x any float, M >= 1, run in
     passes of MAX_ROWS rows (each weight byte read once per pass). Returns out."""
-    k, n = w.k, w.n
-    if w.experts:
-        raise ValueError("gemv takes one linear, not an expert stack")
-    x = _as_rows(x, k)
-    rows = x.shape[0]
-    out = _out(out, (rows, n))
-    x_addr, out_addr = x.data_ptr(), out.data_ptr()
-    work, cast = _workspace(w.work_floats), ffi.cast
-    for start in range(0, rows, MAX_ROWS):  # one pass when rows <= MAX_ROWS
-        m = min(MAX_ROWS, rows - start)
-        status = lib.gemv_w4a16(cast("float *", x_addr + 4 * start * k), m, w.q, w.s, w.m,
-                                n, k, w.group, work, cast("float *", out_addr + 4 * start * n),
-                                threads)
-        if status:
-            check(status, "gemv_w4a16")
-    return out
+    return _row_passes(lib.gemv_w4a16, "gemv_w4a16", w, x, out, w.work_floats, threads)
 
 
 def gemv_w4a8(w: Int4Weight, x, out=None, threads: int = 1):
     """out[M, N] = q8(x)[M, K] @ W^T in fp32: as `gemv`, but each row of x is quantized to
     int8 per block of 32 (engined/ops/w4a8_gemv) and the dots are taken in integers. The
     group size must be a multiple of 32 (ValueError otherwise: fall back to `gemv`)."""
+    if w.q8_work_floats < 0:
+        raise ValueError(f"gemv_w4a8 needs a group size that is a multiple of 32, got {w.group}")
+    return _row_passes(lib.gemv_w4a8, "gemv_w4a8", w, x, out, w.q8_work_floats, threads)
+
+
+def _row_passes(fn, what: str, w: Int4Weight, x, out, work_floats: int, threads: int):
+    """The dense GEMVs' launcher: x [M, K] in passes of MAX_ROWS rows -> out [M, N]."""
     k, n = w.k, w.n
     if w.experts:
-        raise ValueError("gemv_w4a8 takes one linear, not an expert stack")
-    work_floats = lib.gemv_w4a8_work_floats(MAX_ROWS, k, w.group)
-    if work_floats < 0:
-        raise ValueError(f"gemv_w4a8 needs a group size that is a multiple of 32, got {w.group}")
+        raise ValueError(f"{what} takes one linear, not an expert stack")
     x = _as_rows(x, k)
     rows = x.shape[0]
     out = _out(out, (rows, n))
     x_addr, out_addr = x.data_ptr(), out.data_ptr()
     work, cast = _workspace(work_floats), ffi.cast
-    for start in range(0, rows, MAX_ROWS):
+    for start in range(0, rows, MAX_ROWS):  # one pass when rows <= MAX_ROWS
         m = min(MAX_ROWS, rows - start)
-        status = lib.gemv_w4a8(cast("float *", x_addr + 4 * start * k), m, w.q, w.s, w.m,
-                               n, k, w.group, work, cast("float *", out_addr + 4 * start * n),
-                               threads)
+        status = fn(cast("float *", x_addr + 4 * start * k), m, w.q, w.s, w.m, n, k, w.group,
+                    work, cast("float *", out_addr + 4 * start * n), threads)
         if status:
-            check(status, "gemv_w4a8")
+            check(status, what)
     return out
 
 

@@ -107,10 +107,14 @@ class KimiCache:
         self.block_table = torch.tensor(self.blocks, dtype=torch.int64, device=latent_pool.device)  # [nb]
         self._finalizer = weakref.finalize(self, _release, pool, self.slot, latent_pool, self.blocks)
 
+    def state(self, layer: int) -> KDAState:
+        """Views of this sequence's conv windows and recurrent state in one KDA layer."""
+        return self.pool.state(layer, self.slot)
+
     @property
     def kda(self) -> dict[int, KDAState]:
         """KDA layer -> views of this sequence's conv windows and recurrent state."""
-        return {i: self.pool.state(i, self.slot) for i in self.pool.shapes}
+        return {i: self.state(i) for i in self.pool.shapes}
 
     def rows(self, start: int, end: int) -> torch.Tensor:
         """Flat latent-pool rows of positions [start, end) -> [end - start] int64."""

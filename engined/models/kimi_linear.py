@@ -67,7 +67,7 @@ class DecoderLayer:
             rows = cache.rows(0, start + h.shape[0])                # [S] its latent rows
             h = h + self.self_attn(a, cache.latent_pool.flat(i), start, rows)
         else:
-            h = h + self.self_attn(a, cache.kda[i])
+            h = h + self.self_attn(a, cache.state(i))   # one layer's views, not every layer's
         return h + self.ffn(self.post_attention_layernorm(h))
 
     def decode_batch(self, h: torch.Tensor, i: int, pools: tuple[StatePool, LatentPool],
