@@ -20,7 +20,8 @@ import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import append_results, hardware, stream_text_times, unix_post, write_json  # noqa: E402
+from common import (append_results, hardware, stream_text_times, unix_metrics,  # noqa: E402
+                    unix_post, write_json)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CAPTURE = ROOT / "tests" / "fixtures" / "live-clients" / "cline-tool.jsonl.gz"
@@ -71,17 +72,7 @@ class Daemon:
         return json.loads(data)
 
     def metric(self, name: str) -> float:
-        import http.client
-        import socket
-
-        conn = http.client.HTTPConnection("engine", timeout=60)
-        conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.sock.connect(self.sock)
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-        conn.close()
-        return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                     if line.startswith(name + " ")), 0.0)
+        return unix_metrics(self.sock).get(name, 0.0)
 
     def stop(self):
         self.proc.terminate()

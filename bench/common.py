@@ -52,6 +52,22 @@ def append_results(title: str, command: str, table_lines: list[str]):
         f.write("\n".join(block + table_lines) + "\n")
 
 
+def unix_metrics(sock: str) -> dict[str, float]:
+    """GET /metrics over the engine's socket -> sample name (labels included) -> value."""
+    import http.client
+    import socket
+
+    conn = http.client.HTTPConnection("engine", timeout=60)
+    conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.sock.connect(sock)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return {name: float(value) for name, _, value in
+            (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
+            if name}
+
+
 def unix_post(sock: str, path: str, body: dict, stream: bool = False):
     import http.client
     import socket

@@ -7,16 +7,17 @@ nvidia-smi's used memory of the engine's process (its CUDA context included), sa
 0.5 s, or of the whole GPU where nvidia-smi has no per-process rows (a sandboxed runtime); on
 the CPU, the engine's VmHWM. Each result says which source it came from.
 """
-import http.client
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from common import unix_metrics  # noqa: E402
 
 DEVICE_PEAK = "kimi_engine_device_memory_peak_bytes"
 
@@ -48,15 +49,7 @@ class Engine:
 
     def metrics(self) -> dict[str, float]:
         """GET /metrics -> sample name (labels included) -> value."""
-        conn = http.client.HTTPConnection("engine", timeout=60)
-        conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.sock.connect(self.sock)
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-        conn.close()
-        return {name: float(value) for name, _, value in
-                (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
-                if name}
+        return unix_metrics(self.sock)
 
     def peak_rss(self) -> int:
         status = pathlib.Path(f"/proc/{self.proc.pid}/status").read_text()
