@@ -1,0 +1,146 @@
+"""Placement of Kimi-Linear-48B's INT4 artifact between the GPU and RAM, planned from headers
+only: the real 48B layout as header-only shards, built on the meta device with the selective
+INT4 layouts, so every size below is the artifact's, byte for byte."""
+import itertools
+
+import pytest
+import torch
+
+from engined.weights.placement import (
+    CUDA_CONTEXT_BYTES, DEFAULT_MARGIN_BYTES, WORKSPACE_BYTES, GiB, PlacementError, default_gpu_budget,
+    model_parts, plan_placement)
+from tests.support import kimi_tiny
+from tests.weights.test_kimi_loader import kimi_48b_config
+
+# One MoE layer's routed experts: 3 banks x 256 experts x a [1024, 2304] INT4 matrix with
+# symmetric groups of 32: codes 1024*2304/2 = 1,179,648 B + fp16 scales 1024*72*2 = 147,456 B.
+ROUTED_PER_LAYER = 3 * 256 * (1_179_648 + 147_456)                  # 1,019,215,872 B = 0.95 GiB
+SHARED = 26 * 3 * (1_179_648 + 147_456)                             # one shared expert per MoE layer
+KDA_STATE = 20 * (32 * 128 * 128 * 4 + 3 * 4096 * 3 * 2)           # fp32 S + bf16 conv windows
+BUDGETS, CONTEXTS = (16, 24, 32), (8192, 32768, 131072)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from engined.models.kimi_linear import KimiLinearModel
+    from engined.weights.kimi_checkpoint import open_checkpoint
+    from engined.weights.synthetic import selective_int4
+    path = tmp_path_factory.mktemp("placement") / "k48"
+    kimi_tiny.write_header_only(path, kimi_48b_config())
+    config = open_checkpoint(path).config
+    return KimiLinearModel(config, torch.bfloat16, "meta", selective_int4(config), torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def parts(model):
+    return model_parts(model)
+
+
+def test_parts_add_up_to_the_int4_artifact(model, parts):
+    assert parts.attention + parts.shared_experts + parts.routed_bytes == model.weight_bytes
+    assert [i for i, _ in parts.routed] == list(range(1, 27))       # layer 0 is dense
+    assert {nbytes for _, nbytes in parts.routed} == {ROUTED_PER_LAYER}
+    assert parts.shared_experts == SHARED
+    assert parts.attention == 2_230_848_512                          # 2.08 GiB: all that is not an expert
+    assert parts.state_bytes_per_sequence == KDA_STATE == 43_417_600
+    assert parts.kv_bytes_per_token == 8_064
+
+
+def test_the_24_gib_plan_at_32k_offloads_six_layers(parts):
+    """By hand: the GPU must hold attention 2,230,848,512 + shared 103,514,112 + cache
+    (8,064 x 32,768 = 264,241,152 of latents + 43,417,600 x 9 slots = 390,758,400)
+    + workspace 1,073,741,824 + context 805,306,368 = 4,868,410,368 B. 24 GiB = 25,769,803,776
+    leaves 20,901,393,408 for routed experts: 20 layers (20,384,317,440) fit, 21 do not, so the
+    first 26 - 20 = 6 MoE layers (1..6) go to RAM."""
+    placement = plan_placement(parts, "cuda", 32768, 8, 24 * GiB)
+    assert placement.gpu["cache"] == 654_999_552
+    assert placement.offloaded == frozenset(range(1, 7))
+    assert placement.gpu["routed experts"] == 20 * ROUTED_PER_LAYER
+    assert placement.ram == {"routed experts": 6 * ROUTED_PER_LAYER}
+    assert placement.gpu_total == 4_868_410_368 + 20 * ROUTED_PER_LAYER
+    assert placement.reason == "planned for a 24.0 GiB GPU budget"
+
+
+def test_counts_are_monotone_within_budget_and_minimal(parts):
+    counts = {}
+    for budget in BUDGETS:
+        for context in CONTEXTS:
+            placement = plan_placement(parts, "cuda", context, 8, budget * GiB)
+            assert placement.gpu_total <= budget * GiB
+            assert placement.gpu_total + placement.ram_total == (
+                parts.attention + parts.shared_experts + parts.routed_bytes
+                + parts.cache_bytes(context, 8) + WORKSPACE_BYTES + CUDA_CONTEXT_BYTES)
+            k = counts[budget, context] = len(placement.offloaded)
+            assert placement.offloaded == frozenset(range(1, k + 1))  # the first k MoE layers
+            if k:  # one more layer on the GPU would not fit
+                assert placement.gpu_total + ROUTED_PER_LAYER > budget * GiB
+                with pytest.raises(PlacementError, match=f"fewest layers that fit is --n-cpu-moe {k}"):
+                    plan_placement(parts, "cuda", context, 8, budget * GiB, n_cpu_moe=k - 1)
+    for budget, more in itertools.pairwise(BUDGETS):
+        assert all(counts[more, c] <= counts[budget, c] for c in CONTEXTS)
+    for context, longer in itertools.pairwise(CONTEXTS):
+        assert all(counts[b, longer] >= counts[b, context] for b in BUDGETS)
+    assert counts == {(16, 8192): 14, (16, 32768): 14, (16, 131072): 15,
+                      (24, 8192): 6, (24, 32768): 6, (24, 131072): 7,
+                      (32, 8192): 0, (32, 32768): 0, (32, 131072): 0}
+
+
+def test_32_gib_holds_every_expert_even_at_128k(parts):
+    """26.85 GiB of weights + 0.62 GiB of cache at 8k + 1 GiB workspace + 0.75 GiB context =
+    29.0 GiB; at 128k the latents add 0.98 GiB (8,064 B x 131,072) and it is 30.0 GiB, still under 32."""
+    at_8k = plan_placement(parts, "cuda", 8192, 8, 32 * GiB)
+    assert not at_8k.offloaded and at_8k.ram_total == 0
+    assert at_8k.gpu_total == 31_169_842_176                         # 29.03 GiB
+    at_128k = plan_placement(parts, "cuda", 131072, 8, 32 * GiB)
+    assert not at_128k.offloaded and at_128k.gpu_total == 32_160_746_496  # 29.95 GiB
+
+
+def test_a_budget_below_what_must_stay_on_the_gpu_is_refused_with_the_numbers(parts):
+    with pytest.raises(PlacementError) as err:
+        plan_placement(parts, "cuda", 32768, 8, 2 * GiB)
+    assert "needs 4.5 GiB of the 2.0 GiB budget" in str(err.value)
+    assert "--gpu-memory" in str(err.value)
+    with pytest.raises(PlacementError, match="even with every routed expert in RAM"):
+        plan_placement(parts, "cuda", 32768, 8, 2 * GiB, cpu_moe=True)
+    with pytest.raises(PlacementError, match="GPU budget of 0 B"):
+        plan_placement(parts, "cuda", 32768, 8, 0)
+
+
+def test_explicit_placement(parts):
+    every = plan_placement(parts, "cuda", 32768, 8, 80 * GiB, cpu_moe=True)
+    assert every.offloaded == frozenset(range(1, 27)) and every.gpu["routed experts"] == 0
+    assert every.reason == "--cpu-moe"
+    assert plan_placement(parts, "cuda", 32768, 8, 80 * GiB, cpu_moe=True, n_cpu_moe=3) == every
+    first = plan_placement(parts, "cuda:0", 32768, 8, 80 * GiB, n_cpu_moe=3)
+    assert first.device == "cuda" and first.offloaded == frozenset({1, 2, 3})
+    assert first.ram == {"routed experts": 3 * ROUTED_PER_LAYER} and first.reason == "--n-cpu-moe 3"
+    for bad in (27, -1):
+        with pytest.raises(PlacementError, match="26 MoE layers"):
+            plan_placement(parts, "cuda", 32768, 8, 80 * GiB, n_cpu_moe=bad)
+
+
+def test_cpu_holds_every_byte_in_ram(model, parts):
+    plain = plan_placement(parts, "cpu", 32768, 8, gpu_budget=24 * GiB)
+    assert plain.gpu == {} and plain.gpu_budget == 0 and not plain.offloaded
+    assert plain.ram_total == model.weight_bytes + parts.cache_bytes(32768, 8)
+    hybrid = plan_placement(parts, "cpu", 32768, 8, n_cpu_moe=3)
+    assert hybrid.offloaded == frozenset({1, 2, 3}) and hybrid.ram == plain.ram
+    assert plan_placement(parts, "cpu", 32768, 8, cpu_moe=True).offloaded == frozenset(range(1, 27))
+    with pytest.raises(PlacementError, match=r"must be 0\.\.26"):
+        plan_placement(parts, "cpu", 32768, 8, n_cpu_moe=27)
+
+
+def test_describe_names_each_part_and_both_totals(parts):
+    lines = plan_placement(parts, "cuda", 32768, 8, 24 * GiB).describe()
+    text = "\n".join(lines)
+    for part in ("attention", "shared experts", "routed experts", "cache", "workspace", "CUDA context"):
+        assert any(line.lstrip().startswith(part) for line in lines), part
+    total = next(line for line in lines if line.lstrip().startswith("total"))
+    assert total.split()[1:] == ["23.5", "GiB", "5.7", "GiB"]
+    assert "routed experts of 6 of 26 MoE layers in RAM (layers 1..6)" in text
+    assert "24.0 GiB" in text
+
+
+def test_default_budget_leaves_the_margin():
+    assert default_gpu_budget(80 * GiB) == 80 * GiB - DEFAULT_MARGIN_BYTES
+    assert default_gpu_budget(DEFAULT_MARGIN_BYTES // 2) == 0
