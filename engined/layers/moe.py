@@ -84,15 +84,20 @@ def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: boo
 
 class MoE:
     def __init__(self, hidden: int, inner: int, num_experts: int, top_k: int, num_shared: int,
-                 renormalize: bool, scaling: float, dtype, device="cpu", int4: dict[str, int] | None = None):
+                 renormalize: bool, scaling: float, dtype, device="cpu", int4: dict[str, int] | None = None,
+                 host_experts=None):
+        """host_experts: a moe_offload.HostExperts when this layer's routed experts live in
+        RAM (their banks are then allocated on the CPU, the rest on `device`)."""
         int4 = int4 or {}
+        self.host_experts = host_experts
+        bank_device = "cpu" if host_experts is not None else device
         self.top_k, self.renormalize, self.scaling = top_k, renormalize, scaling
         # router [E, D] kept in fp32 (logits are fp32 as in HF/vLLM): no per-step cast of a bf16 copy
         self.gate = torch.empty(num_experts, hidden, dtype=torch.float32, device=device)
         self.e_score_correction_bias = torch.empty(num_experts, dtype=dtype, device=device)
-        self.w1 = ExpertBank(num_experts, inner, hidden, dtype, device, int4.get("w1"))
-        self.w3 = ExpertBank(num_experts, inner, hidden, dtype, device, int4.get("w3"))
-        self.w2 = ExpertBank(num_experts, hidden, inner, dtype, device, int4.get("w2"))
+        self.w1 = ExpertBank(num_experts, inner, hidden, dtype, bank_device, int4.get("w1"))
+        self.w3 = ExpertBank(num_experts, inner, hidden, dtype, bank_device, int4.get("w3"))
+        self.w2 = ExpertBank(num_experts, hidden, inner, dtype, bank_device, int4.get("w2"))
         self.shared_experts = (SwiGLU.empty(hidden, inner * num_shared, dtype, device,
                                             scope(int4, "shared_experts")) if num_shared else None)
 
@@ -103,6 +108,9 @@ class MoE:
         chose it, and a row's result independent of the rows beside it)."""
         experts, weights = route(f.float() @ self.gate.t(), self.e_score_correction_bias,
                                  self.top_k, self.renormalize, self.scaling)
+        if self.host_experts is not None:                       # routed experts in RAM
+            return self.host_experts(f, experts, weights, (self.w1, self.w3, self.w2),
+                                     self.shared_experts)
         if self.w1.group_size and self.w3.group_size and self.w2.group_size:
             routed = registry.resolve("moe_grouped", f.device.type).fn(
                 f, self.w1.packed, self.w3.packed, self.w2.packed, experts, weights)

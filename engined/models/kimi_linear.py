@@ -12,6 +12,7 @@ from engined.layers.linear import Linear
 from engined.layers.mla import MLA
 from engined.layers.mlp import SwiGLU
 from engined.layers.moe import MoE, scope
+from engined.layers.moe_offload import HostBuffers, HostExperts, OffloadCounters
 from engined.layers.rmsnorm import RMSNorm
 from engined.models.kimi_cache import DecodeRows, KimiCache, StatePool
 from engined.models.kimi_graph_step import KimiGraphStep
@@ -33,8 +34,8 @@ def weight_tensors(obj) -> list[torch.Tensor]:
             elif isinstance(v, list):
                 for x in v:
                     walk(x)
-            elif type(v).__module__.startswith("engined."):
-                walk(v)
+            elif type(v).__module__.startswith("engined.") and not isinstance(v, HostExperts):
+                walk(v)                       # (host buffers are working memory, not weights)
     walk(obj)
     return out
 
@@ -42,7 +43,8 @@ def weight_tensors(obj) -> list[torch.Tensor]:
 class DecoderLayer:
     """Attribute names follow the checkpoint (self_attn, mlp | block_sparse_moe)."""
 
-    def __init__(self, cfg: KimiLinearConfig, i: int, dtype, device, int4: dict[str, int]):
+    def __init__(self, cfg: KimiLinearConfig, i: int, dtype, device, int4: dict[str, int],
+                 host_experts: HostExperts | None = None):
         eps, d = cfg.rms_norm_eps, cfg.hidden_size
         self.input_layernorm = RMSNorm(d, eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(d, eps, dtype, device)
@@ -56,7 +58,7 @@ class DecoderLayer:
             self.block_sparse_moe = self.ffn = MoE(
                 d, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_token,
                 cfg.num_shared_experts, cfg.moe_renormalize, cfg.routed_scaling_factor,
-                dtype, device, scope(int4, "block_sparse_moe"))
+                dtype, device, scope(int4, "block_sparse_moe"), host_experts)
         else:
             self.mlp = self.ffn = SwiGLU.empty(d, cfg.intermediate_size, dtype, device, scope(int4, "mlp"))
 
@@ -85,8 +87,11 @@ class DecoderLayer:
 
 class KimiLinearModel:
     def __init__(self, config: KimiLinearConfig, dtype=torch.float32, device="cpu",
-                 int4: dict[str, int] | None = None, weight_dtype: torch.dtype | None = None):
+                 int4: dict[str, int] | None = None, weight_dtype: torch.dtype | None = None,
+                 offload: frozenset[int] = frozenset()):
         """`dtype`: activations and caches; `weight_dtype` (default `dtype`): dense weights.
+        offload: MoE layers whose routed experts live in RAM and run on the CPU threads
+        (layers/moe_offload.py); their activity is counted in `offload_counters`.
         Allocates every weight empty on `device` (a loader fills them through the table).
         int4: model path -> group size for packed-INT4 projections, e.g.
         {'layers.1.self_attn.q_proj': 32, 'layers.1.block_sparse_moe.w1': 32, 'lm_head': 32}."""
@@ -94,7 +99,9 @@ class KimiLinearModel:
         c = self.config = config
         self.dtype, self.device = dtype, torch.device(device)
         self.embed_tokens = torch.empty(c.vocab_size, c.hidden_size, dtype=wd, device=device)
-        self.layers = [DecoderLayer(c, i, wd, device, scope(int4, f"layers.{i}")) for i in range(c.num_hidden_layers)]
+        hosts = self._host_experts(c, int4, offload)
+        self.layers = [DecoderLayer(c, i, wd, device, scope(int4, f"layers.{i}"), hosts.get(i))
+                       for i in range(c.num_hidden_layers)]
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, wd, device)
         self.lm_head = Linear(c.vocab_size, c.hidden_size, wd, device, int4.get("lm_head"))
         if c.tie_word_embeddings and not self.lm_head.is_int4:
@@ -108,6 +115,21 @@ class KimiLinearModel:
         self._scratch: KimiCache | None = None
         self.latent_pool = LatentPool({i: layer.self_attn.latent_width for i, layer in enumerate(self.layers)
                                        if layer.is_mla}, dtype, self.device)
+
+    def _host_experts(self, c: KimiLinearConfig, int4, offload) -> dict[int, HostExperts]:
+        """Layer -> the hybrid step of its routed experts, for the layers in `offload`."""
+        self.offload_counters = OffloadCounters() if offload else None
+        not_moe = sorted(i for i in offload if not c.is_moe(i))
+        if not_moe:
+            raise ValueError(f"layers {not_moe} have no routed experts to keep in RAM")
+        dense = [i for i in offload if f"layers.{i}.block_sparse_moe.w1" not in int4]
+        if dense:
+            raise ValueError("routed experts in RAM need the INT4 artifact (kimi-engine "
+                             "quantize); this checkpoint's experts are not INT4")
+        if not offload:
+            return {}
+        buffers = HostBuffers(c.hidden_size, c.num_experts_per_token, self.device)
+        return {i: HostExperts(buffers, self.offload_counters) for i in offload}
 
     def tensors(self) -> list[torch.Tensor]:
         return weight_tensors(self)
@@ -171,7 +193,10 @@ class KimiLinearModel:
     def graph_step(self, rows: int, max_context: int):
         """The decode step of `rows` rows for a CUDA graph (models/kimi_graph_step.py), the
         pools reserved first: a state slot per row plus scratch, and the blocks of max_context
-        tokens (the scheduler's budget across sequences) plus a rounding block per row."""
+        tokens (the scheduler's budget across sequences) plus a rounding block per row.
+        None with offloaded experts: a graph cannot hold the CPU part, so decode runs eagerly."""
+        if self.offload_counters is not None:
+            return None
         max_blocks = num_blocks_for(max_context)
         self.state_pool.reserve(self.state_pool.num_used + rows + 1)
         self.latent_pool.reserve(self.latent_pool.num_used + max_blocks + rows + 1)

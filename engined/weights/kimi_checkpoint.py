@@ -116,13 +116,17 @@ def open_checkpoint(path, rehash: bool = False) -> Checkpoint:
 
 
 def build_empty(ckpt: Checkpoint, device="cpu", dtype: torch.dtype | None = None,
-                weight_dtype: torch.dtype | None = None) -> KimiLinearModel:
-    """The model with every weight allocated (untouched) on `device`. dtype: activations
-    (default bf16 on CUDA, fp32 elsewhere); dense weights keep the checkpoint dtype unless
-    weight_dtype says otherwise."""
+                weight_dtype: torch.dtype | None = None,
+                offload: frozenset[int] = frozenset()) -> KimiLinearModel:
+    """The model with every weight allocated (untouched) on `device`, the routed experts of
+    the `offload` layers in RAM. dtype: activations (default bf16 on CUDA, fp32 elsewhere);
+    dense weights keep the checkpoint dtype unless weight_dtype says otherwise."""
     act = dtype or act_dtype(device)
     wd = weight_dtype or DTYPES[ckpt.config.torch_dtype]
-    return KimiLinearModel(ckpt.config, act, torch.device(device), ckpt.int4, wd)
+    try:
+        return KimiLinearModel(ckpt.config, act, torch.device(device), ckpt.int4, wd, offload)
+    except ValueError as exc:  # experts in RAM asked of a BF16 checkpoint
+        raise CheckpointError(f"{ckpt.path}: {exc}") from None
 
 
 def check_contract(ckpt: Checkpoint, model: KimiLinearModel):
@@ -173,12 +177,15 @@ def is_kimi_linear_dir(spec) -> bool:
 
 def plan_kimi_linear(path, device="cpu"):
     """LoadPlan from headers alone: weight_bytes includes one sequence's fixed KDA state;
-    kv_bytes_per_token is the MLA latent cache (R+P per MLA layer, activation dtype)."""
+    kv_bytes_per_token is the MLA latent cache (R+P per MLA layer, activation dtype); parts
+    are what expert placement plans with."""
+    from engined.weights.placement import model_parts
+
     ckpt = open_checkpoint(path)
     model = build_empty(ckpt, "meta", act_dtype(device))
     check_contract(ckpt, model)
     return LoadPlan(model.weight_bytes + model.state_bytes, model.kv_bytes_per_token,
-                    ckpt.config.context_length)
+                    ckpt.config.context_length, model_parts(model))
 
 
 def _read_into(f, name: str, header: Header, slot: torch.Tensor):
@@ -224,15 +231,17 @@ def load_weights(ckpt: Checkpoint, model: KimiLinearModel, progress: bool = True
                     bar.update(1)
 
 
-def load_kimi_linear(path, device="cpu", threads=None, progress=True, dtype=None, rehash=True):
-    """-> LoadedModel(model_id, model, tokenizer, chat, context_length, source).
-    rehash: re-hash an INT4 artifact's files against its manifest before loading."""
+def load_kimi_linear(path, device="cpu", threads=None, progress=True, dtype=None, rehash=True,
+                     offload: frozenset[int] = frozenset()):
+    """-> LoadedModel(model_id, model, tokenizer, chat, context_length, source, counters).
+    rehash: re-hash an INT4 artifact's files against its manifest before loading; offload:
+    MoE layers whose routed experts are read into RAM (read straight into their banks)."""
     from engined.chat.kimi_template import KimiChatFormat
     from engined.chat.kimi_tokenizer import KimiTokenizer
     if threads is not None:
         torch.set_num_threads(threads)
     ckpt = open_checkpoint(path, rehash=rehash)
-    model = build_empty(ckpt, device, dtype)
+    model = build_empty(ckpt, device, dtype, offload=offload)
     check_contract(ckpt, model)
     tokenizer = KimiTokenizer.from_dir(ckpt.path)
     if tokenizer.vocab_size > ckpt.config.vocab_size:
@@ -240,4 +249,5 @@ def load_kimi_linear(path, device="cpu", threads=None, progress=True, dtype=None
                               f"{ckpt.config.vocab_size}")
     load_weights(ckpt, model, progress)
     chat = KimiChatFormat.from_dir(ckpt.path, tokenizer)
-    return LoadedModel(ckpt.path.name, model, tokenizer, chat, ckpt.config.context_length, ckpt.path)
+    return LoadedModel(ckpt.path.name, model, tokenizer, chat, ckpt.config.context_length,
+                       ckpt.path, model.offload_counters)

@@ -118,13 +118,17 @@ def _check_plan(hparams, specs, path) -> LoadPlan:
 
 def load_model(spec: str, device: str = "cpu", threads: int | None = None,
                progress: bool = True, embed_dtype: torch.dtype = EMBED_DTYPE,
-               kv_dtype: torch.dtype = KV_DTYPE) -> LoadedModel:
-    """Load weights from the cached artifact (repacking first if needed) plus tokenizer and chat."""
+               kv_dtype: torch.dtype = KV_DTYPE, offload: frozenset[int] = frozenset()) -> LoadedModel:
+    """Load weights from the cached artifact (repacking first if needed) plus tokenizer and chat.
+    offload: the MoE layers whose routed experts stay in RAM (weights/placement.py); a model
+    without routed experts has none."""
     if synthetic.is_synthetic(spec):
-        return _kimi(synthetic.load, spec, device=device, threads=threads)
+        return _kimi(synthetic.load, spec, device=device, threads=threads, offload=offload)
     if _kimi_dir(spec):
         return _kimi(kimi_checkpoint.load_kimi_linear, spec, device=device, threads=threads,
-                     progress=progress)
+                     progress=progress, offload=offload)
+    if offload:
+        raise ModelLoadError(f"model {spec!r} has no routed experts to keep in RAM")
     from engined.weights import gguf_repack
 
     if threads is not None:

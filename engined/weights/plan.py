@@ -12,6 +12,7 @@ class LoadPlan:
     weight_bytes: int
     kv_bytes_per_token: int
     context_length: int
+    parts: Any = None  # weights/placement.ModelParts of a MoE model (where experts may go)
 
     def total_bytes(self, max_context: int) -> int:
         return self.weight_bytes + self.kv_bytes_per_token * max_context
@@ -25,3 +26,4 @@ class LoadedModel:
     chat: Any
     context_length: int
     source: pathlib.Path
+    offload_counters: Any = None  # layers/moe_offload.OffloadCounters with experts in RAM

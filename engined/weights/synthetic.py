@@ -134,13 +134,15 @@ def config_of(spec: str) -> dict:
     return CONFIGS[name]
 
 
-def build(cfg: dict, device, int4: bool = True, seed: int = 0, fill: bool = True) -> KimiLinearModel:
+def build(cfg: dict, device, int4: bool = True, seed: int = 0, fill: bool = True,
+          offload: frozenset[int] = frozenset()) -> KimiLinearModel:
     """The model with random weights on `device`: bf16 activations on CUDA, fp32 elsewhere;
-    int4: the selective plan (routed and shared experts packed), else dense bf16."""
+    int4: the selective plan (routed and shared experts packed), else dense bf16; offload:
+    MoE layers whose routed experts are made in RAM (the same values, seed for seed)."""
     config = parse_config(cfg)
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     model = KimiLinearModel(config, dtype, device, selective_int4(config) if int4 else {},
-                            torch.bfloat16)
+                            torch.bfloat16, offload)
     if fill:
         fill_random(model, seed)
     return model
@@ -148,9 +150,11 @@ def build(cfg: dict, device, int4: bool = True, seed: int = 0, fill: bool = True
 
 def plan(spec: str, device="cpu") -> LoadPlan:
     """From shapes alone (the model is planned on the meta device)."""
+    from engined.weights.placement import model_parts
+
     model = build(config_of(spec), "meta", fill=False)
     return LoadPlan(model.weight_bytes + model.state_bytes, model.kv_bytes_per_token,
-                    model.config.context_length)
+                    model.config.context_length, model_parts(model))
 
 
 def byte_tokenizer(vocab_size: int):
@@ -174,13 +178,14 @@ def byte_tokenizer(vocab_size: int):
     return KimiTokenizer(ranks, names, "[BOS]", "[EOS]")
 
 
-def load(spec: str, device="cpu", threads: int | None = None) -> LoadedModel:
+def load(spec: str, device="cpu", threads: int | None = None,
+         offload: frozenset[int] = frozenset()) -> LoadedModel:
     from engined.chat.kimi_template import KimiChatFormat
 
     if threads is not None:
         torch.set_num_threads(threads)
     cfg = config_of(spec)
     tokenizer = byte_tokenizer(cfg["vocab_size"])
-    model = build(cfg, device)
+    model = build(cfg, device, offload=offload)
     return LoadedModel(spec, model, tokenizer, KimiChatFormat(None, tokenizer),
-                       model.config.context_length, pathlib.Path(spec))
+                       model.config.context_length, pathlib.Path(spec), model.offload_counters)

@@ -1,0 +1,109 @@
+"""Routed experts in system RAM (llama.cpp's --cpu-moe): the hybrid MoE step.
+
+For a MoE layer whose expert banks live in RAM, the device computes the router and the
+shared expert; the hidden rows and the top-k ids and weights go to host buffers; the CPU
+threads run the routed experts with the multi-row grouped op (moe_grouped, cpu_c: each
+chosen expert read once for all the rows that chose it, so a prefill chunk reads an expert
+once); the result goes back and is added in. Only [T, D] activations and [T, k] routing
+cross the bus. The buffers are pinned when the model is on CUDA, so the copies are DMA and
+the shared expert's kernels run on the GPU while the CPU computes. On a CPU-only machine the
+"device" half runs on the CPU through the same code and the same buffers.
+
+CUDA graphs cannot contain the CPU part: a model with offloaded layers decodes eagerly
+(KimiLinearModel.graph_step returns None; kimi_engine_decode_steps_total{mode="eager"}).
+Letters: t token, k choice, d hidden.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from engined.ops import registry
+
+
+@dataclass
+class OffloadCounters:
+    """What crossed the host buffers, for kimi_engine_offload_* (proof the hybrid path ran)."""
+    moe_calls: int = 0        # MoE layer calls whose routed experts ran on the CPU
+    bytes_to_host: int = 0    # hidden rows, top-k ids and weights copied into host buffers
+    bytes_to_device: int = 0  # routed outputs copied back
+
+
+class HostBuffers:
+    """One set of host rows shared by every offloaded layer of a model (layers run one after
+    another), grown to the largest T seen. x, out: [T, D] fp32; ids: [T, k] int64;
+    weights: [T, k] fp32."""
+
+    def __init__(self, hidden: int, top_k: int, device: torch.device):
+        self.hidden, self.top_k, self.device = hidden, top_k, torch.device(device)
+        self.is_pinned = self.device.type == "cuda"
+        self.num_rows = 0
+        self._copied_back = None  # the event after the last copy out of `out` (CUDA)
+        self._grow(1)
+
+    def _grow(self, rows: int):
+        new = lambda *shape, dtype=torch.float32: torch.empty(  # noqa: E731
+            shape, dtype=dtype, pin_memory=self.is_pinned)
+        self.x, self.out = new(rows, self.hidden), new(rows, self.hidden)
+        self.ids = new(rows, self.top_k, dtype=torch.int64)
+        self.weights = new(rows, self.top_k)
+        self.num_rows = rows
+
+    def take(self, rows: int):
+        """-> (x, ids, weights, out) views of `rows` rows, free to overwrite: the previous
+        call's copy back to the device has finished."""
+        if self._copied_back is not None:
+            self._copied_back.synchronize()
+            self._copied_back = None
+        if rows > self.num_rows:
+            self._grow(max(rows, 2 * self.num_rows))
+        return self.x[:rows], self.ids[:rows], self.weights[:rows], self.out[:rows]
+
+    def to_device(self, out: torch.Tensor, dtype) -> torch.Tensor:
+        """out [T, D] fp32 (host) -> [T, D] in dtype on the device, asynchronously on CUDA."""
+        moved = out.to(self.device, non_blocking=self.is_pinned)
+        if self.is_pinned:
+            self._copied_back = torch.cuda.Event()
+            self._copied_back.record()
+        return moved.to(dtype)
+
+
+class HostExperts:
+    """The routed experts of one MoE layer, held in RAM and computed by the CPU threads."""
+
+    def __init__(self, buffers: HostBuffers, counters: OffloadCounters):
+        self.buffers, self.counters = buffers, counters
+        self._grouped = registry.resolve("moe_grouped", "cpu").fn
+
+    def __call__(self, f: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+                 banks, shared) -> torch.Tensor:
+        """f: [T, D] on the device; experts, weights: [T, k] from the router on the device;
+        banks: (w1, w3, w2) ExpertBanks in RAM; shared: the shared expert or None
+        -> routed + shared [T, D] in f.dtype on the device."""
+        t = f.shape[0]
+        x, ids, w, out = self.buffers.take(t)
+        x.copy_(f, non_blocking=self.buffers.is_pinned)
+        ids.copy_(experts, non_blocking=self.buffers.is_pinned)
+        w.copy_(weights, non_blocking=self.buffers.is_pinned)
+        ready = _event_after_copies(self.buffers.is_pinned)
+        shared_out = shared(f) if shared is not None else None  # queued on the GPU meanwhile
+        if ready is not None:
+            ready.synchronize()
+        w1, w3, w2 = (bank.packed for bank in banks)
+        self._grouped(x, w1, w3, w2, ids, w, out=out)
+        routed = self.buffers.to_device(out, f.dtype)
+        self._count(x, ids, w, out)
+        return routed if shared_out is None else routed + shared_out
+
+    def _count(self, *rows: torch.Tensor):
+        *sent, back = (r.numel() * r.element_size() for r in rows)
+        self.counters.moe_calls += 1
+        self.counters.bytes_to_host += sum(sent)
+        self.counters.bytes_to_device += back
+
+
+def _event_after_copies(is_cuda: bool):
+    if not is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
