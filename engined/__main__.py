@@ -33,9 +33,10 @@ def main():
               help="Where to run the model; auto picks CUDA when a GPU is present.  "
                    "[default: auto]")
 @click.option("--memory-cap", metavar="SIZE",
-              help="Refuse to start when the weights plus the KV cache for the maximum "
-                   "context would exceed this, e.g. 600MB, 2GiB or a byte count.  "
-                   "[default: no cap]")
+              help="Refuse to start when what the model holds in RAM would exceed this, "
+                   "e.g. 600MB, 2GiB or a byte count: on the CPU the weights plus the KV "
+                   "cache for the maximum context; on CUDA the routed experts kept in RAM.  "
+                   "[default: no cap; a cgroup memory limit lowers it]")
 @click.option("--max-context", type=int, metavar="N",
               help="Longest prompt + completion in tokens; the KV cache is planned for it.  "
                    "[default: the model's context, at most 8192]")
@@ -61,6 +62,19 @@ def main():
 @click.option("--enforce-eager", is_flag=True, default=None,
               help="Never capture CUDA graphs: every decode step runs eagerly (slower on a "
                    "GPU; for debugging). The CPU always runs eagerly.  [default: graphs on CUDA]")
+@click.option("--cpu-moe", is_flag=True, default=None,
+              help="Keep every MoE layer's routed experts in system RAM, computed by the CPU "
+                   "threads; attention, the router and the shared experts stay on the GPU "
+                   "(llama.cpp's name). With --device cpu everything is in RAM already: "
+                   "accepted, and it changes nothing.  [default: planned from the GPU budget]")
+@click.option("--n-cpu-moe", type=int, metavar="N",
+              help="Keep the routed experts of the first N MoE layers in RAM (--cpu-moe "
+                   "wins when both are given).  [default: planned from the GPU budget]")
+@click.option("--gpu-memory", metavar="SIZE",
+              help="The GPU memory the engine may use, CUDA context included, e.g. 24GiB; "
+                   "with neither --cpu-moe nor --n-cpu-moe, the routed experts of as many MoE layers as "
+                   "fit stay on the GPU, the rest go to RAM. Ignored with --device cpu.  "
+                   "[default: the GPU's free memory minus 1 GiB]")
 @click.option("--log-file", metavar="PATH",
               help="Append status and request lines here instead of standard error; "
                    "SIGHUP reopens it.")
@@ -85,8 +99,14 @@ def serve(config_file, **flags):
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]),
               help="The device serve would use (cuda fails when no GPU is present).")
 @click.option("--memory-cap", metavar="SIZE",
-              help="Compare the memory plan and the free GPU memory with this cap.")
+              help="Compare the memory plan's RAM part with this cap (as for serve).")
 @click.option("--max-context", type=int, metavar="N", help="The context the memory plan uses.")
+@click.option("--max-batch", type=int, metavar="N", help="The batch the memory plan uses.")
+@click.option("--cpu-moe", is_flag=True, default=None,
+              help="Plan with every routed expert in RAM (as for serve).")
+@click.option("--n-cpu-moe", type=int, metavar="N",
+              help="Plan with the first N MoE layers' routed experts in RAM (as for serve).")
+@click.option("--gpu-memory", metavar="SIZE", help="The GPU budget to plan for (as for serve).")
 @click.option("--config", "config_file", metavar="PATH",
               help="Read options from this TOML file, as serve does.")
 def doctor(config_file, **flags):

@@ -97,6 +97,9 @@ class EngineConfig:
     max_queue: int = 16  # requests waiting to start; more get 429; 0 = no bound
     queue_timeout_s: float = 120.0  # longest wait to start, then 503; 0 = no limit
     enforce_eager: bool = False  # no CUDA graphs: every decode step runs eagerly (vLLM's name)
+    cpu_moe: bool = False  # every MoE layer's routed experts in RAM (llama.cpp's name)
+    n_cpu_moe: int = 0  # the routed experts of the first N MoE layers in RAM
+    gpu_memory: int = 0  # bytes the GPU may hold; 0 = its free memory minus a margin
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -114,6 +117,9 @@ class EngineConfig:
         set_("max_queue", _non_negative_int(self.max_queue, "max-queue"))
         set_("queue_timeout_s", _non_negative_float(self.queue_timeout_s, "queue-timeout-s"))
         set_("enforce_eager", _bool(self.enforce_eager, "enforce-eager"))
+        set_("cpu_moe", _bool(self.cpu_moe, "cpu-moe"))
+        set_("n_cpu_moe", _non_negative_int(self.n_cpu_moe, "n-cpu-moe"))
+        set_("gpu_memory", parse_size(self.gpu_memory, "gpu-memory"))
         if self.log_file:
             set_("log_file", pathlib.Path(self.log_file))
 

@@ -1,5 +1,6 @@
 """Prometheus metrics of one engine, in its own registry (nothing global, nothing at import)."""
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from engined.engine import memory
@@ -78,5 +79,27 @@ class EngineMetrics:
             "Decode buckets whose CUDA graph capture failed at start (they run eagerly)",
             registry=r)
 
+    def watch_offload(self, counters):
+        """Export a model's layers/moe_offload.OffloadCounters (routed experts in RAM): the
+        model thread counts in plain ints, read here at scrape time."""
+        self.registry.register(_OffloadCollector(counters))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _OffloadCollector:
+    def __init__(self, counters):
+        self.counters = counters
+
+    def collect(self):
+        calls = CounterMetricFamily(
+            "kimi_engine_offload_moe_calls", "MoE layer calls whose routed experts ran on the "
+            "CPU threads from RAM (the hybrid step)")
+        calls.add_metric([], self.counters.moe_calls)
+        moved = CounterMetricFamily(
+            "kimi_engine_offload_bytes", "Bytes through the host buffers of the hybrid MoE "
+            "step: hidden rows and routing to the host, routed outputs back", labels=["direction"])
+        moved.add_metric(["to_host"], self.counters.bytes_to_host)
+        moved.add_metric(["to_device"], self.counters.bytes_to_device)
+        return [calls, moved]

@@ -97,10 +97,10 @@ def check_gpu(config: EngineConfig) -> Check:
     free, total = torch.cuda.mem_get_info()
     detail = (f"{torch.cuda.get_device_name(0)}: {format_size(free)} free of "
               f"{format_size(total)}")
-    if config.memory_cap and config.memory_cap > free:
-        return Check("gpu", False, f"{detail}, less than memory-cap {format_size(config.memory_cap)}",
-                     "stop other GPU processes or lower --memory-cap")
-    cap = f", memory-cap {format_size(config.memory_cap)}" if config.memory_cap else ""
+    if config.gpu_memory and config.gpu_memory > free:
+        return Check("gpu", False, f"{detail}, less than gpu-memory {format_size(config.gpu_memory)}",
+                     "stop other GPU processes or lower --gpu-memory")
+    cap = f", gpu-memory {format_size(config.gpu_memory)}" if config.gpu_memory else ""
     return Check("gpu", True, detail + cap)
 
 
@@ -151,20 +151,33 @@ def _kimi_dir(path: pathlib.Path) -> Check:
 
 
 def check_memory_plan(config: EngineConfig) -> Check:
+    """serve's plan on the device serve would use: the budget and, for a MoE model, where
+    each part lives (bytes on the GPU and in RAM), from the checkpoint's headers alone."""
+    import torch
+
     from engined.weights import loader
+    from engined.weights.placement import PlacementError
     from engined.engine import memory as memcap
 
+    on_cuda = config.device != "cpu" and torch.cuda.is_available()
+    device = "cuda" if on_cuda else "cpu"
     try:
-        plan = loader.plan_model(config.model)
+        plan = loader.plan_model(config.model, device=device)
     except (ValueError, OSError):
         return Check("memory plan", False, "cannot be made without a usable model",
                      "see the model line")
     max_context = config.max_context or min(plan.context_length, DEFAULT_MAX_CONTEXT)
-    budget = memcap.plan_budget(plan, max_context, config.memory_cap)
+    try:
+        placement = memcap.place(plan, config, device, max_context)
+    except PlacementError as exc:
+        return Check("memory plan", False, str(exc), "change the placement flags or budget")
+    in_ram = placement.ram.get("routed experts", 0) if placement and on_cuda else 0
+    budget = memcap.plan_budget(plan, max_context, config.gpu_memory if on_cuda else config.memory_cap,
+                                device, in_ram)
+    detail = "\n    ".join([budget.describe(), *(placement.describe() if placement else [])])
     if budget.is_over_cap:
-        return Check("memory plan", False, budget.describe(),
-                     "lower --max-context, or raise --memory-cap")
-    return Check("memory plan", True, budget.describe())
+        return Check("memory plan", False, detail, "lower --max-context, or raise --memory-cap")
+    return Check("memory plan", True, detail)
 
 
 def check_cache_dir(config: EngineConfig) -> Check:

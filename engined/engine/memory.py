@@ -6,7 +6,9 @@ sequence reserves its own KV slots (engine/loop.py), so the plan is also what is
 The cap is what the device can hold. On the CPU, what the kernel will grant: the cgroup limit
 (v2 memory.max, v1 memory.limit_in_bytes) lowers --memory-cap, so the engine refuses a plan
 cleanly instead of being OOM-killed half-way through loading; `current_rss` is what this
-process already holds. On CUDA, the GPU's free memory at start lowers it instead.
+process already holds. On CUDA the device plan is capped by --gpu-memory, lowered to the GPU's
+free memory at start, and --memory-cap (with the cgroup limit) caps what stays in RAM: the
+routed experts that expert placement (weights/placement.py) keeps there.
 The counter is the C helper's (csrc memcap_*); without the compiled helper (the GPU image)
 `Reservations` keeps the same count here.
 """
@@ -107,21 +109,53 @@ def current_rss(statm: str = "/proc/self/statm") -> int:
 
 
 def cuda_cap(requested: int, device: str = "cuda") -> tuple[int, str]:
-    """(cap, where it comes from) for a model on the GPU: the requested cap, lowered to the
+    """(cap, where it comes from) for a model on the GPU: --gpu-memory, lowered to the
     device's free memory now (what this and every other process leave for the weights + KV)."""
     import torch
 
     free, _total = torch.cuda.mem_get_info(device)
     if requested <= 0 or free < requested:
         return int(free), f"free memory of {torch.cuda.get_device_name(device)}"
-    return int(requested), "--memory-cap"
+    return int(requested), "--gpu-memory"
 
 
-def plan_budget(plan, max_context: int, requested_cap: int, device: str = "cpu") -> Budget:
-    """plan: loader.LoadPlan (weight_bytes, kv_bytes_per_token) on `device`."""
-    cap, source = (cuda_cap(requested_cap, device) if device.startswith("cuda")
-                   else effective_cap(requested_cap))
-    return Budget(int(plan.weight_bytes), int(plan.kv_bytes_per_token), max_context, cap, source)
+def plan_budget(plan, max_context: int, requested_cap: int, device: str = "cpu",
+                in_ram: int = 0) -> Budget:
+    """plan: loader.LoadPlan (weight_bytes, kv_bytes_per_token) on `device`. On CUDA,
+    requested_cap is --gpu-memory and `in_ram` (routed experts kept in RAM) is not the
+    device's; on the CPU it is --memory-cap and every weight counts."""
+    if device.startswith("cuda"):
+        cap, source = cuda_cap(requested_cap, device)
+        weights = int(plan.weight_bytes) - in_ram
+    else:
+        (cap, source), weights = effective_cap(requested_cap), int(plan.weight_bytes)
+    return Budget(weights, int(plan.kv_bytes_per_token), max_context, cap, source)
+
+
+def place(plan, config, device: str, max_context: int):
+    """-> where a MoE model's routed experts live (weights/placement.Placement), from the plan's
+    parts and --cpu-moe / --n-cpu-moe / --gpu-memory (default: the free memory less a margin);
+    None for a model without routed experts."""
+    from engined.weights import placement
+
+    if plan.parts is None:
+        return None
+    on_cuda, budget = device.startswith("cuda"), 0
+    if on_cuda:
+        import torch
+        budget = config.gpu_memory or placement.default_gpu_budget(torch.cuda.mem_get_info(device)[0])
+    return placement.plan_placement(plan.parts, "cuda" if on_cuda else "cpu", max_context,
+                                    config.max_batch, budget, config.cpu_moe, config.n_cpu_moe)
+
+
+def check_host(in_ram: int, requested_cap: int):
+    """A GPU model's routed experts kept in RAM, against --memory-cap and the cgroup limit."""
+    cap, source = effective_cap(requested_cap)
+    if cap and in_ram > cap:
+        raise MemoryCapError(
+            f"refusing to start: the routed experts kept in RAM take {format_size(in_ram)}, "
+            f"over the {format_size(cap)} cap ({source}). Raise --gpu-memory so fewer "
+            "experts leave the GPU, or raise --memory-cap.")
 
 
 def enforce(budget: Budget):

@@ -94,17 +94,25 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
         log.write(f"kimi-engine: {kernels.describe_fallback(moved)}")
     plan = loader.plan_model(config.model, device=device)
     max_context = _max_context(config.max_context, plan.context_length)
-    budget = memcap.plan_budget(plan, max_context, config.memory_cap, device)
+    offload, in_ram = _place(plan, config, device, max_context, log)
+    on_cuda = device.startswith("cuda")
+    budget = memcap.plan_budget(plan, max_context, config.gpu_memory if on_cuda else config.memory_cap,
+                                device, in_ram)
     log.write(f"kimi-engine: memory plan: {budget.describe()}")
+    if on_cuda:
+        memcap.check_host(in_ram, config.memory_cap)
     memcap.enforce(budget)
     sd_notify(f"STATUS=loading {config.model} on {device}")
     log.write(f"kimi-engine: loading model {config.model!r} on {device}")
     start = time.monotonic()
-    loaded = loader.load_model(config.model, device=device, threads=config.threads or None)
+    loaded = loader.load_model(config.model, device=device, threads=config.threads or None,
+                               offload=offload)
     seconds = time.monotonic() - start
     log.write(f"kimi-engine: loaded {loaded.model_id} from {loaded.source} in {seconds:.1f} s")
     metrics = EngineMetrics()
     metrics.load_time.set(seconds)
+    if loaded.offload_counters is not None:
+        metrics.watch_offload(loaded.offload_counters)
     engine = Engine(loaded.model, max_context, metrics, config.threads, log.write,
                     max_batch=config.max_batch, prefill_chunk=config.prefill_chunk,
                     prefix_cache_bytes=config.prefix_cache_bytes, max_queue=config.max_queue,
@@ -114,6 +122,23 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
                     IncrementalDecoder, created=int(time.time()),
                     queue_timeout_s=config.queue_timeout_s)
     return served, metrics, engine
+
+
+def _place(plan, config: EngineConfig, device: str, max_context: int, log) -> tuple[frozenset, int]:
+    """-> (MoE layers whose routed experts stay in RAM, their bytes when the model is on CUDA),
+    the placement logged; refused before loading when it cannot fit (PlacementError)."""
+    placement = memcap.place(plan, config, device, max_context)
+    if placement is None:
+        if config.cpu_moe or config.n_cpu_moe:
+            log.write("kimi-engine: --cpu-moe/--n-cpu-moe: this model has no routed experts; "
+                      "nothing moves")
+        return frozenset(), 0
+    for line in placement.describe():
+        log.write(f"kimi-engine: {line}")
+    if placement.offloaded and device.startswith("cuda"):
+        log.write("kimi-engine: decode runs eagerly: a CUDA graph cannot hold the CPU part of "
+                  "the offloaded MoE layers")
+    return placement.offloaded, placement.ram.get("routed experts", 0) if device.startswith("cuda") else 0
 
 
 def _drain(server, serving: threading.Thread, listener: Listener, engine: Engine, log):

@@ -4,7 +4,7 @@ checkpoints (BF16 and our INT4 artifact), over the real Unix socket."""
 import pytest
 
 from tests.support import kimi_tiny  # noqa: E402
-from tests.support.engine import Daemon, post, run_cli, stream  # noqa: E402
+from tests.support.engine import Daemon, metric, post, run_cli, stream  # noqa: E402
 
 CHAT = {"model": "anything", "temperature": 0, "max_tokens": 8,
         "messages": [{"role": "user", "content": "hello there"}]}
@@ -53,3 +53,50 @@ def test_tampered_artifact_is_refused_at_start(checkpoints, tmp_path):
     with pytest.raises(RuntimeError, match="exited 1"):
         daemon.start()
     assert shard.name in daemon.stderr() or "sha256" in daemon.stderr().lower()
+
+
+SCORED = dict(CHAT, max_tokens=12, logprobs=True, top_logprobs=2)
+
+
+def _served(path, tmp_path, *placement):
+    """Greedy tokens + logprobs of one request, and the daemon's offload counters and log."""
+    daemon = Daemon(tmp_path / "cache", "--model", str(path), "--max-context", "256",
+                    *placement).start()
+    try:
+        whole = post(daemon.sock, "/v1/chat/completions", SCORED)
+        assert whole.status == 200, whole.text()
+        content = whole.json()["choices"][0]["logprobs"]["content"]
+        events = stream(daemon.sock, "/v1/chat/completions", dict(SCORED, stream=True))
+        streamed = "".join(e["choices"][0]["delta"].get("content") or ""
+                           for e in events if isinstance(e, dict) and e.get("choices"))
+        assert streamed == "".join(c["token"] for c in content)
+        calls = metric(daemon.sock, "kimi_engine_offload_moe_calls_total") if placement else None
+        moved = (metric(daemon.sock, "kimi_engine_offload_bytes_total", 'direction="to_host"')
+                 if placement else None)
+    finally:
+        assert daemon.stop() == 0
+    return content, calls, moved, daemon.stderr()
+
+
+def test_routed_experts_in_ram_serve_the_same_tokens(checkpoints, tmp_path):
+    """Issue 17: the INT4 checkpoint served plain, with --cpu-moe (all three MoE layers
+    experts through the hybrid step) and --n-cpu-moe 1: the same greedy tokens, logprobs
+    within 1e-4, and the offload counters prove the hybrid path ran (on the CPU the device
+    half runs through the same code and host buffers)."""
+    plain, _, _, _ = _served(checkpoints[1], tmp_path / "plain")
+    for flags, layers in ((("--cpu-moe",), 3), (("--n-cpu-moe", "1"), 1)):
+        hybrid, calls, moved, log = _served(checkpoints[1], tmp_path / flags[-1], *flags)
+        assert [c["token"] for c in hybrid] == [c["token"] for c in plain], flags
+        assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(hybrid, plain)) <= 1e-4
+        tokens = len(plain)
+        assert calls >= 2 * layers * tokens  # every step of both requests, each offloaded layer
+        assert moved > 0
+        assert f"routed experts of {layers} of 3 MoE layers in RAM" in log, log
+
+
+def test_an_impossible_placement_is_refused_before_loading(checkpoints, tmp_path):
+    daemon = Daemon(tmp_path / "cache", "--model", str(checkpoints[1]), "--n-cpu-moe", "9")
+    with pytest.raises(RuntimeError, match="exited 1"):
+        daemon.start()
+    assert "--n-cpu-moe 9: this model has 3 MoE layers" in daemon.stderr()
+    assert "loading model" not in daemon.stderr()

@@ -33,11 +33,16 @@ def run_doctor(*args, cache) -> subprocess.CompletedProcess:
 
 
 def lines_by_check(stdout: str) -> dict[str, str]:
-    out = {}
+    """Check name -> its line, with any indented continuation lines (the placement table)."""
+    out, name = {}, None
     for line in stdout.splitlines():
+        if line.startswith("    ") and name:
+            out[name] += "\n" + line
+            continue
         match = re.match(r"(ok|x ) (.+?)(?: /\S+)?: ", line)
         assert match, f"not a check line: {line!r}"
-        out[match.group(2)] = line
+        name = match.group(2)
+        out[name] = line
     return out
 
 
@@ -110,8 +115,8 @@ def test_socket_path_too_long():
 def test_gpu_check_follows_the_device(kimi_cache):
     if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
-        over = doctor.check_gpu(EngineConfig(memory_cap=2 * total))
-        assert not over.is_ok and "less than memory-cap" in over.detail
+        over = doctor.check_gpu(EngineConfig(gpu_memory=2 * total))
+        assert not over.is_ok and "less than gpu-memory" in over.detail
     else:
         assert doctor.check_gpu(EngineConfig(device="auto")).detail == "no GPU: CPU mode"
         forced = doctor.check_gpu(EngineConfig(device="cuda"))
@@ -181,3 +186,21 @@ def test_proxy_doctor_leaves_the_state_directory_to_systemd(tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "StateDirectory=" in ok.stdout and f"ok port 127.0.0.1:{port}" in ok.stdout
     assert bad.returncode == 1 and "x ledger" in bad.stdout and "Traceback" not in bad.stderr
+
+
+def test_memory_plan_shows_where_each_part_lives(tmp_path, workdir):
+    """Issue 17: for a MoE model the plan lists bytes on the GPU and in RAM per part, from
+    the headers alone; a placement that cannot be met is a failed line with its numbers."""
+    sock = str(workdir / "run" / "engine.sock")
+    result = run_doctor("--socket", sock, "--model", "synthetic:small", "--cpu-moe",
+                        "--device", "cpu", cache=tmp_path / "cache")
+    plan = lines_by_check(result.stdout)["memory plan"]
+    assert plan.startswith("ok ")
+    for part in ("attention", "shared experts", "routed experts", "cache", "total"):
+        assert re.search(rf"^\s+{part}\s+0 B\s+\d", plan, re.M), (part, plan)
+    assert "routed experts of 7 of 7 MoE layers in RAM (layers 1..7)" in plan
+    refused = run_doctor("--socket", sock, "--model", "synthetic:small", "--n-cpu-moe", "8",
+                         "--device", "cpu", cache=tmp_path / "cache")
+    line = lines_by_check(refused.stdout)["memory plan"]
+    assert refused.returncode == 1 and line.startswith("x ")
+    assert "--n-cpu-moe 8: this model has 7 MoE layers, so it must be 0..7" in line

@@ -59,7 +59,12 @@ def test_a_cuda_plan_is_capped_by_free_gpu_memory_not_the_cgroup(fake_gpu):
     assert (budget.cap_bytes, budget.cap_source) == (10 * GiB, "free memory of Fake GPU")
     assert not budget.is_over_cap  # 6 GiB + 4 GiB KV
     assert memory.plan_budget(plan, 4096, 12 * GiB, "cuda").cap_bytes == 10 * GiB
-    assert memory.plan_budget(plan, 4096, 4 * GiB, "cuda").cap_source == "--memory-cap"
+    assert memory.plan_budget(plan, 4096, 4 * GiB, "cuda").cap_source == "--gpu-memory"
+    # routed experts kept in RAM leave the device plan, and are checked against the host cap
+    assert not memory.plan_budget(plan, 8192, 0, "cuda", in_ram=4 * GiB).is_over_cap  # 2 + 8
+    memory.check_host(1 * GiB, 0)                      # the fake cgroup's 1 GiB holds it
+    with pytest.raises(memory.MemoryCapError, match="routed experts kept in RAM"):
+        memory.check_host(1 * GiB + 1, 0)
     assert memory.plan_budget(plan, 8192, 0, "cuda").is_over_cap  # 6 GiB + 8 GiB KV
     assert memory.plan_budget(plan, 4096, 0, "cpu").cap_source == "cgroup memory.max"
 
