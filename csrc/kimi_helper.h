@@ -33,6 +33,16 @@ int gemv_w4a16(const float *x, int64_t rows, const uint8_t *qweight,
                const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,
                int64_t group, float *work, float *out, int nthreads);
 
+/* Dense W4A16 GEMM, for prefill: out[r, i] = sum_k x[r, k] * w[i, k] for any rows >= 1, w
+ * as above (mins may be NULL). x: [rows, k] fp32; out: [rows, n] fp32; group: any even
+ * divisor of k. Each thread decodes tiles of 16 weight rows x 256 inputs to fp32 on its own
+ * stack, once per 256 rows of x, and multiplies them while they are in L1: no fp32 copy of W
+ * and no work buffer. Each (r, i) is computed by the same operations whatever rows and
+ * nthreads are (not the same as gemv_w4a16's: the sums run in another order). */
+int gemm_w4a16(const float *x, int64_t rows, const uint8_t *qweight, const uint16_t *scales,
+               const uint16_t *mins, int64_t n, int64_t k, int64_t group, float *out,
+               int nthreads);
+
 /* W4A8 GEMV: as gemv_w4a16, but each row of x is first quantized to int8 per block of 32
  * (d = max|x|/127, xq = x/d rounded half away from zero; kimi_w4a8.c) and the dot products
  * with the codes are taken in integers. group must be a multiple of 32 (else KH_EINVAL:

@@ -10,6 +10,7 @@ exception; the ops (engined/ops/*/cpu_c.py) and layers call these functions, nev
   symmetric one, format version 2) once and returns an `Int4Weight` holding its C pointers; the hot calls `gemv`, `grouped_gemv` and
   `moe_swiglu` (and `moe_grouped`, the multi-row MoE) take that handle, so a decode GEMV costs a few microseconds of Python.
   `gemv_w4a8` is `gemv` with x quantized to int8 per block of 32 (`w4a8_simd` says which kernel runs).
+  `gemm` is the prefill GEMM (any row count, W decoded tile by tile, never whole).
   `gemv_f16` is the fp16 LM head; `unpack` dequantizes a handle to fp32.
 - `unpack_int4`, `gemv_w4a16`, `grouped_gemv_w4a16`, `moe_swiglu_w4a16`: the same kernels
   on numpy arrays, returning new arrays (the known-answer tests, and dequantizing).
@@ -200,6 +201,22 @@ def _row_passes(fn, what: str, w: Int4Weight, x, out, work_floats: int, threads:
                     work, cast("float *", out_addr + 4 * start * n), threads)
         if status:
             check(status, what)
+    return out
+
+
+def gemm(w: Int4Weight, x, out=None, threads: int = 1):
+    """out[M, N] = x[M, K] @ W^T in fp32 for any M >= 1, W one packed linear: each thread
+    decodes small tiles of W to fp32 and meets them with every row (csrc/kimi_gemm.c), so
+    prefill never holds an [N, K] fp32 copy. Returns out."""
+    if w.experts:
+        raise ValueError("gemm_w4a16 takes one linear, not an expert stack")
+    x = _as_rows(x, w.k)
+    out = _out(out, (x.shape[0], w.n))
+    cast = ffi.cast
+    status = lib.gemm_w4a16(cast("float *", x.data_ptr()), x.shape[0], w.q, w.s, w.m, w.n, w.k,
+                            w.group, cast("float *", out.data_ptr()), threads)
+    if status:
+        check(status, "gemm_w4a16")
     return out
 
 
