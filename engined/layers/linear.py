@@ -3,7 +3,8 @@
 A linear is either built around loaded tensors (`from_packed`, the Llama loader) or
 allocated empty and filled slot by slot through a checkpoint table (`Linear(...)` + `slot`,
 the Kimi-Linear loader). Decode rows (M <= helper.MAX_ROWS) of an INT4 weight run the
-registered w4a16_gemv variant; longer inputs dequantize W once per call and run one matmul.
+registered w4a16_gemv variant; longer inputs (prefill chunks) run w4a16_gemm on the CPU, which
+never holds W in fp32, and on a GPU dequantize W once per call and run one matmul.
 Imports nothing that needs cffi, so a GPU image without it can build a model.
 """
 import torch
@@ -41,7 +42,7 @@ class Linear:
         self.out_features, self.in_features = out_features, in_features
         self.group_size = group_size
         self.device = torch.device(device)
-        self._gemv = None  # resolved at the first call (a model planned on "meta" never runs)
+        self._gemv = self._gemm = None  # resolved at the first call (a "meta" model never runs)
         self._packed = None
         if group_size is None:
             self.weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
@@ -60,7 +61,7 @@ class Linear:
         out_features, in_features = packed.shape
         lin = cls.__new__(cls)
         lin.out_features, lin.in_features, lin.group_size = out_features, in_features, packed.group_size
-        lin.device, lin._gemv, lin._packed = torch.device(device), None, packed
+        lin.device, lin._gemv, lin._gemm, lin._packed = torch.device(device), None, None, packed
         lin.qweight, lin.scales, lin.mins = packed.qweight, packed.scales, packed.mins
         return lin
 
@@ -124,6 +125,10 @@ class Linear:
             if self._gemv is None:
                 self._gemv = registry.resolve("w4a16_gemv", self.device.type).fn
             return self._gemv(x, self.packed).to(x.dtype)
+        if self.device.type == "cpu":
+            if self._gemm is None:
+                self._gemm = registry.resolve("w4a16_gemm", "cpu").fn
+            return self._gemm(x, self.packed).to(x.dtype)
         return F.linear(x, self.dense_weight(x.dtype))
 
     def select_gemv(self, op: str = "w4a16_gemv"):

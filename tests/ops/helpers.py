@@ -72,6 +72,28 @@ GEMV = [
 ]
 
 
+GEMM = [  # prefill rows: the C GEMM's register blocks (6 rows x 16 outputs), tiles of 256 inputs
+    gemv_case(9, 40, 96, 32),                   # one block of 6 rows and a tail of 3
+    gemv_case(1, 40, 96, 32, seed=1),           # M = 1 runs here too
+    gemv_case(13, 17, 192, 64, seed=2),         # N < 16: a partial tile of weight rows
+    gemv_case(12, 1, 64, 32, seed=3),           # N = 1
+    gemv_case(7, 33, 160, 32, seed=4),          # 5 groups: odd group count
+    gemv_case(20, 24, 96, 16, seed=5),          # group 16
+    gemv_case(10, 20, 30, 6, seed=6),           # group 6: K % 8 != 0 (the portable decode)
+    gemv_case(40, 50, 600, 2, seed=7),          # group 2; K spans 3 tiles, the last partial
+    gemv_case(17, 70, 576, 96, seed=8),         # a group straddles two tiles of 256 inputs
+    gemv_case(300, 48, 320, 32, seed=9),        # M > 256: two passes of rows over each tile
+    gemv_case(11, 40, 96, 32, torch.bfloat16, seed=10),
+    gemv_case(64, 192, 576, 32, seed=11),       # SmolLM2 shapes
+    gemv_case(33, 576, 1536, 32, seed=12),
+    gemv_case(9, 40, 96, 32, seed=13, symmetric=True),
+    gemv_case(13, 17, 192, 64, seed=14, symmetric=True),
+    gemv_case(10, 20, 30, 6, seed=15, symmetric=True),
+    gemv_case(300, 48, 320, 32, seed=16, symmetric=True),
+    gemv_case(33, 576, 1536, 32, seed=17, symmetric=True),
+]
+
+
 def w4a8_case(m: int, n: int, k: int, group: int, dtype=torch.float32, seed=0,
               symmetric: bool = False) -> Case:
     """The reference quantizes x exactly as C does, so only fp32 accumulation differs."""
@@ -209,7 +231,7 @@ PAGED_MLA = [
 ]
 
 
-CASES = {"w4a16_gemv": GEMV, "w4a8_gemv": W4A8, "moe_grouped": MOE, "kda_step": KDA, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
+CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "moe_grouped": MOE, "kda_step": KDA, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
          "moe_swiglu": routed("moe_swiglu")}
 
 

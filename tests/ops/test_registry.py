@@ -8,6 +8,7 @@ from engined.ops import registry
 # changing this table on purpose (local-kimi once shipped the reference by accident).
 SHIPPED = {
     ("w4a16_gemv", "cpu"): "cpu_c",
+    ("w4a16_gemm", "cpu"): "cpu_c",
     ("w4a16_grouped_gemv", "cpu"): "cpu_c",
     ("w4a8_gemv", "cpu"): "cpu_c",
     ("moe_swiglu", "cpu"): "cpu_c",
