@@ -11,7 +11,8 @@ TIME   := bash tools/phase.sh
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-slow test-all test-clients bench bench-deps install uninstall clean
+.PHONY: setup run test test-slow test-all test-clients bench bench-deps gpu-carry install \
+	uninstall clean
 
 setup: $(STAMP)
 
@@ -59,6 +60,20 @@ bench: bench-deps
 	@$(PY) bench/kernels.py
 	@$(PY) bench/proxy_overhead.py
 	@$(PY) bench/agent_turns.py
+
+# The GPU machine's image (python 3.12, torch; no cffi, numpy or network) cannot build or
+# import the C helper, so it is carried there (bench/gpu_run.sh's header has the `run` call):
+# this fetches the cp312 wheels of what the built helper imports, cffi at the version that
+# built it and numpy, into .gpu-carry/wheels (~17 MB); gpu_run.sh unpacks them on that image.
+GPU_CARRY := .gpu-carry/wheels
+GPU_PINS = $(shell $(PY) -c 'import cffi, numpy; print(f"cffi=={cffi.__version__} numpy=={numpy.__version__}")')
+
+gpu-carry: setup
+	@rm -rf .gpu-carry && mkdir -p $(GPU_CARRY)
+	@$(TIME) gpu-carry "$(PIP) download --only-binary=:all: --no-deps --python-version 3.12 \
+	  --implementation cp --abi cp312 --platform manylinux2014_x86_64 \
+	  --platform manylinux_2_28_x86_64 -d $(GPU_CARRY) $(GPU_PINS)"
+	@ls -l $(GPU_CARRY) engined/_kimi_helper.abi3.so
 
 install:
 	@bash tools/install.sh install $(PREFIX) $(DESTDIR)

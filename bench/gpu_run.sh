@@ -6,7 +6,9 @@
 #
 #   bash bench/gpu_run.sh [--dry-run] [kernels] [serve] [offload]        # default: all three
 #
-# Sections, with their limits (520 s together: one 10-minute command of a GPU lease):
+# Sections, with their limits. One command of a GPU lease runs at most 600 s, so a lease runs
+# `kernels serve` (510 s) as one command and `offload` (300 s) as another; all three at once
+# (810 s) only fit a longer command:
 #   kernels  240 s  bench/kernels.py (the Triton INT4 GEMV variants at Kimi-Linear shapes, GB/s
 #                   against the device); `python -m engined.commands.bench` (in-process batch-1
 #                   decode of synthetic Kimi-Linear-48B INT4, CUDA graph, vs its roofline);
@@ -15,26 +17,47 @@
 #                   synthetic:kimi-linear-48b`, through its socket: decode at 1, 2, 4 and 8
 #                   streams, TTFT at 8k and 32k prompt tokens, graph capture failures, peak
 #                   device memory, and the batch-1 roofline it is compared with.
-#   offload   10 s  not built yet (issue 17): reported as skipped.
+#   offload  300 s  bench/offload.py: synthetic:kimi-linear-48b served twice, with
+#                   `--gpu-memory 24GiB` and with `--cpu-moe` (routed experts in RAM, run by
+#                   the C helper on all 16 CPU threads): batch-1 decode, 8k-token prefill TTFT,
+#                   peak device memory (CUDA context included), the placement the engine
+#                   logged, its offload counters; the host's RAM read bandwidth (the helper's
+#                   read_probe) and the decode rate it caps the CPU part at.
 # Goals on an H200 (issue 15): served batch-1 decode >= 60% of the roofline; 8 streams >= 5x
-# one; 32k-token prefill <= 3 s.
+# one; 32k-token prefill <= 3 s. Issue 17 (16 cores, 128 GiB RAM): --cpu-moe decode >= 50% of
+# the RAM-bandwidth cap; --gpu-memory 24GiB decode >= 2x --cpu-moe, its peak <= 24 GiB.
+#
+# The C helper on the GPU image (the offload section needs it; without it offload.py stops at
+# once and says this): the image cannot build it (no cffi, no network), so it is carried
+# there. `make gpu-carry` on the build machine fetches the cp312 wheels of what the built
+# helper imports: cffi (its _cffi_backend, the version that built the helper) and numpy
+# (engined/helper.py imports it beside the helper), ~17 MB in .gpu-carry/wheels. Then the
+# session's device tool runs, as one call (its carry takes ignored paths, 64 MiB in all):
+#   command: bash bench/gpu_run.sh offload       timeout_s: 360
+#   carry:   ["engined/_kimi_helper.abi3.so", ".gpu-carry/wheels"]
+# Here the wheels that match the running python (cp312 there; none on the build machine's
+# 3.11) are unpacked into .gpu-carry/cpXY unless that python imports them already, and that
+# folder and the repository (the bench scripts import engined uninstalled) go on PYTHONPATH.
 #
 # Output, written as each section ends, under $OUT (default bench/results/gpu-DATE; only $OUT
-# comes back from a GPU lease): NAME.log for each section, serve.json, kernels-gemv.json,
-# summary.txt (each section's status and seconds), and RESULTS.add.md: the lines this run
-# appended to bench/RESULTS.md (the scripts' result lines and one line for the whole run).
+# comes back from a GPU lease): NAME.log for each section, serve.json, offload.json,
+# kernels-gemv.json, summary.txt (each section's status and seconds), and RESULTS.add.md:
+# the lines this run appended to bench/RESULTS.md (the scripts' result lines and one line for
+# the whole run).
 #
 # --dry-run: the same sections on the CPU, no GPU needed: synthetic:small served with 1 and
 # 2 streams of 8 tokens and a 256-token prefill; kernels.py's CPU variants with an 8 MiB
 # working set; the in-process decode of synthetic:tiny; the gpu-marked tests collected, not
-# run. OUT defaults to a temporary folder and nothing is appended to RESULTS.md. `make test`
-# runs it (tests/blackbox/test_scripts.py; 20-55 s on 2 shared cores), so the script is
-# tested before its one GPU shot. Env: PYTHON (default python3), OUT, BF16.
+# run; offload's placements --cpu-moe and --n-cpu-moe 1 (on the CPU --gpu-memory is ignored)
+# served with 8 tokens and a 256-token prefill, a 64 MiB probe. OUT defaults to a temporary
+# folder and nothing is appended to RESULTS.md. `make test` runs it
+# (tests/blackbox/test_scripts.py; 30-65 s on 2 shared cores), so the script is tested before
+# its one GPU shot. Env: PYTHON (default python3), OUT, BF16.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 RESULTS=bench/RESULTS.md
-declare -A LIMIT=([kernels]=240 [serve]=270 [offload]=10)
+declare -A LIMIT=([kernels]=240 [serve]=270 [offload]=300)
 SKIPPED=77  # a section's exit status for "not run here", as automake's test harness reads it
 
 step() {  # step SECONDS COMMAND...: one command of a section; a failure fails the section
@@ -85,9 +108,30 @@ section_serve() {
   fi
 }
 
-section_offload() {
-  echo "not built yet (issue 17)"
-  return $SKIPPED
+section_offload() {  # offload.py exits 2 at once, saying how to carry it, without the helper
+  if [ "$DRY" = 1 ]; then
+    step 90 "$PY" bench/offload.py --model synthetic:small --device cpu --threads 2 \
+      --placements cpu-moe,n-cpu-moe=1 --new-tokens 8 --runs 1 --prefill 256 --probe-mib 64 \
+      --start-timeout 60 --out "$OUT"
+  else
+    step 295 "$PY" bench/offload.py --model synthetic:kimi-linear-48b --device cuda \
+      --placements gpu-memory=24GiB,cpu-moe --start-timeout 120 --out "$OUT" --record "$RESULTS"
+  fi
+}
+
+use_carried_wheels() {  # `make gpu-carry`'s wheels for this python, unless it has them already
+  local tag wheel module
+  tag=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])') || return 1
+  for wheel in .gpu-carry/wheels/*-"$tag"-"$tag"-*.whl; do
+    [ -f "$wheel" ] || continue
+    module=${wheel##*/}
+    module=${module%%-*}
+    [ "$module" = cffi ] && module=_cffi_backend  # all the built helper imports of cffi
+    "$PY" -c "import $module" 2>/dev/null && continue
+    "$PY" -m zipfile -e "$wheel" ".gpu-carry/$tag" || return 1
+    echo "gpu_run.sh: $module from the carried ${wheel##*/}"
+  done
+  [ ! -d ".gpu-carry/$tag" ] || export PYTHONPATH=$PWD/.gpu-carry/$tag:$PYTHONPATH
 }
 
 run_section() {  # the whole section under its limit, in its own process group (timeout's)
@@ -126,6 +170,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(kernels serve offload)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # engined for the bench scripts, uninstalled
+use_carried_wheels || exit 1
 if [ "$DRY" = 1 ]; then
   OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/kimi-gpu-dry-run.XXXXXX")}
 else

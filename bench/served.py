@@ -23,16 +23,19 @@ DEVICE_PEAK = "kimi_engine_device_memory_peak_bytes"
 
 
 class Engine:
-    """`python -m engined serve` on a temporary socket; its log kept for a failed start."""
+    """`python -m engined serve` on a temporary socket; its log kept for a failed start.
+    extra_args: more serve flags, e.g. ("--cpu-moe",) or ("--gpu-memory", "24GiB")."""
 
     def __init__(self, model: str, device: str, max_context: int, max_batch: int,
-                 threads: int | None = None, start_timeout: float = 300):
+                 threads: int | None = None, start_timeout: float = 300,
+                 extra_args: tuple[str, ...] = ()):
         self.device = device
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="kimi-serve-"))
         self.sock, self.log = str(self.dir / "engine.sock"), self.dir / "engine.log"
         command = [sys.executable, "-m", "engined", "serve", "--model", model, "--device", device,
                    "--socket", self.sock, "--max-context", str(max_context),
-                   "--max-batch", str(max_batch)] + (["--threads", str(threads)] if threads else [])
+                   "--max-batch", str(max_batch), *extra_args] + (
+                       ["--threads", str(threads)] if threads else [])
         env = dict(os.environ, XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(self.dir)))
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)

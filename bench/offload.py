@@ -1,0 +1,276 @@
+"""Hybrid MoE serving: a synthetic Kimi-Linear served with routed experts in RAM, beside the
+RAM-bandwidth cap of the CPU part (issue 17).
+
+    python bench/offload.py --out DIR --record bench/RESULTS.md    # bash bench/gpu_run.sh offload
+    .venv/bin/python bench/offload.py --model synthetic:small --device cpu --threads 2 \\
+        --placements cpu-moe,n-cpu-moe=1 --new-tokens 8 --prefill 256 --probe-mib 64 --out DIR
+
+For each placement (default: `--gpu-memory 24GiB`, then `--cpu-moe`; NAME[=VALUE] is the
+serve flag --NAME [VALUE]) it starts `python -m engined serve` with that flag and measures,
+through the socket, as bench/serve_streams.py does (its functions, reused): served greedy
+decode tok/s at --streams, TTFT of a --prefill-token prompt (after a 256-token warm-up),
+peak device memory with its source (nvidia-smi's row of the engine process, CUDA context
+included; VmHWM on the CPU), the placement table's lines from the engine log (how many MoE
+layers' routed experts are in RAM), and the offload metrics that prove the hybrid path ran.
+
+RAM-bandwidth cap of a placement = host read bandwidth / routed-expert bytes the CPU reads
+per decoded token: for each MoE layer in RAM, top_k/E of its w1/w3/w2 banks (INT4 codes and
+scales; weights/placement.model_parts of the model planned on the meta device). Bandwidth:
+the C helper's read_probe on --threads pool threads (bench/kernels.py's probe, median of 7)
+over --probe-mib, measured before any engine starts. Goals on the GPU machine: --cpu-moe
+decode >= 50% of its cap; --gpu-memory 24GiB decode >= 2x the --cpu-moe figure, with peak
+device memory <= 24 GiB. Results go to DIR/offload.json after each phase (a section killed
+at its limit keeps what it measured). The hybrid path needs the C helper: without it this
+exits 2 before starting any engine, saying how to carry it to the GPU image.
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import signal
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from common import hardware  # noqa: E402
+from serve_streams import decode_rates, prefill_ttft, prompt_tokens, sizes, stream_prompts  # noqa: E402
+from served import Engine, GpuMemorySampler, peak_memory  # noqa: E402
+
+PLACEMENT_RE = re.compile(r"kimi-engine: (placement on .*|  routed experts of (\d+) of (\d+) "
+                          r"MoE layers in RAM.*)$")
+OFFLOAD_CALLS = "kimi_engine_offload_moe_calls_total"
+OFFLOAD_BYTES = 'kimi_engine_offload_bytes_total{direction="%s"}'
+DECODE_STEPS = "kimi_engine_decode_steps_total{"
+CARRY_HINT = (
+    "On the GPU image (python 3.12, torch, no cffi or numpy, no network) carry it: run "
+    "`make gpu-carry` where the repository is built (it fetches the cp312 cffi and numpy "
+    "wheels into .gpu-carry/wheels), then run `bash bench/gpu_run.sh offload` with carry "
+    '["engined/_kimi_helper.abi3.so", ".gpu-carry/wheels"]: gpu_run.sh unpacks the wheels for '
+    "that python and puts them on PYTHONPATH. Elsewhere: `make setup` builds the helper.")
+
+
+def placements(text: str) -> list[tuple[str, tuple[str, ...]]]:
+    """'gpu-memory=24GiB,cpu-moe' -> [('gpu-memory=24GiB', ('--gpu-memory', '24GiB')),
+    ('cpu-moe', ('--cpu-moe',))]."""
+    rows = []
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        rows.append((item, (f"--{name}", value) if value else (f"--{name}",)))
+    return rows
+
+
+def helper_missing() -> str | None:
+    """Why the hybrid path cannot run here, or None when the C helper imported."""
+    from engined import helper
+
+    try:
+        helper.require()
+    except helper.HelperError as exc:
+        return (f"bench/offload.py: {exc}. The hybrid MoE path computes the routed experts in "
+                f"RAM on the CPU threads through the C helper (engined/_kimi_helper.abi3.so, "
+                f"an abi3 cffi module that needs cffi's _cffi_backend and numpy). {CARRY_HINT}")
+    return None
+
+
+def ram_read_bandwidth(threads: int, mib: int) -> float:
+    """Host read bandwidth, bytes/s: bench/kernels.py's probe on `threads` pool threads."""
+    import kernels
+    from engined.ops.w4a16_gemv import cpu_c
+
+    cpu_c.set_num_threads(threads)
+    return kernels.probe_bandwidth(mib << 20, 0) * 1e9
+
+
+def routed_bytes_per_token(spec: str) -> list[int]:
+    """Per MoE layer, in layer order: the routed-expert bytes one decoded token reads (top_k
+    of E experts' w1/w3/w2, codes and scales), from the model planned on the meta device."""
+    from engined.weights import synthetic
+    from engined.weights.placement import model_parts
+
+    model = synthetic.build(synthetic.config_of(spec), "meta", fill=False)
+    c = model.config
+    return [nbytes * c.num_experts_per_token // c.num_experts
+            for _, nbytes in model_parts(model).routed]
+
+
+def placement_of(log: str) -> dict:
+    """The engine log's placement table -> its header, the RAM line and the counts."""
+    found = {"lines": []}
+    for line in log.splitlines():
+        match = PLACEMENT_RE.search(line)
+        if match:
+            found["lines"].append(match.group(1).strip())
+            if match.group(2):
+                found["layers_in_ram"], found["moe_layers"] = int(match[2]), int(match[3])
+    return found
+
+
+def offload_counts(metrics: dict[str, float]) -> dict:
+    steps: dict[str, float] = {}
+    for name, value in metrics.items():
+        if name.startswith(DECODE_STEPS):
+            mode = re.search(r'mode="(\w+)"', name)[1]
+            steps[mode] = steps.get(mode, 0) + value
+    return {"moe_calls": metrics.get(OFFLOAD_CALLS, 0),
+            "bytes_to_host": metrics.get(OFFLOAD_BYTES % "to_host", 0),
+            "bytes_to_device": metrics.get(OFFLOAD_BYTES % "to_device", 0),
+            "decode_steps": steps}
+
+
+def measure_placement(args, flags: tuple[str, ...], row: dict, save):
+    """One engine with `flags`: decode, prefill, placement, offload counters and peak memory
+    into `row`, saved after each phase."""
+    engine = Engine(args.model, args.device, args.max_context, max(args.streams), args.threads,
+                    args.start_timeout, flags)
+    sampler = GpuMemorySampler.start_for(engine) if args.device == "cuda" else None
+    try:
+        row["placement"] = placement_of(engine.log.read_text(errors="replace"))
+        row["decode_prompt_tokens"] = prompt_tokens(engine, stream_prompts(1)[0])
+        row["decode_tok_s"], row["prefill"] = {}, {}
+        for n, rate in decode_rates(engine, args):
+            row["decode_tok_s"][n] = rate
+            save()
+        prefill_ttft(engine, 256, seed=0)  # warm-up: the prefill path at one chunk
+        for size in args.prefill:
+            ttft, counted = prefill_ttft(engine, size, seed=size + 1)
+            row["prefill"][size] = {"ttft_s": ttft, "prompt_tokens": counted}
+            save()
+        metrics = engine.metrics()
+        row["offload"] = offload_counts(metrics)
+        row["peak_memory"] = sampler.result() if sampler else peak_memory(engine, metrics, None)
+        save()
+    finally:
+        engine.stop()
+
+
+def ram_cap(row: dict, per_layer: list[int], bandwidth: float) -> dict | None:
+    """The decode rate the CPU part allows when bandwidth is its only limit, and the share of
+    it the served batch-1 decode reached. Layers go to RAM first-to-last (--n-cpu-moe)."""
+    layers = row.get("placement", {}).get("layers_in_ram")
+    if not layers:
+        return None
+    moved = sum(per_layer[:layers])
+    rate = row.get("decode_tok_s", {}).get(1)
+    return {"bytes_per_token": moved, "tok_s": bandwidth / moved,
+            "pct": 100 * rate * moved / bandwidth if rate else None}
+
+
+def goals(r: dict) -> dict[str, bool]:
+    """Issue 17's goals, judged where this run measured them (on CUDA only)."""
+    from engined.config import parse_size
+
+    rows, verdicts = r.get("placements", {}), {}
+    cpu = rows.get("cpu-moe", {})
+    cap = cpu.get("ram_cap") or {}
+    if cap.get("pct") is not None:
+        verdicts["--cpu-moe decode >= 50% of the RAM-bandwidth cap"] = cap["pct"] >= 50
+    for name, row in rows.items():
+        if not name.startswith("gpu-memory="):
+            continue
+        budget, rate = name.partition("=")[2], row.get("decode_tok_s", {}).get(1)
+        if rate and cpu.get("decode_tok_s", {}).get(1):
+            verdicts[f"--gpu-memory {budget} decode >= 2x --cpu-moe"] = (
+                rate >= 2 * cpu["decode_tok_s"][1])
+        peak = row.get("peak_memory", {}).get("bytes")
+        if peak:
+            verdicts[f"--gpu-memory {budget} peak <= {budget}"] = peak <= parse_size(budget)
+    return verdicts
+
+
+def summary(r: dict) -> list[str]:
+    bw = r.get("ram_read", {})
+    lines = [f"offload {r['model']} on {r.get('device_name', r['device'])}, host {r['host']}, "
+             f"RAM read {bw.get('gbs', 0):.1f} GB/s on {r['threads']} threads:"]
+    for name, row in r.get("placements", {}).items():
+        if "error" in row:
+            lines.append(f"  --{name}: FAILED: {row['error'].splitlines()[0]}")
+            continue
+        place, off = row.get("placement", {}), row.get("offload", {})
+        rates = ", ".join(f"{n} stream(s) {v:.1f} tok/s" for n, v in row.get("decode_tok_s", {}).items())
+        ttft = ", ".join(f"{n}-token prefill TTFT {v['ttft_s']:.2f} s"
+                         for n, v in row.get("prefill", {}).items())
+        part = [f"  --{name.replace('=', ' ')}: experts of {place.get('layers_in_ram', '?')} of "
+                f"{place.get('moe_layers', '?')} MoE layers in RAM; decode {rates or 'not measured'}; "
+                f"{ttft or 'prefill not measured'}; offload calls {off.get('moe_calls', 0):.0f}"]
+        cap, peak = row.get("ram_cap"), row.get("peak_memory")
+        if cap:
+            reached = f", served batch 1 = {cap['pct']:.0f}% of it" if cap["pct"] is not None else ""
+            part.append(f"RAM cap {cap['bytes_per_token'] / 1e6:.1f} MB/token = "
+                        f"{cap['tok_s']:.1f} tok/s{reached}")
+        if peak:
+            part.append(f"peak {peak['bytes'] / 2**30:.2f} GiB ({peak['source']})")
+        lines.append("; ".join(part))
+    if r["device"] != "cuda":
+        return lines + ["  goals: set for the GPU machine, not judged on the CPU"]
+    return lines + [f"  goal {goal}: {'met' if met else 'NOT met'}"
+                    for goal, met in r.get("goals_met", {}).items()]
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="synthetic:kimi-linear-48b")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    ap.add_argument("--placements", type=placements, default="gpu-memory=24GiB,cpu-moe",
+                    help="serve flags to compare, NAME[=VALUE] each, comma-separated")
+    ap.add_argument("--streams", type=sizes, default=(1,), help="concurrent decode streams")
+    ap.add_argument("--prefill", type=sizes, default=(8192,), help="prompt tokens")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=3, help="decode runs per stream count")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                    help="engine and probe CPU threads (default: every core this process may use)")
+    ap.add_argument("--probe-mib", type=int, default=1024, help="read-bandwidth buffer")
+    ap.add_argument("--start-timeout", type=float, default=150)
+    ap.add_argument("--out", type=pathlib.Path, required=True, help="folder for offload.json")
+    ap.add_argument("--record", metavar="RESULTS_MD", help="append the summary line here")
+    args = ap.parse_args(argv)
+    args.max_context = max(args.prefill) + 128
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    missing = helper_missing()
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a section timeout: stop the engine
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"model": args.model, "device": args.device, "host": hardware(),
+              "threads": args.threads, "new_tokens": args.new_tokens, "placements": {}}
+
+    def save():
+        (args.out / "offload.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    bandwidth = ram_read_bandwidth(args.threads, args.probe_mib)
+    result["ram_read"] = {"gbs": bandwidth / 1e9, "mib": args.probe_mib,
+                          "source": "the C helper's read_probe, median of 7 passes"}
+    per_layer = routed_bytes_per_token(args.model)
+    result["routed_bytes_per_token_per_moe_layer"] = per_layer
+    save()
+    failed = False
+    for name, flags in args.placements:
+        row = result["placements"][name] = {"flags": list(flags)}
+        try:
+            measure_placement(args, flags, row, save)
+        except (RuntimeError, OSError) as exc:  # one placement failing leaves the other's numbers
+            row["error"], failed = str(exc), True
+        row["ram_cap"] = ram_cap(row, per_layer, bandwidth)
+        save()
+    if args.device == "cuda":
+        import torch
+        result["device_name"] = torch.cuda.get_device_name()
+    result["goals_met"] = goals(result) if args.device == "cuda" else {}
+    save()
+    lines = summary(result)
+    print("\n".join(lines))
+    if args.record:
+        command = " ".join(["python bench/offload.py", *(argv or sys.argv[1:])])
+        with open(args.record, "a") as f:
+            f.write(f"- {time.strftime('%Y-%m-%d')} {lines[0]} "
+                    + "; ".join(line.strip() for line in lines[1:]) + f" (`{command}`)\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
