@@ -14,6 +14,7 @@ from engined.layers.rmsnorm import GatedRMSNorm
 from engined.ops import registry
 
 CHUNK = 64
+DECAY_BLOCK_BYTES = 1 << 20  # pair decays built per block of heads (prefill transients)
 L2_EPS = 1e-6
 
 
@@ -63,18 +64,31 @@ def _pair_decay(gam: torch.Tensor, strict: bool) -> torch.Tensor:
     return diff.masked_fill(~keep[None, :, :, None], float("-inf")).exp()
 
 
+def _decayed_scores(a, b, gam, strict: bool) -> torch.Tensor:
+    """Σ_k a[h,i,k] b[h,j,k] exp(Γ_i - Γ_j)[k] for j < i (strict) or j <= i, else 0: [H, C, C].
+    A few heads at a time: the [H, C, C, K] decays of every head at once (and the temporaries
+    that build them) are 67 MB each per chunk at 48B sizes (32 heads, C = 64, K = 128)."""
+    h, c, k = a.shape
+    step = max(1, DECAY_BLOCK_BYTES // (c * c * k * a.element_size()))
+    out = a.new_empty(h, c, c)
+    for h0 in range(0, h, step):
+        s = slice(h0, h0 + step)
+        out[s] = torch.einsum("hik,hjk,hijk->hij", a[s], b[s], _pair_decay(gam[s], strict))
+    return out
+
+
 def _chunk(q, k, v, g, beta, S):
     """One chunk, all heads (reference §2.2 chunkwise form). q (scaled), k, g: [H, C, K];
     v: [H, C, V]; beta: [H, C]; S: [H, K, V] -> (o [H, C, V], S_next [H, K, V])."""
     c = q.shape[1]
     gam = g.cumsum(1)                                           # Γ: [H, C, K]
-    L = torch.einsum("hik,hjk,hijk->hij", k, k, _pair_decay(gam, strict=True)) * beta.unsqueeze(-1)
+    L = _decayed_scores(k, k, gam, strict=True) * beta.unsqueeze(-1)
     eye = torch.eye(c, dtype=q.dtype, device=q.device)
     Tm = torch.linalg.solve_triangular(eye + L, torch.diag_embed(beta), upper=False,
                                        unitriangular=True)      # (I + L)^-1 Diag(β): [H, C, C]
     W = Tm @ (gam.exp() * k)                                    # [H, C, K]
     Vn = Tm @ v - W @ S                                         # [H, C, V]
-    A = torch.einsum("hik,hjk,hijk->hij", q, k, _pair_decay(gam, strict=False))
+    A = _decayed_scores(q, k, gam, strict=False)
     o = (q * gam.exp()) @ S + A @ Vn
     last = gam[:, -1:, :]                                       # [H, 1, K]
     S_next = last.transpose(1, 2).exp() * S + ((last - gam).exp() * k).transpose(1, 2) @ Vn
