@@ -1,5 +1,6 @@
 """The prefill GEMM (w4a16_gemm cpu_c) beyond equivalence: every SIMD level, both INT4 kinds,
-rows and threads that do not change a bit, and Linear running it instead of dequantizing."""
+rows and threads that do not change a bit, and Linear's CPU paths, none of which builds a whole
+fp32 copy of its weight."""
 import pytest
 import torch
 
@@ -76,3 +77,14 @@ def test_cpu_prefill_rows_never_dequantize_the_weight(monkeypatch, symmetric):
         x = torch.randn(rows, 576)
         torch.testing.assert_close(lin(x), reference.w4a16_gemm(x, lin.packed),
                                    atol=2e-5 * 576, rtol=1e-4)
+
+
+def test_a_narrower_dense_weight_is_cast_block_by_block(monkeypatch):
+    """A bf16 weight under fp32 activations (Kimi-Linear's head) is cast CAST_BLOCK_BYTES at a
+    time, with F.linear's result."""
+    lin = Linear(1000, 96, torch.bfloat16)
+    lin.weight.copy_(torch.randn(1000, 96))
+    monkeypatch.setattr("engined.layers.linear.CAST_BLOCK_BYTES", 96 * 4 * 300)  # 4 blocks
+    for rows in (1, 20):
+        x = torch.randn(rows, 96)
+        assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight.float()))
