@@ -111,16 +111,26 @@ def _out(out, shape: tuple):
 _local = threading.local()
 
 
+KEEP_WORKSPACE_FLOATS = 1 << 20
+"""Scratch up to this size (4 MiB: any decode step's) stays with its thread between calls; a
+prefill's larger scratch (moe_grouped: 33 MiB for 200 tokens of 8 routes at D = 2048) is
+returned after its call, so the process does not keep its peak for good."""
+
+
 def _workspace(nfloats: int):
-    """A per-thread scratch buffer of at least `nfloats` fp32 (sizes come from C)."""
+    """(owner, float *) of a scratch buffer of at least `nfloats` fp32 (sizes come from C):
+    the thread's cached buffer, or a one-off one that lives while the caller holds owner."""
     if nfloats < 0:
         raise HelperError("gemv_w4a16_work_floats: invalid argument")
+    if nfloats > KEEP_WORKSPACE_FLOATS:
+        buf = torch.empty(nfloats, dtype=F32)
+        return buf, ffi.cast("float *", buf.data_ptr())
     local = _local.__dict__
     if local.get("size", 0) < nfloats:
         local["buf"] = torch.empty(max(nfloats, 1 << 16), dtype=F32)
         local["size"] = local["buf"].numel()
         local["ptr"] = ffi.cast("float *", local["buf"].data_ptr())
-    return local["ptr"]
+    return local["buf"], local["ptr"]
 
 
 # --- packed INT4 weights ---------------------------------------------------------------
@@ -194,7 +204,7 @@ def _row_passes(fn, what: str, w: Int4Weight, x, out, work_floats: int, threads:
     rows = x.shape[0]
     out = _out(out, (rows, n))
     x_addr, out_addr = x.data_ptr(), out.data_ptr()
-    work, cast = _workspace(work_floats), ffi.cast
+    (_owner, work), cast = _workspace(work_floats), ffi.cast
     for start in range(0, rows, MAX_ROWS):  # one pass when rows <= MAX_ROWS
         m = min(MAX_ROWS, rows - start)
         status = fn(cast("float *", x_addr + 4 * start * k), m, w.q, w.s, w.m, n, k, w.group,
@@ -253,7 +263,7 @@ def moe_grouped(gate: Int4Weight, up: Int4Weight, down: Int4Weight, x, experts, 
     top_k = experts.shape[1]
     out = _out(out, (tokens, d))
     cast = ffi.cast
-    work = _workspace(lib.moe_grouped_work_floats(tokens * top_k, d, inner, group))
+    _owner, work = _workspace(lib.moe_grouped_work_floats(tokens * top_k, d, inner, group))
     status = lib.moe_grouped_w4a16(
         cast("float *", x.data_ptr()), tokens, top_k, cast("int64_t *", experts.data_ptr()),
         cast("float *", weights.data_ptr()), e, gate.q, gate.s, gate.m, up.q, up.s, up.m,
@@ -278,7 +288,7 @@ def _routed(fn, what, stacks, x, expert_ids, out, threads):
         expert_ids = expert_ids.to(torch.int64).contiguous()
     routes, x_rows = expert_ids.shape[0], x.shape[0]
     out = _out(out, (routes, w.n))
-    work = _workspace(lib.gemv_w4a16_work_floats(x_rows, w.k, w.group))
+    _owner, work = _workspace(lib.gemv_w4a16_work_floats(x_rows, w.k, w.group))
     weights = [p for s in stacks for p in (s.q, s.s, s.m)]
     cast = ffi.cast
     status = fn(cast("float *", x.data_ptr()), x_rows, cast("int64_t *", expert_ids.data_ptr()),
