@@ -55,6 +55,16 @@ int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16
               float *out, int nthreads);
 int w4a8_simd(void);
 
+/* Q8_0 GEMV, the tied LM head as the GGUF ships it: out[r, i] = sum_k xq[r, k] * d[r, k/32]
+ * * qweight[i, k] * scales[i, k/32] for r < rows (1..KH_MAX_ROWS), x quantized per block of
+ * 32 as gemv_w4a8 does (natural order); qweight [n, k] int8, scales [n, k/32] fp16 bits,
+ * k a multiple of 32. work: gemv_q8_work_floats(rows, k) floats (-1 for a refused shape).
+ * q8_simd() says which kernel runs: 1 AVX2 (also on AVX-512 machines), 0 portable C. */
+int64_t gemv_q8_work_floats(int64_t rows, int64_t k);
+int gemv_q8(const float *x, int64_t rows, const int8_t *qweight, const uint16_t *scales,
+            int64_t n, int64_t k, float *work, float *out, int nthreads);
+int q8_simd(void);
+
 /* MoE GEMVs for one token: route r multiplies x row (x_rows == 1 ? 0 : r) by expert
  * expert_ids[r] of a stack qweight [num_experts, n, k/2], scales/mins [num_experts,
  * n, k/group]; out: [routes, n] fp32. Expert ids outside 0..num_experts-1 are

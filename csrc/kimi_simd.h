@@ -54,6 +54,12 @@ typedef struct {
     float *gsum;
 } KhQ8;
 
+/* x [rows, k] -> q8 (kimi_w4a8.c): per block of 32, d = max|x| / 127 and xq = x / d rounded
+ * half away from zero; codes de-interleaved (the INT4 nibble order) or in natural order
+ * (Q8_0 weights); gsum per group of `group` elements. */
+void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int deinterleave,
+                    KhQ8 *q8);
+
 /* x [rows, k] -> xperm [rows, k] (de-interleaved per block of 32 when group % 32 == 0, else
  * a copy) and xsum [rows, k/group], the form every row kernel reads (kimi_gemv.c). */
 void kh_prepare_x(const float *x, int64_t rows, int64_t k, int64_t group,
@@ -92,6 +98,9 @@ void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
                         int64_t rows, float *y, int64_t y_stride);
 /* y[r * y_stride] = W4A8 dot(w, x row r) for r < rows (1..KH_MAX_ROWS), group % 32 == 0. */
 void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride);
+/* Q8_0 weights (int8, an fp16 scale per 32; kimi_q8.c) against x quantized in natural order. */
+void kh_q8q8_row_avx2(const int8_t *w, const uint16_t *s, int64_t k, const KhQ8 *x,
+                      int64_t rows, float *y, int64_t y_stride);
 /* y[r * y_stride] = dot(w row, x row r) for two fp16 weight rows w0, w1 (y1 for w1). */
 void kh_f16_rows_avx2(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x,
                       int64_t rows, float *y0, float *y1, int64_t y_stride);

@@ -17,9 +17,10 @@
 #include <float.h>
 #include <string.h>
 
-/* One x row block -> its de-interleaved int8 codes; returns d and stores sum(xq). The
- * loops are plain so that the compiler vectorizes them (SSE2 at the baseline). */
-static float quantize_block(const float *src, int8_t *dst, int32_t *sum)
+/* One x row block -> its int8 codes (de-interleaved, or in natural order for Q8_0 weights);
+ * returns d and stores sum(xq). The loops are plain so that the compiler vectorizes them
+ * (SSE2 at the baseline). */
+static float quantize_block(const float *src, int8_t *dst, int32_t *sum, int deinterleave)
 {
     float amax, d, inv;
     int32_t bits[KH_Q8_BLOCK], q[KH_Q8_BLOCK], top = 0, total = 0;
@@ -41,22 +42,26 @@ static float quantize_block(const float *src, int8_t *dst, int32_t *sum)
         t += (frac >= 0.5f) - (frac <= -0.5f);
         q[j] = t > 127 ? 127 : (t < -127 ? -127 : t);
     }
-    for (j = 0; j < KH_Q8_BLOCK / 2; j++) {
-        dst[j] = (int8_t)q[2 * j];
-        dst[KH_Q8_BLOCK / 2 + j] = (int8_t)q[2 * j + 1];
+    if (deinterleave) {
+        for (j = 0; j < KH_Q8_BLOCK / 2; j++) {
+            dst[j] = (int8_t)q[2 * j];
+            dst[KH_Q8_BLOCK / 2 + j] = (int8_t)q[2 * j + 1];
+        }
+    } else {
+        for (j = 0; j < KH_Q8_BLOCK; j++) dst[j] = (int8_t)q[j];
     }
     for (j = 0; j < KH_Q8_BLOCK; j++) total += q[j];
     *sum = total;
     return d;
 }
 
-/* x [rows, k] -> q8->q [rows, k], q8->d [rows, k/32], q8->gsum [rows, k/group]. */
-static void quantize_x(const float *x, int64_t rows, int64_t k, int64_t group, KhQ8 *q8)
+void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int deinterleave,
+                    KhQ8 *q8)
 {
     int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, i;
     for (i = 0; i < rows * nb; i++) {
         int32_t sum;
-        float d = quantize_block(x + i * KH_Q8_BLOCK, q8->q + i * KH_Q8_BLOCK, &sum);
+        float d = quantize_block(x + i * KH_Q8_BLOCK, q8->q + i * KH_Q8_BLOCK, &sum, deinterleave);
         q8->d[i] = d;
         if (i % per_group == 0) q8->gsum[i / per_group] = 0.0f;
         q8->gsum[i / per_group] += d * (float)sum;
@@ -161,7 +166,7 @@ int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16
     job.x.d = work;
     job.x.gsum = work + rows * nb;
     job.x.q = (int8_t *)(work + rows * nb + rows * (k / group));
-    quantize_x(x, rows, k, group, &job.x);
+    kh_quantize_q8(x, rows, k, group, 1, &job.x);
     job.row_fn = w4a8_simd() == 1 ? avx2_rows : q8_row_c;
     kh_parallel_rows(w4a8_chunk, &job, n, n * k, nthreads, 1, &job.per_chunk);
     return KH_OK;

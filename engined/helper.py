@@ -11,7 +11,7 @@ exception; the ops (engined/ops/*/cpu_c.py) and layers call these functions, nev
   `moe_swiglu` (and `moe_grouped`, the multi-row MoE) take that handle, so a decode GEMV costs a few microseconds of Python.
   `gemv_w4a8` is `gemv` with x quantized to int8 per block of 32 (`w4a8_simd` says which kernel runs).
   `gemm` is the prefill GEMM (any row count, W decoded tile by tile, never whole).
-  `gemv_f16` is the fp16 LM head; `unpack` dequantizes a handle to fp32.
+  `gemv_f16` is the fp16 LM head, `gemv_q8` the Q8_0 one; `unpack` dequantizes a handle to fp32.
 - `unpack_int4`, `gemv_w4a16`, `grouped_gemv_w4a16`, `moe_swiglu_w4a16`: the same kernels
   on numpy arrays, returning new arrays (the known-answer tests, and dequantizing).
 - `MAX_ROWS` (KH_MAX_ROWS from C: rows of x one GEMV pass handles) and every workspace
@@ -326,6 +326,42 @@ def gemv_f16(w, x, out=None, threads: int = 1):
     if status:
         check(status, "gemv_f16")
     return out
+
+
+def gemv_q8(q, scales, x, out=None, threads: int = 1):
+    """out[M, V] = q8(x)[M, D] @ W^T with W in GGUF's Q8_0: q int8 [V, D], scales fp16
+    [V, D/32] (the LM head kept as shipped); x quantized per block of 32 as gemv_w4a8 does,
+    dots in integers, in passes of MAX_ROWS rows. Each row's result is independent of the
+    rows batched with it."""
+    require()
+    if q.dim() != 2 or q.dtype is not torch.int8 or not q.is_cpu or not q.is_contiguous():
+        raise ValueError(f"q must be a contiguous CPU int8 [V, D], got {q.dtype} "
+                         f"{list(q.shape)} on {q.device}")
+    v, d = q.shape
+    if d % 32 or scales.dtype is not torch.float16 or tuple(scales.shape) != (v, d // 32) \
+            or not scales.is_cpu or not scales.is_contiguous():
+        raise ValueError(f"scales must be a contiguous CPU fp16 [{v}, {d // 32}] (D a multiple "
+                         f"of 32), got {scales.dtype} {list(scales.shape)}")
+    x = _as_rows(x, d)
+    rows = x.shape[0]
+    out = _out(out, (rows, v))
+    cast = ffi.cast
+    owner, work = _workspace(int(lib.gemv_q8_work_floats(min(rows, MAX_ROWS), d)))
+    wq, ws = cast("int8_t *", q.data_ptr()), cast("uint16_t *", scales.data_ptr())
+    for start in range(0, rows, MAX_ROWS):
+        m = min(MAX_ROWS, rows - start)
+        status = lib.gemv_q8(cast("float *", x.data_ptr() + 4 * start * d), m, wq, ws, v, d,
+                             work, cast("float *", out.data_ptr() + 4 * start * v), threads)
+        if status:
+            check(status, "gemv_q8")
+    return out
+
+
+def q8_simd() -> int:
+    """The Q8_0 head's kernel under the current cap: 1 AVX2 (also on AVX-512 machines), or
+    0 portable C."""
+    require()
+    return int(lib.q8_simd())
 
 
 # --- numpy conveniences: arrays in, new arrays out -------------------------------------

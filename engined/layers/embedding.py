@@ -69,3 +69,28 @@ class TiedEmbedding:
     @property
     def nbytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
+
+
+class Q8TiedEmbedding:
+    """The tied embedding kept as the GGUF ships it, Q8_0 (int8, an fp16 scale per 32):
+    the LM head is one int8 x int8 GEMV (q8_gemv: x quantized per 32 like W4A8's rows),
+    reading 34 bytes per 32 weights where the fp16 head reads 64. A lookup dequantizes only
+    the looked-up rows, in fp32 (w = scale * q exactly)."""
+
+    def __init__(self, packed):
+        from engined.ops import registry
+
+        self.packed = packed  # ops.q8_gemv.reference.PackedQ8
+        self._head = registry.resolve("q8_gemv", packed.q.device.type).fn
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        # tokens: [T] -> [T, D] fp32
+        return self.packed.dequantize(tokens).float()
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, D] fp32 -> [T, V] fp32
+        return self._head(x.float().contiguous(), self.packed)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes

@@ -7,13 +7,14 @@ from typing import Callable
 import torch
 
 from engined.layers.attention import Attention
-from engined.layers.embedding import TiedEmbedding
+from engined.layers.embedding import Q8TiedEmbedding, TiedEmbedding
 from engined import helper
 from engined.layers.linear import Linear
 from engined.layers.mlp import SwiGLU
 from engined.layers.rmsnorm import RMSNorm
 from engined.layers.rope import RotaryEmbedding
 from engined.models.protocol import check_span
+from engined.ops.q8_gemv.reference import PackedQ8
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 
 # Layer slot -> artifact name ({i}: block index). INT4 names carry .qweight/.scales/.mins.
@@ -120,7 +121,7 @@ def decode_gemv_op(device: str) -> str:
 
 class LlamaModel:
     def __init__(self, config: LlamaConfig, blocks: list[Block], final_norm: RMSNorm,
-                 embedding: TiedEmbedding, kv_dtype: torch.dtype = torch.float16,
+                 embedding: "TiedEmbedding | Q8TiedEmbedding", kv_dtype: torch.dtype = torch.float16,
                  device: str = "cpu"):
         self.config, self.blocks, self.final_norm, self.embedding = config, blocks, final_norm, embedding
         self.kv_dtype, self.device = kv_dtype, device
@@ -135,7 +136,7 @@ class LlamaModel:
 
     @classmethod
     def build(cls, config: LlamaConfig, load_norm: Callable[[str], torch.Tensor],
-              load_int4: Callable, embedding_weight: torch.Tensor,
+              load_int4: Callable, embedding_weight: "torch.Tensor | PackedQ8",
               kv_dtype: torch.dtype = torch.float16, device: str = "cpu") -> "LlamaModel":
         """Wire the model from loader callbacks (name -> tensor / PackedInt4), one layer at a time."""
         blocks = []
@@ -149,7 +150,9 @@ class LlamaModel:
             blocks.append(Block(norm["attn_norm"], attn, norm["ffn_norm"],
                                 SwiGLU(lin["gate"], lin["up"], lin["down"]).fuse(device)))
         final_norm = RMSNorm.from_weight(load_norm(FINAL_NORM), config.rms_eps)
-        model = cls(config, blocks, final_norm, TiedEmbedding(embedding_weight), kv_dtype, device)
+        embedding = (Q8TiedEmbedding(embedding_weight) if isinstance(embedding_weight, PackedQ8)
+                     else TiedEmbedding(embedding_weight))
+        model = cls(config, blocks, final_norm, embedding, kv_dtype, device)
         model.select_decode_gemv(decode_gemv_op(device))
         return model
 

@@ -17,11 +17,27 @@ from engined.chat import load_text
 from engined.weights.default_model import default_gguf_path
 from engined.layers.embedding import dequantize_q8_0
 from engined.models.llama import EMBEDDING, LlamaConfig, LlamaModel
+from engined.ops.q8_gemv.reference import PackedQ8
 from engined.weights import kimi_checkpoint, synthetic
 from engined.weights.plan import LoadedModel, LoadPlan  # noqa: F401  (loader.LoadPlan is public)
 
 KV_DTYPE = torch.float16  # halves KV memory; relative error 2^-11 (see tests/models/test_llama_parity.py)
 EMBED_DTYPE = torch.float16  # measured choice, engined/ops/README.md "Embedding and LM head"
+EMBED_Q8 = torch.int8  # as embed_dtype: keep GGUF's Q8_0 codes, the head an int8 x int8 GEMV
+
+
+def default_embed_dtype(device: str) -> torch.dtype:
+    """The tied embedding's form: Q8_0 kept on a CPU with the C helper (the head is q8_gemv,
+    34 bytes per 32 weights instead of fp16's 64; bench/quality.py gates it), else fp16."""
+    from engined import helper
+
+    return EMBED_Q8 if str(device) == "cpu" and helper.available() else EMBED_DTYPE
+
+
+def _embed_bytes(vocab: int, hidden: int, embed_dtype: torch.dtype) -> int:
+    if embed_dtype == EMBED_Q8:
+        return vocab * hidden + vocab * (hidden // 32) * 2   # codes + an fp16 scale per 32
+    return vocab * hidden * embed_dtype.itemsize
 QUANT_SUFFIX = re.compile(r"\.(?:I?Q\d\w*|F16|BF16|F32)$", re.IGNORECASE)
 
 
@@ -47,7 +63,8 @@ def model_id_for(path: pathlib.Path) -> str:
     return QUANT_SUFFIX.sub("", path.name.removesuffix(".gguf"))
 
 
-def _plan(hparams: dict, specs: dict[str, tuple[int, tuple[int, ...]]]) -> LoadPlan:
+def _plan(hparams: dict, specs: dict[str, tuple[int, tuple[int, ...]]],
+          embed_dtype: torch.dtype = EMBED_DTYPE) -> LoadPlan:
     """specs: artifact tensor name -> (itemsize, shape). Resident = INT4 + norms + embedding."""
     resident = 0
     for name, (itemsize, shape) in specs.items():
@@ -55,7 +72,7 @@ def _plan(hparams: dict, specs: dict[str, tuple[int, tuple[int, ...]]]) -> LoadP
             resident += itemsize * int(torch.Size(shape).numel())
     vocab, hidden = specs[EMBEDDING + ".q8"][1]
     config = LlamaConfig.from_hparams(hparams, vocab, tie_embeddings=True)
-    resident += vocab * hidden * EMBED_DTYPE.itemsize
+    resident += _embed_bytes(vocab, hidden, embed_dtype)
     return LoadPlan(resident, config.kv_bytes_per_token(KV_DTYPE), config.context_length)
 
 
@@ -79,10 +96,10 @@ def plan_model(spec: str, device: str = "cpu") -> LoadPlan:
         return _kimi(synthetic.plan, spec, device=device)
     if _kimi_dir(spec):
         return _kimi(kimi_checkpoint.plan_kimi_linear, spec, device=device)
-    return _plan_gguf(resolve_spec(spec))
+    return _plan_gguf(resolve_spec(spec), default_embed_dtype(device))
 
 
-def _plan_gguf(path: pathlib.Path) -> LoadPlan:
+def _plan_gguf(path: pathlib.Path, embed_dtype: torch.dtype = EMBED_DTYPE) -> LoadPlan:
     from gguf import GGUFReader
     from engined.weights import gguf_repack
 
@@ -91,7 +108,8 @@ def _plan_gguf(path: pathlib.Path) -> LoadPlan:
         try:
             header = artifact.read_header(cached)
             specs = {n: (i.dtype.itemsize, i.shape) for n, i in header.tensors.items()}
-            return _check_plan(json.loads(header.meta[gguf_repack.HPARAMS_KEY]), specs, path)
+            return _check_plan(json.loads(header.meta[gguf_repack.HPARAMS_KEY]), specs, path,
+                               embed_dtype)
         except (artifact.int4_format.FormatError, KeyError):
             pass  # load_model rebuilds it; plan from the GGUF meanwhile
     reader = GGUFReader(path)
@@ -101,25 +119,26 @@ def _plan_gguf(path: pathlib.Path) -> LoadPlan:
                  for n, (d, s) in gguf_repack.output_specs(t).items()}
     except gguf_repack.RepackError as exc:
         raise ModelLoadError(f"{path}: {exc}") from None
-    return _check_plan(hparams, specs, path)
+    return _check_plan(hparams, specs, path, embed_dtype)
 
 
-def _check_plan(hparams, specs, path) -> LoadPlan:
+def _check_plan(hparams, specs, path, embed_dtype: torch.dtype) -> LoadPlan:
     if EMBEDDING + ".q8" not in specs:
         raise ModelLoadError(f"{path}: token_embd must be Q8_0 (other embedding types "
                              "are not supported yet)")
     if "output.q8" in specs or "output.qweight" in specs:
         raise ModelLoadError(f"{path}: untied output embeddings are not supported yet")
     try:
-        return _plan(hparams, specs)
+        return _plan(hparams, specs, embed_dtype)
     except (KeyError, ValueError) as exc:
         raise ModelLoadError(f"{path}: incomplete llama hyperparameters ({exc})") from None
 
 
 def load_model(spec: str, device: str = "cpu", threads: int | None = None,
-               progress: bool = True, embed_dtype: torch.dtype = EMBED_DTYPE,
+               progress: bool = True, embed_dtype: torch.dtype | None = None,
                kv_dtype: torch.dtype = KV_DTYPE, offload: frozenset[int] = frozenset()) -> LoadedModel:
     """Load weights from the cached artifact (repacking first if needed) plus tokenizer and chat.
+    embed_dtype: the tied embedding's form (EMBED_Q8 keeps Q8_0; default_embed_dtype when None).
     offload: the MoE layers whose routed experts stay in RAM (weights/placement.py); a model
     without routed experts has none."""
     if synthetic.is_synthetic(spec):
@@ -137,7 +156,8 @@ def load_model(spec: str, device: str = "cpu", threads: int | None = None,
     plan_model(spec)  # refuses unsupported files before any repack work
     header = artifact.read_header(gguf_repack.cached_artifact(source, progress))
     hparams = json.loads(header.meta[gguf_repack.HPARAMS_KEY])
-    model = _build(header, hparams, device, progress, embed_dtype, kv_dtype)
+    model = _build(header, hparams, device, progress, embed_dtype or default_embed_dtype(device),
+                   kv_dtype)
     tokenizer, chat = load_text(source)
     return LoadedModel(model_id_for(source), model, tokenizer, chat,
                        model.config.context_length, source)
@@ -152,7 +172,8 @@ def _build(header: artifact.Header, hparams: dict, device: str, progress: bool,
                  disable=not progress) as bar:
         q8, scales = reader.get(EMBEDDING + ".q8"), reader.get(EMBEDDING + ".q8_scales")
         config = LlamaConfig.from_hparams(hparams, q8.shape[0], tie_embeddings=True)
-        embedding = dequantize_q8_0(q8, scales, embed_dtype).to(device)
+        embedding = (PackedQ8(q8.to(device), scales.to(device)) if embed_dtype == EMBED_Q8 else
+                     dequantize_q8_0(q8, scales, embed_dtype).to(device))
         del q8, scales
         bar.update(2)
 

@@ -165,8 +165,9 @@ def test_metrics_names(sock):
     values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
               for line in text.splitlines() if line and not line.startswith("#")}
     assert 50e6 < values["kimi_engine_resident_bytes"] < 2e9
-    # idle: only the weights are reserved (the plan's weight bytes, > 100 MB for SmolLM2)
-    assert 100e6 < values["kimi_engine_memory_reserved_bytes"] < 200e6
+    # idle: only the weights are reserved (the plan's weight bytes: SmolLM2's are 97 MB with
+    # the Q8_0 head a CPU with the helper keeps, 124 MB with an fp16 one)
+    assert 90e6 < values["kimi_engine_memory_reserved_bytes"] < 200e6
 
 
 def test_malformed_http_gets_a_json_error(sock):

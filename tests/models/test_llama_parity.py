@@ -58,9 +58,11 @@ def private_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def shipped(private_cache):
-    """The shipped model on the W4A16 path: this file tests the model's wiring (the W4A8 decode
-    path that AVX2-only CPUs default to has its own gate, bench/quality.py)."""
-    loaded = loader.load_model("default", threads=min(2, os.cpu_count() or 1), progress=False)
+    """The shipped model on the W4A16 path with the fp16 head: this file tests the model's
+    wiring (the W4A8 decode path that AVX2-only CPUs default to, and the Q8_0 head every CPU
+    with the helper defaults to, have their own gate: bench/quality.py)."""
+    loaded = loader.load_model("default", threads=min(2, os.cpu_count() or 1), progress=False,
+                               embed_dtype=loader.EMBED_DTYPE)
     loaded.model.select_decode_gemv("w4a16_gemv")
     return loaded
 
@@ -145,7 +147,11 @@ def test_cache_bounds_are_checked(shipped):
 
 def test_plan_matches_loaded_model(shipped):
     plan = loader.plan_model("default")
-    assert plan.weight_bytes == shipped.model.weight_bytes
+    default = loader.load_model("default", progress=False).model    # the head as served
+    assert plan.weight_bytes == default.weight_bytes
+    head = 49152 * 576
+    q8 = loader.default_embed_dtype("cpu") == loader.EMBED_Q8
+    assert shipped.model.weight_bytes - default.weight_bytes == (head * 2 - head - head // 16 if q8 else 0)
     assert plan.kv_bytes_per_token == shipped.model.kv_bytes_per_token == 30 * 2 * 3 * 64 * 2
     assert plan.total_bytes(8192) == plan.weight_bytes + 8192 * plan.kv_bytes_per_token
     assert shipped.model.new_cache(16).data.nbytes == 16 * plan.kv_bytes_per_token

@@ -116,6 +116,33 @@ W4A8 = [
 ]
 
 
+def random_q8(gen: torch.Generator, n: int, k: int):
+    """GGUF Q8_0: every int8 code (-128 included) and scales of both signs."""
+    from engined.ops.q8_gemv.reference import PackedQ8
+    q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
+    scales = ((torch.rand(n, k // 32, generator=gen) - 0.3) * 0.02).half()
+    return PackedQ8(q, scales)
+
+
+def q8_case(m: int, n: int, k: int, dtype=torch.float32, seed=0) -> Case:
+    """The reference quantizes x exactly as C does, so only fp32 accumulation differs."""
+    def make(gen):
+        return (torch.randn(m, k, generator=gen).to(dtype), random_q8(gen, n, k))
+    return Case(f"m{m}-n{n}-k{k}-{str(dtype).split('.')[-1]}", make, n * k, atol=1e-6 * k,
+                rtol=1e-5, seed=seed)
+
+
+Q8 = [
+    q8_case(1, 40, 96),
+    q8_case(2, 33, 160, seed=1),                 # 5 blocks: a partial group of 8
+    q8_case(4, 1, 64, seed=2),                   # N = 1
+    q8_case(7, 40, 96, torch.bfloat16, seed=3),
+    q8_case(9, 17, 288, seed=4),                 # more than 8 rows: two passes; 9 blocks
+    q8_case(1, 1000, 576, seed=5),               # SmolLM2's head width
+    q8_case(8, 700, 576, seed=6),
+]
+
+
 def experts(gen, e, n, k, group, symmetric: bool = False) -> PackedInt4Experts:
     return PackedInt4Experts(group_size=group, **random_int4(gen, n, k, group, lead=(e,),
                                                             symmetric=symmetric))
@@ -231,7 +258,7 @@ PAGED_MLA = [
 ]
 
 
-CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "moe_grouped": MOE, "kda_step": KDA, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
+CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "q8_gemv": Q8, "moe_grouped": MOE, "kda_step": KDA, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
          "moe_swiglu": routed("moe_swiglu")}
 
 

@@ -1,0 +1,94 @@
+/* kimi_q8.c: the Q8_0 GEMV, the tied LM head at the precision the GGUF ships (see
+ * kimi_helper.h): int8 weights with an fp16 scale per block of 32, met by x quantized to
+ * int8 per block of 32 exactly as gemv_w4a8 quantizes it (kh_quantize_q8, natural order):
+ *     y[r, i] = sum_b s[i, b] * d[r, b] * dot(w[i, b], xq[r, b])      (exact int32 dots)
+ * Memory traffic: 32 code bytes + 2 scale bytes per 32 weights (GGUF Q8_0), about half of
+ * an fp16 head's; x stays in L1. Kernels: AVX2 (kimi_q8_avx2.c) or portable C, capped by
+ * gemv_simd like every GEMV (q8_simd() says which runs). */
+#include "kimi_helper.h"
+#include "kimi_simd.h"
+
+/* Portable kernel: one weight row against `rows` quantized rows of x. */
+static void q8_row_c(const int8_t *w, const uint16_t *s, int64_t k, const KhQ8 *x,
+                     int64_t rows, float *y, int64_t y_stride)
+{
+    int64_t nb = k / KH_Q8_BLOCK, b, r;
+    float acc[KH_MAX_ROWS] = {0};
+    for (b = 0; b < nb; b++) {
+        const int8_t *wb = w + b * KH_Q8_BLOCK;
+        float sw = kh_half_to_float(s[b]);
+        for (r = 0; r < rows; r++) {
+            const int8_t *xb = x->q + r * k + b * KH_Q8_BLOCK;
+            int32_t dot = 0;
+            int j;
+            for (j = 0; j < KH_Q8_BLOCK; j++) dot += (int32_t)wb[j] * xb[j];
+            acc[r] += sw * x->d[r * nb + b] * (float)dot;
+        }
+    }
+    for (r = 0; r < rows; r++) y[r * y_stride] = acc[r];
+}
+
+int q8_simd(void)
+{
+#if KH_HAVE_X86_SIMD
+    if (gemv_simd(-1) >= 1) return 1; /* AVX2, also on AVX-512 machines */
+#endif
+    return 0;
+}
+
+int64_t gemv_q8_work_floats(int64_t rows, int64_t k)
+{
+    if (rows <= 0 || k <= 0 || k % KH_Q8_BLOCK) return -1;
+    /* d, one gsum per row (unused: no min term), then the int8 codes (k / 4 floats a row) */
+    return rows * (k / KH_Q8_BLOCK) + rows + rows * (k / 4);
+}
+
+typedef struct {
+    const int8_t *q;
+    const uint16_t *s;
+    KhQ8 x;
+    int64_t rows, n, k, per_chunk;
+    int simd;
+    float *out;
+} Q8Job;
+
+static void q8_chunk(void *ctx, int64_t chunk)
+{
+    const Q8Job *job = ctx;
+    int64_t i = chunk * job->per_chunk, end = i + job->per_chunk, k = job->k;
+    if (end > job->n) end = job->n;
+    for (; i < end; i++) {
+        const int8_t *w = job->q + i * k;
+        const uint16_t *s = job->s + i * (k / KH_Q8_BLOCK);
+#if KH_HAVE_X86_SIMD
+        if (job->simd == 1) {
+            kh_q8q8_row_avx2(w, s, k, &job->x, job->rows, job->out + i, job->n);
+            continue;
+        }
+#endif
+        q8_row_c(w, s, k, &job->x, job->rows, job->out + i, job->n);
+    }
+}
+
+int gemv_q8(const float *x, int64_t rows, const int8_t *qweight, const uint16_t *scales,
+            int64_t n, int64_t k, float *work, float *out, int nthreads)
+{
+    Q8Job job;
+    int64_t nb = k / KH_Q8_BLOCK;
+    if (rows <= 0 || rows > KH_MAX_ROWS || n <= 0 || nthreads <= 0) return KH_EINVAL;
+    if (gemv_q8_work_floats(rows, k) < 0) return KH_EINVAL;
+    if (!x || !qweight || !scales || !work || !out) return KH_EINVAL;
+    job.q = qweight;
+    job.s = scales;
+    job.rows = rows;
+    job.n = n;
+    job.k = k;
+    job.out = out;
+    job.x.d = work;
+    job.x.gsum = work + rows * nb;
+    job.x.q = (int8_t *)(work + rows * nb + rows);
+    kh_quantize_q8(x, rows, k, k, 0, &job.x);
+    job.simd = q8_simd();
+    kh_parallel_rows(q8_chunk, &job, n, n * k, nthreads, 1, &job.per_chunk);
+    return KH_OK;
+}

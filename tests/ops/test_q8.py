@@ -1,0 +1,78 @@
+"""q8_gemv beyond equivalence: every SIMD level (printed), the -128 code the sign trick must
+handle, a row's logits independent of the rows batched with it, and the Q8_0 head against
+the fp32 head it replaces."""
+import pytest
+import torch
+
+from engined import helper
+from engined.layers.embedding import Q8TiedEmbedding, TiedEmbedding
+from engined.ops.q8_gemv import cpu_c, reference
+from tests.ops.helpers import random_q8
+
+LEVELS = helper.SIMD_LEVELS
+
+
+@pytest.fixture(params=sorted(LEVELS))
+def level(request):
+    used = helper.gemv_simd(request.param)
+    try:
+        ran = helper.q8_simd()
+        print(f"\nq8 cap {LEVELS[request.param]}: gemv_simd {LEVELS[used]}, q8 kernel {LEVELS[ran]}")
+        yield ran
+    finally:
+        helper.gemv_simd(2)
+
+
+def test_every_level_matches_the_reference(level):
+    gen = torch.Generator().manual_seed(level)
+    w = random_q8(gen, 333, 576)
+    x = torch.randn(5, 576, generator=gen)
+    want = reference.q8_gemv(x, w)
+    got = cpu_c.q8_gemv(x, w)
+    assert torch.allclose(got, want, atol=1e-6 * 576, rtol=1e-5)
+
+
+def test_extreme_codes_are_exact(level):
+    """Codes -128 and 127 against x codes +-127: |w| * sign(x, w) must not saturate."""
+    q = torch.tensor([[-128] * 32, [127] * 32, [-128, 127] * 16], dtype=torch.int8)
+    w = reference.PackedQ8(q, torch.ones(3, 1, dtype=torch.float16))
+    x = torch.tensor([[1.0] * 32, [-1.0] * 32])             # d = 1/127, xq = +-127
+    got = cpu_c.q8_gemv(x, w)
+    assert torch.allclose(got, reference.q8_gemv(x, w), rtol=1e-6)
+    assert torch.allclose(got, torch.tensor([[-4096.0, 4064.0, -16.0], [4096.0, -4064.0, 16.0]]),
+                          rtol=1e-6)
+
+
+def test_a_row_does_not_depend_on_its_batch(level):
+    gen = torch.Generator().manual_seed(7)
+    w = random_q8(gen, 500, 576)
+    x = torch.randn(8, 576, generator=gen)
+    batched = cpu_c.q8_gemv(x, w)
+    for r in range(8):
+        assert torch.equal(cpu_c.q8_gemv(x[r:r + 1], w)[0], batched[r])
+
+
+def test_bad_shapes_are_refused():
+    gen = torch.Generator().manual_seed(1)
+    w = random_q8(gen, 10, 64)
+    with pytest.raises(Exception, match="q8_gemv"):
+        cpu_c.q8_gemv(torch.randn(1, 96), w)
+    bad = reference.PackedQ8(w.q, w.scales.float())
+    with pytest.raises(Exception, match="fp16 scales"):
+        cpu_c.q8_gemv(torch.randn(1, 64), bad)
+
+
+def test_q8_head_is_the_fp32_head_up_to_x_rounding():
+    """The same Q8_0 weights as an fp32 matrix (TiedEmbedding) and kept as codes
+    (Q8TiedEmbedding): lookups agree exactly; logits differ only by x's int8 rounding."""
+    gen = torch.Generator().manual_seed(3)
+    w = random_q8(gen, 2000, 576)
+    exact = TiedEmbedding(w.dequantize().float())
+    kept = Q8TiedEmbedding(w)
+    tokens = torch.tensor([0, 5, 1999, 5])
+    assert torch.equal(kept.embed(tokens), exact.embed(tokens))
+    x = torch.randn(4, 576, generator=gen)
+    got, want = kept.logits(x), exact.logits(x)
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()   # int8 x: ~1% per block
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.75
+    assert kept.nbytes == 2000 * 576 + 2000 * 18 * 2
