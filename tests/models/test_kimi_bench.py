@@ -63,7 +63,8 @@ def test_bench_imports_and_runs_without_cffi_flask_gevent():
     import os
     import subprocess
     import sys
-    env = {**os.environ, "KIMI_KERNELS": "w4a16_gemv=reference,moe_grouped=reference"}
+    env = {**os.environ,
+           "KIMI_KERNELS": "w4a16_gemv=reference,w4a16_gemm=reference,moe_grouped=reference"}
     done = subprocess.run([sys.executable, "-c", GPU_IMAGE_CHECK], env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
