@@ -24,6 +24,7 @@ Measured (2 shared cores, AMD EPYC): 279 MiB over the file; 306 without return_l
 import json
 import pathlib
 import platform
+import shutil
 import subprocess
 import sys
 
@@ -76,8 +77,11 @@ print(json.dumps({"imported": imported, "loaded": loaded, "end": status(), "free
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory) -> pathlib.Path:
-    return kimi_artifact.write_artifact(tmp_path_factory.mktemp("kimi-1g") / "artifact", CONFIG)
+def artifact(tmp_path_factory):
+    """Written per run and removed after it (pytest keeps its last three temp dirs: 3 GB)."""
+    path = kimi_artifact.write_artifact(tmp_path_factory.mktemp("kimi-1g") / "artifact", CONFIG)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def run_child(path: pathlib.Path) -> dict:
