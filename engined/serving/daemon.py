@@ -88,6 +88,7 @@ def run(config: EngineConfig) -> int:
 
 def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, Engine]:
     check_socket_path(config.socket)  # fail before minutes of loading, not after
+    memcap.return_large_frees()  # freed prefill activations leave RSS (glibc would keep them)
     device = _device(config.device)
     moved = kernels.settle(device)
     if moved:
