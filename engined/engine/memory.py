@@ -126,6 +126,18 @@ def return_large_frees() -> bool:
         return False
 
 
+RETURN_FREES_FROM_BYTES = 1 << 30  # weights in RAM from which return_large_frees is worth it
+
+
+def settle_allocator(weights_in_ram: int) -> bool:
+    """At start, before loading: return_large_frees for a model that holds a GiB or more in
+    RAM (CPU-only Kimi-Linear, offloaded experts), where its peak is the point. Not for a
+    small one: every large activation then comes from a fresh mmap, whose page faults and
+    munmap shootdowns cost the default model 25% of its served 512-token prefill (462 -> 348
+    tok/s, bench/ab_engine.py on 2 vCPUs) for a few MiB of peak."""
+    return weights_in_ram >= RETURN_FREES_FROM_BYTES and return_large_frees()
+
+
 def cuda_cap(requested: int, device: str = "cuda") -> tuple[int, str]:
     """(cap, where it comes from) for a model on the GPU: --gpu-memory, lowered to the
     device's free memory now (what this and every other process leave for the weights + KV)."""

@@ -88,7 +88,6 @@ def run(config: EngineConfig) -> int:
 
 def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, Engine]:
     check_socket_path(config.socket)  # fail before minutes of loading, not after
-    memcap.return_large_frees()  # freed prefill activations leave RSS (glibc would keep them)
     device = _device(config.device)
     moved = kernels.settle(device)
     if moved:
@@ -103,6 +102,9 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     if on_cuda:
         memcap.check_host(in_ram, config.memory_cap)
     memcap.enforce(budget)
+    if memcap.settle_allocator(in_ram if on_cuda else plan.weight_bytes):
+        log.write("kimi-engine: freed prefill buffers go back to the kernel at once "
+                  "(a model of a GiB or more in RAM)")
     sd_notify(f"STATUS=loading {config.model} on {device}")
     log.write(f"kimi-engine: loading model {config.model!r} on {device}")
     start = time.monotonic()

@@ -109,3 +109,12 @@ def test_with_the_helper_nothing_changes(monkeypatch):
     monkeypatch.delenv("KIMI_KERNELS", raising=False)
     assert kernels.settle("cpu") == []
     assert registry.resolve("w4a16_gemv", "cpu").name == "cpu_c"
+
+
+def test_only_a_large_model_trades_prefill_speed_for_its_peak(monkeypatch):
+    """settle_allocator: glibc's mmap threshold is fixed only for a GiB or more in RAM (the
+    default model keeps its served prefill speed; CPU-only Kimi-Linear keeps its peak)."""
+    calls = []
+    monkeypatch.setattr(memory, "return_large_frees", lambda: calls.append(1) or True)
+    assert memory.settle_allocator(124 << 20) is False and calls == []
+    assert memory.settle_allocator(1 << 30) is True and calls == [1]
