@@ -11,7 +11,7 @@ TIME   := bash tools/phase.sh
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-slow test-all test-clients bench bench-deps gpu-carry install \
+.PHONY: setup run test test-slow test-all test-clients bench bench-deps figures gpu-carry install \
 	uninstall clean
 
 setup: $(STAMP)
@@ -60,6 +60,12 @@ bench: bench-deps
 	@$(PY) bench/kernels.py
 	@$(PY) bench/proxy_overhead.py
 	@$(PY) bench/agent_turns.py
+
+# Figures (PNG, PDF) in docs/figures/ from bench/results/*.json; matplotlib is bench-only, so
+# it is installed here on first use and never by setup.
+figures: setup
+	@$(PY) -c 'import matplotlib' 2>/dev/null || $(TIME) matplotlib "$(PIP) install $(CONSTRAINTS) matplotlib"
+	@$(PY) bench/figures.py
 
 # The GPU machine's image (python 3.12, torch; no cffi, numpy or network) cannot build or
 # import the C helper, so it is carried there (bench/gpu_run.sh's header has the `run` call):
