@@ -81,12 +81,20 @@ def bench_llamacpp(gguf: pathlib.Path, tokens: list[int]) -> dict | None:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(tokens, f)
     child = pathlib.Path(__file__).with_name("llamacpp_run.py")
-    out = subprocess.run([sys.executable, str(child), str(gguf), f.name, str(DECODE_PROMPT),
-                          str(PREFILL_PROMPT), str(NEW_TOKENS), str(REPEATS)],
-                         capture_output=True, text=True, timeout=900)
+    command = [sys.executable, str(child), str(gguf), f.name, str(DECODE_PROMPT),
+               str(PREFILL_PROMPT), str(NEW_TOKENS), str(REPEATS)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    crash = None
+    if out.returncode != 0:  # its default (extra buffer types) crashed here: say so, fall back
+        crash = f"default configuration exited {out.returncode}: {out.stderr.strip()[-300:]}"
+        print(f"llama.cpp: {crash}; rerunning with use_extra_bufts=False", file=sys.stderr)
+        out = subprocess.run(command + ["--no-extra-bufts"], capture_output=True, text=True,
+                             timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"llama.cpp baseline failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"llama.cpp configuration: {result['config']}", file=sys.stderr)
+    return {**result, "default_crashed": crash} if crash else result
 
 
 def bench_transformers(gguf: pathlib.Path, tokens: list[int]) -> dict:
@@ -150,13 +158,17 @@ def main() -> int:
         ratio = (lambda k: f"{r[k] / ref[k]:.2f}x" if ref else "n/a")
         rows.append(f"| {name} | {r['decode_tok_s']:.1f} | {r['prefill_tok_s']:.1f} | "
                     f"{ratio('decode_tok_s')} | {ratio('prefill_tok_s')} |")
+    if ref:
+        rows.append(f"\nllama.cpp configuration: {ref['config']}"
+                    + (f" (its default crashed: {ref['default_crashed']})"
+                       if ref.get("default_crashed") else " (its default, fastest one)"))
     e = results["engine"]
     rows.append(f"\nEngine peak RSS at --max-context 8192: {e['peak_rss_mb']:.0f} MB "
                 f"({e['rss_above_import_mb']:.0f} MB above the post-import baseline).")
     print("\n".join(rows))
     print(f"wrote {write_json('decode', results)}")
     append_results("Decode and prefill, SmolLM2-135M-Instruct Q4_1 GGUF, 2 threads",
-                   "make bench", rows)
+                   " ".join(["bench/decode.py", *sys.argv[1:]]), rows)
     return 0
 
 

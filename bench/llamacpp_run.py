@@ -1,7 +1,9 @@
 """llama.cpp baseline for bench/decode.py, in its own process (no torch loaded beside it).
 
-    python bench/llamacpp_run.py GGUF TOKENS_JSON DECODE_PROMPT PREFILL_PROMPT NEW REPEATS
-prints {"decode_tok_s": ..., "prefill_tok_s": ...} as JSON.
+    python bench/llamacpp_run.py GGUF TOKENS_JSON DECODE_PROMPT PREFILL_PROMPT NEW REPEATS [--no-extra-bufts]
+prints {"decode_tok_s": ..., "prefill_tok_s": ..., "config": ...} as JSON. By default llama.cpp
+runs its default, fastest configuration (extra buffer types on: repacked Q4 weights, AMX);
+--no-extra-bufts is the fallback bench/decode.py takes when that crashes on a machine.
 """
 import json
 import statistics
@@ -13,8 +15,8 @@ from llama_cpp import Llama
 
 
 def _without_extra_buffers():
-    """This llama.cpp build (native, AMX present) segfaults in its AMX extra-buffer path on
-    these machines; plain CPU buffers are what runs. Llama() reads the defaults at load."""
+    """Plain CPU buffers: this llama.cpp build (native, AMX present) segfaulted in its AMX
+    extra-buffer path on one Xeon. Llama() reads the defaults at load."""
     defaults = llama_capi.llama_model_default_params
 
     def params():
@@ -27,8 +29,10 @@ def _without_extra_buffers():
 def main():
     gguf, tokens_path = sys.argv[1], sys.argv[2]
     decode_prompt, prefill_prompt, new, repeats = map(int, sys.argv[3:7])
+    plain = "--no-extra-bufts" in sys.argv[7:]
     tokens = json.load(open(tokens_path))
-    _without_extra_buffers()
+    if plain:
+        _without_extra_buffers()
     llm = Llama(model_path=gguf, n_threads=2, n_threads_batch=2, n_ctx=1024, n_batch=512,
                 verbose=False)
 
@@ -47,7 +51,8 @@ def main():
 
     decode_once()
     print(json.dumps({"decode_tok_s": statistics.median(decode_once() for _ in range(repeats)),
-                      "prefill_tok_s": statistics.median(prefill_once() for _ in range(3))}))
+                      "prefill_tok_s": statistics.median(prefill_once() for _ in range(3)),
+                      "config": "use_extra_bufts=False" if plain else "default"}))
 
 
 if __name__ == "__main__":
