@@ -143,7 +143,8 @@ def main() -> int:
     args = parser.parse_args()
     gguf = default_gguf_path()
     tokens = prompt_tokens(gguf)
-    results = {"hardware": hardware(), "engine": bench_engine(gguf, tokens)}
+    command = " ".join(["bench/decode.py", *sys.argv[1:]])
+    results = {"hardware": hardware(), "command": command, "engine": bench_engine(gguf, tokens)}
     if "llamacpp" not in args.skip:
         results["llamacpp"] = bench_llamacpp(gguf, tokens)
     if "transformers" not in args.skip:
@@ -168,7 +169,7 @@ def main() -> int:
     print("\n".join(rows))
     print(f"wrote {write_json('decode', results)}")
     append_results("Decode and prefill, SmolLM2-135M-Instruct Q4_1 GGUF, 2 threads",
-                   " ".join(["bench/decode.py", *sys.argv[1:]]), rows)
+                   command, rows)
     return 0
 
 
