@@ -298,11 +298,35 @@ static void f16_row_c(const uint16_t *w, int64_t k, const float *x, int64_t rows
     }
 }
 
+static inline float bf16_to_float(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static void bf16_row_c(const uint16_t *w, int64_t k, const float *x, int64_t rows,
+                       float *y, int64_t y_stride)
+{
+    int64_t r, j, l, main = k - k % 16;
+    for (r = 0; r < rows; r++) {
+        const float *xr = x + r * k;
+        float acc[16] = {0}, total = 0.0f;
+        for (j = 0; j < main; j += 16)
+            for (l = 0; l < 16; l++) acc[l] += bf16_to_float(w[j + l]) * xr[j + l];
+        for (l = 0; l < 16; l++) total += acc[l];
+        for (; j < k; j++) total += bf16_to_float(w[j]) * xr[j];
+        y[r * y_stride] = total;
+    }
+}
+
 typedef struct {
     const float *x;
     const uint16_t *w;
     int64_t rows, n, k, per_chunk;
     int level; /* gemv_simd(-1): 2 AVX-512, 1 AVX2, 0 portable */
+    int is_bf16;
     float *out;
 } F16Job;
 
@@ -311,6 +335,16 @@ static void f16_chunk(void *ctx, int64_t chunk)
     const F16Job *job = ctx;
     int64_t i = chunk * job->per_chunk, end = i + job->per_chunk, k = job->k;
     if (end > job->n) end = job->n;
+    if (job->is_bf16) { /* AVX2 also on AVX-512 machines */
+#if KH_HAVE_X86_SIMD
+        if (job->level >= 1)
+            for (; i + 1 < end; i += 2)
+                kh_bf16_rows_avx2(job->w + i * k, job->w + (i + 1) * k, k, job->x, job->rows,
+                                  job->out + i, job->out + i + 1, job->n);
+#endif
+        for (; i < end; i++) bf16_row_c(job->w + i * k, k, job->x, job->rows, job->out + i, job->n);
+        return;
+    }
 #if KH_HAVE_X86_SIMD
     if (job->level == 2) {
         for (; i + 1 < end; i += 2)
@@ -325,8 +359,8 @@ static void f16_chunk(void *ctx, int64_t chunk)
     for (; i < end; i++) f16_row_c(job->w + i * k, k, job->x, job->rows, job->out + i, job->n);
 }
 
-int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
-             float *out, int nthreads)
+static int gemv_h16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
+                    float *out, int nthreads, int is_bf16)
 {
     F16Job job;
     if (!x || !w || !out || rows <= 0 || n <= 0 || k <= 0 || nthreads <= 0) return KH_EINVAL;
@@ -337,7 +371,20 @@ int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t
     job.k = k;
     job.out = out;
     job.level = gemv_simd(-1);
+    job.is_bf16 = is_bf16;
     /* chunks of whole pairs of weight rows for the SIMD kernels */
     kh_parallel_rows(f16_chunk, &job, n, n * k, nthreads, 2, &job.per_chunk);
     return KH_OK;
+}
+
+int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
+             float *out, int nthreads)
+{
+    return gemv_h16(x, rows, w, n, k, out, nthreads, 0);
+}
+
+int gemv_bf16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
+              float *out, int nthreads)
+{
+    return gemv_h16(x, rows, w, n, k, out, nthreads, 1);
 }

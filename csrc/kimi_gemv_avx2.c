@@ -151,32 +151,46 @@ void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
  * is. Memory traffic: 2 bytes per weight, read once per call (the two rows stay in L1 across
  * the x rows). The LM head of an AVX2 machine without AVX-512: F16C converts 8 halves in one
  * instruction where the portable loop converts them one by one. */
-KH_TARGET void kh_f16_rows_avx2(const uint16_t *w0, const uint16_t *w1, int64_t k,
-                                const float *x, int64_t rows, float *y0, float *y1,
-                                int64_t y_stride)
+/* 8 halves (fp16: F16C) or 8 bfloat16 (the high half of an fp32: a shift) -> 8 floats. */
+#define KH_CVT_F16(P) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P)))
+#define KH_CVT_BF16(P) _mm256_castsi256_ps(_mm256_slli_epi32(                               \
+    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(P))), 16))
+
+static KH_TARGET float bf16_to_float(uint16_t h)
 {
-    int64_t r, j, main = k - k % 16;
-    for (r = 0; r < rows; r++) {
-        const float *xr = x + r * k;
-        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;
-        float t0, t1;
-        for (j = 0; j < main; j += 16) {
-            __m256 xlo = _mm256_loadu_ps(xr + j), xhi = _mm256_loadu_ps(xr + j + 8);
-            a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w0 + j))), xlo, a0);
-            b0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w0 + j + 8))), xhi, b0);
-            a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w1 + j))), xlo, a1);
-            b1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w1 + j + 8))), xhi, b1);
-        }
-        t0 = hsum256(_mm256_add_ps(a0, b0));
-        t1 = hsum256(_mm256_add_ps(a1, b1));
-        for (; j < k; j++) {
-            t0 += _cvtsh_ss(w0[j]) * xr[j];
-            t1 += _cvtsh_ss(w1[j]) * xr[j];
-        }
-        y0[r * y_stride] = t0;
-        y1[r * y_stride] = t1;
-    }
+    return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128((int)((uint32_t)h << 16))));
 }
+
+#define KH_H16_ROWS(NAME, CVT8, CVT1)                                                      \
+    KH_TARGET void NAME(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x,  \
+                        int64_t rows, float *y0, float *y1, int64_t y_stride)               \
+    {                                                                                      \
+        int64_t r, j, main = k - k % 16;                                                   \
+        for (r = 0; r < rows; r++) {                                                       \
+            const float *xr = x + r * k;                                                   \
+            __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                    \
+            float t0, t1;                                                                  \
+            for (j = 0; j < main; j += 16) {                                               \
+                __m256 xlo = _mm256_loadu_ps(xr + j), xhi = _mm256_loadu_ps(xr + j + 8);   \
+                a0 = _mm256_fmadd_ps(CVT8(w0 + j), xlo, a0);                               \
+                b0 = _mm256_fmadd_ps(CVT8(w0 + j + 8), xhi, b0);                           \
+                a1 = _mm256_fmadd_ps(CVT8(w1 + j), xlo, a1);                               \
+                b1 = _mm256_fmadd_ps(CVT8(w1 + j + 8), xhi, b1);                           \
+            }                                                                              \
+            t0 = hsum256(_mm256_add_ps(a0, b0));                                           \
+            t1 = hsum256(_mm256_add_ps(a1, b1));                                           \
+            for (; j < k; j++) {                                                           \
+                t0 += CVT1(w0[j]) * xr[j];                                                 \
+                t1 += CVT1(w1[j]) * xr[j];                                                 \
+            }                                                                              \
+            y0[r * y_stride] = t0;                                                         \
+            y1[r * y_stride] = t1;                                                         \
+        }                                                                                  \
+    }
+
+KH_H16_ROWS(kh_f16_rows_avx2, KH_CVT_F16, _cvtsh_ss)
+/* bfloat16 weights (Kimi-Linear's kept projections and LM head on the CPU): the same loop. */
+KH_H16_ROWS(kh_bf16_rows_avx2, KH_CVT_BF16, bf16_to_float)
 
 #else
 typedef int kh_no_x86_simd; /* ISO C forbids an empty translation unit */

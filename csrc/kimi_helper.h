@@ -104,6 +104,9 @@ int moe_grouped_w4a16(const float *x, int64_t tokens, int64_t top_k, const int64
  * result does not depend on the rows batched with it. */
 int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
              float *out, int nthreads);
+/* The same with bfloat16 weights (the high 16 bits of an fp32); AVX2 or portable C. */
+int gemv_bf16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
+              float *out, int nthreads);
 
 /* Memory read-bandwidth probe: reads every byte of buf [nbytes, a multiple of 8, 8-byte
  * aligned] once with nthreads threads of the GEMVs' pool; *checksum gets the sum of its

@@ -104,6 +104,9 @@ void kh_q8q8_row_avx2(const int8_t *w, const uint16_t *s, int64_t k, const KhQ8 
 /* y[r * y_stride] = dot(w row, x row r) for two fp16 weight rows w0, w1 (y1 for w1). */
 void kh_f16_rows_avx2(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x,
                       int64_t rows, float *y0, float *y1, int64_t y_stride);
+/* The same for two bfloat16 weight rows. */
+void kh_bf16_rows_avx2(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x,
+                       int64_t rows, float *y0, float *y1, int64_t y_stride);
 int kh_cpu_has_avx512(void);
 /* y[r * y_stride] = dot(w row, x row r) for two fp16 weight rows w0, w1 (y1 for w1). */
 void kh_f16_rows_avx512(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x,

@@ -312,19 +312,29 @@ def unpack(w: Int4Weight, out=None, threads: int | None = None):
 def gemv_f16(w, x, out=None, threads: int = 1):
     """out[M, V] = x[M, D] @ w^T, w fp16 [V, D], accumulated in fp32 (the LM head); each
     row's result does not depend on the rows batched with it."""
+    return _gemv_h16(lib.gemv_f16 if lib else None, "gemv_f16", torch.float16, w, x, out, threads)
+
+
+def gemv_bf16(w, x, out=None, threads: int = 1):
+    """As gemv_f16 with w bfloat16 [N, D]: Kimi-Linear's kept projections and LM head on the
+    CPU, read at 2 bytes a weight instead of being cast to fp32 on every call."""
+    return _gemv_h16(lib.gemv_bf16 if lib else None, "gemv_bf16", torch.bfloat16, w, x, out,
+                     threads)
+
+
+def _gemv_h16(fn, what: str, dtype, w, x, out, threads: int):
     require()
-    if w.dim() != 2 or w.dtype is not torch.float16 or not w.is_cpu or not w.is_contiguous():
-        raise ValueError(f"w must be a contiguous CPU fp16 [V, D], got {w.dtype} "
+    if w.dim() != 2 or w.dtype is not dtype or not w.is_cpu or not w.is_contiguous():
+        raise ValueError(f"w must be a contiguous CPU {dtype} [N, D], got {w.dtype} "
                          f"{list(w.shape)} on {w.device}")
     v, d = w.shape
     x = _as_rows(x, d)
     out = _out(out, (x.shape[0], v))
     cast = ffi.cast
-    status = lib.gemv_f16(cast("float *", x.data_ptr()), x.shape[0],
-                          cast("uint16_t *", w.data_ptr()), v, d,
-                          cast("float *", out.data_ptr()), threads)
+    status = fn(cast("float *", x.data_ptr()), x.shape[0], cast("uint16_t *", w.data_ptr()), v, d,
+                cast("float *", out.data_ptr()), threads)
     if status:
-        check(status, "gemv_f16")
+        check(status, what)
     return out
 
 

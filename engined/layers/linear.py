@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from engined import helper
 from engined.ops import int4_format, registry
+from engined.ops.w4a16_gemv.cpu_c import num_threads
 
 INT4_PARTS = ("qweight", "scales", "mins")
 CAST_BLOCK_BYTES = 4 << 20  # a dense CPU weight of another dtype is cast this much at a time
@@ -121,6 +122,8 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, K] -> [T, N] in x.dtype
         if not self.is_int4:
+            if self._is_c_bf16(x):                   # decode rows: 2 bytes a weight, no cast
+                return helper.gemv_bf16(self.weight, x, None, num_threads()).to(x.dtype)
             if self.weight.dtype == x.dtype or self.device.type != "cpu":
                 return F.linear(x, self.weight.to(x.dtype))  # no-op cast when dtypes agree
             return self._cast_by_blocks(x)
@@ -133,6 +136,13 @@ class Linear:
                 self._gemm = registry.resolve("w4a16_gemm", "cpu").fn
             return self._gemm(x, self.packed).to(x.dtype)
         return F.linear(x, self.dense_weight(x.dtype))
+
+    def _is_c_bf16(self, x: torch.Tensor) -> bool:
+        """A bf16 CPU weight under fp32 decode rows: the C bf16 GEMV (a row's result does not
+        depend on its batch; longer inputs keep the blockwise cast and one matmul)."""
+        w = self.weight
+        return (w.dtype == torch.bfloat16 and x.dtype == torch.float32 and w.device.type == "cpu"
+                and x.shape[0] <= helper.MAX_ROWS and w.is_contiguous() and helper.available())
 
     def _cast_by_blocks(self, x: torch.Tensor) -> torch.Tensor:
         """A CPU weight stored narrower than x (bf16 under fp32 activations), cast one block of
