@@ -312,20 +312,21 @@ def unpack(w: Int4Weight, out=None, threads: int | None = None):
 def gemv_f16(w, x, out=None, threads: int = 1):
     """out[M, V] = x[M, D] @ w^T, w fp16 [V, D], accumulated in fp32 (the LM head); each
     row's result does not depend on the rows batched with it."""
-    return _gemv_h16(lib.gemv_f16 if lib else None, "gemv_f16", torch.float16, w, x, out, threads)
+    return _gemv_h16(lib.gemv_f16 if lib else None, "gemv_f16", torch.float16, "fp16", w, x,
+                     out, threads)
 
 
 def gemv_bf16(w, x, out=None, threads: int = 1):
     """As gemv_f16 with w bfloat16 [N, D]: Kimi-Linear's kept projections and LM head on the
     CPU, read at 2 bytes a weight instead of being cast to fp32 on every call."""
-    return _gemv_h16(lib.gemv_bf16 if lib else None, "gemv_bf16", torch.bfloat16, w, x, out,
-                     threads)
+    return _gemv_h16(lib.gemv_bf16 if lib else None, "gemv_bf16", torch.bfloat16, "bf16", w, x,
+                     out, threads)
 
 
-def _gemv_h16(fn, what: str, dtype, w, x, out, threads: int):
+def _gemv_h16(fn, what: str, dtype, name: str, w, x, out, threads: int):
     require()
     if w.dim() != 2 or w.dtype is not dtype or not w.is_cpu or not w.is_contiguous():
-        raise ValueError(f"w must be a contiguous CPU {dtype} [N, D], got {w.dtype} "
+        raise ValueError(f"w must be a contiguous CPU {name} [N, D], got {w.dtype} "
                          f"{list(w.shape)} on {w.device}")
     v, d = w.shape
     x = _as_rows(x, d)

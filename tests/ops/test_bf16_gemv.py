@@ -46,5 +46,5 @@ def test_linear_uses_it_for_decode_rows_only():
         x = torch.randn(rows, 64, generator=gen)
         assert lin._is_c_bf16(x) == (rows <= helper.MAX_ROWS)
         assert torch.allclose(lin(x), F.linear(x, lin.weight.float()), atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="bfloat16"):
+    with pytest.raises(ValueError, match="bf16"):
         helper.gemv_bf16(lin.weight.float(), torch.randn(1, 64))

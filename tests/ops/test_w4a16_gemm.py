@@ -81,10 +81,11 @@ def test_cpu_prefill_rows_never_dequantize_the_weight(monkeypatch, symmetric):
 
 def test_a_narrower_dense_weight_is_cast_block_by_block(monkeypatch):
     """A bf16 weight under fp32 activations (Kimi-Linear's head) is cast CAST_BLOCK_BYTES at a
-    time, with F.linear's result."""
+    time, with F.linear's result, for inputs longer than decode rows (those run gemv_bf16:
+    tests/ops/test_bf16_gemv.py)."""
     lin = Linear(1000, 96, torch.bfloat16)
     lin.weight.copy_(torch.randn(1000, 96))
     monkeypatch.setattr("engined.layers.linear.CAST_BLOCK_BYTES", 96 * 4 * 300)  # 4 blocks
-    for rows in (1, 20):
+    for rows in (9, 20):
         x = torch.randn(rows, 96)
         assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight.float()))
