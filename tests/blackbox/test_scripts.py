@@ -130,6 +130,9 @@ def test_gpu_memory_sampler_prefers_the_engine_process_row(tmp_path, monkeypatch
                     '  *) echo 90000 ;;\nesac\n')  # MiB: two processes' rows, then the GPU's
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    # served.py puts bench/ first on sys.path, where bench/kernels.py would shadow the
+    # `kernels` package transformers probes for in later tests: undone after this one
+    monkeypatch.setattr(sys, "path", list(sys.path))
     spec = importlib.util.spec_from_file_location("bench_served", BENCH / "served.py")
     served = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(served)
