@@ -281,23 +281,6 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
     return run_job(&job, x, work, nthreads);
 }
 
-/* Portable fp16-weight kernel: one weight row against every x row, 16 partial sums
- * (the compiler vectorizes them), the same order whatever `rows` is. */
-static void f16_row_c(const uint16_t *w, int64_t k, const float *x, int64_t rows,
-                      float *y, int64_t y_stride)
-{
-    int64_t r, j, l, main = k - k % 16;
-    for (r = 0; r < rows; r++) {
-        const float *xr = x + r * k;
-        float acc[16] = {0}, total = 0.0f;
-        for (j = 0; j < main; j += 16)
-            for (l = 0; l < 16; l++) acc[l] += kh_half_to_float(w[j + l]) * xr[j + l];
-        for (l = 0; l < 16; l++) total += acc[l];
-        for (; j < k; j++) total += kh_half_to_float(w[j]) * xr[j];
-        y[r * y_stride] = total;
-    }
-}
-
 static inline float bf16_to_float(uint16_t h)
 {
     uint32_t bits = (uint32_t)h << 16;
@@ -306,20 +289,26 @@ static inline float bf16_to_float(uint16_t h)
     return f;
 }
 
-static void bf16_row_c(const uint16_t *w, int64_t k, const float *x, int64_t rows,
-                       float *y, int64_t y_stride)
-{
-    int64_t r, j, l, main = k - k % 16;
-    for (r = 0; r < rows; r++) {
-        const float *xr = x + r * k;
-        float acc[16] = {0}, total = 0.0f;
-        for (j = 0; j < main; j += 16)
-            for (l = 0; l < 16; l++) acc[l] += bf16_to_float(w[j + l]) * xr[j + l];
-        for (l = 0; l < 16; l++) total += acc[l];
-        for (; j < k; j++) total += bf16_to_float(w[j]) * xr[j];
-        y[r * y_stride] = total;
+/* Portable 16-bit-weight kernels (fp16, bf16): one weight row against every x row, 16
+ * partial sums (the compiler vectorizes them), the same order whatever `rows` is. */
+#define KH_H16_ROW_C(NAME, CVT)                                                            \
+    static void NAME(const uint16_t *w, int64_t k, const float *x, int64_t rows, float *y,  \
+                     int64_t y_stride)                                                     \
+    {                                                                                      \
+        int64_t r, j, l, main = k - k % 16;                                                \
+        for (r = 0; r < rows; r++) {                                                       \
+            const float *xr = x + r * k;                                                   \
+            float acc[16] = {0}, total = 0.0f;                                             \
+            for (j = 0; j < main; j += 16)                                                 \
+                for (l = 0; l < 16; l++) acc[l] += CVT(w[j + l]) * xr[j + l];              \
+            for (l = 0; l < 16; l++) total += acc[l];                                      \
+            for (; j < k; j++) total += CVT(w[j]) * xr[j];                                 \
+            y[r * y_stride] = total;                                                       \
+        }                                                                                  \
     }
-}
+
+KH_H16_ROW_C(f16_row_c, kh_half_to_float)
+KH_H16_ROW_C(bf16_row_c, bf16_to_float)
 
 typedef struct {
     const float *x;

@@ -168,14 +168,12 @@ def check_memory_plan(config: EngineConfig) -> Check:
                      "see the model line")
     max_context = config.max_context or min(plan.context_length, DEFAULT_MAX_CONTEXT)
     try:
-        placement = memcap.place(plan, config, device, max_context)
+        memory = memcap.plan_memory(plan, config, device, max_context)
     except PlacementError as exc:
         return Check("memory plan", False, str(exc), "change the placement flags or budget")
-    in_ram = placement.ram.get("routed experts", 0) if placement and on_cuda else 0
-    budget = memcap.plan_budget(plan, max_context, config.gpu_memory if on_cuda else config.memory_cap,
-                                device, in_ram)
-    detail = "\n    ".join([budget.describe(), *(placement.describe() if placement else [])])
-    if budget.is_over_cap:
+    placement = memory.placement
+    detail = "\n    ".join([memory.budget.describe(), *(placement.describe() if placement else [])])
+    if memory.budget.is_over_cap:
         return Check("memory plan", False, detail, "lower --max-context, or raise --memory-cap")
     return Check("memory plan", True, detail)
 

@@ -178,6 +178,23 @@ def place(plan, config, device: str, max_context: int):
                                     config.max_batch, budget, config.cpu_moe, config.n_cpu_moe)
 
 
+@dataclass(frozen=True)
+class MemoryPlan:
+    placement: object  # weights/placement.Placement, or None: no routed experts
+    budget: Budget      # what the device holds, against its cap
+    in_ram: int         # a GPU model's routed experts kept in RAM (0 on the CPU)
+
+
+def plan_memory(plan, config, device: str, max_context: int) -> MemoryPlan:
+    """serve's and doctor's one plan: the placement, then the budget of the device part
+    (--gpu-memory on CUDA, --memory-cap on the CPU). Raises PlacementError when it cannot fit."""
+    placement = place(plan, config, device, max_context)
+    on_cuda = device.startswith("cuda")
+    in_ram = placement.ram.get("routed experts", 0) if placement and on_cuda else 0
+    cap = config.gpu_memory if on_cuda else config.memory_cap
+    return MemoryPlan(placement, plan_budget(plan, max_context, cap, device, in_ram), in_ram)
+
+
 def check_host(in_ram: int, requested_cap: int):
     """A GPU model's routed experts kept in RAM, against --memory-cap and the cgroup limit."""
     cap, source = effective_cap(requested_cap)

@@ -94,15 +94,14 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
         log.write(f"kimi-engine: {kernels.describe_fallback(moved)}")
     plan = loader.plan_model(config.model, device=device)
     max_context = _max_context(config.max_context, plan.context_length)
-    offload, in_ram = _place(plan, config, device, max_context, log)
+    memory = memcap.plan_memory(plan, config, device, max_context)
+    offload = _log_placement(memory.placement, config, device, log)
     on_cuda = device.startswith("cuda")
-    budget = memcap.plan_budget(plan, max_context, config.gpu_memory if on_cuda else config.memory_cap,
-                                device, in_ram)
-    log.write(f"kimi-engine: memory plan: {budget.describe()}")
+    log.write(f"kimi-engine: memory plan: {memory.budget.describe()}")
     if on_cuda:
-        memcap.check_host(in_ram, config.memory_cap)
-    memcap.enforce(budget)
-    if memcap.settle_allocator(in_ram if on_cuda else plan.weight_bytes):
+        memcap.check_host(memory.in_ram, config.memory_cap)
+    memcap.enforce(memory.budget)
+    if memcap.settle_allocator(memory.in_ram if on_cuda else plan.weight_bytes):
         log.write("kimi-engine: freed prefill buffers go back to the kernel at once "
                   "(a model of a GiB or more in RAM)")
     sd_notify(f"STATUS=loading {config.model} on {device}")
@@ -127,21 +126,19 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     return served, metrics, engine
 
 
-def _place(plan, config: EngineConfig, device: str, max_context: int, log) -> tuple[frozenset, int]:
-    """-> (MoE layers whose routed experts stay in RAM, their bytes when the model is on CUDA),
-    the placement logged; refused before loading when it cannot fit (PlacementError)."""
-    placement = memcap.place(plan, config, device, max_context)
+def _log_placement(placement, config: EngineConfig, device: str, log) -> frozenset:
+    """Log where the routed experts live -> the MoE layers whose experts stay in RAM."""
     if placement is None:
         if config.cpu_moe or config.n_cpu_moe:
             log.write("kimi-engine: --cpu-moe/--n-cpu-moe: this model has no routed experts; "
                       "nothing moves")
-        return frozenset(), 0
+        return frozenset()
     for line in placement.describe():
         log.write(f"kimi-engine: {line}")
     if placement.offloaded and device.startswith("cuda"):
         log.write("kimi-engine: decode runs eagerly: a CUDA graph cannot hold the CPU part of "
                   "the offloaded MoE layers")
-    return placement.offloaded, placement.ram.get("routed experts", 0) if device.startswith("cuda") else 0
+    return placement.offloaded
 
 
 def _drain(server, serving: threading.Thread, listener: Listener, engine: Engine, log):
