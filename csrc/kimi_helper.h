@@ -108,6 +108,40 @@ int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t
 int gemv_bf16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
               float *out, int nthreads);
 
+/* One packed INT4 linear [n, k] (mins NULL: symmetric), as the layer call takes it. */
+typedef struct {
+    const uint8_t *q;
+    const uint16_t *s;
+    const uint16_t *m;
+    int64_t n, k, group;
+} KhInt4;
+
+/* One Llama decoder layer's weights (kimi_llama.c): fp32 norm weights [dim]; qkv
+ * [(heads + 2 kv_heads) * head_dim, dim] (q rows, then k, then v), o [dim, heads * head_dim],
+ * gate_up [2 inner, dim] (gate rows, then up), down [dim, inner]. w4a8: 1 runs the GEMVs as
+ * gemv_w4a8 (every group a multiple of 32), 0 as gemv_w4a16. */
+typedef struct {
+    const float *attn_norm;
+    const float *ffn_norm;
+    float eps;
+    KhInt4 qkv, o, gate_up, down;
+    int64_t dim, heads, kv_heads, head_dim, inner;
+    int w4a8;
+} KhLlamaLayer;
+
+/* One decode token for each of rows (1..KH_MAX_ROWS) sequences through the layer:
+ * out [rows, dim] = h + attention + MLP, h [rows, dim] fp32 (out may be h). cos, sin
+ * [rows, head_dim]: row r's rotary table at positions[r], sin's first half negated.
+ * k_cache[r], v_cache[r]: row r's fp16 cache of this layer, [S_max, kv_heads, head_dim];
+ * the token's k and v are written at positions[r] and attention runs over 0..positions[r].
+ * work: llama_decode_layer_work_floats(layer, rows) floats (-1: a shape it refuses, e.g.
+ * more than 16 query heads per KV head or head_dim over 256). */
+int64_t llama_decode_layer_work_floats(const KhLlamaLayer *layer, int64_t rows);
+int llama_decode_layer(const KhLlamaLayer *layer, const float *h, int64_t rows,
+                       const float *cos, const float *sin, uint16_t *const *k_cache,
+                       uint16_t *const *v_cache, const int64_t *positions, float *work,
+                       float *out, int nthreads);
+
 /* Memory read-bandwidth probe: reads every byte of buf [nbytes, a multiple of 8, 8-byte
  * aligned] once with nthreads threads of the GEMVs' pool; *checksum gets the sum of its
  * 64-bit words (so the reads cannot be dropped). Time it to get the read ceiling. */

@@ -155,10 +155,12 @@ class Linear:
             out[:, start:start + w.shape[0]] = F.linear(x, w)
         return out
 
-    def select_gemv(self, op: str = "w4a16_gemv"):
+    def select_gemv(self, op: str = "w4a16_gemv", variant: str | None = None):
         """Run decode rows through `op`, an op with w4a16_gemv's signature (e.g. w4a8_gemv);
-        resolved now, on this linear's device (bench/quality.py compares the two)."""
-        self._gemv = registry.resolve(op, self.device.type).fn
+        resolved now, on this linear's device (bench/quality.py compares the two), or pinned
+        to `variant` (the llama_decode_layer reference pins the plain references)."""
+        self._gemv = (registry.resolve(op, self.device.type) if variant is None
+                      else registry.variants(op)[variant]).fn
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:

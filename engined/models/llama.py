@@ -1,12 +1,14 @@
 """Llama-architecture forward (SmolLM2 and kin): fp32 activations, INT4 linears, one KV cache
 per sequence. This module only wires layers; the checkpoint names are the WEIGHTS table."""
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from engined.layers.attention import Attention
+from engined.layers.decoder_block import Block
 from engined.layers.embedding import Q8TiedEmbedding, TiedEmbedding
 from engined import helper
 from engined.layers.linear import Linear
@@ -14,6 +16,8 @@ from engined.layers.mlp import SwiGLU
 from engined.layers.rmsnorm import RMSNorm
 from engined.layers.rope import RotaryEmbedding
 from engined.models.protocol import check_span
+from engined.ops import registry
+from engined.ops.llama_decode_layer.reference import LlamaLayer
 from engined.ops.q8_gemv.reference import PackedQ8
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 
@@ -23,6 +27,7 @@ INT4_WEIGHTS = {"q": "blk.{i}.attn_q", "k": "blk.{i}.attn_k", "v": "blk.{i}.attn
                 "o": "blk.{i}.attn_output", "gate": "blk.{i}.ffn_gate", "up": "blk.{i}.ffn_up",
                 "down": "blk.{i}.ffn_down"}
 FINAL_NORM = "output_norm.weight"
+log = logging.getLogger(__name__)
 EMBEDDING = "token_embd"
 
 
@@ -93,20 +98,12 @@ class KVCache:
         pass
 
 
-class Block:
-    def __init__(self, attn_norm: RMSNorm, attn: Attention, ffn_norm: RMSNorm, mlp: SwiGLU):
-        self.attn_norm, self.attn, self.ffn_norm, self.mlp = attn_norm, attn, ffn_norm, mlp
-
-    def __call__(self, h, cos, sin, layer_cache: torch.Tensor, start: int) -> torch.Tensor:
-        # h: [T, D]; layer_cache: [2, S_max, KVH, hd]
-        h = h + self.attn(self.attn_norm(h), cos, sin, layer_cache[0], layer_cache[1], start)
-        return h + self.mlp(self.ffn_norm(h))
-
-    def decode_batch(self, h, cos, sin, layer_caches: list[torch.Tensor], positions: list[int]):
-        # h: [B, D]; layer_caches: B x [2, S_max, KVH, hd]
-        kv = [(c[0], c[1]) for c in layer_caches]
-        h = h + self.attn.decode_batch(self.attn_norm(h), cos, sin, kv, positions)
-        return h + self.mlp(self.ffn_norm(h))
+def layer_weights(block: Block, gemv: str) -> LlamaLayer:
+    """A block as llama_decode_layer takes it (the same tensors, no copy)."""
+    a = block.attn
+    return LlamaLayer(block.attn_norm.weight, block.ffn_norm.weight, block.attn_norm.eps,
+                      a.qkv.packed, a.o.packed, block.mlp.gate_up.packed, block.mlp.down_proj.packed,
+                      a.num_heads, a.num_kv_heads, a.head_dim, gemv)
 
 
 def decode_gemv_op(device: str) -> str:
@@ -126,6 +123,7 @@ class LlamaModel:
         self.config, self.blocks, self.final_norm, self.embedding = config, blocks, final_norm, embedding
         self.kv_dtype, self.device = kv_dtype, device
         self.decode_gemv = "w4a16_gemv"
+        self.decode_layer, self.decode_layers = None, []  # select_decode_gemv sets them
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.kv_bytes_per_token = config.kv_bytes_per_token(kv_dtype)
         self.state_bytes = 0  # rows alone resume a sequence
@@ -162,6 +160,27 @@ class LlamaModel:
             for lin in (block.attn.qkv, block.attn.o, block.mlp.gate_up, block.mlp.down_proj):
                 lin.select_gemv(op)
         self.decode_gemv = op
+        self.decode_layer = self._decode_layer_fn()
+        self.decode_layers = [layer_weights(block, op) for block in self.blocks] if self.decode_layer else []
+
+    def _decode_layer_fn(self) -> Callable | None:
+        """The llama_decode_layer variant decode runs per layer, or None: the blocks run
+        themselves (the op's reference is the block, so that is the same computation on the
+        selected GEMVs), as on a GPU or where a variant refuses this model's shapes."""
+        variant = registry.resolve("llama_decode_layer", self.device)
+        if variant.name == registry.REFERENCE:
+            return None
+        c = self.config  # a one-token probe: the variant accepts these shapes, or says why not
+        cos, sin = self.rope.cos_sin(0, 1)
+        cache = torch.zeros(2, 1, c.num_kv_heads, c.head_dim, dtype=self.kv_dtype, device=self.device)
+        try:
+            variant.fn(torch.zeros(1, c.hidden_size, device=self.device),
+                       layer_weights(self.blocks[0], self.decode_gemv), cos, sin, [cache], [0])
+        except registry.KernelError as exc:
+            log.warning("llama_decode_layer %s refused this model, the blocks run: %s",
+                        variant.name, exc)
+            return None
+        return variant.fn
 
     def new_cache(self, max_tokens: int) -> KVCache:
         if not 0 < max_tokens <= self.config.context_length:
@@ -205,8 +224,14 @@ class LlamaModel:
         with self._decode_threads():
             cos, sin = self.rope.at_positions(positions)  # [B, hd]
             h = self.embedding.embed(tokens.to(self.device))  # [B, D]
-            for i, block in enumerate(self.blocks):
-                h = block.decode_batch(h, cos, sin, [cache.data[i] for cache in caches], positions)
+            if self.decode_layer is not None:  # one native call per layer, h updated in place
+                h = h.float().contiguous()
+                for i, layer in enumerate(self.decode_layers):
+                    self.decode_layer(h, layer, cos, sin, [cache.data[i] for cache in caches],
+                                      positions, out=h)
+            else:
+                for i, block in enumerate(self.blocks):
+                    h = block.decode_batch(h, cos, sin, [cache.data[i] for cache in caches], positions)
             return self.embedding.logits(self.final_norm(h))  # [B, V]
 
     def _decode_threads(self):

@@ -258,7 +258,54 @@ PAGED_MLA = [
 ]
 
 
-CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "q8_gemv": Q8, "moe_grouped": MOE, "kda_step": KDA, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
+def llama_layer_case(positions: list[int], d: int, heads: int, kv_heads: int, hd: int,
+                     inner: int, gemv="w4a16_gemv", symmetric=False, seed=0) -> Case:
+    """llama_decode_layer: row b at positions[b] of its own cache (S_max a little past it),
+    cache rows before it random, the row itself and those after it 1e3 (finite, so a read
+    past the position shows as a wrong softmax rather than a NaN the harness would blame)."""
+    from engined.layers.rope import RotaryEmbedding
+    from engined.ops.llama_decode_layer.reference import LlamaLayer
+
+    def linear(gen, n, k):  # weights ~ 1/sqrt(k), so activations stay near unit size
+        parts = random_int4(gen, n, k, 32, symmetric=symmetric)
+        scale = 4 / k ** 0.5
+        parts["scales"] = (parts["scales"].float() * scale).half()
+        if parts["mins"] is not None:
+            parts["mins"] = (parts["mins"].float() * scale).half()
+        return PackedInt4(group_size=32, **parts)
+
+    def make(gen):
+        rows = len(positions)
+        h = torch.randn((rows, d), generator=gen)
+        norms = [1 + 0.1 * torch.randn(d, generator=gen) for _ in range(2)]
+        layer = LlamaLayer(norms[0], norms[1], 1e-5, linear(gen, (heads + 2 * kv_heads) * hd, d),
+                           linear(gen, d, heads * hd), linear(gen, 2 * inner, d),
+                           linear(gen, d, inner), heads, kv_heads, hd, gemv)
+        kv = []
+        for pos in positions:
+            cache = torch.full((2, pos + 3, kv_heads, hd), 1e3, dtype=torch.float16)
+            cache[:, :pos] = torch.randn((2, pos, kv_heads, hd), generator=gen).half()
+            kv.append(cache)
+        cos, sin = RotaryEmbedding(hd, 10000.0).at_positions(positions)
+        return h, layer, cos.clone(), sin.clone(), kv, list(positions)
+    kind = f"{gemv.split('_')[0]}{kind_tag(symmetric)}"
+    return Case(f"B{len(positions)}-D{d}-H{heads}-KVH{kv_heads}-hd{hd}-F{inner}-{kind}-"
+                f"P{'_'.join(map(str, positions))}", make, d * inner * 3,
+                atol=2e-4, rtol=1e-4, seed=seed, updates=(4,))
+
+
+LLAMA_LAYER = [
+    llama_layer_case([0], 64, 4, 2, 16, 96),                               # the first token
+    llama_layer_case([5, 70, 0], 64, 4, 2, 16, 96, seed=1),                # > one key chunk
+    llama_layer_case([3, 1, 4, 1, 5, 9, 2, 6], 96, 6, 2, 32, 64, seed=2),  # B = 8, groups of 3
+    llama_layer_case([130], 64, 2, 2, 32, 96, "w4a16_gemv", True, seed=3),  # no GQA, symmetric
+    llama_layer_case([0], 64, 4, 2, 16, 96, "w4a8_gemv", seed=4),
+    llama_layer_case([7, 66, 2], 96, 6, 3, 16, 160, "w4a8_gemv", seed=5),
+    llama_layer_case([40], 576, 9, 3, 64, 1536, "w4a8_gemv", seed=6),     # SmolLM2 shapes
+]
+
+
+CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "q8_gemv": Q8, "moe_grouped": MOE, "kda_step": KDA, "llama_decode_layer": LLAMA_LAYER, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
          "moe_swiglu": routed("moe_swiglu")}
 
 

@@ -47,8 +47,17 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float
 
 def call(fn, args, case, **kw):
     """fn on fresh copies of the arguments the op updates in place -> (output, those copies)."""
-    args = [a.clone() if i in case.updates else a for i, a in enumerate(args)]
+    args = [copy(a) if i in case.updates else a for i, a in enumerate(args)]
     return fn(*args, **kw), [args[i] for i in case.updates]
+
+
+def copy(arg):
+    """A tensor, or a list of them (llama_decode_layer's per-row caches)."""
+    return [t.clone() for t in arg] if isinstance(arg, list) else arg.clone()
+
+
+def each(arg) -> list[torch.Tensor]:
+    return arg if isinstance(arg, list) else [arg]
 
 
 @pytest.mark.parametrize("op,name,case", list(_params()))
@@ -60,8 +69,9 @@ def test_variant_matches_reference(op, name, case):
     got, updated = call(registry.variants(op)[name].fn, args, case, out=out)
     assert got.data_ptr() == out.data_ptr(), "variant ignored the out buffer"
     assert_close(got, want, atol=case.atol, rtol=case.rtol)
-    for mine, theirs in zip(updated, want_updated):   # in-place updates (state pools)
-        assert_close(mine, theirs, atol=case.atol, rtol=case.rtol)
+    for mine, theirs in zip(updated, want_updated):   # in-place updates (state pools, caches)
+        for got_part, want_part in zip(each(mine), each(theirs), strict=True):
+            assert_close(got_part.float(), want_part.float(), atol=case.atol, rtol=case.rtol)
     fresh, _ = call(registry.variants(op)[name].fn, args, case)  # and with its own allocation
     assert_close(fresh, want, atol=case.atol, rtol=case.rtol)
 

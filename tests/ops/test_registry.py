@@ -12,6 +12,7 @@ SHIPPED = {
     ("w4a16_grouped_gemv", "cpu"): "cpu_c",
     ("w4a8_gemv", "cpu"): "cpu_c",
     ("q8_gemv", "cpu"): "cpu_c",
+    ("llama_decode_layer", "cpu"): "cpu_c",
     ("moe_swiglu", "cpu"): "cpu_c",
     ("w4a16_gemv", "cuda"): "triton",
     ("w4a16_grouped_gemv", "cuda"): "triton",

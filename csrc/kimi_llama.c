@@ -1,0 +1,261 @@
+/* kimi_llama.c: one Llama decoder layer for up to KH_MAX_ROWS decode rows, in one call
+ * (see kimi_helper.h). Per layer, Python used to run some 20 torch ops (norms, RoPE, the
+ * fp16 cache cast to fp32, SDPA, SiLU, adds): about 10 of a 21 ms SmolLM2 step on 2 cores.
+ * Here they are plain loops between the four GEMVs, which stay the helper's own.
+ *
+ * Order, per row r (x = h[r], every vector fp32):
+ *   a = rms_norm(x) * attn_norm;  [q | k | v] = a Wqkv^T;  q, k rotated (rotate-half)
+ *   k, v stored at the row's position of its fp16 cache (round to nearest even);
+ *   per head: softmax(q k_j / sqrt(hd)) over j <= position, times v_j (online softmax,
+ *   chunks of KH_ATTN_CHUNK keys; the heads of one KV group share each converted key)
+ *   x += att Wo^T;  f = rms_norm(x) * ffn_norm;  [g | u] = f Wgu^T;  x += (silu(g) * u) Wd^T
+ * Memory traffic: the layer's INT4 weights once for all rows, plus each row's cache rows. */
+#include "kimi_helper.h"
+#include "kimi_simd.h"
+
+#include <math.h>
+#include <string.h>
+
+#define KH_ATTN_CHUNK 64      /* keys scored per online-softmax step */
+#define KH_ATTN_MAX_GROUP 16  /* query heads per KV head */
+#define KH_ATTN_MAX_DIM 256   /* head_dim */
+
+/* fp32 -> IEEE half bits, round to nearest even (what torch's fp16 cast does). */
+static uint16_t float_to_half(float f)
+{
+    uint32_t x, abs_bits, sign;
+    memcpy(&x, &f, sizeof x);
+    sign = (x >> 16) & 0x8000u;
+    abs_bits = x & 0x7fffffffu;
+    if (abs_bits > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
+    if (abs_bits >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to inf */
+    if (abs_bits < 0x38800000u) {                                   /* half subnormal or 0 */
+        float a;
+        memcpy(&a, &abs_bits, sizeof a);
+        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f)); /* units of 2^-24 */
+    }
+    return (uint16_t)(sign | ((abs_bits + 0xfffu + ((abs_bits >> 13) & 1u) - 0x38000000u) >> 13));
+}
+
+static void halves_to_floats_c(const uint16_t *h, float *out, int64_t n)
+{
+    int64_t i;
+    for (i = 0; i < n; i++) out[i] = kh_half_to_float(h[i]);
+}
+
+/* Dots and axpys with 8 independent partial sums: vectorizable without reassociation. */
+static float dot_c(const float *a, const float *b, int64_t n)
+{
+    float part[8] = {0};
+    int64_t i, l;
+    for (i = 0; i + 8 <= n; i += 8)
+        for (l = 0; l < 8; l++) part[l] += a[i + l] * b[i + l];
+    for (; i < n; i++) part[0] += a[i] * b[i];
+    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
+static void axpy_c(float *y, float a, const float *x, int64_t n)
+{
+    int64_t i;
+    for (i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+#if KH_HAVE_X86_SIMD
+#include <immintrin.h>
+#define KH_TARGET __attribute__((target("avx2,fma,f16c")))
+
+static KH_TARGET void halves_to_floats_avx2(const uint16_t *h, float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++) out[i] = kh_half_to_float(h[i]);
+}
+#endif
+
+typedef struct {
+    const KhLlamaLayer *layer;
+    const float *q;                /* [rows, qkv.n]: rotated queries first */
+    uint16_t *const *k_cache, *const *v_cache;
+    const int64_t *positions;
+    float *att;                    /* [rows, heads * head_dim] */
+    int simd;
+} AttnJob;
+
+/* One (row, KV head) task: the softmax-weighted sum over the row's cache for the KV group's
+ * query heads. Scores, maxima and sums in fp32, as SDPA's CPU kernel keeps them. */
+static void attend_group(void *ctx, int64_t task)
+{
+    const AttnJob *job = ctx;
+    const KhLlamaLayer *L = job->layer;
+    int64_t hd = L->head_dim, kvh = L->kv_heads, group = L->heads / kvh;
+    int64_t row = task / kvh, kv = task % kvh, keys = job->positions[row] + 1, j0, j, g;
+    const float *q = job->q + row * L->qkv.n + kv * group * hd;
+    const uint16_t *kc = job->k_cache[row] + kv * hd, *vc = job->v_cache[row] + kv * hd;
+    float scale = 1.0f / sqrtf((float)hd), kf[KH_ATTN_MAX_DIM];
+    float score[KH_ATTN_MAX_GROUP][KH_ATTN_CHUNK], top[KH_ATTN_MAX_GROUP], total[KH_ATTN_MAX_GROUP];
+    float acc[KH_ATTN_MAX_GROUP][KH_ATTN_MAX_DIM];
+    void (*to_floats)(const uint16_t *, float *, int64_t) = halves_to_floats_c;
+#if KH_HAVE_X86_SIMD
+    if (job->simd) to_floats = halves_to_floats_avx2;
+#endif
+    for (g = 0; g < group; g++) {
+        top[g] = -INFINITY;
+        total[g] = 0.0f;
+        memset(acc[g], 0, (size_t)hd * sizeof(float));
+    }
+    for (j0 = 0; j0 < keys; j0 += KH_ATTN_CHUNK) {
+        int64_t count = keys - j0 < KH_ATTN_CHUNK ? keys - j0 : KH_ATTN_CHUNK;
+        for (j = 0; j < count; j++) {  /* kc rows: [S_max, KVH, hd] */
+            to_floats(kc + (j0 + j) * kvh * hd, kf, hd);
+            for (g = 0; g < group; g++) score[g][j] = dot_c(q + g * hd, kf, hd) * scale;
+        }
+        for (g = 0; g < group; g++) {  /* rescale what came before to the new maximum */
+            float m = top[g], fix;
+            for (j = 0; j < count; j++) m = score[g][j] > m ? score[g][j] : m;
+            fix = expf(top[g] - m);
+            total[g] *= fix;
+            for (j = 0; j < hd; j++) acc[g][j] *= fix;
+            top[g] = m;
+            for (j = 0; j < count; j++) {
+                score[g][j] = expf(score[g][j] - m);
+                total[g] += score[g][j];
+            }
+        }
+        for (j = 0; j < count; j++) {
+            to_floats(vc + (j0 + j) * kvh * hd, kf, hd);
+            for (g = 0; g < group; g++) axpy_c(acc[g], score[g][j], kf, hd);
+        }
+    }
+    for (g = 0; g < group; g++) {
+        float *out = job->att + row * L->heads * hd + (kv * group + g) * hd, inv = 1.0f / total[g];
+        for (j = 0; j < hd; j++) out[j] = acc[g][j] * inv;
+    }
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * w, the sum of squares in double. */
+static void rms_norm(const float *x, const float *w, int64_t d, float eps, float *y)
+{
+    double squares = 0.0;
+    int64_t i;
+    float inv;
+    for (i = 0; i < d; i++) squares += (double)x[i] * x[i];
+    inv = 1.0f / sqrtf((float)(squares / (double)d) + eps);
+    for (i = 0; i < d; i++) y[i] = x[i] * inv * w[i];
+}
+
+/* Rotate-half RoPE on `heads` heads of x in place; sin's first half is already negated
+ * (engined/layers/rope.py): out[i] = x[i +- hd/2] * sin[i] + x[i] * cos[i]. */
+static void rope(float *x, int64_t heads, int64_t hd, const float *cos, const float *sin)
+{
+    int64_t h, i, half = hd / 2;
+    for (h = 0; h < heads; h++) {
+        float *v = x + h * hd;
+        for (i = 0; i < half; i++) {
+            float lo = v[i], hi = v[i + half];
+            v[i] = hi * sin[i] + lo * cos[i];
+            v[i + half] = lo * sin[i + half] + hi * cos[i + half];
+        }
+    }
+}
+
+static int project(const KhLlamaLayer *L, const KhInt4 *w, const float *x, int64_t rows,
+                   float *work, float *out, int nthreads)
+{
+    return (L->w4a8 ? gemv_w4a8 : gemv_w4a16)(x, rows, w->q, w->s, w->m, w->n, w->k, w->group,
+                                             work, out, nthreads);
+}
+
+static int64_t gemv_work(const KhLlamaLayer *L, int64_t rows, int64_t k, int64_t group)
+{
+    return L->w4a8 ? gemv_w4a8_work_floats(rows, k, group) : gemv_w4a16_work_floats(rows, k, group);
+}
+
+int64_t llama_decode_layer_work_floats(const KhLlamaLayer *L, int64_t rows)
+{
+    int64_t d, qdim, most = 0, need, i;
+    const KhInt4 *ws[4];
+    if (!L || rows <= 0 || rows > KH_MAX_ROWS || L->heads <= 0 || L->kv_heads <= 0) return -1;
+    d = L->dim;
+    qdim = L->heads * L->head_dim;
+    if (L->heads % L->kv_heads || L->heads / L->kv_heads > KH_ATTN_MAX_GROUP
+        || L->head_dim <= 0 || L->head_dim % 2 || L->head_dim > KH_ATTN_MAX_DIM
+        || L->qkv.n != qdim + 2 * L->kv_heads * L->head_dim || L->qkv.k != d || L->o.n != d
+        || L->o.k != qdim || L->gate_up.n != 2 * L->inner || L->gate_up.k != d
+        || L->down.n != d || L->down.k != L->inner)
+        return -1;
+    ws[0] = &L->qkv;
+    ws[1] = &L->o;
+    ws[2] = &L->gate_up;
+    ws[3] = &L->down;
+    for (i = 0; i < 4; i++) {
+        if (!ws[i]->q || !ws[i]->s) return -1;
+        need = gemv_work(L, rows, ws[i]->k, ws[i]->group);
+        if (need < 0) return -1;
+        most = need > most ? need : most;
+    }
+    /* normed x, qkv, att, down/o out, gate|up, act; then the GEMVs' own work */
+    return rows * (d + L->qkv.n + qdim + d + 2 * L->inner + L->inner) + most;
+}
+
+int llama_decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, const float *cos,
+                       const float *sin, uint16_t *const *k_cache, uint16_t *const *v_cache,
+                       const int64_t *positions, float *work, float *out, int nthreads)
+{
+    int64_t d, hd, qdim, kvdim, inner, r, i;
+    float *normed, *qkv, *att, *proj, *gate_up, *act, *gemv_space;
+    AttnJob job;
+    int status;
+    if (llama_decode_layer_work_floats(L, rows) < 0 || nthreads <= 0) return KH_EINVAL;
+    if (!h || !cos || !sin || !k_cache || !v_cache || !positions || !work || !out) return KH_EINVAL;
+    for (r = 0; r < rows; r++)
+        if (positions[r] < 0 || !k_cache[r] || !v_cache[r]) return KH_EINVAL;
+    d = L->dim, hd = L->head_dim, qdim = L->heads * hd, kvdim = L->kv_heads * hd, inner = L->inner;
+    normed = work;                  /* [rows, d] */
+    qkv = normed + rows * d;        /* [rows, qdim + 2 kvdim] */
+    att = qkv + rows * L->qkv.n;    /* [rows, qdim] */
+    proj = att + rows * qdim;       /* [rows, d] */
+    gate_up = proj + rows * d;      /* [rows, 2 inner] */
+    act = gate_up + rows * 2 * inner; /* [rows, inner] */
+    gemv_space = act + rows * inner;
+
+    if (out != h) memcpy(out, h, (size_t)(rows * d) * sizeof(float));
+    for (r = 0; r < rows; r++) rms_norm(out + r * d, L->attn_norm, d, L->eps, normed + r * d);
+    if ((status = project(L, &L->qkv, normed, rows, gemv_space, qkv, nthreads))) return status;
+    for (r = 0; r < rows; r++) {
+        float *row = qkv + r * L->qkv.n;
+        uint16_t *kc = k_cache[r] + positions[r] * kvdim, *vc = v_cache[r] + positions[r] * kvdim;
+        rope(row, L->heads + L->kv_heads, hd, cos + r * hd, sin + r * hd);
+        for (i = 0; i < kvdim; i++) {
+            kc[i] = float_to_half(row[qdim + i]);
+            vc[i] = float_to_half(row[qdim + kvdim + i]);
+        }
+    }
+    job.layer = L;
+    job.q = qkv;
+    job.k_cache = k_cache;
+    job.v_cache = v_cache;
+    job.positions = positions;
+    job.att = att;
+    job.simd = 0;
+#if KH_HAVE_X86_SIMD
+    job.simd = gemv_simd(-1) >= 1;
+#endif
+    {
+        int64_t keys = 0;
+        for (r = 0; r < rows; r++) keys += positions[r] + 1;
+        kh_parallel(attend_group, &job, rows * L->kv_heads, nthreads,
+                    keys * 2 * qdim >= KH_WAKE_WORTH);
+    }
+    if ((status = project(L, &L->o, att, rows, gemv_space, proj, nthreads))) return status;
+    for (i = 0; i < rows * d; i++) out[i] += proj[i];
+    for (r = 0; r < rows; r++) rms_norm(out + r * d, L->ffn_norm, d, L->eps, normed + r * d);
+    if ((status = project(L, &L->gate_up, normed, rows, gemv_space, gate_up, nthreads))) return status;
+    for (r = 0; r < rows; r++) {
+        const float *g = gate_up + r * 2 * inner, *u = g + inner;
+        for (i = 0; i < inner; i++) act[r * inner + i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+    if ((status = project(L, &L->down, act, rows, gemv_space, proj, nthreads))) return status;
+    for (i = 0; i < rows * d; i++) out[i] += proj[i];
+    return KH_OK;
+}

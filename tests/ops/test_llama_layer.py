@@ -1,0 +1,115 @@
+"""llama_decode_layer beyond equivalence: every SIMD level present, both thread counts, the
+output written in place, and clear refusals of what the C call cannot take."""
+import pytest
+import torch
+
+from engined import helper
+from engined.ops import registry
+from engined.ops.llama_decode_layer import cpu_c, reference
+from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
+from tests.ops.helpers import LLAMA_LAYER
+
+LEVELS = helper.SIMD_LEVELS
+CASE = LLAMA_LAYER[5]  # B = 3, one row past a key chunk, W4A8
+
+
+def fresh(case=CASE):
+    return case.make(torch.Generator().manual_seed(case.seed))
+
+
+def run(variant, args, **kw):
+    args = list(args)
+    args[4] = [c.clone() for c in args[4]]
+    return registry.variants("llama_decode_layer")[variant].fn(*args, **kw), args[4]
+
+
+@pytest.fixture(params=sorted(LEVELS))
+def level(request):
+    """Each SIMD cap; the level that ran (attention's fp16 loads and the GEMVs) is printed."""
+    used = helper.gemv_simd(request.param)
+    try:
+        print(f"\nllama_decode_layer cap {LEVELS[request.param]}: ran {LEVELS[used]} "
+              f"(w4a8 kernel {LEVELS[helper.w4a8_simd()]})")
+        yield used
+    finally:
+        helper.gemv_simd(2)
+
+
+@pytest.mark.parametrize("case", LLAMA_LAYER, ids=lambda c: c.id)
+def test_every_level_matches_the_block(level, case):
+    args = fresh(case)
+    want, want_kv = run("reference", args)
+    got, got_kv = run("cpu_c", args)
+    torch.testing.assert_close(got, want, atol=case.atol, rtol=case.rtol)
+    for mine, theirs in zip(got_kv, want_kv):
+        assert torch.equal(mine, theirs)  # fp16 stores round to nearest even, as torch's cast
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_do_not_change_the_result(threads):
+    args = fresh()
+    w4a16_cpu_c.set_num_threads(1)
+    try:
+        one, _ = run("cpu_c", args)
+        w4a16_cpu_c.set_num_threads(threads)
+        many, _ = run("cpu_c", args)
+    finally:
+        w4a16_cpu_c.set_num_threads(None)
+    assert torch.equal(one, many)
+
+
+def test_out_may_be_h():
+    args = fresh()
+    want, _ = run("cpu_c", args)
+    h = args[0].clone()
+    got, _ = run("cpu_c", [h, *args[1:]], out=h)
+    assert got.data_ptr() == h.data_ptr() and torch.equal(h, want)
+
+
+def test_only_the_rows_position_and_earlier_are_read():
+    """Cache rows after each position hold 1e3 in the cases; NaN there changes nothing."""
+    args = fresh()
+    want, _ = run("cpu_c", args)
+    for cache, pos in zip(args[4], args[5]):
+        cache[:, pos + 1:] = float("nan")
+    got, _ = run("cpu_c", args)
+    assert torch.equal(got, want)
+
+
+def bad(args, index, value):
+    args = list(args)
+    args[index] = value
+    return args
+
+
+@pytest.mark.parametrize("what,change", [
+    ("position past the cache", lambda a: bad(a, 5, [a[4][0].shape[1], 0, 0])),
+    ("negative position", lambda a: bad(a, 5, [-1, 0, 0])),
+    ("fp32 cache", lambda a: bad(a, 4, [c.float() for c in a[4]])),
+    ("cache of other heads", lambda a: bad(a, 4, [c[:, :, :1].contiguous() for c in a[4]])),
+    ("caches and rows disagree", lambda a: bad(a, 4, a[4][:2])),
+    ("cos of other rows", lambda a: bad(a, 2, a[2][:1])),
+    ("h of another width", lambda a: bad(a, 0, a[0][:, :32])),
+])
+def test_bad_input_is_a_kernel_error(what, change):
+    with pytest.raises(registry.KernelError, match="llama_decode_layer"):
+        run("cpu_c", change(fresh()))
+
+
+def test_more_than_max_rows_is_refused():
+    args = fresh(LLAMA_LAYER[2])  # B = 8
+    h = torch.cat([args[0], args[0][:1]])
+    with pytest.raises(registry.KernelError, match="rows"):
+        run("cpu_c", [h, args[1], torch.cat([args[2], args[2][:1]]),
+                      torch.cat([args[3], args[3][:1]]), args[4] + args[4][:1], args[5] + [0]])
+
+
+def test_shapes_the_c_call_cannot_take_are_refused_with_their_numbers():
+    layer = fresh()[1]
+    odd = reference.LlamaLayer(layer.attn_norm, layer.ffn_norm, layer.eps, layer.qkv, layer.o,
+                               layer.gate_up, layer.down, 6, 1, 16, layer.gemv)  # q/k/v rows wrong
+    with pytest.raises(registry.KernelError, match="6 heads, 1 KV heads"):
+        cpu_c.c_layer(odd)
+    with pytest.raises(registry.KernelError, match="gemv must be one of"):
+        reference.LlamaLayer(layer.attn_norm, layer.ffn_norm, layer.eps, layer.qkv, layer.o,
+                             layer.gate_up, layer.down, 6, 3, 16, "w4a16_gemm")
