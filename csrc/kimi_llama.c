@@ -198,9 +198,26 @@ int64_t llama_decode_layer_work_floats(const KhLlamaLayer *L, int64_t rows)
     return rows * (d + L->qkv.n + qdim + d + 2 * L->inner + L->inner) + most;
 }
 
+static int decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, const float *cos,
+                        const float *sin, uint16_t *const *k_cache, uint16_t *const *v_cache,
+                        const int64_t *positions, float *work, float *out, int nthreads);
+
+/* The layer's small GEMVs (q/k/v and o fall under KH_WAKE_WORTH alone) still wake the pool:
+ * a layer is ~3.5M weights at SmolLM2's size, and with only the large ones waking it, 3 of
+ * every 5 parallel steps ran on the caller alone. */
 int llama_decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, const float *cos,
                        const float *sin, uint16_t *const *k_cache, uint16_t *const *v_cache,
                        const int64_t *positions, float *work, float *out, int nthreads)
+{
+    int was = kh_wake_all(1), status;
+    status = decode_layer(L, h, rows, cos, sin, k_cache, v_cache, positions, work, out, nthreads);
+    kh_wake_all(was);
+    return status;
+}
+
+static int decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, const float *cos,
+                        const float *sin, uint16_t *const *k_cache, uint16_t *const *v_cache,
+                        const int64_t *positions, float *work, float *out, int nthreads)
 {
     int64_t d, hd, qdim, kvdim, inner, r, i;
     float *normed, *qkv, *att, *proj, *gate_up, *act, *gemv_space;
@@ -245,7 +262,7 @@ int llama_decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, cons
         int64_t keys = 0;
         for (r = 0; r < rows; r++) keys += positions[r] + 1;
         kh_parallel(attend_group, &job, rows * L->kv_heads, nthreads,
-                    keys * 2 * qdim >= KH_WAKE_WORTH);
+                    keys * 2 * qdim >= KH_SERIAL_BELOW);
     }
     if ((status = project(L, &L->o, att, rows, gemv_space, proj, nthreads))) return status;
     for (i = 0; i < rows * d; i++) out[i] += proj[i];

@@ -183,6 +183,15 @@ void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads, int worth_
     pthread_mutex_unlock(&submit_lock);
 }
 
+static __thread int wake_all; /* kh_wake_all(): this thread's jobs all wake sleeping helpers */
+
+int kh_wake_all(int on)
+{
+    int was = wake_all;
+    wake_all = on;
+    return was;
+}
+
 void kh_parallel_rows(KhTask fn, void *ctx, int64_t total, int64_t cost, int nthreads,
                       int64_t multiple, int64_t *per_chunk)
 {
@@ -192,5 +201,6 @@ void kh_parallel_rows(KhTask fn, void *ctx, int64_t total, int64_t cost, int nth
     *per_chunk = nthreads == 1 ? total : (per_thread + 7) / 8;
     if (*per_chunk < 8) *per_chunk = 8;
     *per_chunk += (multiple - *per_chunk % multiple) % multiple;
-    kh_parallel(fn, ctx, (total + *per_chunk - 1) / *per_chunk, nthreads, cost >= KH_WAKE_WORTH);
+    kh_parallel(fn, ctx, (total + *per_chunk - 1) / *per_chunk, nthreads,
+                cost >= KH_WAKE_WORTH || wake_all);
 }

@@ -59,6 +59,9 @@ typedef struct {
  * (Q8_0 weights); gsum per group of `group` elements. */
 void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int deinterleave,
                     KhQ8 *q8);
+/* De-interleaved codes of one row [k] (k % 64 == 0) -> the pair layout in place: per pair of
+ * blocks, [E_j O_j E_j+1 O_j+1] (16 bytes each) becomes [E_j E_j+1 O_j O_j+1]. */
+void kh_pair_q8(int8_t *codes, int64_t k);
 
 /* x [rows, k] -> xperm [rows, k] (de-interleaved per block of 32 when group % 32 == 0, else
  * a copy) and xsum [rows, k/group], the form every row kernel reads (kimi_gemv.c). */
@@ -79,6 +82,11 @@ void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads, int worth_
 void kh_parallel_rows(KhTask fn, void *ctx, int64_t total, int64_t cost, int nthreads,
                       int64_t multiple, int64_t *per_chunk);
 
+/* While on (per calling thread), every job of kh_parallel_rows wakes sleeping helpers, as
+ * one that is part of a larger unit of work (a whole decoder layer) should; returns the
+ * previous setting. */
+int kh_wake_all(int on);
+
 #if KH_HAVE_X86_SIMD
 #include <immintrin.h>
 
@@ -98,6 +106,9 @@ void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
                         int64_t rows, float *y, int64_t y_stride);
 /* y[r * y_stride] = W4A8 dot(w, x row r) for r < rows (1..KH_MAX_ROWS), group % 32 == 0. */
 void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride);
+/* y[i] = W4A8 dot(w[i], x row 0) for 4 weight rows of one linear (decode at one row), x's
+ * codes in the pair layout of kh_pair_q8; k % 64 == 0. */
+void kh_q8_rows4_avx2(const KhRow *w, const KhQ8 *x, float *y);
 /* Q8_0 weights (int8, an fp16 scale per 32; kimi_q8.c) against x quantized in natural order. */
 void kh_q8q8_row_avx2(const int8_t *w, const uint16_t *s, int64_t k, const KhQ8 *x,
                       int64_t rows, float *y, int64_t y_stride);

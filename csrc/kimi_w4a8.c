@@ -68,6 +68,17 @@ void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int 
     }
 }
 
+void kh_pair_q8(int8_t *codes, int64_t k)
+{
+    int64_t j;
+    for (j = 0; j + 2 * KH_Q8_BLOCK <= k; j += 2 * KH_Q8_BLOCK) {
+        int8_t odd[KH_Q8_BLOCK / 2];
+        memcpy(odd, codes + j + 16, sizeof odd);
+        memmove(codes + j + 16, codes + j + 32, 16);
+        memcpy(codes + j + 32, odd, sizeof odd);
+    }
+}
+
 /* Portable kernel: one weight row against `rows` quantized rows of x. */
 static void q8_row_c(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride)
 {
@@ -121,6 +132,7 @@ typedef struct {
     const uint16_t *s, *m;
     KhQ8 x;
     int64_t rows, n, k, group, per_chunk;
+    int paired;  /* one x row, AVX2, k % 64 == 0: x codes in the pair layout (kh_pair_q8) */
     float *out;
 } W4a8Job;
 
@@ -139,6 +151,24 @@ static void w4a8_chunk(void *ctx, int64_t chunk)
     int64_t i = chunk * job->per_chunk, end = i + job->per_chunk;
     int64_t k = job->k, groups = k / job->group;
     if (end > job->n) end = job->n;
+#if KH_HAVE_X86_SIMD
+    if (job->paired) { /* x in the pair layout: every row through the 4-row kernel */
+        for (; i < end; i += 4) {
+            KhRow w[4];
+            float y[4];
+            int t, valid = end - i < 4 ? (int)(end - i) : 4;
+            for (t = 0; t < 4; t++) { /* a short last group repeats its last row */
+                int64_t r = i + (t < valid ? t : valid - 1);
+                KhRow one = {job->q + r * (k / 2), job->s + r * groups,
+                             job->m ? job->m + r * groups : NULL, k, job->group};
+                w[t] = one;
+            }
+            kh_q8_rows4_avx2(w, &job->x, y);
+            memcpy(job->out + i, y, (size_t)valid * sizeof *y);
+        }
+        return;
+    }
+#endif
     for (; i < end; i++) {
         KhRow w = {job->q + i * (k / 2), job->s + i * groups, job->m ? job->m + i * groups : NULL,
                    k, job->group};
@@ -168,6 +198,9 @@ int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16
     job.x.q = (int8_t *)(work + rows * nb + rows * (k / group));
     kh_quantize_q8(x, rows, k, group, 1, &job.x);
     job.row_fn = w4a8_simd() == 1 ? avx2_rows : q8_row_c;
-    kh_parallel_rows(w4a8_chunk, &job, n, n * k, nthreads, 1, &job.per_chunk);
+    job.paired = KH_HAVE_X86_SIMD && rows == 1 && job.row_fn == avx2_rows
+                 && k % (2 * KH_Q8_BLOCK) == 0;
+    if (job.paired) kh_pair_q8(job.x.q, k);
+    kh_parallel_rows(w4a8_chunk, &job, n, n * k, nthreads, job.paired ? 4 : 1, &job.per_chunk);
     return KH_OK;
 }

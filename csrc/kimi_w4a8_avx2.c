@@ -88,6 +88,61 @@ KH_Q8_ROW_KERNEL(6)
 KH_Q8_ROW_KERNEL(7)
 KH_Q8_ROW_KERNEL(8)
 
+/* One x row against 4 weight rows at once (decode at B = 1), two blocks per step: 32 code
+ * bytes (blocks j, j+1) give the even elements of both by one mask and the odd ones by one
+ * shift, and x comes in the matching pair layout (kh_pair_q8: [E_j E_j+1 | O_j O_j+1]).
+ * Both maddubs sums fit int16 (2 * 2 * 15 * 127), one madd gives block j in lanes 0-3 and
+ * j+1 in 4-7, and one FMA scales them by [s_j d_j x4 | s_j+1 d_j+1 x4]. Each x pair is loaded
+ * once for the 4 rows, whose accumulators are independent FMA chains. k % 64 == 0; rows of
+ * one linear share k and group, and mins are NULL for all or none. */
+KH_TARGET void kh_q8_rows4_avx2(const KhRow *w, const KhQ8 *x, float *y)
+{
+    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    int64_t k = w[0].k, groups = k / w[0].group, nb = k / 32, b0;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    int i, p;
+    for (b0 = 0; b0 < nb; b0 += 8) {
+        int count = nb - b0 < 8 ? (int)(nb - b0) : 8; /* even: nb is */
+        __m256 sd[4];
+        for (i = 0; i < 4; i++) {
+            float sblk[8] = {0}, prod[8] = {0};
+            int j;
+            _mm_prefetch((const char *)(w[i].q + b0 * 16 + KH_PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w[i].q + b0 * 16 + 64 + KH_PREFETCH), _MM_HINT_T0);
+            block_scales(&w[i], b0, count, sblk);
+            if (count == 8) {
+                sd[i] = _mm256_mul_ps(_mm256_loadu_ps(sblk), _mm256_loadu_ps(x->d + b0));
+            } else {
+                for (j = 0; j < count; j++) prod[j] = sblk[j] * x->d[b0 + j];
+                sd[i] = _mm256_loadu_ps(prod);
+            }
+        }
+        for (p = 0; p < count / 2; p++) {
+            const int8_t *xp = x->q + (b0 + 2 * p) * 32;
+            __m256i even = _mm256_loadu_si256((const __m256i *)xp);
+            __m256i odd = _mm256_loadu_si256((const __m256i *)(xp + 32));
+            __m256i lanes = _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1, 2 * p + 1,
+                                              2 * p + 1, 2 * p + 1);
+            for (i = 0; i < 4; i++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(w[i].q + (b0 + 2 * p) * 16));
+                __m256i lo = _mm256_and_si256(raw, mask);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, even),
+                                                 _mm256_maddubs_epi16(hi, odd));
+                __m256i dot = _mm256_madd_epi16(pairs, ones);
+                acc[i] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd[i], lanes),
+                                         _mm256_cvtepi32_ps(dot), acc[i]);
+            }
+        }
+    }
+    for (i = 0; i < 4; i++) {
+        float mins = w[i].mins ? kh_halves_dot_avx2(w[i].mins, x->gsum, groups)
+                               : KH_SYMMETRIC_MIN(kh_halves_dot_avx2(w[i].scales, x->gsum, groups));
+        y[i] = hsum256(acc[i]) + mins;
+    }
+}
+
 typedef void (*RowQ8)(const KhRow *, const KhQ8 *, float *, int64_t);
 static const RowQ8 by_rows[KH_MAX_ROWS + 1] = {
     0, q8_avx2_1, q8_avx2_2, q8_avx2_3, q8_avx2_4, q8_avx2_5, q8_avx2_6, q8_avx2_7, q8_avx2_8};
