@@ -45,15 +45,19 @@ test-clients: setup
 	@$(VENV)/bin/python -m pytest -q -m realclient --durations=5 tests/e2e
 
 # llama.cpp is a bench-only baseline: its wheel compiles for ~20 min on 2 cores, so it is
-# built once into $(WHEELS) and installed from there afterwards.
+# built once into $(WHEELS) and installed from there afterwards. Its HTTP server's extra
+# (llama_cpp.server: bench/decode.py's llamacpp-server row) is installed from the same wheel.
 WHEELS ?= $(HOME)/.cache/kimi-wheels
 LLAMA_CPP := llama-cpp-python==0.3.36
+LLAMA_CPP_SERVER := llama-cpp-python[server]==0.3.36
 
 bench-deps: setup
 	@$(PY) -c 'import llama_cpp' 2>/dev/null || { \
 	  ls $(WHEELS)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1 || \
 	    $(TIME) llama.cpp-build "$(PIP) wheel --no-deps $(CONSTRAINTS) $(LLAMA_CPP) -w $(WHEELS)"; \
 	  $(TIME) llama.cpp "$(PIP) install $(CONSTRAINTS) --find-links $(WHEELS) $(LLAMA_CPP)"; }
+	@$(PY) -c 'import llama_cpp.server.app' 2>/dev/null || \
+	  $(TIME) llama.cpp-server "$(PIP) install $(CONSTRAINTS) '$(LLAMA_CPP_SERVER)' --find-links $(WHEELS)"
 
 bench: bench-deps
 	@$(PY) bench/decode.py
