@@ -2,6 +2,10 @@
 (lazy, function-level imports included: they only hid the loader/checkpoint/manifest one)."""
 import ast
 import pathlib
+import subprocess
+import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENGINED = ROOT / "engined"
@@ -67,3 +71,12 @@ def test_engined_top_level_is_roles_and_a_handful_of_modules():
     folders = {p.name for p in ENGINED.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert files - {"helper.py"} <= TOP_LEVEL, sorted(files - TOP_LEVEL)
     assert folders - {"helper"} == ROLES
+
+
+@pytest.mark.parametrize("module", ["engined.layers.linear", "engined.layers.attention",
+                                    "engined.ops.llama_decode_layer", "engined.models.llama"])
+def test_each_entry_module_imports_first(module):
+    """A fresh interpreter importing `module` before anything else (a bench script's order)."""
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

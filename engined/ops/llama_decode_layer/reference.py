@@ -24,11 +24,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engined.layers.attention import Attention
-from engined.layers.decoder_block import Block
-from engined.layers.linear import Linear
-from engined.layers.mlp import SwiGLU
-from engined.layers.rmsnorm import RMSNorm
 from engined.ops import int4_format, registry
 
 GEMV_OPS = ("w4a16_gemv", "w4a8_gemv")
@@ -63,6 +58,13 @@ class LlamaLayer:
 def python_block(layer: LlamaLayer, variant: str | None = None):
     """The model's Block over this layer's weights; its linears run `variant` of layer.gemv
     (None: the registry's choice, as the model's own blocks do)."""
+    # imported here: engined.layers.linear imports engined.ops, whose __init__ imports this
+    from engined.layers.attention import Attention
+    from engined.layers.decoder_block import Block
+    from engined.layers.linear import Linear
+    from engined.layers.mlp import SwiGLU
+    from engined.layers.rmsnorm import RMSNorm
+
     hd, h, kvh = layer.head_dim, layer.num_heads, layer.num_kv_heads
     qkv, gate_up = Linear.from_packed(layer.qkv), Linear.from_packed(layer.gate_up)
     q, k, v = (qkv.rows(a, b) for a, b in ((0, h * hd), (h * hd, (h + kvh) * hd),
