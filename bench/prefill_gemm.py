@@ -4,9 +4,11 @@ of SmolLM2 (the default model) and Kimi-Linear, three ways, timed in the same ru
 - old: what Linear did before w4a16_gemm: dequantize W to fp32 (the C helper's unpack), then
   torch's F.linear (MKL sgemm); it holds N*K*4 bytes per call;
 - passes: the decode GEMV (w4a16_gemv cpu_c) in passes of 8 rows, each decoding all of W;
-- gemm: w4a16_gemm cpu_c, W decoded tile by tile into L1 (csrc/kimi_gemm.c).
+- gemm: w4a16_gemm cpu_c, W decoded tile by tile into L1 (csrc/kimi_gemm.c);
+- w4a8: the W4A8 decode GEMV (w4a8_gemv cpu_c, x rounded to int8 per 32, integer dots) in
+  passes of 8 rows: issue 16 asks for W4A8 prefill wherever it measures faster than gemm.
 
-The three run interleaved, best of --rounds each (the host may be shared: the 1-minute load
+The four run interleaved, best of --rounds each (the host may be shared: the 1-minute load
 average is printed with every row); GFLOP/s counts 2*T*N*K.
 
     .venv/bin/python bench/prefill_gemm.py [--tokens 256] [--threads 2] [--no-record]
@@ -28,13 +30,14 @@ from engined.layers.linear import Linear  # noqa: E402
 from engined.ops.int4_format import PackedInt4  # noqa: E402
 from engined.ops.w4a16_gemm import cpu_c as gemm_cpu_c  # noqa: E402
 from engined.ops.w4a16_gemv import cpu_c  # noqa: E402
+from engined.ops.w4a8_gemv import cpu_c as w4a8_cpu_c  # noqa: E402
 
 GROUP = 32
 SHAPES = [("SmolLM2 q/k/v stacked", 960, 576), ("SmolLM2 o", 576, 576),
           ("SmolLM2 gate/up stacked", 3072, 576), ("SmolLM2 down", 576, 1536),
           ("Kimi KDA q/k/v", 4096, 2304), ("Kimi o_proj", 2304, 4096),
           ("Kimi 2304x2304", 2304, 2304), ("Kimi dense gate/up", 9216, 2304)]
-METHODS = ("old", "passes", "gemm")
+METHODS = ("old", "passes", "gemm", "w4a8")
 
 
 def symmetric_weight(n: int, k: int) -> PackedInt4:
@@ -48,7 +51,8 @@ def bench_shape(label: str, n: int, k: int, args) -> dict:
     lin, x = Linear.from_packed(w), torch.randn(args.tokens, k)
     calls = {"old": lambda: F.linear(x, lin.dense_weight(torch.float32)),
              "passes": lambda: cpu_c.w4a16_gemv(x, w),
-             "gemm": lambda: gemm_cpu_c.w4a16_gemm(x, w)}
+             "gemm": lambda: gemm_cpu_c.w4a16_gemm(x, w),
+             "w4a8": lambda: w4a8_cpu_c.w4a8_gemv(x, w)}
     best = {m: float("inf") for m in METHODS}
     for m in METHODS:
         calls[m]()  # warm: weight handles, pages
@@ -65,11 +69,13 @@ def bench_shape(label: str, n: int, k: int, args) -> dict:
 
 def table(rows: list[dict]) -> list[str]:
     lines = ["| shape | N x K | old ms (GFLOP/s) | passes ms (GFLOP/s) | gemm ms (GFLOP/s) | "
-             "gemm / old | load |", "|---|---|---|---|---|---|---|"]
+             "w4a8 passes ms (GFLOP/s) | gemm / old | w4a8 / gemm | load |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = " | ".join(f"{r[f'ms_{m}']:.2f} ({r[f'gflops_{m}']:.0f})" for m in METHODS)
         lines.append(f"| {r['shape']} | {r['n']} x {r['k']} | {cells} | "
-                     f"{r['ms_gemm'] / r['ms_old']:.2f} | {r['loadavg_1min']:.1f} |")
+                     f"{r['ms_gemm'] / r['ms_old']:.2f} | {r['ms_w4a8'] / r['ms_gemm']:.2f} | "
+                     f"{r['loadavg_1min']:.1f} |")
     return lines
 
 
