@@ -130,14 +130,21 @@ def proxy_rows(data: dict) -> list[dict]:
 
 
 def proxy_chart(result: Result) -> dict:
+    """Added p50 (and p99 where recorded) per route, beside the direct request's own p50; the
+    throughput run, where recorded, in the note."""
     rows = proxy_rows(result.data)
     groups = [r["case"] for r in rows]
     series, labels = {}, {}
     for key, name in (("added_p50_ms", "added p50"), ("added_p99_ms", "added p99")):
-        series[name] = [r[key] for r in rows]
-        labels[name] = [f"{r[key]:.2f}" for r in rows]
+        if any(r.get(key) is not None for r in rows):
+            series[name] = [r.get(key) for r in rows]
+            labels[name] = [f"{r[key]:.2f}" if r.get(key) is not None else "" for r in rows]
+    t = result.data.get("throughput")
+    note = t and (f"throughput through the proxy: {t['req_s']:.0f} req/s, {t['clients']} "
+                  f"keep-alive clients, {t['errors']} errors")
     return chart("proxy_overhead", "Latency kimi-proxy adds over a direct request", result,
-                 [panel("ms added", groups, series, labels)])
+                 [panel("ms", groups, series, labels,
+                        ("direct request p50", [r["direct_p50_ms"] for r in rows]))], note)
 
 
 def agent_chart(result: Result) -> dict:
@@ -170,8 +177,7 @@ def plan(results: list[Result]) -> tuple[list[dict], list[str]]:
     if runs := of("proxy_overhead"):
         charts.append(proxy_chart(runs[-1]))
     else:
-        skipped.append("proxy added latency: no proxy_overhead-*.json (bench/proxy_overhead.py "
-                       "records its runs only in bench/RESULTS.md)")
+        skipped.append("proxy added latency: no proxy_overhead-*.json (bench/proxy_overhead.py)")
     if runs := of("agent_turns"):
         charts.append(agent_chart(runs[-1]))
     else:

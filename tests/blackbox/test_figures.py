@@ -122,7 +122,26 @@ def test_agent_turns_and_proxy_tables(tmp_path):
     (proxy,) = charts["proxy_overhead"]["panels"]
     assert proxy["groups"] == ["chat non-stream", "chat stream TTFB"]
     assert proxy["series"] == {"added p50": [0.894, 0.773], "added p99": [1.732, 1.054]}
-    assert XEON in charts["proxy_overhead"]["title"]
+    assert proxy["reference"] == ("direct request p50", [0.236, 0.259])
+    assert XEON in charts["proxy_overhead"]["title"] and charts["proxy_overhead"]["note"] is None
+
+
+def test_proxy_from_the_dict_rows_and_throughput_the_script_writes(tmp_path):
+    """bench/proxy_overhead.py writes rows as dicts and its throughput run; p99 is optional."""
+    rows = [{"case": "chat non-stream", "direct_p50_ms": 0.4, "proxied_p50_ms": 1.5,
+             "added_p50_ms": 1.1},
+            {"case": "anthropic stream TTFB", "direct_p50_ms": 0.42, "proxied_p50_ms": 1.3,
+             "added_p50_ms": 0.86}]
+    data = {"hardware": EPYC, "command": "bench/proxy_overhead.py", "rows": rows,
+            "throughput": {"clients": 64, "seconds": 10.0, "req_s": 795.3, "errors": 0}}
+    chart = charts_by_name(write(tmp_path, {"proxy_overhead-2026-12-03.json": data}))[
+        "proxy_overhead"]
+    (proxy,) = chart["panels"]
+    assert proxy["series"] == {"added p50": [1.1, 0.86]}
+    assert proxy["labels"]["added p50"] == ["1.10", "0.86"]
+    assert proxy["reference"] == ("direct request p50", [0.4, 0.42])
+    assert chart["note"] == "throughput through the proxy: 795 req/s, 64 keep-alive clients, 0 errors"
+    assert chart["footnote"].startswith(f"{EPYC}, 2026-12-03; `bench/proxy_overhead.py`")
 
 
 def test_a_kind_without_results_is_skipped_with_a_message(tmp_path):
