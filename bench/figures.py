@@ -20,7 +20,8 @@ import re
 BENCH = pathlib.Path(__file__).resolve().parent
 FILE_NAME = re.compile(r"^(?P<kind>.+)-(?P<date>\d{4}-\d{2}-\d{2})(?:-(?P<run>\d+))?\.json$")
 KERNEL_KINDS = re.compile(r"^(gemv|kernels)(-|$)")
-RUNTIMES = {"engine": "kimi-local", "llamacpp": "llama.cpp", "transformers": "transformers fp32"}
+RUNTIMES = {"engine": "kimi-local", "llamacpp": "llama.cpp", "llamacpp-server": "llama_cpp.server",
+            "transformers": "transformers fp32"}
 COMMANDS = {"decode": "make bench (bench/decode.py)", "agent_turns": "python bench/agent_turns.py",
             "proxy_overhead": "python bench/proxy_overhead.py"}
 NOT_MEASURED = "llama.cpp not measured on this machine"
