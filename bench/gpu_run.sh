@@ -31,7 +31,7 @@
 # once and says this): the image cannot build it (no cffi, no network), so it is carried
 # there. `make gpu-carry` on the build machine fetches the cp312 wheels of what the built
 # helper imports: cffi (its _cffi_backend, the version that built the helper) and numpy
-# (engined/helper.py imports it beside the helper), ~17 MB in .gpu-carry/wheels. Then the
+# (engined/helper/ imports it beside the helper), ~17 MB in .gpu-carry/wheels. Then the
 # session's device tool runs, as one call (its carry takes ignored paths, 64 MiB in all):
 #   command: bash bench/gpu_run.sh offload       timeout_s: 360
 #   carry:   ["engined/_kimi_helper.abi3.so", ".gpu-carry/wheels"]

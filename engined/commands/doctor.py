@@ -83,7 +83,7 @@ def check_helper(config: EngineConfig) -> Check:
         helper.require()
     except helper.HelperError as exc:
         return Check("C helper", False, str(exc), "make setup (builds engined/_kimi_helper)")
-    return Check("C helper", True, f"built ({pathlib.Path(helper.__file__).parent.name}/_kimi_helper)")
+    return Check("C helper", True, f"built ({pathlib.Path(helper.__file__).parents[1].name}/_kimi_helper)")
 
 
 def check_gpu(config: EngineConfig) -> Check:

@@ -71,7 +71,7 @@ def test_serve_path_imports_without_gguf_cffi_numpy_or_helper(gpu_image_env):
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     assert lines["available"] == "False"
     assert lines["imported"] == "[]"
-    # torch probes numpy and helper.py its compiled module, and both cope; gguf is never tried
+    # torch probes numpy and engined/helper/ its compiled module, and both cope; gguf is never tried
     assert "gguf" not in lines["tried"], lines["tried"]
 
 

@@ -1,4 +1,4 @@
-"""Known-answer tests for the C helper (csrc/ + engined/helper.py)."""
+"""Known-answer tests for the C helper (csrc/ + engined/helper/)."""
 import numpy as np
 import pytest
 import torch

@@ -1,0 +1,75 @@
+"""Kernel selection (the SIMD cap), the pool's counters, the memory-read probe and the
+process-wide memory cap (memcap_*)."""
+from __future__ import annotations
+
+from engined.helper.core import check, ffi, lib, require
+
+
+SIMD_LEVELS = {0: "portable C", 1: "AVX2", 2: "AVX-512"}
+
+
+def gemv_simd(level: int | None = None) -> int:
+    """Cap the GEMV kernels at `level` (0 portable C, 1 AVX2, 2 AVX-512; None only asks).
+    Returns the level in use, which is also capped by what this CPU has."""
+    require()
+    if level is not None and level not in SIMD_LEVELS:
+        raise ValueError(f"SIMD level must be one of {sorted(SIMD_LEVELS)}, got {level}")
+    return int(lib.gemv_simd(-1 if level is None else level))
+
+
+def w4a8_simd() -> int:
+    """The W4A8 kernel that runs under the current cap (SIMD_LEVELS key): 1 AVX2, also on
+    AVX-512 machines until VNNI kernels exist, or 0 portable C."""
+    require()
+    return int(lib.w4a8_simd())
+
+
+def read_probe(buf, threads: int = 1) -> int:
+    """Read every byte of `buf` (a contiguous CPU tensor, nbytes a multiple of 8) with
+    `threads` pool threads -> the sum of its 64-bit words mod 2**64. Timed, it is the memory
+    read ceiling the GEMV benchmarks compare against."""
+    require()
+    if not buf.is_cpu or not buf.is_contiguous() or buf.nbytes % 8 or buf.data_ptr() % 8:
+        raise ValueError("read_probe needs a contiguous, 8-byte aligned CPU tensor of 8k bytes")
+    checksum = ffi.new("uint64_t *")
+    check(lib.read_probe(ffi.cast("uint8_t *", buf.data_ptr()), buf.nbytes, threads, checksum),
+          "read_probe")
+    return int(checksum[0])
+
+
+def pool_stats() -> tuple[int, int]:
+    """(jobs handed to the worker pool, chunks its helper threads ran) since start."""
+    require()
+    jobs, chunks = ffi.new("int64_t *"), ffi.new("int64_t *")
+    lib.pool_stats(jobs, chunks)
+    return int(jobs[0]), int(chunks[0])
+
+
+def memcap_init(cap_bytes: int):
+    require()
+    check(lib.memcap_init(int(cap_bytes)), "memcap_init")
+
+
+def memcap_reserve(nbytes: int):
+    require()
+    check(lib.memcap_reserve(int(nbytes)), f"memcap_reserve({nbytes})")
+
+
+def memcap_release(nbytes: int):
+    require()
+    check(lib.memcap_release(int(nbytes)), f"memcap_release({nbytes})")
+
+
+def memcap_peak() -> int:
+    require()
+    return int(lib.memcap_peak())
+
+
+def memcap_reserved() -> int:
+    require()
+    return int(lib.memcap_reserved())
+
+
+def memcap_cap() -> int:
+    require()
+    return int(lib.memcap_cap())
