@@ -41,4 +41,18 @@ def llama_decode_layer(h: torch.Tensor, layer: LlamaLayer, cos: torch.Tensor, si
         raise registry.KernelError(f"llama_decode_layer: {exc}") from None
 
 
+def llama_decode_layers(h: torch.Tensor, layers: list[LlamaLayer], cos: torch.Tensor,
+                        sin: torch.Tensor, caches: list[torch.Tensor], positions: list[int]
+                        ) -> torch.Tensor:
+    """Every layer of a decode step through the call above, layer i on caches[b][i] (caches:
+    B whole caches [L, 2, S_max, KVH, hd]); h [B, D] fp32 updated in place. The step's checks
+    and pointers are made once, not per layer."""
+    try:
+        return helper.llama_decode_layers([c_layer(layer) for layer in layers], h, cos, sin,
+                                          caches, positions, num_threads())
+    except ValueError as exc:
+        raise registry.KernelError(f"llama_decode_layer: {exc}") from None
+
+
+llama_decode_layer.all_layers = llama_decode_layers  # the step-wide form a model may call
 registry.set_default("llama_decode_layer", "cpu", "cpu_c")
