@@ -99,23 +99,34 @@ KH_TARGET void kh_q8_rows4_avx2(const KhRow *w, const KhQ8 *x, float *y)
 {
     const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     int64_t k = w[0].k, groups = k / w[0].group, nb = k / 32, b0;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    int i, p;
+    int block_groups = w[0].group == 32; /* a scale and min per block: the mins join the loop */
+    __m256 acc[4], acc_min[4];
+    __m128 sums;
+    float tail_min[4] = {0};
+    int i, p, j;
+    for (i = 0; i < 4; i++) acc[i] = acc_min[i] = _mm256_setzero_ps();
     for (b0 = 0; b0 < nb; b0 += 8) {
         int count = nb - b0 < 8 ? (int)(nb - b0) : 8; /* even: nb is */
         __m256 sd[4];
         for (i = 0; i < 4; i++) {
-            float sblk[8] = {0}, prod[8] = {0};
-            int j;
             _mm_prefetch((const char *)(w[i].q + b0 * 16 + KH_PREFETCH), _MM_HINT_T0);
             _mm_prefetch((const char *)(w[i].q + b0 * 16 + 64 + KH_PREFETCH), _MM_HINT_T0);
-            block_scales(&w[i], b0, count, sblk);
-            if (count == 8) {
-                sd[i] = _mm256_mul_ps(_mm256_loadu_ps(sblk), _mm256_loadu_ps(x->d + b0));
+            if (block_groups && count == 8) {
+                __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w[i].scales + b0)));
+                __m256 m = w[i].mins
+                    ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w[i].mins + b0)))
+                    : _mm256_mul_ps(s, _mm256_set1_ps(-8.0f)); /* symmetric */
+                sd[i] = _mm256_mul_ps(s, _mm256_loadu_ps(x->d + b0));
+                acc_min[i] = _mm256_fmadd_ps(m, _mm256_loadu_ps(x->gsum + b0), acc_min[i]);
             } else {
+                float sblk[8] = {0}, prod[8] = {0};
+                block_scales(&w[i], b0, count, sblk);
                 for (j = 0; j < count; j++) prod[j] = sblk[j] * x->d[b0 + j];
                 sd[i] = _mm256_loadu_ps(prod);
+                if (block_groups)
+                    for (j = 0; j < count; j++)
+                        tail_min[i] += (w[i].mins ? _cvtsh_ss(w[i].mins[b0 + j]) : -8.0f * sblk[j])
+                                       * x->gsum[b0 + j];
             }
         }
         for (p = 0; p < count / 2; p++) {
@@ -136,11 +147,17 @@ KH_TARGET void kh_q8_rows4_avx2(const KhRow *w, const KhQ8 *x, float *y)
             }
         }
     }
-    for (i = 0; i < 4; i++) {
-        float mins = w[i].mins ? kh_halves_dot_avx2(w[i].mins, x->gsum, groups)
-                               : KH_SYMMETRIC_MIN(kh_halves_dot_avx2(w[i].scales, x->gsum, groups));
-        y[i] = hsum256(acc[i]) + mins;
+    { /* the 4 rows' lane sums at once: [A B C D] */
+        __m256 ab = _mm256_hadd_ps(_mm256_add_ps(acc[0], acc_min[0]), _mm256_add_ps(acc[1], acc_min[1]));
+        __m256 cd = _mm256_hadd_ps(_mm256_add_ps(acc[2], acc_min[2]), _mm256_add_ps(acc[3], acc_min[3]));
+        __m256 all = _mm256_hadd_ps(ab, cd);
+        sums = _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
     }
+    _mm_storeu_ps(y, _mm_add_ps(sums, _mm_loadu_ps(tail_min)));
+    if (block_groups) return;
+    for (i = 0; i < 4; i++) /* groups of several blocks: the min terms per group */
+        y[i] += w[i].mins ? kh_halves_dot_avx2(w[i].mins, x->gsum, groups)
+                          : KH_SYMMETRIC_MIN(kh_halves_dot_avx2(w[i].scales, x->gsum, groups));
 }
 
 typedef void (*RowQ8)(const KhRow *, const KhQ8 *, float *, int64_t);

@@ -113,6 +113,12 @@ W4A8 = [
     w4a8_case(11, 40, 96, 32, seed=9, symmetric=True),
     w4a8_case(1, 576, 1536, 32, seed=10),               # SmolLM2 shapes
     w4a8_case(8, 1536, 576, 32, seed=11, symmetric=True),
+    # one row with K % 64 == 0: AVX2 runs 4 weight rows per x load, blocks in pairs
+    w4a8_case(1, 43, 576, 32, seed=12),                 # N % 4 = 3; 18 blocks: a tail of 2
+    w4a8_case(1, 41, 576, 32, seed=13, symmetric=True),  # N % 4 = 1, symmetric
+    w4a8_case(1, 40, 256, 32, seed=14),                 # exactly 8 blocks
+    w4a8_case(1, 36, 640, 64, seed=15),                 # group 64: mins per group, after
+    w4a8_case(1, 38, 320, 64, seed=16, symmetric=True),  # 10 blocks of 5 groups
 ]
 
 

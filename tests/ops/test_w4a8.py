@@ -76,10 +76,11 @@ def test_every_kernel_level_matches_reference(level, rows, group, symmetric):
                                atol=576e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("n", [300, 1024])  # 1024 x 1024 wakes the pool (KH_WAKE_WORTH)
-def test_thread_count_does_not_change_a_single_bit(threads, n):
+@pytest.mark.parametrize("rows", [1, 5])  # 1: 4 weight rows per call (a short last group)
+@pytest.mark.parametrize("n", [302, 1024])  # 1024 x 1024 wakes the pool (KH_WAKE_WORTH)
+def test_thread_count_does_not_change_a_single_bit(threads, n, rows):
     w = PackedInt4(group_size=32, **random_int4(torch.Generator().manual_seed(1), n, 1024, 32))
-    x = torch.randn(5, 1024)
+    x = torch.randn(rows, 1024)
     w4a16_cpu_c.set_num_threads(1)
     one = cpu_c.w4a8_gemv(x, w)
     for count in (2, 3):
