@@ -6,8 +6,8 @@
  * Order, per row r (x = h[r], every vector fp32):
  *   a = rms_norm(x) * attn_norm;  [q | k | v] = a Wqkv^T;  q, k rotated (rotate-half)
  *   k, v stored at the row's position of its fp16 cache (round to nearest even);
- *   per head: softmax(q k_j / sqrt(hd)) over j <= position, times v_j (online softmax,
- *   chunks of KH_ATTN_CHUNK keys; the heads of one KV group share each converted key)
+ *   per head: softmax(q k_j / sqrt(hd)) over j <= position, times v_j (kimi_attn.c: online
+ *   softmax over key ranges that the threads share; a KV group's heads share each key)
  *   x += att Wo^T;  f = rms_norm(x) * ffn_norm;  [g | u] = f Wgu^T;  x += (silu(g) * u) Wd^T
  * Memory traffic: the layer's INT4 weights once for all rows, plus each row's cache rows. */
 #include "kimi_helper.h"
@@ -15,10 +15,6 @@
 
 #include <math.h>
 #include <string.h>
-
-#define KH_ATTN_CHUNK 64      /* keys scored per online-softmax step */
-#define KH_ATTN_MAX_GROUP 16  /* query heads per KV head */
-#define KH_ATTN_MAX_DIM 256   /* head_dim */
 
 /* fp32 -> IEEE half bits, round to nearest even (what torch's fp16 cast does). */
 static uint16_t float_to_half(float f)
@@ -35,102 +31,6 @@ static uint16_t float_to_half(float f)
         return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f)); /* units of 2^-24 */
     }
     return (uint16_t)(sign | ((abs_bits + 0xfffu + ((abs_bits >> 13) & 1u) - 0x38000000u) >> 13));
-}
-
-static void halves_to_floats_c(const uint16_t *h, float *out, int64_t n)
-{
-    int64_t i;
-    for (i = 0; i < n; i++) out[i] = kh_half_to_float(h[i]);
-}
-
-/* Dots and axpys with 8 independent partial sums: vectorizable without reassociation. */
-static float dot_c(const float *a, const float *b, int64_t n)
-{
-    float part[8] = {0};
-    int64_t i, l;
-    for (i = 0; i + 8 <= n; i += 8)
-        for (l = 0; l < 8; l++) part[l] += a[i + l] * b[i + l];
-    for (; i < n; i++) part[0] += a[i] * b[i];
-    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-}
-
-static void axpy_c(float *y, float a, const float *x, int64_t n)
-{
-    int64_t i;
-    for (i = 0; i < n; i++) y[i] += a * x[i];
-}
-
-#if KH_HAVE_X86_SIMD
-#include <immintrin.h>
-#define KH_TARGET __attribute__((target("avx2,fma,f16c")))
-
-static KH_TARGET void halves_to_floats_avx2(const uint16_t *h, float *out, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-    for (; i < n; i++) out[i] = kh_half_to_float(h[i]);
-}
-#endif
-
-typedef struct {
-    const KhLlamaLayer *layer;
-    const float *q;                /* [rows, qkv.n]: rotated queries first */
-    uint16_t *const *k_cache, *const *v_cache;
-    const int64_t *positions;
-    float *att;                    /* [rows, heads * head_dim] */
-    int simd;
-} AttnJob;
-
-/* One (row, KV head) task: the softmax-weighted sum over the row's cache for the KV group's
- * query heads. Scores, maxima and sums in fp32, as SDPA's CPU kernel keeps them. */
-static void attend_group(void *ctx, int64_t task)
-{
-    const AttnJob *job = ctx;
-    const KhLlamaLayer *L = job->layer;
-    int64_t hd = L->head_dim, kvh = L->kv_heads, group = L->heads / kvh;
-    int64_t row = task / kvh, kv = task % kvh, keys = job->positions[row] + 1, j0, j, g;
-    const float *q = job->q + row * L->qkv.n + kv * group * hd;
-    const uint16_t *kc = job->k_cache[row] + kv * hd, *vc = job->v_cache[row] + kv * hd;
-    float scale = 1.0f / sqrtf((float)hd), kf[KH_ATTN_MAX_DIM];
-    float score[KH_ATTN_MAX_GROUP][KH_ATTN_CHUNK], top[KH_ATTN_MAX_GROUP], total[KH_ATTN_MAX_GROUP];
-    float acc[KH_ATTN_MAX_GROUP][KH_ATTN_MAX_DIM];
-    void (*to_floats)(const uint16_t *, float *, int64_t) = halves_to_floats_c;
-#if KH_HAVE_X86_SIMD
-    if (job->simd) to_floats = halves_to_floats_avx2;
-#endif
-    for (g = 0; g < group; g++) {
-        top[g] = -INFINITY;
-        total[g] = 0.0f;
-        memset(acc[g], 0, (size_t)hd * sizeof(float));
-    }
-    for (j0 = 0; j0 < keys; j0 += KH_ATTN_CHUNK) {
-        int64_t count = keys - j0 < KH_ATTN_CHUNK ? keys - j0 : KH_ATTN_CHUNK;
-        for (j = 0; j < count; j++) {  /* kc rows: [S_max, KVH, hd] */
-            to_floats(kc + (j0 + j) * kvh * hd, kf, hd);
-            for (g = 0; g < group; g++) score[g][j] = dot_c(q + g * hd, kf, hd) * scale;
-        }
-        for (g = 0; g < group; g++) {  /* rescale what came before to the new maximum */
-            float m = top[g], fix;
-            for (j = 0; j < count; j++) m = score[g][j] > m ? score[g][j] : m;
-            fix = expf(top[g] - m);
-            total[g] *= fix;
-            for (j = 0; j < hd; j++) acc[g][j] *= fix;
-            top[g] = m;
-            for (j = 0; j < count; j++) {
-                score[g][j] = expf(score[g][j] - m);
-                total[g] += score[g][j];
-            }
-        }
-        for (j = 0; j < count; j++) {
-            to_floats(vc + (j0 + j) * kvh * hd, kf, hd);
-            for (g = 0; g < group; g++) axpy_c(acc[g], score[g][j], kf, hd);
-        }
-    }
-    for (g = 0; g < group; g++) {
-        float *out = job->att + row * L->heads * hd + (kv * group + g) * hd, inv = 1.0f / total[g];
-        for (j = 0; j < hd; j++) out[j] = acc[g][j] * inv;
-    }
 }
 
 /* y = x / sqrt(mean(x^2) + eps) * w, the sum of squares in double. */
@@ -194,7 +94,9 @@ int64_t llama_decode_layer_work_floats(const KhLlamaLayer *L, int64_t rows)
         if (need < 0) return -1;
         most = need > most ? need : most;
     }
-    /* normed x, qkv, att, down/o out, gate|up, act; then the GEMVs' own work */
+    /* normed x, qkv, att, down/o out, gate|up, act; then the GEMVs' and attention's work */
+    need = kh_attention_work_floats(rows, L->heads, L->head_dim);
+    most = need > most ? need : most;
     return rows * (d + L->qkv.n + qdim + d + 2 * L->inner + L->inner) + most;
 }
 
@@ -221,7 +123,7 @@ static int decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, con
 {
     int64_t d, hd, qdim, kvdim, inner, r, i;
     float *normed, *qkv, *att, *proj, *gate_up, *act, *gemv_space;
-    AttnJob job;
+    KhAttention attn;
     int status;
     if (llama_decode_layer_work_floats(L, rows) < 0 || nthreads <= 0) return KH_EINVAL;
     if (!h || !cos || !sin || !k_cache || !v_cache || !positions || !work || !out) return KH_EINVAL;
@@ -248,22 +150,17 @@ static int decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, con
             vc[i] = float_to_half(row[qdim + kvdim + i]);
         }
     }
-    job.layer = L;
-    job.q = qkv;
-    job.k_cache = k_cache;
-    job.v_cache = v_cache;
-    job.positions = positions;
-    job.att = att;
-    job.simd = 0;
-#if KH_HAVE_X86_SIMD
-    job.simd = gemv_simd(-1) >= 1;
-#endif
-    {
-        int64_t keys = 0;
-        for (r = 0; r < rows; r++) keys += positions[r] + 1;
-        kh_parallel(attend_group, &job, rows * L->kv_heads, nthreads,
-                    keys * 2 * qdim >= KH_SERIAL_BELOW);
-    }
+    attn.rows = rows;
+    attn.heads = L->heads;
+    attn.kv_heads = L->kv_heads;
+    attn.head_dim = hd;
+    attn.q_stride = L->qkv.n;
+    attn.q = qkv;
+    attn.k_cache = k_cache;
+    attn.v_cache = v_cache;
+    attn.positions = positions;
+    attn.out = att;
+    kh_attention(&attn, gemv_space, nthreads);
     if ((status = project(L, &L->o, att, rows, gemv_space, proj, nthreads))) return status;
     for (i = 0; i < rows * d; i++) out[i] += proj[i];
     for (r = 0; r < rows; r++) rms_norm(out + r * d, L->ffn_norm, d, L->eps, normed + r * d);

@@ -87,6 +87,23 @@ void kh_parallel_rows(KhTask fn, void *ctx, int64_t total, int64_t cost, int nth
  * previous setting. */
 int kh_wake_all(int on);
 
+/* Decode attention over fp16 caches (kimi_attn.c), for llama_decode_layer: row r's rotated
+ * queries [heads, head_dim] at q + r * q_stride see row r's cache rows 0..positions[r]
+ * (k_cache[r], v_cache[r]: [S_max, kv_heads, head_dim] fp16); out [rows, heads * head_dim].
+ * work: kh_attention_work_floats floats. heads / kv_heads <= KH_ATTN_MAX_GROUP and
+ * head_dim <= KH_ATTN_MAX_DIM (the caller checks). */
+#define KH_ATTN_MAX_GROUP 16  /* query heads per KV head */
+#define KH_ATTN_MAX_DIM 256   /* head_dim */
+typedef struct {
+    int64_t rows, heads, kv_heads, head_dim, q_stride;
+    const float *q;
+    uint16_t *const *k_cache, *const *v_cache;
+    const int64_t *positions;
+    float *out;
+} KhAttention;
+int64_t kh_attention_work_floats(int64_t rows, int64_t heads, int64_t head_dim);
+void kh_attention(const KhAttention *a, float *work, int nthreads);
+
 #if KH_HAVE_X86_SIMD
 #include <immintrin.h>
 

@@ -308,6 +308,10 @@ LLAMA_LAYER = [
     llama_layer_case([0], 64, 4, 2, 16, 96, "w4a8_gemv", seed=4),
     llama_layer_case([7, 66, 2], 96, 6, 3, 16, 160, "w4a8_gemv", seed=5),
     llama_layer_case([40], 576, 9, 3, 64, 1536, "w4a8_gemv", seed=6),     # SmolLM2 shapes
+    # long rows: keys cut into ranges (256 at least, 16 at most per KV head) and merged
+    llama_layer_case([300, 5, 1100], 64, 4, 2, 16, 96, seed=7),
+    llama_layer_case([4200], 64, 8, 2, 8, 96, "w4a8_gemv", seed=8),       # 16 ranges of 263
+    llama_layer_case([700], 64, 8, 2, 12, 96, seed=9),                    # hd 12: portable loads
 ]
 
 
