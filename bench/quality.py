@@ -3,11 +3,12 @@ against W4A16 on a frozen English text (bench/quality_text.txt: README.md and th
 kimi-engine(8) page as of issue 16; its sha256 is checked, so numbers stay comparable).
 
 The text runs teacher-forced in chunks of helper.MAX_ROWS tokens, so every INT4 linear takes
-its decode path (the GEMV op) and the head runs on 8 rows as in a batched decode. Three
-configurations: the baseline W4A16 with the fp16 head; W4A8 with the fp16 head; and W4A8 with
-the Q8_0 head kept as the GGUF ships it (q8_gemv, the default on a CPU with the helper). The
-gate (issue 16), for each against the baseline: perplexity within 1% and top-1 agreement
->= 95%. Exit status 0 when it holds for both, 1 when not.
+its decode path (the GEMV op) and the head runs on 8 rows as in a batched decode. Four
+configurations: the baseline W4A16 with the fp16 head; W4A8 with the fp16 head; W4A8 with the
+Q8_0 head kept as the GGUF ships it (q8_gemv, the default on a CPU with the helper); and that
+last one again as the server decodes, one decode_batch step per token (llama_decode_layer per
+layer, one-row GEMVs). The gate (issue 16), for each against the baseline: perplexity within
+1% and top-1 agreement >= 95%. Exit status 0 when it holds for all, 1 when not.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/quality.py [--threads 2] [--max-tokens N]
 """
@@ -28,8 +29,10 @@ from engined.weights import loader
 
 TEXT = pathlib.Path(__file__).resolve().parent / "quality_text.txt"
 TEXT_SHA256 = "c8884636b90fdc4254e704bfd87ccaccefb364857ae4750a3487466a7e01bd2d"
-CONFIGS = (("W4A16, fp16 head", "w4a16_gemv", "fp16"), ("W4A8, fp16 head", "w4a8_gemv", "fp16"),
-           ("W4A8, Q8_0 head", "w4a8_gemv", "q8"))
+CONFIGS = (("W4A16, fp16 head", "w4a16_gemv", "fp16", "chunks"),
+           ("W4A8, fp16 head", "w4a8_gemv", "fp16", "chunks"),
+           ("W4A8, Q8_0 head", "w4a8_gemv", "q8", "chunks"),
+           ("W4A8, Q8_0 head, served decode steps", "w4a8_gemv", "q8", "steps"))
 
 
 def frozen_text() -> str:
@@ -67,6 +70,13 @@ def teacher_forced_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     return torch.cat(chunks)
 
 
+def teacher_forced_steps(model, tokens: torch.Tensor) -> torch.Tensor:
+    """tokens: [T] -> logits [T, V] fp32, one decode_batch step per token: the served decode."""
+    cache = model.new_cache(len(tokens))
+    return torch.cat([model.decode_batch(tokens[i:i + 1], [cache], [i]).float()
+                      for i in range(len(tokens))])
+
+
 def perplexity(logits: torch.Tensor, tokens: torch.Tensor) -> float:
     nll = torch.nn.functional.cross_entropy(logits[:-1].double(), tokens[1:])
     return math.exp(float(nll))
@@ -89,18 +99,20 @@ def main():
     print(f"{loaded.model_id}: {len(tokens)} tokens, {len(layers)} INT4 linears, "
           f"w4a8 kernel {helper.SIMD_LEVELS[helper.w4a8_simd()]}, {args.threads} threads")
     logits = {}
-    for name, op, head in CONFIGS:
+    for name, op, head, how in CONFIGS:
         for lin in layers:
             lin.select_gemv(op)
+        loaded.model.select_decode_gemv(op)   # and the decode step's per-layer op
         loaded.model.embedding = heads[head]
         start = time.perf_counter()
+        run = teacher_forced_logits if how == "chunks" else teacher_forced_steps
         with torch.inference_mode():
-            logits[name] = teacher_forced_logits(loaded.model, tokens)
+            logits[name] = run(loaded.model, tokens)
         print(f"{name}: perplexity {perplexity(logits[name], tokens):.4f} "
               f"({time.perf_counter() - start:.1f} s)", flush=True)
     base = CONFIGS[0][0]
     ppl_base, holds = perplexity(logits[base], tokens), True
-    for name, _, _ in CONFIGS[1:]:
+    for name, *_ in CONFIGS[1:]:
         ppl = perplexity(logits[name], tokens)
         agree = float((logits[base].argmax(-1) == logits[name].argmax(-1)).double().mean())
         change = ppl / ppl_base - 1
