@@ -126,6 +126,9 @@ void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64
 /* y[i] = W4A8 dot(w[i], x row 0) for 4 weight rows of one linear (decode at one row), x's
  * codes in the pair layout of kh_pair_q8; k % 64 == 0. */
 void kh_q8_rows4_avx2(const KhRow *w, const KhQ8 *x, float *y);
+/* The same for one weight row against rows (1..KH_MAX_ROWS) x rows in the pair layout, by
+ * the same operations per (weight row, x row): batch-independent results. */
+void kh_q8_pairs_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride);
 /* Q8_0 weights (int8, an fp16 scale per 32; kimi_q8.c) against x quantized in natural order. */
 void kh_q8q8_row_avx2(const int8_t *w, const uint16_t *s, int64_t k, const KhQ8 *x,
                       int64_t rows, float *y, int64_t y_stride);

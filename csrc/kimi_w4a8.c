@@ -132,7 +132,7 @@ typedef struct {
     const uint16_t *s, *m;
     KhQ8 x;
     int64_t rows, n, k, group, per_chunk;
-    int paired;  /* one x row, AVX2, k % 64 == 0: x codes in the pair layout (kh_pair_q8) */
+    int paired;  /* AVX2, k % 64 == 0: x codes in the pair layout (kh_pair_q8) */
     float *out;
 } W4a8Job;
 
@@ -152,7 +152,15 @@ static void w4a8_chunk(void *ctx, int64_t chunk)
     int64_t k = job->k, groups = k / job->group;
     if (end > job->n) end = job->n;
 #if KH_HAVE_X86_SIMD
-    if (job->paired) { /* x in the pair layout: every row through the 4-row kernel */
+    if (job->paired && job->rows > 1) { /* the same operations per row as the 4-row kernel */
+        for (; i < end; i++) {
+            KhRow w = {job->q + i * (k / 2), job->s + i * groups,
+                       job->m ? job->m + i * groups : NULL, k, job->group};
+            kh_q8_pairs_avx2(&w, &job->x, job->rows, job->out + i, job->n);
+        }
+        return;
+    }
+    if (job->paired) { /* one x row: 4 weight rows per x load */
         for (; i < end; i += 4) {
             KhRow w[4];
             float y[4];
@@ -198,9 +206,12 @@ int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16
     job.x.q = (int8_t *)(work + rows * nb + rows * (k / group));
     kh_quantize_q8(x, rows, k, group, 1, &job.x);
     job.row_fn = w4a8_simd() == 1 ? avx2_rows : q8_row_c;
-    job.paired = KH_HAVE_X86_SIMD && rows == 1 && job.row_fn == avx2_rows
-                 && k % (2 * KH_Q8_BLOCK) == 0;
-    if (job.paired) kh_pair_q8(job.x.q, k);
-    kh_parallel_rows(w4a8_chunk, &job, n, n * k, nthreads, job.paired ? 4 : 1, &job.per_chunk);
+    job.paired = KH_HAVE_X86_SIMD && job.row_fn == avx2_rows && k % (2 * KH_Q8_BLOCK) == 0;
+    if (job.paired) {
+        int64_t r;
+        for (r = 0; r < rows; r++) kh_pair_q8(job.x.q + r * k, k);
+    }
+    kh_parallel_rows(w4a8_chunk, &job, n, n * k, nthreads, job.paired && rows == 1 ? 4 : 1,
+                     &job.per_chunk);
     return KH_OK;
 }

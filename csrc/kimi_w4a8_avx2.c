@@ -160,6 +160,74 @@ KH_TARGET void kh_q8_rows4_avx2(const KhRow *w, const KhQ8 *x, float *y)
                           : KH_SYMMETRIC_MIN(kh_halves_dot_avx2(w[i].scales, x->gsum, groups));
 }
 
+/* One weight row against `rows` (1..KH_MAX_ROWS) x rows in the pair layout, each (weight row,
+ * x row) by exactly the operations of kh_q8_rows4_avx2 (the same lanes, FMA order, tail and
+ * reduction), so a decode row's result is the same bits alone or in a batch. */
+KH_TARGET void kh_q8_pairs_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y,
+                                int64_t y_stride)
+{
+    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    int64_t k = w->k, groups = k / w->group, nb = k / 32, b0, r;
+    int block_groups = w->group == 32;
+    __m256 acc[KH_MAX_ROWS], acc_min[KH_MAX_ROWS], sd[KH_MAX_ROWS];
+    float tail_min[KH_MAX_ROWS] = {0};
+    int p, j;
+    for (r = 0; r < rows; r++) acc[r] = acc_min[r] = _mm256_setzero_ps();
+    for (b0 = 0; b0 < nb; b0 += 8) {
+        int count = nb - b0 < 8 ? (int)(nb - b0) : 8;
+        _mm_prefetch((const char *)(w->q + b0 * 16 + KH_PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w->q + b0 * 16 + 64 + KH_PREFETCH), _MM_HINT_T0);
+        if (block_groups && count == 8) {
+            __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->scales + b0)));
+            __m256 m = w->mins ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->mins + b0)))
+                               : _mm256_mul_ps(sv, _mm256_set1_ps(-8.0f));
+            for (r = 0; r < rows; r++) {
+                sd[r] = _mm256_mul_ps(sv, _mm256_loadu_ps(x->d + r * nb + b0));
+                acc_min[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(x->gsum + r * groups + b0),
+                                             acc_min[r]);
+            }
+        } else {
+            float sblk[8] = {0};
+            block_scales(w, b0, count, sblk);
+            for (r = 0; r < rows; r++) {
+                float prod[8] = {0};
+                for (j = 0; j < count; j++) prod[j] = sblk[j] * x->d[r * nb + b0 + j];
+                sd[r] = _mm256_loadu_ps(prod);
+                if (block_groups)
+                    for (j = 0; j < count; j++)
+                        tail_min[r] += (w->mins ? _cvtsh_ss(w->mins[b0 + j]) : -8.0f * sblk[j])
+                                       * x->gsum[r * groups + b0 + j];
+            }
+        }
+        for (p = 0; p < count / 2; p++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(w->q + (b0 + 2 * p) * 16));
+            __m256i lo = _mm256_and_si256(raw, mask);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+            __m256i lanes = _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1, 2 * p + 1,
+                                              2 * p + 1, 2 * p + 1);
+            for (r = 0; r < rows; r++) {
+                const int8_t *xp = x->q + r * k + (b0 + 2 * p) * 32;
+                __m256i pairs = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xp)),
+                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xp + 32))));
+                __m256i dot = _mm256_madd_epi16(pairs, ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd[r], lanes),
+                                         _mm256_cvtepi32_ps(dot), acc[r]);
+            }
+        }
+    }
+    for (r = 0; r < rows; r++) { /* kh_q8_rows4_avx2's hadd tree, for one row */
+        __m256 a = _mm256_add_ps(acc[r], acc_min[r]);
+        __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, a), _mm256_hadd_ps(a, a));
+        float sum = _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+        float out = sum + tail_min[r];
+        if (!block_groups)
+            out += w->mins ? kh_halves_dot_avx2(w->mins, x->gsum + r * groups, groups)
+                           : KH_SYMMETRIC_MIN(kh_halves_dot_avx2(w->scales, x->gsum + r * groups, groups));
+        y[r * y_stride] = out;
+    }
+}
+
 typedef void (*RowQ8)(const KhRow *, const KhQ8 *, float *, int64_t);
 static const RowQ8 by_rows[KH_MAX_ROWS + 1] = {
     0, q8_avx2_1, q8_avx2_2, q8_avx2_3, q8_avx2_4, q8_avx2_5, q8_avx2_6, q8_avx2_7, q8_avx2_8};

@@ -126,3 +126,17 @@ def test_a_linear_runs_w4a8_only_when_selected():
     assert torch.equal(lin(x), cpu_c.w4a8_gemv(x, w))
     lin.select_gemv()
     assert torch.equal(lin(x), registry.variants("w4a16_gemv")["cpu_c"].fn(x, w))
+
+
+@pytest.mark.parametrize("group", [32, 64])
+@pytest.mark.parametrize("k", [576, 640])  # 18 blocks (a tail of 2 after 16), 20 blocks
+def test_a_row_is_the_same_bits_alone_or_batched(level, group, k):
+    """A decode row alone (AVX2: 4 weight rows per x load) and in a batch of 1..8 (one weight
+    row per call) take the same operations: greedy decode must not depend on its batch."""
+    gen = torch.Generator().manual_seed(k + group)
+    w = PackedInt4(group_size=group, **random_int4(gen, 43, k, group))
+    x = torch.randn(8, k, generator=gen)
+    for rows in (2, 5, 8):
+        batched = cpu_c.w4a8_gemv(x[:rows], w)
+        for r in range(rows):
+            assert torch.equal(cpu_c.w4a8_gemv(x[r:r + 1], w)[0], batched[r]), (rows, r)
