@@ -159,7 +159,8 @@ def bench_llamacpp_server(gguf: pathlib.Path, tokens: list[int]) -> dict | None:
         port = s.getsockname()[1]
     log = tempfile.NamedTemporaryFile("w+", prefix="llamacpp-server-", suffix=".log")
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
-                             "--n_threads", "2", "--n_threads_batch", "2", "--n_ctx", "2048",
+                             "--n_threads", "2", "--n_threads_batch", "2",
+                             "--n_ctx", str(max(2048, DECODE_PROMPT + NEW_TOKENS + 64)),
                              "--host", "127.0.0.1", "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -241,22 +242,32 @@ def bench_transformers(gguf: pathlib.Path, tokens: list[int]) -> dict:
 
 
 def prompt_tokens(gguf: pathlib.Path) -> list[int]:
+    """The prompt ids: PREFILL_PROMPT of them, or DECODE_PROMPT when --context asks for more
+    (the text's ids repeated)."""
     from engined.chat import load_text
 
     tokenizer, _ = load_text(gguf)
     ids = tokenizer.encode(TEXT, allow_special=False)
     assert len(ids) >= PREFILL_PROMPT, len(ids)
-    return ids[:PREFILL_PROMPT]
+    need = max(PREFILL_PROMPT, DECODE_PROMPT)
+    return (ids * (need // len(ids) + 1))[:need]
 
 
 def main() -> int:
+    global DECODE_PROMPT  # --context sets it for every runtime's decode prompt
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--skip", action="append", default=[],
                         choices=["llamacpp", "llamacpp-server", "transformers"],
                         help="leave a baseline out")
     parser.add_argument("--no-record", action="store_true",
                         help="print the table only: no bench/results JSON, no RESULTS.md block")
+    parser.add_argument("--context", type=int, default=DECODE_PROMPT, metavar="TOKENS",
+                        help=f"decode after a prompt this long (default {DECODE_PROMPT}; e.g. 4000 "
+                             f"for an agent-sized context); results go to decode_context-*.json")
     args = parser.parse_args()
+    if not 1 <= args.context <= 8000:
+        parser.error("--context must be 1..8000 (the engine serves --max-context 8192)")
+    is_long, DECODE_PROMPT = args.context != DECODE_PROMPT, args.context
     gguf = default_gguf_path()
     tokens = prompt_tokens(gguf)
     command = " ".join(["bench/decode.py", *sys.argv[1:]])
@@ -292,8 +303,10 @@ def main() -> int:
     print("\n".join(rows))
     if args.no_record:
         return 0
-    print(f"wrote {write_json('decode', results)}")
-    append_results("Decode and prefill, SmolLM2-135M-Instruct Q4_1 GGUF, 2 threads",
+    results["context"] = DECODE_PROMPT
+    print(f"wrote {write_json('decode_context' if is_long else 'decode', results)}")
+    append_results("Decode and prefill, SmolLM2-135M-Instruct Q4_1 GGUF, 2 threads"
+                   + (f", decode after a {DECODE_PROMPT}-token prompt" if is_long else ""),
                    command, rows)
     return 0
 

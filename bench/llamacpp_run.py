@@ -33,8 +33,8 @@ def main():
     tokens = json.load(open(tokens_path))
     if plain:
         _without_extra_buffers()
-    llm = Llama(model_path=gguf, n_threads=2, n_threads_batch=2, n_ctx=1024, n_batch=512,
-                verbose=False)
+    llm = Llama(model_path=gguf, n_threads=2, n_threads_batch=2,
+                n_ctx=max(1024, decode_prompt + new + 64), n_batch=512, verbose=False)
 
     def decode_once() -> float:
         stamps = []
