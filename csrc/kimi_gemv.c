@@ -281,14 +281,6 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
     return run_job(&job, x, work, nthreads);
 }
 
-static inline float bf16_to_float(uint16_t h)
-{
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 /* Portable 16-bit-weight kernels (fp16, bf16): one weight row against every x row, 16
  * partial sums (the compiler vectorizes them), the same order whatever `rows` is. */
 #define KH_H16_ROW_C(NAME, CVT)                                                            \
@@ -308,7 +300,7 @@ static inline float bf16_to_float(uint16_t h)
     }
 
 KH_H16_ROW_C(f16_row_c, kh_half_to_float)
-KH_H16_ROW_C(bf16_row_c, bf16_to_float)
+KH_H16_ROW_C(bf16_row_c, kh_bf16_to_float)
 
 typedef struct {
     const float *x;

@@ -146,21 +146,16 @@ void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
     by_rows[rows](w, xperm, xsum, y, y_stride);
 }
 
-/* Two fp16 weight rows against every x row, 8 lanes at a time, two FMA chains per weight
- * row (FMA latency); each (row, weight row) pair runs the same operations whatever `rows`
- * is. Memory traffic: 2 bytes per weight, read once per call (the two rows stay in L1 across
- * the x rows). The LM head of an AVX2 machine without AVX-512: F16C converts 8 halves in one
- * instruction where the portable loop converts them one by one. */
 /* 8 halves (fp16: F16C) or 8 bfloat16 (the high half of an fp32: a shift) -> 8 floats. */
 #define KH_CVT_F16(P) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P)))
 #define KH_CVT_BF16(P) _mm256_castsi256_ps(_mm256_slli_epi32(                               \
     _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(P))), 16))
 
-static KH_TARGET float bf16_to_float(uint16_t h)
-{
-    return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128((int)((uint32_t)h << 16))));
-}
-
+/* Two fp16 weight rows against every x row, 8 lanes at a time, two FMA chains per weight
+ * row (FMA latency); each (row, weight row) pair runs the same operations whatever `rows`
+ * is. Memory traffic: 2 bytes per weight, read once per call (the two rows stay in L1 across
+ * the x rows). The LM head of an AVX2 machine without AVX-512: F16C converts 8 halves in one
+ * instruction where the portable loop converts them one by one. */
 #define KH_H16_ROWS(NAME, CVT8, CVT1)                                                      \
     KH_TARGET void NAME(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x,  \
                         int64_t rows, float *y0, float *y1, int64_t y_stride)               \
@@ -190,7 +185,7 @@ static KH_TARGET float bf16_to_float(uint16_t h)
 
 KH_H16_ROWS(kh_f16_rows_avx2, KH_CVT_F16, _cvtsh_ss)
 /* bfloat16 weights (Kimi-Linear's kept projections and LM head on the CPU): the same loop. */
-KH_H16_ROWS(kh_bf16_rows_avx2, KH_CVT_BF16, bf16_to_float)
+KH_H16_ROWS(kh_bf16_rows_avx2, KH_CVT_BF16, kh_bf16_to_float)
 
 #else
 typedef int kh_no_x86_simd; /* ISO C forbids an empty translation unit */

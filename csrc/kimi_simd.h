@@ -172,6 +172,15 @@ static inline float kh_half_to_float(uint16_t h)
     return f;
 }
 
+/* bfloat16 bits (the high half of an fp32) -> float, exact. */
+static inline float kh_bf16_to_float(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 /* The min of group g of a row: stored (asymmetric) or -8 s (symmetric, mins NULL). */
 static inline float kh_row_min(const KhRow *w, int64_t g)
 {

@@ -11,10 +11,11 @@ from engined.helper.int4 import Int4Weight
 class LlamaLayerHandle:
     """A layer's C struct (KhLlamaLayer), validated once; holds what its pointers point into."""
 
-    __slots__ = ("struct", "dim", "head_dim", "kv_heads", "_keep")
+    __slots__ = ("struct", "dim", "head_dim", "kv_heads", "work_floats", "_keep")
 
     def __init__(self, struct, dim: int, head_dim: int, kv_heads: int, keep: tuple):
         self.struct, self.dim, self.head_dim, self.kv_heads, self._keep = struct, dim, head_dim, kv_heads, keep
+        self.work_floats = int(lib.llama_decode_layer_work_floats(struct, MAX_ROWS))  # any B
 
 
 def llama_layer(attn_norm, ffn_norm, eps: float, qkv: Int4Weight, o: Int4Weight,
@@ -48,35 +49,14 @@ def llama_decode_layer(layer: LlamaLayerHandle, h, cos, sin, kv, positions, out=
                        threads: int = 1):
     """One decode token for each of B <= MAX_ROWS sequences through the layer: h [B, D] ->
     out [B, D] fp32 (out may be h). cos, sin: [B, hd] fp32; kv: B fp16 caches [2, S_max, KVH,
-    hd] of this layer (k and v written at positions[b], attention over 0..positions[b])."""
+    hd] of this layer (k and v written at positions[b], attention over 0..positions[b]).
+    llama_decode_layers over this one layer, on out."""
     h = _as_rows(h, layer.dim)
-    rows, hd = h.shape[0], layer.head_dim
-    if rows > MAX_ROWS or len(kv) != rows or len(positions) != rows:
-        raise ValueError(f"{rows} rows (1..{MAX_ROWS}), {len(kv)} caches and {len(positions)} "
-                         f"positions must agree")
-    cos, sin = (_as_rows(t, hd) for t in (cos, sin))
-    if cos.shape[0] != rows or sin.shape[0] != rows:
-        raise ValueError(f"cos and sin must be [{rows}, {hd}]")
-    keys, values = ffi.new("uint16_t *[]", rows), ffi.new("uint16_t *[]", rows)
-    for b, (cache, pos) in enumerate(zip(kv, positions)):
-        if cache.dtype is not torch.float16 or not cache.is_cpu or not cache.is_contiguous() \
-                or cache.dim() != 4 or cache.shape[0] != 2 or cache.shape[2:] != (layer.kv_heads, hd) \
-                or not 0 <= pos < cache.shape[1]:
-            raise ValueError(f"row {b}: cache must be a contiguous CPU fp16 [2, S, {layer.kv_heads}, "
-                             f"{hd}] with position {pos} in 0..S-1, got {cache.dtype} "
-                             f"{list(cache.shape)}")
-        keys[b] = ffi.cast("uint16_t *", cache.data_ptr())
-        values[b] = ffi.cast("uint16_t *", cache.data_ptr() + cache.stride(0) * 2)
-    out = _out(out, (rows, layer.dim))
-    _owner, work = _workspace(int(lib.llama_decode_layer_work_floats(layer.struct, rows)))
-    cast = ffi.cast
-    status = lib.llama_decode_layer(layer.struct, cast("float *", h.data_ptr()), rows,
-                                    cast("float *", cos.data_ptr()), cast("float *", sin.data_ptr()),
-                                    keys, values, ffi.new("int64_t[]", [int(p) for p in positions]),
-                                    work, cast("float *", out.data_ptr()), threads)
-    if status:
-        check(status, "llama_decode_layer")
-    return out
+    out = _out(out, tuple(h.shape))
+    if out.data_ptr() != h.data_ptr():
+        out.copy_(h)
+    return llama_decode_layers([layer], out, cos, sin, [cache.unsqueeze(0) for cache in kv],
+                               positions, threads)
 
 
 def _step_rows(h, cos, sin, rows: int, dim: int, hd: int):
@@ -120,8 +100,7 @@ def llama_decode_layers(layers: list[LlamaLayerHandle], h, cos, sin, caches, pos
         for i in range(num_layers):
             keys[i * rows + b] = ffi.cast("uint16_t *", base + i * layer_bytes)
             values[i * rows + b] = ffi.cast("uint16_t *", base + i * layer_bytes + half_bytes)
-    work_floats = max(int(lib.llama_decode_layer_work_floats(l.struct, rows)) for l in layers)
-    _owner, work = _workspace(work_floats)
+    _owner, work = _workspace(max(layer.work_floats for layer in layers))
     cast, run = ffi.cast, lib.llama_decode_layer
     hp, cp, sp = cast("float *", h.data_ptr()), cast("float *", cos.data_ptr()), cast("float *", sin.data_ptr())
     pos = ffi.new("int64_t[]", [int(p) for p in positions])

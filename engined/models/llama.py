@@ -164,11 +164,12 @@ class LlamaModel:
         self.decode_layers = [layer_weights(block, op) for block in self.blocks] if self.decode_layer else []
 
     def _decode_layer_fn(self) -> Callable | None:
-        """The llama_decode_layer variant decode runs per layer, or None: the blocks run
-        themselves (the op's reference is the block, so that is the same computation on the
-        selected GEMVs), as on a GPU or where a variant refuses this model's shapes."""
+        """The llama_decode_layer variant decode runs per layer (through its step-wide form,
+        `all_layers`), or None: the blocks run themselves (the op's reference is the block, so
+        that is the same computation on the selected GEMVs), as on a GPU or where a variant
+        refuses this model's shapes."""
         variant = registry.resolve("llama_decode_layer", self.device)
-        if variant.name == registry.REFERENCE:
+        if not hasattr(variant.fn, "all_layers"):  # the reference: the blocks themselves
             return None
         c = self.config  # a one-token probe: the variant accepts these shapes, or says why not
         cos, sin = self.rope.cos_sin(0, 1)
@@ -225,21 +226,12 @@ class LlamaModel:
             cos, sin = self.rope.at_positions(positions)  # [B, hd]
             h = self.embedding.embed(tokens.to(self.device))  # [B, D]
             if self.decode_layer is not None:  # one native call per layer, h updated in place
-                h = self._run_decode_layers(h.float().contiguous(), cos, sin, caches, positions)
+                h = self.decode_layer.all_layers(h.float().contiguous(), self.decode_layers, cos,
+                                                 sin, [c.data for c in caches], positions)
             else:
                 for i, block in enumerate(self.blocks):
                     h = block.decode_batch(h, cos, sin, [cache.data[i] for cache in caches], positions)
             return self.embedding.logits(self.final_norm(h))  # [B, V]
-
-    def _run_decode_layers(self, h, cos, sin, caches: list[KVCache], positions: list[int]):
-        """h [B, D] through every layer: the variant's step-wide form where it has one (the
-        step's checks and pointers made once), else one op call per layer."""
-        all_layers = getattr(self.decode_layer, "all_layers", None)
-        if all_layers is not None:
-            return all_layers(h, self.decode_layers, cos, sin, [c.data for c in caches], positions)
-        for i, layer in enumerate(self.decode_layers):
-            self.decode_layer(h, layer, cos, sin, [c.data[i] for c in caches], positions, out=h)
-        return h
 
     def _decode_threads(self):
         """Decode's small torch ops on one thread (the C kernels keep theirs) on the CPU."""
