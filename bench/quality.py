@@ -97,7 +97,7 @@ def main():
     tokens = tokens[:min(args.max_tokens or len(tokens), loaded.context_length)]
     layers = linears(loaded.model)
     print(f"{loaded.model_id}: {len(tokens)} tokens, {len(layers)} INT4 linears, "
-          f"w4a8 kernel {helper.SIMD_LEVELS[helper.w4a8_simd()]}, {args.threads} threads")
+          f"w4a8 kernel {helper.INT8_LEVELS[helper.w4a8_simd()]}, {args.threads} threads")
     logits = {}
     for name, op, head, how in CONFIGS:
         for lin in layers:

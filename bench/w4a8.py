@@ -62,7 +62,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cpu_c.set_num_threads(args.threads)
-    print(f"threads {args.threads}, w4a8 kernel {helper.SIMD_LEVELS[helper.w4a8_simd()]}, "
+    print(f"threads {args.threads}, w4a8 kernel {helper.INT8_LEVELS[helper.w4a8_simd()]}, "
           f"w4a16 kernel {helper.SIMD_LEVELS[helper.gemv_simd()]}, load {os.getloadavg()[0]:.1f}")
     print("| shape | N x K | M | w4a16 cold us (best/median) | w4a8 cold us | w4a16 hot us | "
           "w4a8 hot us | w4a8 speed-up cold / hot (medians) |")

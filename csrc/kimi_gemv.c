@@ -111,6 +111,11 @@ int gemv_simd(int mode)
     return 0;
 }
 
+int kh_simd_cap(void)
+{
+    return simd_level;
+}
+
 KhRowFn kh_pick_row_fn(int64_t group)
 {
     if (group % BLOCK) return row_scalar;

@@ -47,19 +47,22 @@ int gemm_w4a16(const float *x, int64_t rows, const uint8_t *qweight, const uint1
  * (d = max|x|/127, xq = x/d rounded half away from zero; kimi_w4a8.c) and the dot products
  * with the codes are taken in integers. group must be a multiple of 32 (else KH_EINVAL:
  * the caller falls back to gemv_w4a16). work: gemv_w4a8_work_floats(rows, k, group) floats
- * (-1 for a shape it refuses). The kernel is capped by gemv_simd; w4a8_simd() says which
- * runs: 1 AVX2 (also on AVX-512 machines, until VNNI kernels exist), 0 portable C. */
+ * (-1 for a shape it refuses). */
 int64_t gemv_w4a8_work_floats(int64_t rows, int64_t k, int64_t group);
 int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16_t *scales,
               const uint16_t *mins, int64_t n, int64_t k, int64_t group, float *work,
               float *out, int nthreads);
-int w4a8_simd(void);
+/* The integer-dot kernels' cap (gemv_w4a8 and gemv_q8): 3 AVX-512 VNNI (the default),
+ * 2 AVX-VNNI, 1 AVX2, 0 portable C; -1 only asks. gemv_simd's cap 0 or 1 caps them too.
+ * Returns the level in use, capped by what the CPU has. Every level but 0 gives the same
+ * bits; AVX2 runs shapes with k % 64 == 32 at levels 2 and 3. */
+int w4a8_simd(int mode);
 
 /* Q8_0 GEMV, the tied LM head as the GGUF ships it: out[r, i] = sum_k xq[r, k] * d[r, k/32]
  * * qweight[i, k] * scales[i, k/32] for r < rows (1..KH_MAX_ROWS), x quantized per block of
  * 32 as gemv_w4a8 does (natural order); qweight [n, k] int8, scales [n, k/32] fp16 bits,
  * k a multiple of 32. work: gemv_q8_work_floats(rows, k) floats (-1 for a refused shape).
- * q8_simd() says which kernel runs: 1 AVX2 (also on AVX-512 machines), 0 portable C. */
+ * q8_simd() says which kernel runs: w4a8_simd(-1)'s level. */
 int64_t gemv_q8_work_floats(int64_t rows, int64_t k);
 int gemv_q8(const float *x, int64_t rows, const int8_t *qweight, const uint16_t *scales,
             int64_t n, int64_t k, float *work, float *out, int nthreads);

@@ -3,8 +3,8 @@
  * int8 per block of 32 exactly as gemv_w4a8 quantizes it (kh_quantize_q8, natural order):
  *     y[r, i] = sum_b s[i, b] * d[r, b] * dot(w[i, b], xq[r, b])      (exact int32 dots)
  * Memory traffic: 32 code bytes + 2 scale bytes per 32 weights (GGUF Q8_0), about half of
- * an fp16 head's; x stays in L1. Kernels: AVX2 (kimi_q8_avx2.c) or portable C, capped by
- * gemv_simd like every GEMV (q8_simd() says which runs). */
+ * an fp16 head's; x stays in L1. Kernels: those of w4a8_simd's level (kimi_int8_body.h: the
+ * same bits from AVX2, AVX-VNNI and AVX-512 VNNI) or portable C; q8_simd() says which. */
 #include "kimi_helper.h"
 #include "kimi_simd.h"
 
@@ -30,10 +30,7 @@ static void q8_row_c(const int8_t *w, const uint16_t *s, int64_t k, const KhQ8 *
 
 int q8_simd(void)
 {
-#if KH_HAVE_X86_SIMD
-    if (gemv_simd(-1) >= 1) return 1; /* AVX2, also on AVX-512 machines */
-#endif
-    return 0;
+    return w4a8_simd(-1);
 }
 
 int64_t gemv_q8_work_floats(int64_t rows, int64_t k)
@@ -48,7 +45,7 @@ typedef struct {
     const uint16_t *s;
     KhQ8 x;
     int64_t rows, n, k, per_chunk;
-    int simd;
+    const KhInt8Kernels *kernels; /* NULL: portable C */
     float *out;
 } Q8Job;
 
@@ -60,12 +57,10 @@ static void q8_chunk(void *ctx, int64_t chunk)
     for (; i < end; i++) {
         const int8_t *w = job->q + i * k;
         const uint16_t *s = job->s + i * (k / KH_Q8_BLOCK);
-#if KH_HAVE_X86_SIMD
-        if (job->simd == 1) {
-            kh_q8q8_row_avx2(w, s, k, &job->x, job->rows, job->out + i, job->n);
+        if (job->kernels) {
+            job->kernels->q8q8(w, s, k, &job->x, job->rows, job->out + i, job->n);
             continue;
         }
-#endif
         q8_row_c(w, s, k, &job->x, job->rows, job->out + i, job->n);
     }
 }
@@ -88,7 +83,7 @@ int gemv_q8(const float *x, int64_t rows, const int8_t *qweight, const uint16_t 
     job.x.gsum = work + rows * nb;
     job.x.q = (int8_t *)(work + rows * nb + rows);
     kh_quantize_q8(x, rows, k, k, 0, &job.x);
-    job.simd = q8_simd();
+    job.kernels = kh_int8_kernels();
     kh_parallel_rows(q8_chunk, &job, n, n * k, nthreads, 1, &job.per_chunk);
     return KH_OK;
 }

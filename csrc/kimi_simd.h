@@ -44,6 +44,9 @@ typedef void (*KhRowFn)(const KhRow *w, const float *xperm, const float *xsum,
 
 KhRowFn kh_pick_row_fn(int64_t group);
 
+/* gemv_simd's cap as set (0 portable C, 1 AVX2, 2 the widest), not capped by the CPU. */
+int kh_simd_cap(void);
+
 /* x quantized for the W4A8 GEMV (kimi_w4a8.c), per row r: q [k] int8 codes, de-interleaved
  * per block of KH_Q8_BLOCK; d [k/32] the blocks' scales; gsum [k/group] = sum over the
  * group's blocks of d * sum(q). Row strides k, k/32 and k/group. */
@@ -62,6 +65,15 @@ void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int 
 /* De-interleaved codes of one row [k] (k % 64 == 0) -> the pair layout in place: per pair of
  * blocks, [E_j O_j E_j+1 O_j+1] (16 bytes each) becomes [E_j E_j+1 O_j O_j+1]. */
 void kh_pair_q8(int8_t *codes, int64_t k);
+
+/* The integer-dot kernels that run under the caps (w4a8_simd's level), NULL for portable C. */
+typedef struct {
+    void (*rows4)(const KhRow *w, const KhQ8 *x, float *y);
+    void (*pairs)(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride);
+    void (*q8q8)(const int8_t *w, const uint16_t *s, int64_t k, const KhQ8 *x, int64_t rows,
+                 float *y, int64_t y_stride);
+} KhInt8Kernels;
+const KhInt8Kernels *kh_int8_kernels(void);
 
 /* x [rows, k] -> xperm [rows, k] (de-interleaved per block of 32 when group % 32 == 0, else
  * a copy) and xsum [rows, k/group], the form every row kernel reads (kimi_gemv.c). */
@@ -123,15 +135,25 @@ void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
                         int64_t rows, float *y, int64_t y_stride);
 /* y[r * y_stride] = W4A8 dot(w, x row r) for r < rows (1..KH_MAX_ROWS), group % 32 == 0. */
 void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride);
-/* y[i] = W4A8 dot(w[i], x row 0) for 4 weight rows of one linear (decode at one row), x's
- * codes in the pair layout of kh_pair_q8; k % 64 == 0. */
-void kh_q8_rows4_avx2(const KhRow *w, const KhQ8 *x, float *y);
-/* The same for one weight row against rows (1..KH_MAX_ROWS) x rows in the pair layout, by
- * the same operations per (weight row, x row): batch-independent results. */
-void kh_q8_pairs_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride);
-/* Q8_0 weights (int8, an fp16 scale per 32; kimi_q8.c) against x quantized in natural order. */
-void kh_q8q8_row_avx2(const int8_t *w, const uint16_t *s, int64_t k, const KhQ8 *x,
-                      int64_t rows, float *y, int64_t y_stride);
+/* The integer-dot kernels of one instruction set (kimi_int8_body.h; suffixes _avx2,
+ * _avxvnni, _vnni512), the same bits from every set:
+ * rows4: y[i] = W4A8 dot(w[i], x row 0) for 4 weight rows of one linear (decode at one row),
+ *   x's codes in the pair layout of kh_pair_q8; k % 64 == 0.
+ * pairs: the same for one weight row against rows (1..KH_MAX_ROWS) x rows in the pair layout,
+ *   by the same operations per (weight row, x row): batch-independent results.
+ * q8q8: Q8_0 weights (int8, an fp16 scale per 32; kimi_q8.c) against x quantized in natural
+ *   order, rows 1..KH_MAX_ROWS. */
+#define KH_INT8_KERNELS(SUFFIX)                                                            \
+    void kh_q8_rows4_##SUFFIX(const KhRow *w, const KhQ8 *x, float *y);                   \
+    void kh_q8_pairs_##SUFFIX(const KhRow *w, const KhQ8 *x, int64_t rows, float *y,       \
+                              int64_t y_stride);                                           \
+    void kh_q8q8_row_##SUFFIX(const int8_t *w, const uint16_t *s, int64_t k, const KhQ8 *x, \
+                              int64_t rows, float *y, int64_t y_stride);
+KH_INT8_KERNELS(avx2)
+KH_INT8_KERNELS(avxvnni)
+KH_INT8_KERNELS(vnni512)
+int kh_cpu_has_avxvnni(void);
+int kh_cpu_has_avx512vnni(void); /* with AVX-512 F, BW and VL */
 /* y[r * y_stride] = dot(w row, x row r) for two fp16 weight rows w0, w1 (y1 for w1). */
 void kh_f16_rows_avx2(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x,
                       int64_t rows, float *y0, float *y1, int64_t y_stride);

@@ -8,9 +8,8 @@
  *     y += s_g * sum_b d_b * dot(q_b, xq_b) + m_g * gsum_g,  gsum_g = sum_b d_b * sum(xq_b)
  * The dots are exact int32; gsum is computed once per call (symmetric rows: m_g = -8 s_g).
  *
- * Kernels: AVX2 (kimi_w4a8_avx2.c) or portable C, capped by gemv_simd like the W4A16 ones.
- * TODO: AVX-512 VNNI (vpdpbusd on 64 bytes) and AVX-VNNI kernels come next, once a machine
- * that has them can test them; until then such machines run the AVX2 kernel and say so. */
+ * Kernels (w4a8_simd): AVX-512 VNNI or AVX-VNNI (kimi_w4a8_vnni.c) where k % 64 == 0, else
+ * AVX2 (kimi_w4a8_avx2.c), or portable C; all but the portable one give the same bits. */
 #include "kimi_helper.h"
 #include "kimi_simd.h"
 
@@ -111,12 +110,35 @@ static void q8_row_c(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int6
     }
 }
 
-int w4a8_simd(void)
+static int int8_cap = 3; /* highest integer-dot kernel allowed: the levels of w4a8_simd */
+
+int w4a8_simd(int mode)
 {
+    if (mode >= 0 && mode <= 3) int8_cap = mode;
 #if KH_HAVE_X86_SIMD
-    if (gemv_simd(-1) >= 1) return 1; /* AVX2, also on AVX-512 machines (see the TODO) */
+    {
+        int cap = int8_cap, wide = kh_simd_cap(); /* gemv_simd's 0 and 1 cap these too */
+        if (wide < 2 && cap > wide) cap = wide;
+        if (cap >= 3 && kh_cpu_has_avx512vnni()) return 3;
+        if (cap >= 2 && kh_cpu_has_avxvnni()) return 2;
+        if (cap >= 1 && kh_cpu_has_avx2()) return 1;
+    }
 #endif
     return 0;
+}
+
+const KhInt8Kernels *kh_int8_kernels(void)
+{
+#if KH_HAVE_X86_SIMD
+    static const KhInt8Kernels sets[3] = {
+        {kh_q8_rows4_avx2, kh_q8_pairs_avx2, kh_q8q8_row_avx2},
+        {kh_q8_rows4_avxvnni, kh_q8_pairs_avxvnni, kh_q8q8_row_avxvnni},
+        {kh_q8_rows4_vnni512, kh_q8_pairs_vnni512, kh_q8q8_row_vnni512},
+    };
+    int level = w4a8_simd(-1);
+    if (level >= 1) return &sets[level - 1];
+#endif
+    return NULL;
 }
 
 int64_t gemv_w4a8_work_floats(int64_t rows, int64_t k, int64_t group)
@@ -128,6 +150,7 @@ int64_t gemv_w4a8_work_floats(int64_t rows, int64_t k, int64_t group)
 
 typedef struct {
     void (*row_fn)(const KhRow *, const KhQ8 *, int64_t, float *, int64_t);
+    const KhInt8Kernels *kernels; /* the paired kernels' set (NULL: portable C) */
     const uint8_t *q;
     const uint16_t *s, *m;
     KhQ8 x;
@@ -151,12 +174,11 @@ static void w4a8_chunk(void *ctx, int64_t chunk)
     int64_t i = chunk * job->per_chunk, end = i + job->per_chunk;
     int64_t k = job->k, groups = k / job->group;
     if (end > job->n) end = job->n;
-#if KH_HAVE_X86_SIMD
     if (job->paired && job->rows > 1) { /* the same operations per row as the 4-row kernel */
         for (; i < end; i++) {
             KhRow w = {job->q + i * (k / 2), job->s + i * groups,
                        job->m ? job->m + i * groups : NULL, k, job->group};
-            kh_q8_pairs_avx2(&w, &job->x, job->rows, job->out + i, job->n);
+            job->kernels->pairs(&w, &job->x, job->rows, job->out + i, job->n);
         }
         return;
     }
@@ -171,12 +193,11 @@ static void w4a8_chunk(void *ctx, int64_t chunk)
                              job->m ? job->m + r * groups : NULL, k, job->group};
                 w[t] = one;
             }
-            kh_q8_rows4_avx2(w, &job->x, y);
+            job->kernels->rows4(w, &job->x, y);
             memcpy(job->out + i, y, (size_t)valid * sizeof *y);
         }
         return;
     }
-#endif
     for (; i < end; i++) {
         KhRow w = {job->q + i * (k / 2), job->s + i * groups, job->m ? job->m + i * groups : NULL,
                    k, job->group};
@@ -205,8 +226,9 @@ int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16
     job.x.gsum = work + rows * nb;
     job.x.q = (int8_t *)(work + rows * nb + rows * (k / group));
     kh_quantize_q8(x, rows, k, group, 1, &job.x);
-    job.row_fn = w4a8_simd() == 1 ? avx2_rows : q8_row_c;
-    job.paired = KH_HAVE_X86_SIMD && job.row_fn == avx2_rows && k % (2 * KH_Q8_BLOCK) == 0;
+    job.kernels = kh_int8_kernels();
+    job.row_fn = job.kernels ? avx2_rows : q8_row_c;
+    job.paired = job.kernels && k % (2 * KH_Q8_BLOCK) == 0;
     if (job.paired) {
         int64_t r;
         for (r = 0; r < rows; r++) kh_pair_q8(job.x.q + r * k, k);

@@ -65,7 +65,6 @@ def gemv_q8(q, scales, x, out=None, threads: int = 1):
 
 
 def q8_simd() -> int:
-    """The Q8_0 head's kernel under the current cap: 1 AVX2 (also on AVX-512 machines), or
-    0 portable C."""
+    """The Q8_0 head's kernel under the current caps: w4a8_simd's level (INT8_LEVELS)."""
     require()
     return int(lib.q8_simd())

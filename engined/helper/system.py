@@ -1,4 +1,4 @@
-"""Kernel selection (the SIMD cap), the pool's counters, the memory-read probe and the
+"""Kernel selection (the SIMD caps), the pool's counters, the memory-read probe and the
 process-wide memory cap (memcap_*)."""
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from engined.helper.core import check, ffi, lib, require
 
 
 SIMD_LEVELS = {0: "portable C", 1: "AVX2", 2: "AVX-512"}
+# The integer-dot kernels (W4A8, the Q8_0 head): every level but 0 gives the same bits.
+INT8_LEVELS = {0: "portable C", 1: "AVX2", 2: "AVX-VNNI", 3: "AVX-512 VNNI"}
 
 
 def gemv_simd(level: int | None = None) -> int:
@@ -17,11 +19,14 @@ def gemv_simd(level: int | None = None) -> int:
     return int(lib.gemv_simd(-1 if level is None else level))
 
 
-def w4a8_simd() -> int:
-    """The W4A8 kernel that runs under the current cap (SIMD_LEVELS key): 1 AVX2, also on
-    AVX-512 machines until VNNI kernels exist, or 0 portable C."""
+def w4a8_simd(level: int | None = None) -> int:
+    """Cap the integer-dot kernels of gemv_w4a8 and gemv_q8 at `level` (INT8_LEVELS: 3
+    AVX-512 VNNI, the default, 2 AVX-VNNI, 1 AVX2, 0 portable C; None only asks). gemv_simd's
+    caps 0 and 1 cap them too. Returns the level in use, also capped by what this CPU has."""
     require()
-    return int(lib.w4a8_simd())
+    if level is not None and level not in INT8_LEVELS:
+        raise ValueError(f"integer-dot level must be one of {sorted(INT8_LEVELS)}, got {level}")
+    return int(lib.w4a8_simd(-1 if level is None else level))
 
 
 def read_probe(buf, threads: int = 1) -> int:

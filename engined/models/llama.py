@@ -108,12 +108,13 @@ def layer_weights(block: Block, gemv: str) -> LlamaLayer:
 
 def decode_gemv_op(device: str) -> str:
     """The decode GEMV of the Llama family: W4A8 (x rounded to int8 per 32-block; perplexity
-    +0.13% and 97% top-1 agreement against W4A16 on bench/quality.py's frozen text) where its
-    kernel is as wide as W4A16's: an AVX2 CPU without AVX-512, where it decoded 38 -> 44
-    tok/s. Elsewhere W4A16, until W4A8 has AVX-512 VNNI kernels (and on GPUs)."""
+    +0.23% and 96.3% top-1 agreement against W4A16 on bench/quality.py's frozen text, served
+    decode steps) on a CPU whose integer dots are at least as wide as W4A16's fp32 FMAs:
+    VNNI (AVX-512 or AVX-VNNI), or AVX2 without AVX-512. An AVX-512 CPU without VNNI keeps
+    W4A16's AVX-512 kernel, and GPUs W4A16."""
     if device != "cpu" or not helper.available():
         return "w4a16_gemv"
-    return "w4a8_gemv" if helper.w4a8_simd() >= helper.gemv_simd() else "w4a16_gemv"
+    return "w4a8_gemv" if helper.w4a8_simd() >= 2 or helper.gemv_simd() <= 1 else "w4a16_gemv"
 
 
 class LlamaModel:

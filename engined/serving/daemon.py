@@ -111,6 +111,8 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
                                offload=offload)
     seconds = time.monotonic() - start
     log.write(f"kimi-engine: loaded {loaded.model_id} from {loaded.source} in {seconds:.1f} s")
+    if device == "cpu" and helper.available():
+        log.write(f"kimi-engine: {_cpu_kernels(loaded.model)}")
     metrics = EngineMetrics()
     metrics.load_time.set(seconds)
     if loaded.offload_counters is not None:
@@ -124,6 +126,14 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
                     IncrementalDecoder, created=int(time.time()),
                     queue_timeout_s=config.queue_timeout_s)
     return served, metrics, engine
+
+
+def _cpu_kernels(model) -> str:
+    """Which SIMD kernels this CPU runs, chosen at run time: one line for the log."""
+    line = (f"CPU kernels: {helper.SIMD_LEVELS[helper.gemv_simd()]} fp32 dots, "
+            f"{helper.INT8_LEVELS[helper.w4a8_simd()]} integer dots")
+    gemv = getattr(model, "decode_gemv", None)  # the Llama family's decode GEMV
+    return f"{line}; decode GEMV {gemv}" if gemv else line
 
 
 def _log_placement(placement, config: EngineConfig, device: str, log) -> frozenset:

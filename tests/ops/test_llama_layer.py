@@ -29,7 +29,7 @@ def level(request):
     used = helper.gemv_simd(request.param)
     try:
         print(f"\nllama_decode_layer cap {LEVELS[request.param]}: ran {LEVELS[used]} "
-              f"(w4a8 kernel {LEVELS[helper.w4a8_simd()]})")
+              f"(w4a8 kernel {helper.INT8_LEVELS[helper.w4a8_simd()]})")
         yield used
     finally:
         helper.gemv_simd(2)

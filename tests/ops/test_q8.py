@@ -9,18 +9,18 @@ from engined.layers.embedding import Q8TiedEmbedding, TiedEmbedding
 from engined.ops.q8_gemv import cpu_c, reference
 from tests.ops.helpers import random_q8
 
-LEVELS = helper.SIMD_LEVELS
+LEVELS = helper.INT8_LEVELS
 
 
 @pytest.fixture(params=sorted(LEVELS))
 def level(request):
-    used = helper.gemv_simd(request.param)
     try:
-        ran = helper.q8_simd()
-        print(f"\nq8 cap {LEVELS[request.param]}: gemv_simd {LEVELS[used]}, q8 kernel {LEVELS[ran]}")
+        ran = helper.w4a8_simd(request.param)
+        print(f"\nq8 cap {LEVELS[request.param]}: q8 kernel {LEVELS[helper.q8_simd()]}")
+        assert helper.q8_simd() == ran
         yield ran
     finally:
-        helper.gemv_simd(2)
+        helper.w4a8_simd(3)
 
 
 def test_every_level_matches_the_reference(level):
@@ -76,3 +76,24 @@ def test_q8_head_is_the_fp32_head_up_to_x_rounding():
     assert (got - want).abs().max() <= 0.02 * want.abs().max()   # int8 x: ~1% per block
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.75
     assert kept.nbytes == 2000 * 576 + 2000 * 18 * 2
+
+
+@pytest.mark.parametrize("vnni", [2, 3])
+def test_vnni_kernels_are_the_avx2_kernels_bits(vnni):
+    """vpdpbusd on |w| and sign(x, w) gives the int32 dots that maddubs + madd give, so the
+    head's logits are AVX2's bit for bit (tails of 1..7 blocks, the -128 code, batches)."""
+    gen = torch.Generator().manual_seed(vnni)
+    cases = [(random_q8(gen, 97, k), torch.randn(8, k, generator=gen)) for k in (576, 32, 224)]
+    cases[0][0].q[:, :64] = -128
+    try:
+        helper.w4a8_simd(1)
+        want = [cpu_c.q8_gemv(x[:rows], w) for w, x in cases for rows in (1, 3, 8)]
+        ran = helper.w4a8_simd(vnni)
+        if ran != vnni:
+            pytest.skip(f"this CPU has no {LEVELS[vnni]} (runs {LEVELS[ran]})")
+        print(f"\n{LEVELS[vnni]} ran")
+        got = [cpu_c.q8_gemv(x[:rows], w) for w, x in cases for rows in (1, 3, 8)]
+    finally:
+        helper.w4a8_simd(3)
+    for y, ref in zip(got, want):
+        assert torch.equal(y, ref)

@@ -10,7 +10,7 @@ from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
 from engined.ops.w4a8_gemv import cpu_c, reference
 from tests.ops.helpers import random_int4
 
-LEVELS = helper.SIMD_LEVELS
+LEVELS = helper.INT8_LEVELS
 
 
 @pytest.fixture
@@ -21,15 +21,23 @@ def threads():
 
 @pytest.fixture(params=sorted(LEVELS))
 def level(request):
-    """Each SIMD cap; the kernel that actually ran is printed (pytest -s) and returned."""
-    used = helper.gemv_simd(request.param)
+    """Each integer-dot cap; the kernel that actually ran is printed (pytest -s) and returned."""
     try:
-        ran = helper.w4a8_simd()
-        print(f"\nw4a8 cap {LEVELS[request.param]}: gemv_simd {LEVELS[used]}, "
-              f"w4a8 kernel {LEVELS[ran]}")
+        ran = helper.w4a8_simd(request.param)
+        print(f"\nw4a8 cap {LEVELS[request.param]}: kernel {LEVELS[ran]}")
         yield ran
     finally:
-        helper.gemv_simd(2)
+        helper.w4a8_simd(3)
+
+
+def cap_ran(level: int) -> int:
+    """Cap the integer-dot kernels at `level`; skip unless this CPU runs exactly that one."""
+    ran = helper.w4a8_simd(level)
+    if ran != level:
+        helper.w4a8_simd(3)
+        pytest.skip(f"this CPU has no {LEVELS[level]} (runs {LEVELS[ran]})")
+    print(f"\n{LEVELS[level]} ran")
+    return ran
 
 
 def identity(k: int) -> PackedInt4:
@@ -129,7 +137,7 @@ def test_a_linear_runs_w4a8_only_when_selected():
 
 
 @pytest.mark.parametrize("group", [32, 64])
-@pytest.mark.parametrize("k", [576, 640])  # 18 blocks (a tail of 2 after 16), 20 blocks
+@pytest.mark.parametrize("k", [448, 576, 640])  # 14, 18 and 20 blocks: pairs of 3, 1, 2 at the end
 def test_a_row_is_the_same_bits_alone_or_batched(level, group, k):
     """A decode row alone (AVX2: 4 weight rows per x load) and in a batch of 1..8 (one weight
     row per call) take the same operations: greedy decode must not depend on its batch."""
@@ -140,3 +148,27 @@ def test_a_row_is_the_same_bits_alone_or_batched(level, group, k):
         batched = cpu_c.w4a8_gemv(x[:rows], w)
         for r in range(rows):
             assert torch.equal(cpu_c.w4a8_gemv(x[r:r + 1], w)[0], batched[r]), (rows, r)
+
+
+@pytest.mark.parametrize("vnni", [2, 3])
+def test_vnni_kernels_are_the_avx2_kernels_bits(vnni):
+    """AVX-VNNI and AVX-512 VNNI change only the integer step (the same exact int32 dots), so
+    every output must equal AVX2's bit for bit: lone rows (4 weight rows per call, 512-bit
+    pairs of pairs and a lone pair at the end), batches, both group layouts, symmetric, and
+    the shapes whose k % 64 == 32 (which run the AVX2 kernel at every level)."""
+    gen = torch.Generator().manual_seed(vnni)
+    cases = []
+    for k, group, symmetric in ((448, 32, False), (576, 32, True), (640, 64, False),
+                                (1024, 128, True), (1056, 32, False), (96, 32, False)):
+        w = PackedInt4(group_size=group, **random_int4(gen, 77, k, group, symmetric=symmetric))
+        cases.append((w, torch.randn(8, k, generator=gen) * 3))
+    try:
+        helper.w4a8_simd(1)
+        want = [[cpu_c.w4a8_gemv(x[:rows], w) for rows in (1, 2, 5, 8)] for w, x in cases]
+        cap_ran(vnni)
+        got = [[cpu_c.w4a8_gemv(x[:rows], w) for rows in (1, 2, 5, 8)] for w, x in cases]
+    finally:
+        helper.w4a8_simd(3)
+    for (w, _), ys, refs in zip(cases, got, want):
+        for y, ref in zip(ys, refs):
+            assert torch.equal(y, ref), (w.qweight.shape, y.shape)

@@ -1,8 +1,8 @@
 """w4a8_gemv on CPU through the C helper: x quantized to int8 per 32-block, integer dots.
 
 Same calling convention and weight handle as w4a16_gemv's cpu_c (one pass over W for up to
-helper.MAX_ROWS rows of x); the SIMD kernel follows helper.gemv_simd's cap
-(helper.w4a8_simd() says which runs).
+helper.MAX_ROWS rows of x); the integer-dot kernel follows helper.w4a8_simd's cap (AVX-512
+VNNI, AVX-VNNI, AVX2: the same bits) and gemv_simd's, and helper.w4a8_simd() says which runs.
 """
 import torch
 

@@ -1,0 +1,113 @@
+/* VNNI W4A8 and Q8_0 kernels: vpdpbusd multiplies 4 unsigned bytes by 4 signed ones and adds
+ * the sum to an int32 lane in one instruction, where AVX2 needs maddubs, an int16 add and madd.
+ * Two sets, chosen at run time (w4a8_simd):
+ *   AVX-512 VNNI (with F, BW, VL): two pairs of blocks (64 code bytes) per vpdpbusd in
+ *     512 bits; a lone pair and the Q8_0 head in 256 bits (EVEX);
+ *   AVX-VNNI: the 256-bit VEX form, on CPUs that have it without AVX-512.
+ * Both compile kimi_int8_body.h, the AVX2 kernels' text, with only the integer step
+ * replaced, so their results are the AVX2 kernels' bits (tests/ops/test_w4a8.py compares
+ * them for equality on every level the machine has).
+ *
+ * -DKH_VNNI_EMULATE (tests/vnni_emulated.sh only, never a shipped build): compiled for AVX2
+ * and with every VNNI set reported present, for SIMDe's portable instructions to stand in
+ * on a machine without VNNI. */
+#include "kimi_simd.h"
+
+#if KH_HAVE_X86_SIMD
+#include <immintrin.h>
+#ifdef KH_VNNI_EMULATE
+#include "simde_vnni.h" /* written by tests/vnni_emulated.sh */
+#endif
+
+/* AVX-VNNI's intrinsics came with GCC 11 and clang 12. */
+#if defined(__clang__) ? (__clang_major__ >= 12) : (__GNUC__ >= 11)
+#define KH_HAVE_AVXVNNI 1
+#else
+#define KH_HAVE_AVXVNNI 0
+#endif
+
+#ifdef KH_VNNI_EMULATE
+#define KH_TARGET_VNNI512 __attribute__((target("avx2,fma,f16c")))
+#define KH_TARGET_AVXVNNI __attribute__((target("avx2,fma,f16c")))
+#else
+#define KH_TARGET_VNNI512 \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define KH_TARGET_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+#endif
+
+int kh_cpu_has_avx512vnni(void)
+{
+#ifdef KH_VNNI_EMULATE
+    return 1;
+#else
+    static int known = -1; /* racing first calls all store the same answer */
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = kh_cpu_has_avx512() && __builtin_cpu_supports("avx512bw")
+                && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    }
+    return known;
+#endif
+}
+
+int kh_cpu_has_avxvnni(void)
+{
+#if defined(KH_VNNI_EMULATE)
+    return 1;
+#elif KH_HAVE_AVXVNNI
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = kh_cpu_has_avx2() && __builtin_cpu_supports("avxvnni");
+    }
+    return known;
+#else
+    return 0;
+#endif
+}
+
+/* AVX-512 VNNI: kh_q8_rows4_vnni512, kh_q8_pairs_vnni512, kh_q8q8_row_vnni512. */
+#define KH_I8_FN(name) name##_vnni512
+#define KH_I8_TARGET KH_TARGET_VNNI512
+#define KH_I8_WIDE 1
+#define KH_I8_DOT4(lo, hi, even, odd) \
+    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, even), hi, odd)
+#define KH_I8_SDOT(w, x) \
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
+#include "kimi_int8_body.h"
+#undef KH_I8_FN
+#undef KH_I8_TARGET
+#undef KH_I8_WIDE
+#undef KH_I8_DOT4
+#undef KH_I8_SDOT
+
+#if KH_HAVE_AVXVNNI
+/* AVX-VNNI: kh_q8_rows4_avxvnni, kh_q8_pairs_avxvnni, kh_q8q8_row_avxvnni. */
+#define KH_I8_FN(name) name##_avxvnni
+#define KH_I8_TARGET KH_TARGET_AVXVNNI
+#define KH_I8_WIDE 0
+#define KH_I8_DOT4(lo, hi, even, odd) \
+    _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, even), hi, odd)
+#define KH_I8_SDOT(w, x) \
+    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
+#include "kimi_int8_body.h"
+#else
+/* A compiler without AVX-VNNI: kh_cpu_has_avxvnni() is 0, so these never run. */
+void kh_q8_rows4_avxvnni(const KhRow *w, const KhQ8 *x, float *y)
+{
+    kh_q8_rows4_avx2(w, x, y);
+}
+void kh_q8_pairs_avxvnni(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride)
+{
+    kh_q8_pairs_avx2(w, x, rows, y, y_stride);
+}
+void kh_q8q8_row_avxvnni(const int8_t *w, const uint16_t *s, int64_t k, const KhQ8 *x,
+                         int64_t rows, float *y, int64_t y_stride)
+{
+    kh_q8q8_row_avx2(w, s, k, x, rows, y, y_stride);
+}
+#endif
+
+#else
+typedef int kh_no_x86_simd; /* ISO C forbids an empty translation unit */
+#endif
