@@ -152,7 +152,8 @@ MOE_EXPERTS, MOE_TOP_K, MOE_D, MOE_I = 256, 8, 2304, 1024
 
 def bench_moe_layer(args) -> list[dict]:
     """One Kimi-Linear MoE layer's routed experts at real shapes (256 experts of w1/w3 [1024,
-    2304] and w2 [2304, 1024], symmetric INT4, top-8) through moe_grouped: B = 1 (8 experts,
+    2304] and w2 [2304, 1024], symmetric INT4, top-8) through moe_grouped and its W4A8 form
+    moe_grouped_w4a8: B = 1 (8 experts,
     ~32 MB read, random picks per call so nothing stays cached) and a 256-token prefill
     chunk (every expert read once for all the rows that chose it). GB/s counts the bytes of
     the experts the call chose; tok/s is tokens per second through this one layer."""
@@ -171,14 +172,16 @@ def bench_moe_layer(args) -> list[dict]:
             calls.append((torch.randn(tokens, MOE_D, device=DEVICE), *banks, picks,
                           torch.rand(tokens, MOE_TOP_K, device=DEVICE)))
         chosen = statistics.mean(len(torch.unique(c[4])) for c in calls) * expert_bytes
-        for name, variant in sorted(registry.variants("moe_grouped").items()):
-            if DEVICE not in variant.devices or name == registry.REFERENCE:
-                continue
-            secs = seconds_per_call(variant.fn, calls, args.min_time)
-            r = row(f"Kimi MoE layer, T={tokens}, top-8 of 256", "moe_grouped", name, MOE_D,
-                    MOE_I, int(chosen), secs, secs, probe)
-            r["tok_s"] = tokens / secs
-            rows.append(r)
+        for op in ("moe_grouped", "moe_grouped_w4a8"):  # W4A8: x and h rounded to int8 first
+            for name, variant in sorted(registry.variants(op).items()):
+                if DEVICE not in variant.devices or name == registry.REFERENCE:
+                    continue
+                secs = seconds_per_call(variant.fn, calls, args.min_time)
+                shown = name if op == "moe_grouped" else f"w4a8 {name}"
+                r = row(f"Kimi MoE layer, T={tokens}, top-8 of 256", op, shown, MOE_D,
+                        MOE_I, int(chosen), secs, secs, probe)
+                r["tok_s"] = tokens / secs
+                rows.append(r)
     return rows
 
 

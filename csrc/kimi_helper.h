@@ -101,6 +101,20 @@ int moe_grouped_w4a16(const float *x, int64_t tokens, int64_t top_k, const int64
                       int64_t d, int64_t inner, int64_t group, float *work, float *out,
                       int nthreads);
 
+/* The same with W4A8 projections: each route's x row and each row of h quantized to int8 per
+ * block of 32 as gemv_w4a8 quantizes, and integer dots (its kernels; w4a8_simd says which).
+ * group must be a multiple of 32 (else KH_EINVAL). A token's result does not depend on the
+ * tokens batched with it. work: moe_grouped_w4a8_work_floats(T * top_k, d, inner, group)
+ * floats, 8-byte aligned (-1 for a refused shape). */
+int64_t moe_grouped_w4a8_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group);
+int moe_grouped_w4a8(const float *x, int64_t tokens, int64_t top_k, const int64_t *experts,
+                     const float *weights, int64_t num_experts,
+                     const uint8_t *gate_q, const uint16_t *gate_s, const uint16_t *gate_m,
+                     const uint8_t *up_q, const uint16_t *up_s, const uint16_t *up_m,
+                     const uint8_t *down_q, const uint16_t *down_s, const uint16_t *down_m,
+                     int64_t d, int64_t inner, int64_t group, float *work, float *out,
+                     int nthreads);
+
 /* Dense fp16-weight GEMV: out[r, i] = sum_j x[r, j] * w[i, j] for r < rows (>= 1),
  * accumulated in fp32. w: [n, k] IEEE half bits; x: [rows, k] fp32; out: [rows, n].
  * Each (r, i) is computed by the same operations whatever rows is, so a row's

@@ -77,9 +77,7 @@ int64_t moe_grouped_work_floats(int64_t routes, int64_t d, int64_t inner, int64_
            + routes * (inner + inner / group) + routes * d;
 }
 
-/* Counting sort of the routes by expert (stable: a token's earlier choice first).
- * Returns the number of segments, or -1 for an expert id out of range. */
-static int64_t sort_routes(const int64_t *experts, int64_t routes, int64_t num_experts,
+int64_t kh_sort_routes(const int64_t *experts, int64_t routes, int64_t num_experts,
                            int64_t *order, int64_t *seg_expert, int64_t *seg_start)
 {
     int64_t r, e, segments = 0, *next = seg_start; /* seg_start doubles as the counters */
@@ -121,8 +119,8 @@ int moe_grouped_w4a16(const float *x, int64_t tokens, int64_t top_k, const int64
                       int nthreads)
 {
     SegJob job = {0};
-    int64_t routes = tokens * top_k, segments, r, t, c, j;
-    int64_t *order, *seg_expert, *seg_start, *pos;
+    int64_t routes = tokens * top_k, segments, r;
+    int64_t *order, *seg_expert, *seg_start;
     float *xperm, *xsum, *h, *hperm, *hsum, *y;
     if (!x || !experts || !weights || !gate_q || !gate_s || !up_q || !up_s || !down_q
         || !down_s || !work || !out || tokens <= 0 || top_k <= 0 || num_experts <= 0
@@ -137,7 +135,7 @@ int moe_grouped_w4a16(const float *x, int64_t tokens, int64_t top_k, const int64
     hperm = h + routes * inner;
     hsum = hperm + routes * inner;
     y = hsum + routes * (inner / group);
-    segments = sort_routes(experts, routes, num_experts, order, seg_expert, seg_start);
+    segments = kh_sort_routes(experts, routes, num_experts, order, seg_expert, seg_start);
     if (segments < 0) return KH_EINVAL;
     for (r = 0; r < routes; r++)             /* x row of each route, in expert order */
         kh_prepare_x(x + (order[r] / top_k) * d, 1, d, group, xperm + r * d,
@@ -157,8 +155,14 @@ int moe_grouped_w4a16(const float *x, int64_t tokens, int64_t top_k, const int64
     job.q[0] = down_q, job.s[0] = down_s, job.m[0] = down_m;
     job.n = d, job.k = inner, job.xperm = hperm, job.xsum = hsum, job.out = y;
     run_segments(&job, segments, nthreads);
-    /* out[t] = sum over choices c, in order, of weights[t, c] * y[route t*top_k + c] */
-    pos = seg_expert;                        /* reused: position of route r in y */
+    kh_combine_routes(y, order, seg_expert, tokens, top_k, weights, d, out);
+    return KH_OK;
+}
+
+void kh_combine_routes(const float *y, const int64_t *order, int64_t *pos, int64_t tokens,
+                       int64_t top_k, const float *weights, int64_t d, float *out)
+{
+    int64_t routes = tokens * top_k, r, t, c, j;
     for (r = 0; r < routes; r++) pos[order[r]] = r;
     for (t = 0; t < tokens; t++) {
         float *o = out + t * d;
@@ -169,5 +173,4 @@ int moe_grouped_w4a16(const float *x, int64_t tokens, int64_t top_k, const int64
             for (j = 0; j < d; j++) o[j] += wt * yr[j];
         }
     }
-    return KH_OK;
 }

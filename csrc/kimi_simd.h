@@ -80,6 +80,32 @@ const KhInt8Kernels *kh_int8_kernels(void);
 void kh_prepare_x(const float *x, int64_t rows, int64_t k, int64_t group,
                   float *xperm, float *xsum);
 
+/* The grouped MoE's routes (kimi_moe.c): a stable counting sort of experts [routes] by id
+ * into order [routes] (route indices, expert-major), seg_expert and seg_start [segments + 1]
+ * (segment s: sorted routes seg_start[s]..seg_start[s+1]-1, all of expert seg_expert[s]);
+ * returns the segment count, or -1 for an id outside 0..num_experts-1. */
+int64_t kh_sort_routes(const int64_t *experts, int64_t routes, int64_t num_experts,
+                       int64_t *order, int64_t *seg_expert, int64_t *seg_start);
+/* out[t] = sum over choices c, in order, of weights[t, c] * y[sorted position of route
+ * t * top_k + c]; y [routes, d] in sorted order, pos [routes] scratch. */
+void kh_combine_routes(const float *y, const int64_t *order, int64_t *pos, int64_t tokens,
+                       int64_t top_k, const float *weights, int64_t d, float *out);
+
+/* How gemv_w4a8 met its x (kimi_w4a8.c), shared with the grouped W4A8 MoE. */
+typedef struct {
+    const KhInt8Kernels *kernels; /* NULL: portable C */
+    int paired;                   /* x codes in the pair layout: k % 64 == 0 and kernels */
+} KhQ8Plan;
+KhQ8Plan kh_q8_plan(int64_t k);
+/* Quantizes x [rows, k] into q8 and puts its codes in the plan's layout. */
+void kh_q8_prepare(const KhQ8Plan *plan, const float *x, int64_t rows, int64_t k,
+                   int64_t group, KhQ8 *q8);
+/* y[r * y_stride + t] = W4A8 dot(w[t], x row r) for count (1..4) weight rows of one linear
+ * and rows (1..KH_MAX_ROWS) x rows: the 4-row kernel for one x row, else one weight row at a
+ * time; the bits of (t, r) do not depend on count or rows. */
+void kh_q8_dots(const KhQ8Plan *plan, const KhRow *w, int count, const KhQ8 *x, int64_t rows,
+                float *y, int64_t y_stride);
+
 /* Runs fn(ctx, c) for every chunk c < nchunks on the caller and up to nthreads-1
  * pool threads (kimi_pool.c); returns when all chunks are done. worth_waking: the
  * job is big enough to wake sleeping helpers (else only awake ones join). */

@@ -148,25 +148,55 @@ int64_t gemv_w4a8_work_floats(int64_t rows, int64_t k, int64_t group)
     return rows * (k / KH_Q8_BLOCK) + rows * (k / group) + rows * (k / 4);
 }
 
+KhQ8Plan kh_q8_plan(int64_t k)
+{
+    KhQ8Plan plan;
+    plan.kernels = kh_int8_kernels();
+    plan.paired = plan.kernels && k % (2 * KH_Q8_BLOCK) == 0;
+    return plan;
+}
+
+void kh_q8_prepare(const KhQ8Plan *plan, const float *x, int64_t rows, int64_t k,
+                   int64_t group, KhQ8 *q8)
+{
+    int64_t r;
+    kh_quantize_q8(x, rows, k, group, 1, q8);
+    if (plan->paired)
+        for (r = 0; r < rows; r++) kh_pair_q8(q8->q + r * k, k);
+}
+
+void kh_q8_dots(const KhQ8Plan *plan, const KhRow *w, int count, const KhQ8 *x, int64_t rows,
+                float *y, int64_t y_stride)
+{
+    int t;
+    if (plan->paired && rows == 1) { /* 4 weight rows per x load; a short count repeats */
+        KhRow four[4];
+        float y4[4];
+        for (t = 0; t < 4; t++) four[t] = w[t < count ? t : count - 1];
+        plan->kernels->rows4(four, x, y4);
+        memcpy(y, y4, (size_t)count * sizeof *y4);
+        return;
+    }
+    for (t = 0; t < count; t++) {
+        if (plan->paired) /* the same operations per row as the 4-row kernel */
+            plan->kernels->pairs(&w[t], x, rows, y + t, y_stride);
+#if KH_HAVE_X86_SIMD
+        else if (plan->kernels)
+            kh_q8_row_avx2(&w[t], x, rows, y + t, y_stride);
+#endif
+        else
+            q8_row_c(&w[t], x, rows, y + t, y_stride);
+    }
+}
+
 typedef struct {
-    void (*row_fn)(const KhRow *, const KhQ8 *, int64_t, float *, int64_t);
-    const KhInt8Kernels *kernels; /* the paired kernels' set (NULL: portable C) */
+    KhQ8Plan plan;
     const uint8_t *q;
     const uint16_t *s, *m;
     KhQ8 x;
     int64_t rows, n, k, group, per_chunk;
-    int paired;  /* AVX2, k % 64 == 0: x codes in the pair layout (kh_pair_q8) */
     float *out;
 } W4a8Job;
-
-static void avx2_rows(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride)
-{
-#if KH_HAVE_X86_SIMD
-    kh_q8_row_avx2(w, x, rows, y, y_stride);
-#else
-    q8_row_c(w, x, rows, y, y_stride);
-#endif
-}
 
 static void w4a8_chunk(void *ctx, int64_t chunk)
 {
@@ -174,34 +204,16 @@ static void w4a8_chunk(void *ctx, int64_t chunk)
     int64_t i = chunk * job->per_chunk, end = i + job->per_chunk;
     int64_t k = job->k, groups = k / job->group;
     if (end > job->n) end = job->n;
-    if (job->paired && job->rows > 1) { /* the same operations per row as the 4-row kernel */
-        for (; i < end; i++) {
-            KhRow w = {job->q + i * (k / 2), job->s + i * groups,
-                       job->m ? job->m + i * groups : NULL, k, job->group};
-            job->kernels->pairs(&w, &job->x, job->rows, job->out + i, job->n);
+    for (; i < end; i += 4) {
+        KhRow w[4];
+        int t, count = end - i < 4 ? (int)(end - i) : 4;
+        for (t = 0; t < count; t++) {
+            int64_t r = i + t;
+            KhRow one = {job->q + r * (k / 2), job->s + r * groups,
+                         job->m ? job->m + r * groups : NULL, k, job->group};
+            w[t] = one;
         }
-        return;
-    }
-    if (job->paired) { /* one x row: 4 weight rows per x load */
-        for (; i < end; i += 4) {
-            KhRow w[4];
-            float y[4];
-            int t, valid = end - i < 4 ? (int)(end - i) : 4;
-            for (t = 0; t < 4; t++) { /* a short last group repeats its last row */
-                int64_t r = i + (t < valid ? t : valid - 1);
-                KhRow one = {job->q + r * (k / 2), job->s + r * groups,
-                             job->m ? job->m + r * groups : NULL, k, job->group};
-                w[t] = one;
-            }
-            job->kernels->rows4(w, &job->x, y);
-            memcpy(job->out + i, y, (size_t)valid * sizeof *y);
-        }
-        return;
-    }
-    for (; i < end; i++) {
-        KhRow w = {job->q + i * (k / 2), job->s + i * groups, job->m ? job->m + i * groups : NULL,
-                   k, job->group};
-        job->row_fn(&w, &job->x, job->rows, job->out + i, job->n);
+        kh_q8_dots(&job->plan, w, count, &job->x, job->rows, job->out + i, job->n);
     }
 }
 
@@ -225,15 +237,9 @@ int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16
     job.x.d = work;
     job.x.gsum = work + rows * nb;
     job.x.q = (int8_t *)(work + rows * nb + rows * (k / group));
-    kh_quantize_q8(x, rows, k, group, 1, &job.x);
-    job.kernels = kh_int8_kernels();
-    job.row_fn = job.kernels ? avx2_rows : q8_row_c;
-    job.paired = job.kernels && k % (2 * KH_Q8_BLOCK) == 0;
-    if (job.paired) {
-        int64_t r;
-        for (r = 0; r < rows; r++) kh_pair_q8(job.x.q + r * k, k);
-    }
-    kh_parallel_rows(w4a8_chunk, &job, n, n * k, nthreads, job.paired && rows == 1 ? 4 : 1,
+    job.plan = kh_q8_plan(k);
+    kh_q8_prepare(&job.plan, x, rows, k, group, &job.x);
+    kh_parallel_rows(w4a8_chunk, &job, n, n * k, nthreads, job.plan.paired && rows == 1 ? 4 : 1,
                      &job.per_chunk);
     return KH_OK;
 }

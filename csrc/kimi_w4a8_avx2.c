@@ -37,9 +37,11 @@
         }                                                                                  \
     } while (0)
 
-/* ROWS is a constant in each instance, so the row loops unroll and the accumulators live
- * in registers; up to 4 rows, a second accumulator set breaks the FMA chain. Blocks go
- * 8 at a time: their s_g * d_rb products are formed in one vector multiply per row. */
+/* ROWS is a constant in each instance, so the row loops unroll; a second accumulator set
+ * breaks the FMA chain. Every instance takes the same operations per row (at 8 rows some
+ * accumulators spill), so a row's result does not depend on its batch. Blocks go 8 at a
+ * time: their s_g * d_rb products are formed in one vector multiply per row. This kernel
+ * serves k % 64 == 32; other shapes take the paired ones. */
 #define KH_Q8_ROW_KERNEL(ROWS)                                                             \
     static KH_TARGET void q8_avx2_##ROWS(const KhRow *w, const KhQ8 *x, float *y,          \
                                          int64_t y_stride)                                 \
@@ -65,8 +67,7 @@
             }                                                                              \
             for (j = 0; j + 1 < count; j += 2) {                                           \
                 KH_Q8_STEP(ROWS, b0 + j, j, acc0);                                         \
-                if (ROWS <= 4) KH_Q8_STEP(ROWS, b0 + j + 1, j + 1, acc1);                  \
-                else KH_Q8_STEP(ROWS, b0 + j + 1, j + 1, acc0);                            \
+                KH_Q8_STEP(ROWS, b0 + j + 1, j + 1, acc1);                                 \
             }                                                                              \
             if (j < count) KH_Q8_STEP(ROWS, b0 + j, j, acc0);                              \
         }                                                                                  \

@@ -32,7 +32,7 @@ ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "engined._kimi_helper",
     '#include "kimi_helper.h"',
-    sources=["csrc/kimi_helper.c", "csrc/kimi_gemv.c", "csrc/kimi_moe.c", "csrc/kimi_probe.c", "csrc/kimi_gemv_avx2.c",
+    sources=["csrc/kimi_helper.c", "csrc/kimi_gemv.c", "csrc/kimi_moe.c", "csrc/kimi_moe_w4a8.c", "csrc/kimi_probe.c", "csrc/kimi_gemv_avx2.c",
              "csrc/kimi_gemv_avx512.c", "csrc/kimi_pool.c", "csrc/kimi_w4a8.c", "csrc/kimi_w4a8_avx2.c",
              "csrc/kimi_gemm.c", "csrc/kimi_gemm_avx2.c", "csrc/kimi_q8.c", "csrc/kimi_w4a8_vnni.c", "csrc/kimi_llama.c", "csrc/kimi_attn.c"],  # relative: setuptools runs from the root
     include_dirs=["csrc"],

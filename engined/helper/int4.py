@@ -115,11 +115,15 @@ def moe_swiglu(gate: Int4Weight, up: Int4Weight, x, expert_ids, out=None, thread
 
 
 def moe_grouped(gate: Int4Weight, up: Int4Weight, down: Int4Weight, x, experts, weights,
-                out=None, threads: int = 1):
+                out=None, threads: int = 1, w4a8: bool = False):
     """Routed SwiGLU experts of T tokens: x [T, D], experts [T, k] integer ids, weights [T, k]
     -> out [T, D] fp32, out[t] = sum_c weights[t, c] * (silu(x_t G_e^T) * (x_t U_e^T)) D_e^T.
-    Each chosen expert is read once per call; an id out of range is KH_EINVAL."""
+    Each chosen expert is read once per call; an id out of range is KH_EINVAL. w4a8: x and h
+    rounded to int8 per block of 32 and integer dots (moe_grouped_w4a8; group % 32 == 0)."""
     e, inner, d, group = gate.experts, gate.n, gate.k, gate.group
+    if w4a8 and group % 32:
+        raise ValueError(f"moe_grouped_w4a8 needs a group size that is a multiple of 32, "
+                         f"got {group}")
     if not e or (up.experts, up.n, up.k, up.group) != (e, inner, d, group) \
             or (down.experts, down.n, down.k, down.group) != (e, d, inner, group):
         raise ValueError(f"moe_grouped: gate/up [E, I, D] and down [E, D, I] stacks of one group "
@@ -135,13 +139,15 @@ def moe_grouped(gate: Int4Weight, up: Int4Weight, down: Int4Weight, x, experts, 
     top_k = experts.shape[1]
     out = _out(out, (tokens, d))
     cast = ffi.cast
-    _owner, work = _workspace(lib.moe_grouped_work_floats(tokens * top_k, d, inner, group))
-    status = lib.moe_grouped_w4a16(
+    what = "moe_grouped_w4a8" if w4a8 else "moe_grouped_w4a16"
+    sizer = lib.moe_grouped_w4a8_work_floats if w4a8 else lib.moe_grouped_work_floats
+    _owner, work = _workspace(sizer(tokens * top_k, d, inner, group))
+    status = (lib.moe_grouped_w4a8 if w4a8 else lib.moe_grouped_w4a16)(
         cast("float *", x.data_ptr()), tokens, top_k, cast("int64_t *", experts.data_ptr()),
         cast("float *", weights.data_ptr()), e, gate.q, gate.s, gate.m, up.q, up.s, up.m,
         down.q, down.s, down.m, d, inner, group, work, cast("float *", out.data_ptr()), threads)
     if status:
-        check(status, "moe_grouped_w4a16")
+        check(status, what)
     return out
 
 

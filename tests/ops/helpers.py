@@ -211,6 +211,25 @@ MOE = [
 ]
 
 
+def moe_w4a8_case(*args, **kw) -> Case:
+    """moe_grouped_w4a8: moe_case's inputs. h is rounded to int8 after fp32 sums that C orders
+    otherwise, so an h value at a tie may land one code away (see its reference)."""
+    return moe_case(*args, **kw)
+
+
+MOE_W4A8 = [
+    moe_w4a8_case(4, 1, 2, 64, 128, 32),                      # one decode token: 4 rows per x load
+    moe_w4a8_case(8, 1, 8, 256, 128, 32, seed=1),             # top-8 of 8: every expert once
+    moe_w4a8_case(5, 3, 2, 96, 64, 32, seed=2),               # D % 64 == 32: x unpaired
+    moe_w4a8_case(6, 8, 4, 128, 96, 32, seed=3),              # 8 rows; I % 64 == 32: h unpaired
+    moe_w4a8_case(3, 11, 2, 64, 64, 32, seed=4),              # > 8 rows of one expert: chunks
+    moe_w4a8_case(4, 4, 2, 192, 128, 64, seed=5),             # group 64
+    moe_w4a8_case(5, 5, 1, 64, 64, 32, seed=6, ids=[[2], [2], [2], [0], [2]]),
+    moe_w4a8_case(5, 3, 2, 128, 64, 32, seed=7, symmetric=True),
+    moe_w4a8_case(4, 4, 2, 64, 64, 32, seed=8, dtype=torch.bfloat16),
+]
+
+
 def kda_case(b: int, h: int, k: int, v: int, num_slots: int, seed=0) -> Case:
     """kda_step: B rows on distinct slots of an N-slot pool (unused slots must stay as they are)."""
     def make(gen):
@@ -315,7 +334,8 @@ LLAMA_LAYER = [
 ]
 
 
-CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "q8_gemv": Q8, "moe_grouped": MOE, "kda_step": KDA, "llama_decode_layer": LLAMA_LAYER, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
+CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "q8_gemv": Q8, "moe_grouped": MOE,
+         "moe_grouped_w4a8": MOE_W4A8, "kda_step": KDA, "llama_decode_layer": LLAMA_LAYER, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
          "moe_swiglu": routed("moe_swiglu")}
 
 

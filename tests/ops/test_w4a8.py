@@ -136,11 +136,13 @@ def test_a_linear_runs_w4a8_only_when_selected():
     assert torch.equal(lin(x), registry.variants("w4a16_gemv")["cpu_c"].fn(x, w))
 
 
-@pytest.mark.parametrize("group", [32, 64])
-@pytest.mark.parametrize("k", [448, 576, 640])  # 14, 18 and 20 blocks: pairs of 3, 1, 2 at the end
+@pytest.mark.parametrize("k, group", [(448, 32), (448, 64), (576, 32), (576, 64), (640, 32),
+                                      (640, 64), (96, 32), (160, 32)])
 def test_a_row_is_the_same_bits_alone_or_batched(level, group, k):
-    """A decode row alone (AVX2: 4 weight rows per x load) and in a batch of 1..8 (one weight
-    row per call) take the same operations: greedy decode must not depend on its batch."""
+    """A decode row alone (4 weight rows per x load) and in a batch of 1..8 (one weight row per
+    call) take the same operations: greedy decode must not depend on its batch. k of 14, 18
+    and 20 blocks ends on 3, 1 and 2 block pairs; k % 64 == 32 (96, 160) takes the kernel that
+    goes one block at a time."""
     gen = torch.Generator().manual_seed(k + group)
     w = PackedInt4(group_size=group, **random_int4(gen, 43, k, group))
     x = torch.randn(8, k, generator=gen)
