@@ -16,6 +16,9 @@
 #define KH_ATTN_CHUNK 64        /* keys scored per online-softmax step */
 #define KH_ATTN_SPLIT_KEYS 256  /* keys per task at least */
 #define KH_ATTN_MAX_SPLITS 16   /* key ranges per (row, KV head) at most */
+#ifndef KH_ATTN_AHEAD
+#define KH_ATTN_AHEAD 16        /* keys prefetched ahead: a (row, KV head)'s rows are strided */
+#endif
 
 typedef struct {
     const KhAttention *a;
@@ -99,6 +102,9 @@ static inline __attribute__((always_inline)) void attend_range(
         for (c0 = j0; c0 < j1; c0 += KH_ATTN_CHUNK) {
             int64_t count = j1 - c0 < KH_ATTN_CHUNK ? j1 - c0 : KH_ATTN_CHUNK;
             for (j = 0; j < count; j++) { /* cache rows: [S_max, KVH, hd] */
+                const uint16_t *ahead = kc + (c0 + j + KH_ATTN_AHEAD) * kvh * hd;
+                __builtin_prefetch(ahead);
+                __builtin_prefetch(ahead + hd - 1);
                 to_floats(kc + (c0 + j) * kvh * hd, kf, hd);
                 for (g = 0; g < group; g++) score[g][j] = dot(q + g * hd, kf, hd) * scale;
             }
@@ -112,6 +118,9 @@ static inline __attribute__((always_inline)) void attend_range(
                 total[g] += exp_sum(score[g], count, m);
             }
             for (j = 0; j < count; j++) {
+                const uint16_t *ahead = vc + (c0 + j + KH_ATTN_AHEAD) * kvh * hd;
+                __builtin_prefetch(ahead);
+                __builtin_prefetch(ahead + hd - 1);
                 to_floats(vc + (c0 + j) * kvh * hd, kf, hd);
                 for (g = 0; g < group; g++) axpy(acc[g], score[g][j], kf, hd);
             }
