@@ -114,8 +114,9 @@ void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads, int worth_
 
 /* The GEMVs' split of `total` output rows: *per_chunk is set, then fn(ctx, c) runs over the
  * chunks. One thread when `cost` (weights touched) is below KH_SERIAL_BELOW, else chunks of
- * at least 8 rows, about 8 per thread so a helper that starts late still finds work, rounded
- * up to a multiple of `multiple` (kernels that take weight rows in pairs); sleeping helpers
+ * at least 8 rows, about 8 per thread so a helper that starts late still finds work (2 under
+ * kh_wake_all: fewer contended claims), rounded up to a multiple of `multiple` (kernels that
+ * take weight rows in groups); sleeping helpers
  * are woken from KH_WAKE_WORTH on. */
 void kh_parallel_rows(KhTask fn, void *ctx, int64_t total, int64_t cost, int nthreads,
                       int64_t multiple, int64_t *per_chunk);
