@@ -168,37 +168,13 @@ static KH_TARGET inline void axpy_avx2(float *y, float a, const float *x, int64_
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
 }
 
-/* exp on 8 lanes: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 polynomial (the
- * Cephes expf coefficients: about 1 ulp), times 2^n built in the exponent bits. Inputs are
- * clamped to the fp32 range first (exp(-inf) comes out 0 after the scaling). */
-static KH_TARGET inline __m256 exp256(__m256 x)
-{
-    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447504f);
-    __m256 n, r, y;
-    __m256i e;
-    x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
-    n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 static KH_TARGET inline float exp_sum_avx2(float *s, int64_t n, float m)
 {
     __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
     float total;
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
-        __m256 v = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+        __m256 v = kh_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
         _mm256_storeu_ps(s + j, v);
         sum = _mm256_add_ps(sum, v);
     }
