@@ -24,6 +24,20 @@ static KH_I8_TARGET void KH_I8_FN(block_scales)(const KhRow *w, int64_t b0, int 
     for (j = 0; j < count; j++) out[j] = _cvtsh_ss(w->scales[(b0 + j) / per_group]);
 }
 
+#ifndef KH_I8_LANES_DEFINED
+#define KH_I8_LANES_DEFINED
+/* kh_i8_lanes + 8 - n: a mask of the first n 32-bit lanes (maskload reads no others). */
+static const int32_t kh_i8_lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+#endif
+
+/* The first count (even, <= 8) halves from h on as floats, the rest 0; no byte past them is
+ * read (a row's last blocks end its scales). */
+static KH_I8_TARGET inline __m256 KH_I8_FN(halves_upto)(const uint16_t *h, int count)
+{
+    __m128i mask = _mm_loadu_si128((const __m128i *)(kh_i8_lanes + 8 - count / 2));
+    return _mm256_cvtph_ps(_mm_maskload_epi32((const int *)h, mask));
+}
+
 /* Block pair p of the 8 from b0 (block 2p in lanes 0-3, 2p+1 in 4-7): the lanes' scales. */
 #define KH_I8_PAIR_LANES(p) _mm256_setr_epi32(2 * (p), 2 * (p), 2 * (p), 2 * (p), 2 * (p) + 1, \
                                               2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1)
@@ -73,15 +87,18 @@ KH_I8_TARGET void KH_I8_FN(kh_q8_rows4)(const KhRow *w, const KhQ8 *x, float *y)
                     : _mm256_mul_ps(s, _mm256_set1_ps(-8.0f)); /* symmetric */
                 sd[i] = _mm256_mul_ps(s, _mm256_loadu_ps(x->d + b0));
                 acc_min[i] = _mm256_fmadd_ps(m, _mm256_loadu_ps(x->gsum + b0), acc_min[i]);
+            } else if (block_groups) { /* the row's last blocks: lanes past count are 0 */
+                __m256i lanes = _mm256_loadu_si256((const __m256i *)(kh_i8_lanes + 8 - count));
+                __m256 s = KH_I8_FN(halves_upto)(w[i].scales + b0, count);
+                __m256 m = w[i].mins ? KH_I8_FN(halves_upto)(w[i].mins + b0, count)
+                                     : _mm256_mul_ps(s, _mm256_set1_ps(-8.0f));
+                sd[i] = _mm256_mul_ps(s, _mm256_maskload_ps(x->d + b0, lanes));
+                tail_min[i] += hsum256(_mm256_mul_ps(m, _mm256_maskload_ps(x->gsum + b0, lanes)));
             } else {
                 float sblk[8] = {0}, prod[8] = {0};
                 KH_I8_FN(block_scales)(&w[i], b0, count, sblk);
                 for (j = 0; j < count; j++) prod[j] = sblk[j] * x->d[b0 + j];
                 sd[i] = _mm256_loadu_ps(prod);
-                if (block_groups)
-                    for (j = 0; j < count; j++)
-                        tail_min[i] += (w[i].mins ? _cvtsh_ss(w[i].mins[b0 + j]) : -8.0f * sblk[j])
-                                       * x->gsum[b0 + j];
             }
         }
         for (p = 0; p < count / 2; p++) {
@@ -158,6 +175,16 @@ KH_I8_TARGET void KH_I8_FN(kh_q8_pairs)(const KhRow *w, const KhQ8 *x, int64_t r
                 acc_min[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(x->gsum + r * groups + b0),
                                              acc_min[r]);
             }
+        } else if (block_groups) { /* the row's last blocks, as kh_q8_rows4 takes them */
+            __m256i lanes = _mm256_loadu_si256((const __m256i *)(kh_i8_lanes + 8 - count));
+            __m256 sv = KH_I8_FN(halves_upto)(w->scales + b0, count);
+            __m256 m = w->mins ? KH_I8_FN(halves_upto)(w->mins + b0, count)
+                               : _mm256_mul_ps(sv, _mm256_set1_ps(-8.0f));
+            for (r = 0; r < rows; r++) {
+                sd[r] = _mm256_mul_ps(sv, _mm256_maskload_ps(x->d + r * nb + b0, lanes));
+                tail_min[r] += hsum256(_mm256_mul_ps(
+                    m, _mm256_maskload_ps(x->gsum + r * groups + b0, lanes)));
+            }
         } else {
             float sblk[8] = {0};
             KH_I8_FN(block_scales)(w, b0, count, sblk);
@@ -165,10 +192,6 @@ KH_I8_TARGET void KH_I8_FN(kh_q8_pairs)(const KhRow *w, const KhQ8 *x, int64_t r
                 float prod[8] = {0};
                 for (j = 0; j < count; j++) prod[j] = sblk[j] * x->d[r * nb + b0 + j];
                 sd[r] = _mm256_loadu_ps(prod);
-                if (block_groups)
-                    for (j = 0; j < count; j++)
-                        tail_min[r] += (w->mins ? _cvtsh_ss(w->mins[b0 + j]) : -8.0f * sblk[j])
-                                       * x->gsum[r * groups + b0 + j];
             }
         }
         for (p = 0; p < count / 2; p++) {
