@@ -38,9 +38,15 @@ static KH_I8_TARGET inline __m256 KH_I8_FN(halves_upto)(const uint16_t *h, int c
     return _mm256_cvtph_ps(_mm_maskload_epi32((const int *)h, mask));
 }
 
-/* Block pair p of the 8 from b0 (block 2p in lanes 0-3, 2p+1 in 4-7): the lanes' scales. */
-#define KH_I8_PAIR_LANES(p) _mm256_setr_epi32(2 * (p), 2 * (p), 2 * (p), 2 * (p), 2 * (p) + 1, \
-                                              2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1)
+#ifndef KH_I8_PAIRS_DEFINED
+#define KH_I8_PAIRS_DEFINED
+/* Block pair p of the 8 from b0 (block 2p in lanes 0-3, 2p+1 in 4-7): which of the 8 scales
+ * each lane takes. A table: building the vector in the loop cost 5 instructions a pair. */
+static const int32_t kh_i8_pair_lanes[4][8] = {
+    {0, 0, 0, 0, 1, 1, 1, 1}, {2, 2, 2, 2, 3, 3, 3, 3},
+    {4, 4, 4, 4, 5, 5, 5, 5}, {6, 6, 6, 6, 7, 7, 7, 7}};
+#endif
+#define KH_I8_PAIR_LANES(p) _mm256_loadu_si256((const __m256i *)kh_i8_pair_lanes[p])
 
 #if KH_I8_WIDE
 /* Pairs p and p+1 of x in the pair layout as 512 bits: [E_j E_j+1 | E_j+2 E_j+3] (even) and
