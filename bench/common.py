@@ -11,17 +11,31 @@ RESULTS_MD = BENCH / "RESULTS.md"
 
 
 def hardware() -> str:
-    model = platform.processor() or "unknown CPU"
+    """"AMD EPYC, AVX-512 VNNI, 2 cores, 24 GiB": the model name alone does not tell an AVX2
+    EPYC from an AVX-512 VNNI one, and the kernels that run differ."""
+    model, flags = platform.processor() or "unknown CPU", set()
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+            if flags and not model.startswith("unknown"):
                 break
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0))
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model}, {cores} cores, {mem_gib:.0f} GiB"
+    have = [name for name, flag in SIMD_FLAGS if flag in flags]
+    implied = {"AVX-512 VNNI": "AVX-512", "AVX-512": "AVX2", "AVX-VNNI": "AVX2"}
+    simd = ", ".join(n for n in have if not any(implied.get(o) == n for o in have))
+    return f"{model}, {simd + ', ' if simd else ''}{cores} cores, {mem_gib:.0f} GiB"
+
+
+# The CPU features that pick our kernels and llama.cpp's, widest first ("avx_vnni" is the
+# 256-bit VEX form); hardware() leaves out what a wider one implies.
+SIMD_FLAGS = [("AMX", "amx_int8"), ("AVX-512 VNNI", "avx512_vnni"), ("AVX-VNNI", "avx_vnni"),
+              ("AVX-512", "avx512f"), ("AVX2", "avx2")]
 
 
 def today() -> str:
