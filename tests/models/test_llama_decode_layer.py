@@ -73,22 +73,30 @@ def test_fused_w4a8_decode_is_within_w4a8s_own_noise(model):
     can move one code by one step, and SmolLM2's outsized activations make that step coarse:
     the fused and the block paths are two equally valid W4A8 runs (per layer they agree to
     ~1e-5, tests/ops). Teacher-forced on the blocks' tokens, the fused path must sit closer to
-    the blocks than W4A8 itself sits to W4A16 at the median position, and flip no more top-1
-    picks. (Observed: median ratio 0.75, 2 flips against 7 of 72.)"""
+    the blocks than W4A8 itself sits to W4A16 at the median position, and a top-1 pick it
+    flips must be a near tie: one that W4A8's own noise at that step (W4A16 against W4A8,
+    each logit off by up to that much) could flip too. Counting flips against W4A16's was
+    too coarse: the AVX2 EPYC saw 2 against 7 of 72, the AVX-512 VNNI one 1 against 0."""
     want_tokens, want_logits = decode(model, PROMPTS, "w4a8_gemv", fused=False)
     got_tokens, got_logits = decode(model, PROMPTS, "w4a8_gemv", fused=True, forced=want_tokens)
     _, w4a16_logits = decode(model, PROMPTS, "w4a16_gemv", fused=False, forced=want_tokens)
     diff = (got_logits - want_logits).abs().amax(-1)       # [STEPS, B]
     noise = (w4a16_logits - want_logits).abs().amax(-1)    # [STEPS, B]
-    want_top = want_logits.argmax(-1)
-    flips = int((got_logits.argmax(-1) != want_top).sum())
+    want_top, got_top = want_logits.argmax(-1), got_logits.argmax(-1)   # [STEPS, B]
+    flipped = got_top != want_top
+    # how far the blocks' own pick led the fused path's pick, in the blocks' logits
+    margin = (want_logits.gather(-1, want_top[..., None])
+              - want_logits.gather(-1, got_top[..., None])).squeeze(-1)  # [STEPS, B]
     noise_flips = int((w4a16_logits.argmax(-1) != want_top).sum())
     ratio = float((diff / noise).median())
-    print(f"\nW4A8 fused vs blocks: median |logit diff| {float(diff.median()):.2f}, {flips} of "
-          f"{want_top.numel()} top-1 differ; W4A8 vs W4A16: {float(noise.median()):.2f}, "
-          f"{noise_flips} differ; median ratio {ratio:.2f}")
+    print(f"\nW4A8 fused vs blocks: median |logit diff| {float(diff.median()):.2f}, "
+          f"{int(flipped.sum())} of {want_top.numel()} top-1 differ (margins "
+          f"{[round(float(m), 3) for m in margin[flipped]]}, W4A8 noise there "
+          f"{[round(float(n), 2) for n in noise[flipped]]}); W4A8 vs W4A16: "
+          f"{float(noise.median()):.2f}, {noise_flips} differ; median ratio {ratio:.2f}")
     assert ratio < 1
-    assert flips <= noise_flips
+    assert (margin[flipped] < 2 * noise[flipped]).all()
+    assert flipped.float().mean() <= 0.1
 
 
 def test_kimi_kernels_can_choose_the_blocks(monkeypatch, model):

@@ -41,8 +41,16 @@ def test_every_level_matches_the_block(level, case):
     want, want_kv = run("reference", args)
     got, got_kv = run("cpu_c", args)
     torch.testing.assert_close(got, want, atol=case.atol, rtol=case.rtol)
-    for mine, theirs in zip(got_kv, want_kv):
-        assert torch.equal(mine, theirs)  # fp16 stores round to nearest even, as torch's cast
+    for mine, theirs, pos in zip(got_kv, want_kv, args[5]):
+        others = torch.arange(mine.shape[1]) != pos
+        assert torch.equal(mine[:, others], theirs[:, others])  # only the row's position written
+        # k and v round to fp16 to nearest even, as torch's cast, from float32 sums taken in
+        # another order: one that lands on an fp16 rounding boundary may take the neighbouring
+        # half (1 of 128 values, once, under the AVX-512 cap), never more than that one step
+        written, reference = mine[:, pos].float(), theirs[:, pos].float()
+        step = torch.finfo(torch.float16).eps * reference.abs().clamp_min(2.0 ** -14)
+        assert ((written - reference).abs() <= step).all(), (written - reference).abs().max()
+        assert (written != reference).float().mean() <= 0.01
 
 
 @pytest.mark.parametrize("threads", [1, 2])

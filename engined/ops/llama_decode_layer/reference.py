@@ -16,7 +16,8 @@ Block.decode_batch), its linears on the plain reference of the layer's GEMV op.
 
 Attention for row b sees its cache rows 0..positions[b] only (what a prefix-cache restore
 put there, then this token). Tolerance against this reference: 2e-4 + 1e-4 * |y| (tests/ops/
-helpers.py; measured at most 3.4e-5 on outputs up to 67, the caches bit-identical): the
+helpers.py; measured at most 3.4e-5 on outputs up to 67; the cached k and v equal but for a rare
+one-step fp16 rounding of a value on a rounding boundary): the
 C variant sums in another order (online softmax, float32 dots, double RMS sums), and under
 w4a8_gemv a normed value that lands on a rounding tie may take the neighbouring int8 code.
 """
