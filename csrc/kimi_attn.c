@@ -152,12 +152,18 @@ static KH_TARGET inline void halves_to_floats_avx2(const uint16_t *h, float *out
         _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 }
 
+/* Two FMA chains (even and odd 8-lane steps): one chain held a head_dim-64 dot to 8 FMA
+ * latencies, and the keys of a range wait on their scores. */
 static KH_TARGET inline float dot_avx2(const float *a, const float *b, int64_t n)
 {
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps(), acc_odd = _mm256_setzero_ps();
     int64_t i;
-    for (i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    return hsum256(acc);
+    for (i = 0; i + 16 <= n; i += 16) {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+        acc_odd = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc_odd);
+    }
+    if (i < n) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    return hsum256(_mm256_add_ps(acc, acc_odd));
 }
 
 static KH_TARGET inline void axpy_avx2(float *y, float a, const float *x, int64_t n)
