@@ -251,7 +251,7 @@ KH_I8_TARGET void KH_I8_FN(kh_q8_pairs)(const KhRow *w, const KhQ8 *x, int64_t r
  * (unsigned; |-128| reads as 128) meets x with w's sign moved onto it (sign_epi8), which
  * gives the same products, and one FMA adds the 8 lane sums times s_b * d_b, even and odd
  * blocks into two accumulators: with one, the FMA chain (4 cycles a block) held the head to
- * 1.29-1.43 ms on the AVX-512 VNNI EPYC, 1.13-1.21 ms with two (49152 x 576, 2 threads).
+ * 1.28-1.43 ms on the AVX-512 VNNI EPYC, 1.13-1.21 ms with two (49152 x 576, 2 threads).
  * Blocks go 8 at a time, so the 8 scale products of a row are one vector multiply. Memory
  * traffic: 34 bytes per 32 weights. */
 KH_I8_TARGET void KH_I8_FN(kh_q8q8_row)(const int8_t *w, const uint16_t *s, int64_t k,

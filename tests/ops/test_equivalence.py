@@ -71,7 +71,10 @@ def test_variant_matches_reference(op, name, case):
     assert_close(got, want, atol=case.atol, rtol=case.rtol)
     for mine, theirs in zip(updated, want_updated):   # in-place updates (state pools, caches)
         for got_part, want_part in zip(each(mine), each(theirs), strict=True):
-            assert_close(got_part.float(), want_part.float(), atol=case.atol, rtol=case.rtol)
+            # an fp16 store of a float32 sum taken in another order may round to the
+            # neighbouring half: one fp16 step (2**-10 relative) on top of the case's tolerance
+            rtol = max(case.rtol, 2.0 ** -10) if want_part.dtype == torch.float16 else case.rtol
+            assert_close(got_part.float(), want_part.float(), atol=case.atol, rtol=rtol)
     fresh, _ = call(registry.variants(op)[name].fn, args, case)  # and with its own allocation
     assert_close(fresh, want, atol=case.atol, rtol=case.rtol)
 

@@ -50,7 +50,7 @@ def test_every_level_matches_the_block(level, case):
         written, reference = mine[:, pos].float(), theirs[:, pos].float()
         step = torch.finfo(torch.float16).eps * reference.abs().clamp_min(2.0 ** -14)
         assert ((written - reference).abs() <= step).all(), (written - reference).abs().max()
-        assert (written != reference).float().mean() <= 0.01
+        assert int((written != reference).sum()) <= max(1, written.numel() // 100)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
