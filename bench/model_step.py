@@ -3,6 +3,11 @@ batch 1 (greedy, 17-token prompt), prefill tok/s for a 512-token prompt.
 
     .venv/bin/python bench/model_step.py [--kernel cpu_c|reference] [--embed-dtype float16]
                                          [--kv-dtype float16] [--threads 2]
+    .venv/bin/python bench/model_step.py --count-kernels [--no-prefill]
+
+--count-kernels: the kernels one Kimi-Linear decode step launches on a GPU, by layer and op,
+counted on the CPU (bench/kernel_count.py); it ends with the lines `kernels per decode step: N`
+and `kernels per prefill chunk per layer: N` (the widest layer, one 256-token chunk).
 
 Run one configuration per process so RSS figures do not mix. On a shared 2-core box, set
 OMP_WAIT_POLICY=PASSIVE: torch's spinning OpenMP team otherwise fights the C helper's
@@ -56,7 +61,13 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-context", type=int, default=8192,
                         help="touch a full KV cache of this size at the end, for peak RSS")
+    parser.add_argument("--count-kernels", action="store_true",
+                        help="count the GPU kernels of a Kimi-Linear decode step (on the CPU)")
+    parser.add_argument("--no-prefill", action="store_true",
+                        help="with --count-kernels: skip the prefill chunk's count")
     args = parser.parse_args()
+    if args.count_kernels:
+        return count_kernels(not args.no_prefill)
     base = rss_mb()
     with registry.using("w4a16_gemv", args.kernel) if args.kernel else _nothing():
         lm = loader.load_model("default", threads=args.threads, progress=False,
@@ -80,6 +91,15 @@ def main():
               f"rss_peak_with_{args.max_context}_kv_mb": round(rss_mb()[1]),
               "weight_bytes": lm.model.weight_bytes}
     print(json.dumps(result))
+
+
+def count_kernels(prefill: bool):
+    import kernel_count  # sets TRITON_INTERPRET=1 unless already set: before triton loads
+
+    model = kernel_count.build()
+    decode = kernel_count.decode_step(model)
+    chunk = kernel_count.prefill_chunk(model) if prefill else None
+    print("\n".join(kernel_count.report(decode, chunk)))
 
 
 class _nothing:

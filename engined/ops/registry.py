@@ -31,6 +31,7 @@ class Op:
 
 _OPS: dict[str, Op] = {}
 _OVERRIDES: dict[str, str] = {}
+_STAND_INS: dict[str, str] = {}  # device -> the device whose variants it runs (`standing_in`)
 
 
 class KernelError(ValueError):
@@ -107,6 +108,7 @@ def selected_name(op: str, device: str) -> str:
 
 def resolve(op: str, device: str = "cpu") -> Variant:
     """The variant to run for `op` on `device`; refuses one that cannot run there."""
+    device = _STAND_INS.get(device, device)
     variant = _variant(op, selected_name(op, device))
     if device not in variant.devices:
         raise KernelError(f"{op}: variant {variant.name!r} runs on {sorted(variant.devices)}, "
@@ -121,6 +123,22 @@ def variants(op: str) -> dict[str, Variant]:
 
 def ops() -> list[str]:
     return sorted(_OPS)
+
+
+@contextlib.contextmanager
+def standing_in(device: str, for_device: str):
+    """While active, `resolve(op, device)` returns what `resolve(op, for_device)` would: the
+    CUDA decode path run on CPU tensors, its Triton variants under TRITON_INTERPRET=1 (the
+    kernel counter, bench/kernel_count.py, and the equivalence of the whole GPU step)."""
+    previous = _STAND_INS.get(device)
+    _STAND_INS[device] = for_device
+    try:
+        yield
+    finally:
+        if previous is None:
+            _STAND_INS.pop(device, None)
+        else:
+            _STAND_INS[device] = previous
 
 
 @contextlib.contextmanager

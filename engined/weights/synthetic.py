@@ -62,6 +62,14 @@ CONFIGS = {
                     moe_intermediate_size=32, model_max_length=1024,
                     linear_attn_config={"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4,
                                         "kda_layers": [1, 2, 4], "full_attn_layers": [3]}),
+    # The 48B's 27 layers (its KDA/MLA map, dense layer 0, 26 MoE layers of top-8) at tiny
+    # widths: the step the kernel counter walks (bench/kernel_count.py), in seconds on a CPU.
+    "kimi-linear-48b-tiny": _scaled(vocab_size=512, hidden_size=64, intermediate_size=96,
+                                    num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+                                    qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+                                    num_experts=16, moe_intermediate_size=32, model_max_length=1024,
+                                    linear_attn_config={**KIMI_LINEAR_48B["linear_attn_config"],
+                                                        "head_dim": 16, "num_heads": 4}),
 }
 
 
