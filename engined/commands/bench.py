@@ -11,8 +11,10 @@ so it runs on the GPU image (no cffi, flask or gevent):
     python -m engined.commands.bench --synthetic kimi-linear-48b --int4 --device cuda
 """
 import argparse
+import collections
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -51,7 +53,8 @@ def bytes_per_token(model: KimiLinearModel, context: int) -> int:
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0)
 
 
-def decode_run(model: KimiLinearModel, runner: Runner, cache, prompt: torch.Tensor):
+def decode_run(model: KimiLinearModel, runner: Runner, cache, prompt: torch.Tensor,
+               new_tokens: int = NEW_TOKENS):
     """One greedy generation after the prompt, as the engine decodes -> (seconds per decoded
     token, tokens)."""
     cache.reset()
@@ -59,12 +62,12 @@ def decode_run(model: KimiLinearModel, runner: Runner, cache, prompt: torch.Tens
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     sync()
     t0, tokens = time.perf_counter(), []
-    for i in range(NEW_TOKENS):
+    for i in range(new_tokens):
         logits = runner.decode([token], [cache], [PROMPT_TOKENS + i])        # [1, V]
         token = sampler.sample_rows(logits, [GREEDY], [0], [i])[0]
         tokens.append(token)
     sync()
-    return (time.perf_counter() - t0) / NEW_TOKENS, tokens
+    return (time.perf_counter() - t0) / new_tokens, tokens
 
 
 def eager_tokens(model: KimiLinearModel, prompt: torch.Tensor) -> list[int]:
@@ -77,12 +80,37 @@ def eager_tokens(model: KimiLinearModel, prompt: torch.Tensor) -> list[int]:
     return out
 
 
-def make_runner(model: KimiLinearModel) -> tuple[Runner, str]:
+class Tally:
+    """A labelled counter as the runner calls it (prometheus_client's `labels(...).inc()`),
+    counting into one Counter keyed by the label values: the runner's metrics outside the
+    engine (the GPU image has no prometheus_client)."""
+
+    def __init__(self, counts: collections.Counter | None = None, key: tuple = ()):
+        self.counts, self.key = collections.Counter() if counts is None else counts, key
+
+    def labels(self, *values) -> "Tally":
+        return Tally(self.counts, values)
+
+    def inc(self, amount: float = 1):
+        self.counts[self.key] += amount
+
+
+def runner_metrics() -> SimpleNamespace:
+    """decode_steps counted by (mode, rows), graph_capture_failures by ()."""
+    return SimpleNamespace(decode_steps=Tally(), graph_capture_failures=Tally())
+
+
+def make_runner(model: KimiLinearModel, metrics=None) -> tuple[Runner, str]:
     """The engine's runner for one sequence: graphs on CUDA (a failed capture falls back to
-    eager, and says so), eager elsewhere."""
-    runner = Runner(model, None, print, max_batch=1, max_context=PROMPT_TOKENS + NEW_TOKENS + 1)
+    eager, and says so), eager elsewhere. Make the caches it will decode first: a cache made
+    after capture can move the pools, and the runner then drops its graphs."""
+    runner = Runner(model, metrics, print, max_batch=1, max_context=PROMPT_TOKENS + NEW_TOKENS + 1)
     runner.capture()
-    return runner, "CUDA graph" if runner.graphs else "eager"
+    return runner, mode_of(runner)
+
+
+def mode_of(runner: Runner) -> str:
+    return "CUDA graph" if runner.graphs else "eager"
 
 
 def peak_bandwidth(device: str) -> tuple[str, float | None]:
@@ -96,10 +124,11 @@ def run(name: str, device: str, int4: bool, repeats: int = REPEATS) -> dict:
     model = build(name, device, int4)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, model.config.vocab_size, (PROMPT_TOKENS,), generator=g).to(device)
-    runner, mode = make_runner(model)
     cache = model.new_cache(PROMPT_TOKENS + NEW_TOKENS + 1)
+    runner, _ = make_runner(model)
     decode_run(model, runner, cache, prompt)                    # warm-up (allocator, kernels)
     runs = [decode_run(model, runner, cache, prompt) for _ in range(repeats)]
+    mode = mode_of(runner)                                      # after the runs: graphs kept?
     secs = statistics.median(r[0] for r in runs)
     reference = eager_tokens(model, prompt)
     same = sum(a == b for a, b in zip(runs[0][1], reference))
