@@ -1,7 +1,11 @@
-"""The Triton variants at the full Kimi-Linear decode shapes, on a real GPU (gpu marker).
+"""The Triton variants at the full Kimi-Linear decode shapes, on a real GPU (gpu marker),
+after the served decode step's CUDA graph (first: it decides the most).
 
-Run on a GPU machine: `python -m pytest -q -m gpu tests/ops/test_gpu.py`.
+Run on a GPU machine: `python -m pytest -q -m gpu tests/ops/test_gpu.py`. The 256-expert
+banks are made once for the module (on the CPU, ~2 s each, they were most of its time).
 """
+import functools
+
 import pytest
 import torch
 
@@ -17,6 +21,51 @@ pytestmark = [pytest.mark.gpu,
 
 def _cuda(t):
     return None if t is None else t.cuda()
+
+
+@functools.cache
+def _bank(n: int, k: int, symmetric: bool, index: int) -> PackedInt4Experts:
+    """256 experts of [n, k], made once per module (index: a second bank of the same shape)."""
+    gen = torch.Generator().manual_seed(n + k + index)
+    return PackedInt4Experts(group_size=32, **random_int4(gen, n, k, 32, lead=(256,),
+                                                         symmetric=symmetric))
+
+
+@functools.cache
+def _bank_on_gpu(n: int, k: int, symmetric: bool, index: int) -> PackedInt4Experts:
+    s = _bank(n, k, symmetric, index)
+    return PackedInt4Experts(s.qweight.cuda(), s.scales.cuda(), _cuda(s.mins), 32)
+
+
+def test_the_served_decode_step_captures_and_replays_in_a_cuda_graph():
+    """The engine's runner on a tiny synthetic Kimi-Linear: every bucket captures, replayed
+    buckets give the eager tokens, and the graphs served every step. The caches are made
+    before capture, as the engine reserves them: one made after could move the pools, and
+    the runner would drop its graphs and decode eagerly."""
+    from engined.commands import bench as synthetic_bench
+    from engined.engine.runner import Runner
+    model = synthetic_bench.build("tiny", "cuda", int4=True)
+    lines, metrics = [], synthetic_bench.runner_metrics()
+    with torch.inference_mode():
+        prompts = [[3, 5, 7], [11, 2], [9, 9, 9, 4]]
+        graphed, eager = ([model.new_cache(32) for _ in prompts] for _ in range(2))
+        runner = Runner(model, metrics, lines.append, max_batch=4, max_context=256)
+        runner.capture()
+        assert sorted(runner.graphs) == [1, 2, 4], lines
+        tokens = [int(model.forward(torch.tensor(p, device="cuda"), c, 0).argmax()) for p, c in zip(prompts, graphed)]
+        for p, c in zip(prompts, eager):
+            model.forward(torch.tensor(p, device="cuda"), c, 0)
+        positions = [len(p) for p in prompts]
+        for _ in range(4):
+            got = runner.decode(tokens, graphed, positions).argmax(-1).tolist()
+            want = model.decode_batch(torch.tensor(tokens, device="cuda"), eager, positions).argmax(-1).tolist()
+            assert got == want
+            tokens, positions = got, [p + 1 for p in positions]
+        got = runner.decode(tokens[:1], graphed[:1], positions[:1]).argmax(-1).tolist()
+        assert got == model.decode_batch(torch.tensor(tokens[:1], device="cuda"), eager[:1],
+                                         positions[:1]).argmax(-1).tolist()
+    assert sorted(runner.graphs) == [1, 2, 4], lines          # no pool moved: graphs kept
+    assert dict(metrics.decode_steps.counts) == {("graph", "4"): 4, ("graph", "1"): 1}, lines
 
 
 def _close(got, want, k):
@@ -43,14 +92,11 @@ def test_dense_triton_at_kimi_shapes(n, k, m, symmetric):
                                               ("moe_swiglu", 1024, 2304, False)])
 def test_routed_triton_256_experts_8_selected(op, n, k, per_route, symmetric):
     gen = torch.Generator().manual_seed(n + k)
-    stacks = [PackedInt4Experts(group_size=32, **random_int4(gen, n, k, 32, lead=(256,),
-                                                            symmetric=symmetric))
-              for _ in range(2 if op == "moe_swiglu" else 1)]
+    banks = [(n, k, symmetric, i) for i in range(2 if op == "moe_swiglu" else 1)]
     ids = torch.randperm(256, generator=gen)[:8]
     x = torch.randn(8 if per_route else 1, k, generator=gen)
-    want = registry.variants(op)["reference"].fn(x, *stacks, ids)
-    on_gpu = [PackedInt4Experts(s.qweight.cuda(), s.scales.cuda(), _cuda(s.mins), 32)
-              for s in stacks]
+    want = registry.variants(op)["reference"].fn(x, *(_bank(*b) for b in banks), ids)
+    on_gpu = [_bank_on_gpu(*b) for b in banks]
     out = torch.full((8, n), float("nan"), device="cuda")
     got = registry.resolve(op, "cuda").fn(x.cuda(), *on_gpu, ids.cuda(), out=out)
     _close(got, want, k)
@@ -81,13 +127,13 @@ def test_paged_mla_decode_at_kimi_shapes(dtype):
 def test_moe_grouped_at_kimi_shapes(tokens):
     """256 experts of w1/w3 [1024, 2304] and w2 [2304, 1024], 8 picks per token (symmetric)."""
     gen = torch.Generator().manual_seed(tokens)
-    banks = [PackedInt4Experts(group_size=32, **random_int4(gen, n, k, 32, lead=(256,), symmetric=True))
-             for n, k in ((1024, 2304), (1024, 2304), (2304, 1024))]
+    shapes = [(1024, 2304, True, 0), (1024, 2304, True, 1), (2304, 1024, True, 0)]
+    banks = [_bank(*shape) for shape in shapes]
     ids = torch.stack([torch.randperm(256, generator=gen)[:8] for _ in range(tokens)])
     ids[1:, 0] = ids[0, 0]                                  # one expert shared by every token
     x, weights = torch.randn(tokens, 2304, generator=gen), torch.rand(tokens, 8, generator=gen)
     want = registry.variants("moe_grouped")["reference"].fn(x, *banks, ids, weights)
-    on_gpu = [PackedInt4Experts(b.qweight.cuda(), b.scales.cuda(), None, 32) for b in banks]
+    on_gpu = [_bank_on_gpu(*shape) for shape in shapes]
     out = torch.full((tokens, 2304), float("nan"), device="cuda")
     got = registry.resolve("moe_grouped", "cuda").fn(x.cuda(), *on_gpu, ids.cuda(), weights.cuda(), out=out)
     torch.testing.assert_close(got.cpu(), want, atol=2e-5 * 3328 * 8, rtol=2e-4)
@@ -108,27 +154,3 @@ def test_kda_step_at_kimi_shapes(rows):
                                                   got_states, slots.cuda(), 128 ** -0.5)
     torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got_states.cpu(), want_states, atol=1e-4, rtol=1e-4)
-
-
-def test_the_served_decode_step_captures_and_replays_in_a_cuda_graph():
-    """The engine's runner on a tiny synthetic Kimi-Linear: every bucket captures, and replayed
-    buckets give the eager tokens."""
-    from engined.commands import bench as synthetic_bench
-    from engined.engine.runner import Runner
-    model = synthetic_bench.build("tiny", "cuda", int4=True)
-    lines = []
-    with torch.inference_mode():
-        runner = Runner(model, None, lines.append, max_batch=4, max_context=256)
-        runner.capture()
-        assert sorted(runner.graphs) == [1, 2, 4], lines
-        prompts = [[3, 5, 7], [11, 2], [9, 9, 9, 4]]
-        graphed, eager = ([model.new_cache(32) for _ in prompts] for _ in range(2))
-        tokens = [int(model.forward(torch.tensor(p, device="cuda"), c, 0).argmax()) for p, c in zip(prompts, graphed)]
-        for p, c in zip(prompts, eager):
-            model.forward(torch.tensor(p, device="cuda"), c, 0)
-        positions = [len(p) for p in prompts]
-        for _ in range(4):
-            got = runner.decode(tokens, graphed, positions).argmax(-1).tolist()
-            want = model.decode_batch(torch.tensor(tokens, device="cuda"), eager, positions).argmax(-1).tolist()
-            assert got == want
-            tokens, positions = got, [p + 1 for p in positions]
