@@ -38,6 +38,37 @@ SIMD_FLAGS = [("AMX", "amx_int8"), ("AVX-512 VNNI", "avx512_vnni"), ("AVX-VNNI",
               ("AVX-512", "avx512f"), ("AVX2", "avx2")]
 
 
+def copy_bandwidth(device_type: str, mib: int) -> float:
+    """Bytes/s of one tensor copy of `mib` MiB on the device, bytes read + written counted,
+    best of 5: timed by CUDA events on a GPU (no launch or host overhead in it), by the
+    clock on the CPU. The ceiling a memory-bound kernel is compared with."""
+    import torch
+
+    src = torch.empty(mib << 20, dtype=torch.uint8, device=device_type)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(5):
+        if device_type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            start = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - start)
+    return 2 * src.numel() / min(times)
+
+
+def device_name(device_type: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device_type == "cuda" else hardware()
+
+
 def today() -> str:
     return datetime.date.today().isoformat()
 
