@@ -123,6 +123,29 @@ def test_offload_bench_stops_before_any_engine_without_the_helper(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def bench_module(name: str, monkeypatch):
+    """bench/NAME.py imported. The scripts put bench/ first on sys.path, where
+    bench/kernels.py would shadow the `kernels` package transformers probes for in later
+    tests: undone after the test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_quick_counts_kernels_and_merges_their_intervals(monkeypatch):
+    gpu_quick = bench_module("gpu_quick", monkeypatch)
+    spans = [("gemv", 0.0, 10.0), ("kda", 5.0, 15.0), ("Memcpy HtoD (Pageable -> Device)", 20.0, 22.0),
+             ("gemv", 30.0, 40.0), ("gemv", 32.0, 34.0)]          # us; the last inside the one before
+    summary = gpu_quick.gpu_summary(spans)
+    assert summary["kernels"] == 4 and summary["copies"] == 1
+    assert summary["busy_ms"] == (15 + 2 + 10) / 1e3 and summary["span_ms"] == 40 / 1e3
+    assert summary["top"][0] == {"name": "gemv", "count": 3, "total_us": 22.0}
+    assert [row["name"] for row in summary["top"]] == ["gemv", "kda", "Memcpy HtoD (Pageable -> Device)"]
+    assert gpu_quick.gpu_summary([])["busy_ms"] == 0
+
+
 def test_gpu_memory_sampler_prefers_the_engine_process_row(tmp_path, monkeypatch):
     fake = tmp_path / "nvidia-smi"
     fake.write_text('#!/bin/sh\ncase "$1" in\n'
@@ -130,12 +153,7 @@ def test_gpu_memory_sampler_prefers_the_engine_process_row(tmp_path, monkeypatch
                     '  *) echo 90000 ;;\nesac\n')  # MiB: two processes' rows, then the GPU's
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    # served.py puts bench/ first on sys.path, where bench/kernels.py would shadow the
-    # `kernels` package transformers probes for in later tests: undone after this one
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    spec = importlib.util.spec_from_file_location("bench_served", BENCH / "served.py")
-    served = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(served)
+    served = bench_module("served", monkeypatch)
     engine_row, no_row = served.GpuMemorySampler(4242), served.GpuMemorySampler(99)
     for sampler in (engine_row, no_row):
         sampler.sample()
