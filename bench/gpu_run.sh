@@ -1,22 +1,39 @@
 #!/usr/bin/env bash
 # The GPU benchmarks and GPU-marked tests, in sections that run alone, each under its own time
 # limit, on a GPU machine's own image (python 3.12, torch 2.11, triton 3.6; no cffi, flask,
-# gevent or gguf; no network): every script it runs needs only the standard library, torch,
-# and engined (plus pytest for the tests, when the image has it).
+# gevent, numpy or gguf; no network): every script it runs needs only the standard library,
+# torch, and engined (plus pytest for the tests, when the image has it).
 #
-#   bash bench/gpu_run.sh [--dry-run] [kernels] [serve] [offload]        # default: all three
+#   bash bench/gpu_run.sh [--dry-run] [quick] [kernels] [serve] [offload]   # default: all four
 #
-# Sections, with their limits. One command of a GPU lease runs at most 600 s, so a lease runs
-# `kernels serve` (510 s) as one command and `offload` (300 s) as another; all three at once
-# (810 s) only fit a longer command:
-#   kernels  240 s  bench/kernels.py (the Triton INT4 GEMV variants at Kimi-Linear shapes, GB/s
-#                   against the device); `python -m engined.commands.bench` (in-process batch-1
-#                   decode of synthetic Kimi-Linear-48B INT4, CUDA graph, vs its roofline);
-#                   the gpu-marked tests (tests/ops/test_gpu.py). BF16=1 adds the BF16 decode.
-#   serve    270 s  bench/serve_streams.py: `python -m engined serve --model
-#                   synthetic:kimi-linear-48b`, through its socket: decode at 1, 2, 4 and 8
-#                   streams, TTFT at 8k and 32k prompt tokens, graph capture failures, peak
-#                   device memory, and the batch-1 roofline it is compared with.
+# Sections, with their limits, cheapest and most decisive first. One command of a GPU lease
+# runs at most 600 s: `quick kernels serve` (120 + 150 + 240 = 510 s, under a 540-s budget
+# with the start-up checks) is one command and `offload` (300 s) another. A lease brings back
+# at most 8 files of its $OUT, and a run writes more: the results go to a folder of their own
+# and only the bundle of them (BUNDLE, see Output) to the lease's $OUT. The device call:
+#   command: BUNDLE=$OUT/gpu-run.tar.gz OUT=/tmp/gpu-run bash bench/gpu_run.sh quick kernels serve
+#   timeout_s: 540          (BUNDLE first: it takes the lease's $OUT before OUT is set anew)
+#   quick    120 s  the environment (nvidia-smi, torch, CUDA and triton versions), then
+#                   bench/gpu_quick.py: synthetic:kimi-linear-48b INT4, batch-1 decode in
+#                   process under the engine's CUDA graph runner (3 runs of 32 tokens, vs the
+#                   roofline; this is the INT4 decode line recorded in RESULTS.md), then one
+#                   decode step under torch.profiler, as a graph replay and as an eager
+#                   model.decode_rows: kernels per step, GPU-busy vs wall ms, the top 15
+#                   kernels. quick.json and quick.txt are written as each phase ends.
+#   kernels  150 s  bench/kernels.py (every cuda variant of the INT4 GEMV ops at Kimi-Linear
+#                   shapes, both INT4 schemes, timed by CUDA-graph replay, GB/s against the
+#                   device's measured copy bandwidth; 45 s); the gpu-marked tests
+#                   (tests/ops/test_gpu.py, all 26, the served-step graph test first; 95 s:
+#                   the first run took 55 s for 21, mostly first-call Triton compiles and
+#                   random 256-expert banks, which the module now makes once). BF16=1 adds
+#                   `python -m engined.commands.bench` BF16 decode (beyond the limit unless
+#                   kernels runs alone).
+#   serve    240 s  bench/serve_streams.py: `python -m engined serve --model
+#                   synthetic:kimi-linear-48b`, through its socket: at start, before any
+#                   request, the batch-1 roofline, the decode graphs captured and the peak
+#                   device memory (saved at once); decode at 1 and 8 streams of 256 tokens,
+#                   over the window where every stream decodes; TTFT at 8k, then at 32k
+#                   prompt tokens (last); graph capture failures and peak memory again.
 #   offload  300 s  bench/offload.py: synthetic:kimi-linear-48b served twice, with
 #                   `--gpu-memory 24GiB` and with `--cpu-moe` (routed experts in RAM, run by
 #                   the C helper on all 16 CPU threads): batch-1 decode, 8k-token prefill TTFT,
@@ -27,38 +44,48 @@
 # one; 32k-token prefill <= 3 s. Issue 17 (16 cores, 128 GiB RAM): --cpu-moe decode >= 50% of
 # the RAM-bandwidth cap; --gpu-memory 24GiB decode >= 2x --cpu-moe, its peak <= 24 GiB.
 #
+# Engines: every engine a bench script starts runs in its own process group, logs to
+# $OUT/serve-engine.log or $OUT/offload-NAME-engine.log, and is stopped, group and all, when
+# its script ends, SIGTERM from a time limit included (bench/served.py). Each engine's group
+# id sits in a private folder (KIMI_BENCH_PIDS) while it runs; after each step and section
+# this script kills any group left there (a script killed before it could stop its engine).
+# PYTHONUNBUFFERED=1 for everything, so a log killed at a limit holds all that was printed.
+#
 # The C helper on the GPU image (the offload section needs it; without it offload.py stops at
 # once and says this): the image cannot build it (no cffi, no network), so it is carried
 # there. `make gpu-carry` on the build machine fetches the cp312 wheels of what the built
 # helper imports: cffi (its _cffi_backend, the version that built the helper) and numpy
 # (engined/helper/ imports it beside the helper), ~17 MB in .gpu-carry/wheels. Then the
 # session's device tool runs, as one call (its carry takes ignored paths, 64 MiB in all):
-#   command: bash bench/gpu_run.sh offload       timeout_s: 360
+#   command: BUNDLE=$OUT/gpu-run-offload.tar.gz OUT=/tmp/gpu-run bash bench/gpu_run.sh offload
+#   timeout_s: 360
 #   carry:   ["engined/_kimi_helper.abi3.so", ".gpu-carry/wheels"]
 # Here the wheels that match the running python (cp312 there; none on the build machine's
 # 3.11) are unpacked into .gpu-carry/cpXY unless that python imports them already, and that
 # folder and the repository (the bench scripts import engined uninstalled) go on PYTHONPATH.
 #
-# Output, written as each section ends, under $OUT (default bench/results/gpu-DATE; only $OUT
-# comes back from a GPU lease): NAME.log for each section, serve.json, offload.json,
-# kernels-gemv.json, summary.txt (each section's status and seconds), and RESULTS.add.md:
-# the lines this run appended to bench/RESULTS.md (the scripts' result lines and one line for
-# the whole run).
+# Output, written as each section goes, under $OUT (default bench/results/gpu-DATE): NAME.log
+# for each section, quick.json, quick.txt, kernels-gemv.json, serve.json, offload.json, the
+# engine logs, summary.txt (each section's status and seconds), RESULTS.add.md (the lines this
+# run appended to bench/RESULTS.md: the scripts' result lines and one line for the whole
+# run); and $BUNDLE (default $OUT/gpu-run.tar.gz): all of these in one file, remade after
+# each section.
 #
-# --dry-run: the same sections on the CPU, no GPU needed: synthetic:small served with 1 and
-# 2 streams of 8 tokens and a 256-token prefill; kernels.py's CPU variants with an 8 MiB
-# working set; the in-process decode of synthetic:tiny; the gpu-marked tests collected, not
-# run; offload's placements --cpu-moe and --n-cpu-moe 1 (on the CPU --gpu-memory is ignored)
-# served with 8 tokens and a 256-token prefill, a 64 MiB probe. OUT defaults to a temporary
-# folder and nothing is appended to RESULTS.md. `make test` runs it
-# (tests/blackbox/test_scripts.py; 30-65 s on 2 shared cores), so the script is tested before
-# its one GPU shot. Env: PYTHON (default python3), OUT, BF16.
+# --dry-run: the same sections on the CPU, no GPU needed: gpu_quick.py --dry-run (synthetic
+# tiny, its aten ops profiled); kernels.py's CPU variants with an 8 MiB working set; the
+# gpu-marked tests collected, not run; synthetic:small served with 1 and 2 streams of 16
+# tokens and a 256-token prefill; offload's placements --cpu-moe and --n-cpu-moe 1 (on the
+# CPU --gpu-memory is ignored) served with 8 tokens and a 256-token prefill, a 64 MiB probe.
+# OUT defaults to a temporary folder and nothing is appended to RESULTS.md. `make test` runs
+# it (tests/blackbox/test_scripts.py; 40-80 s on 2 shared cores), so the script is tested
+# before its one GPU shot. Env: PYTHON (default python3), OUT, BUNDLE, BF16.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 RESULTS=bench/RESULTS.md
-declare -A LIMIT=([kernels]=240 [serve]=270 [offload]=300)
+declare -A LIMIT=([quick]=120 [kernels]=150 [serve]=240 [offload]=300)
 SKIPPED=77  # a section's exit status for "not run here", as automake's test harness reads it
+export PYTHONUNBUFFERED=1
 
 step() {  # step SECONDS COMMAND...: one command of a section; a failure fails the section
   local limit=$1 rc
@@ -66,6 +93,7 @@ step() {  # step SECONDS COMMAND...: one command of a section; a failure fails t
   echo "+ $*"
   timeout --foreground -k 5 "$limit" "$@"
   rc=$?
+  kill_engines
   case $rc in
     0) ;;
     124|137) echo "step timed out at its $limit s limit: $*"; FAILED=1 ;;
@@ -73,37 +101,65 @@ step() {  # step SECONDS COMMAND...: one command of a section; a failure fails t
   esac
 }
 
+kill_engines() {  # the process group of every engine whose bench script did not stop it
+  local pidfile pgid
+  for pidfile in "$KIMI_BENCH_PIDS"/*; do
+    [ -f "$pidfile" ] || continue
+    pgid=${pidfile##*/}
+    if kill -0 -- "-$pgid" 2>/dev/null; then
+      echo "gpu_run.sh: stopping the engine process group $pgid its bench script left"
+      kill -TERM -- "-$pgid" 2>/dev/null
+      sleep 3
+      kill -KILL -- "-$pgid" 2>/dev/null
+    fi
+    rm -f "$pidfile"
+  done
+}
+
+section_quick() {
+  if command -v nvidia-smi >/dev/null; then
+    timeout 20 nvidia-smi
+  else
+    echo "nvidia-smi: not on this machine"
+  fi
+  "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__,
+            "CUDA", torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available()
+            else "(no CUDA device)")'
+  "$PY" -c 'import triton; print("triton", triton.__version__)' || echo "triton: not importable"
+  if [ "$DRY" = 1 ]; then
+    step 100 "$PY" bench/gpu_quick.py --dry-run --out "$OUT"
+  else
+    step 105 "$PY" bench/gpu_quick.py --out "$OUT" --record "$RESULTS"
+  fi
+}
+
 section_kernels() {
   if [ "$DRY" = 1 ]; then
     step 90 "$PY" bench/kernels.py --device cpu --no-record --working-set-mib 8 --min-time 0.02
-    step 90 "$PY" -m engined.commands.bench --synthetic tiny --int4 --device cpu --repeats 1
   else
-    step 100 "$PY" bench/kernels.py --device cuda
+    step 45 "$PY" bench/kernels.py --device cuda
     gemv=$(ls -t bench/results/gemv-cuda-*.json 2>/dev/null | head -n 1)
     [ -z "$gemv" ] || cp "$gemv" "$OUT/kernels-gemv.json"
-    step 80 "$PY" -m engined.commands.bench --synthetic kimi-linear-48b --int4 --device cuda \
-      --record "$RESULTS"
-    if [ "${BF16:-0}" = 1 ]; then  # beyond the section's limit unless kernels runs alone
-      step 120 "$PY" -m engined.commands.bench --synthetic kimi-linear-48b --device cuda \
-        --record "$RESULTS"
-    fi
   fi
   if ! "$PY" -c 'import pytest' 2>/dev/null; then
     echo "pytest is not on this image: GPU-marked tests not run (pip install pytest, then rerun)"
   elif [ "$DRY" = 1 ]; then
     step 60 "$PY" -m pytest -q --collect-only -m gpu -p no:cacheprovider tests/ops/test_gpu.py
   else
-    step 55 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_gpu.py
+    step 95 "$PY" -m pytest -v --durations=10 -m gpu -p no:cacheprovider tests/ops/test_gpu.py
+  fi
+  if [ "$DRY" != 1 ] && [ "${BF16:-0}" = 1 ]; then  # beyond the section's limit unless alone
+    step 120 "$PY" -m engined.commands.bench --synthetic kimi-linear-48b --device cuda \
+      --record "$RESULTS"
   fi
 }
 
 section_serve() {
   if [ "$DRY" = 1 ]; then
     step 120 "$PY" bench/serve_streams.py --model synthetic:small --device cpu --threads 2 \
-      --streams 1,2 --prefill 256 --new-tokens 8 --runs 1 --prefill-runs 1 \
-      --bandwidth-mib 64 --out "$OUT"
+      --streams 1,2 --prefill 256 --new-tokens 16 --runs 1 --bandwidth-mib 64 --out "$OUT"
   else
-    step 265 "$PY" bench/serve_streams.py --model synthetic:kimi-linear-48b --device cuda \
+    step 235 "$PY" bench/serve_streams.py --model synthetic:kimi-linear-48b --device cuda \
       --start-timeout 150 --out "$OUT" --record "$RESULTS"
   fi
 }
@@ -139,6 +195,7 @@ run_section() {  # the whole section under its limit, in its own process group (
   timeout -k 15 "${LIMIT[$name]}" "$BASH" "$0" "${DRY_FLAG[@]}" --in-section "$name" 2>&1 |
     tee "$OUT/$name.log"
   rc=${PIPESTATUS[0]}
+  kill_engines 2>&1 | tee -a "$OUT/$name.log"
   case $rc in
     0) status=ok ;;
     "$SKIPPED") status="skipped, $(tail -n 1 "$OUT/$name.log")" ;;
@@ -150,6 +207,11 @@ run_section() {  # the whole section under its limit, in its own process group (
 
 copy_added_results() {  # what this run appended to RESULTS.md, for the copy under $OUT
   tail -n +"$((RESULTS_LINES + 1))" "$RESULTS" > "$OUT/RESULTS.add.md"
+}
+
+bundle() {  # everything under $OUT in one file: a lease brings back at most 8 files
+  tar -C "$OUT" --exclude="./${BUNDLE##*/}" -czf "$KIMI_BENCH_PIDS.tar.gz" . &&
+    mv "$KIMI_BENCH_PIDS.tar.gz" "$BUNDLE"
 }
 
 DRY=0
@@ -164,12 +226,13 @@ while [ $# -gt 0 ]; do
       rc=$?
       [ "$rc" = "$SKIPPED" ] && exit "$rc"
       exit "$FAILED" ;;
-    kernels|serve|offload) SECTIONS+=("$1") ;;
-    *) echo "usage: bash bench/gpu_run.sh [--dry-run] [kernels] [serve] [offload]" >&2; exit 2 ;;
+    quick|kernels|serve|offload) SECTIONS+=("$1") ;;
+    *) echo "usage: bash bench/gpu_run.sh [--dry-run] [quick] [kernels] [serve] [offload]" >&2
+       exit 2 ;;
   esac
   shift
 done
-[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(kernels serve offload)
+[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(quick kernels serve offload)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # engined for the bench scripts, uninstalled
 use_carried_wheels || exit 1
 if [ "$DRY" = 1 ]; then
@@ -180,21 +243,24 @@ else
 fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-export OUT
+BUNDLE=${BUNDLE:-$OUT/gpu-run.tar.gz}
+KIMI_BENCH_PIDS=$(mktemp -d "${TMPDIR:-/tmp}/kimi-bench-pids.XXXXXX")
+export OUT KIMI_BENCH_PIDS
+trap 'kill_engines; rm -rf "$KIMI_BENCH_PIDS" "$KIMI_BENCH_PIDS.tar.gz"' EXIT
 echo "gpu_run.sh: sections ${SECTIONS[*]}${DRY_FLAG[*]:+ (dry run on the CPU)}; results in $OUT"
-"$PY" -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name()
-          if torch.cuda.is_available() else "(no CUDA device)")'
 : > "$OUT/summary.txt"
 RESULTS_LINES=$(wc -l < "$RESULTS")
 FAILED=0
 for name in "${SECTIONS[@]}"; do
   run_section "$name"
   [ "$DRY" = 1 ] || copy_added_results
+  bundle
 done
 if [ "$DRY" != 1 ]; then
   gpu=$("$PY" -c 'import torch; print(torch.cuda.get_device_name())')
   sections=$(paste -sd ';' "$OUT/summary.txt" | sed 's/;/; /g')
   echo "- $(date +%F) \`bash bench/gpu_run.sh ${SECTIONS[*]}\` on $gpu: $sections" >> "$RESULTS"
   copy_added_results
+  bundle
 fi
 exit "$FAILED"

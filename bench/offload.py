@@ -12,6 +12,8 @@ decode tok/s at --streams, TTFT of a --prefill-token prompt (after a 256-token w
 peak device memory with its source (nvidia-smi's row of the engine process, CUDA context
 included; VmHWM on the CPU), the placement table's lines from the engine log (how many MoE
 layers' routed experts are in RAM), and the offload metrics that prove the hybrid path ran.
+Each engine runs in its own process group, stopped with it (bench/served.py); its log is
+DIR/offload-NAME-engine.log.
 
 RAM-bandwidth cap of a placement = host read bandwidth / routed-expert bytes the CPU reads
 per decoded token: for each MoE layer in RAM, top_k/E of its w1/w3/w2 banks (INT4 codes and
@@ -28,20 +30,19 @@ import json
 import os
 import pathlib
 import re
-import signal
 import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from common import hardware  # noqa: E402
-from serve_streams import decode_rates, prefill_ttft, prompt_tokens, sizes, stream_prompts  # noqa: E402
-from served import Engine, GpuMemorySampler, peak_memory  # noqa: E402
+from serve_streams import (decode_rates, decode_steps, prefill_ttft, prompt_tokens,  # noqa: E402
+                           sizes, stream_prompts)
+from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
 PLACEMENT_RE = re.compile(r"kimi-engine: (placement on .*|  routed experts of (\d+) of (\d+) "
                           r"MoE layers in RAM.*)$")
 OFFLOAD_CALLS = "kimi_engine_offload_moe_calls_total"
 OFFLOAD_BYTES = 'kimi_engine_offload_bytes_total{direction="%s"}'
-DECODE_STEPS = "kimi_engine_decode_steps_total{"
 CARRY_HINT = (
     "On the GPU image (python 3.12, torch, no cffi or numpy, no network) carry it: run "
     "`make gpu-carry` where the repository is built (it fetches the cp312 cffi and numpy "
@@ -107,22 +108,18 @@ def placement_of(log: str) -> dict:
 
 
 def offload_counts(metrics: dict[str, float]) -> dict:
-    steps: dict[str, float] = {}
-    for name, value in metrics.items():
-        if name.startswith(DECODE_STEPS):
-            mode = re.search(r'mode="(\w+)"', name)[1]
-            steps[mode] = steps.get(mode, 0) + value
     return {"moe_calls": metrics.get(OFFLOAD_CALLS, 0),
             "bytes_to_host": metrics.get(OFFLOAD_BYTES % "to_host", 0),
             "bytes_to_device": metrics.get(OFFLOAD_BYTES % "to_device", 0),
-            "decode_steps": steps}
+            "decode_steps": decode_steps(metrics)}
 
 
-def measure_placement(args, flags: tuple[str, ...], row: dict, save):
+def measure_placement(args, name: str, flags: tuple[str, ...], row: dict, save):
     """One engine with `flags`: decode, prefill, placement, offload counters and peak memory
     into `row`, saved after each phase."""
+    log = args.out / f"offload-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-engine.log"
     engine = Engine(args.model, args.device, args.max_context, max(args.streams), args.threads,
-                    args.start_timeout, flags)
+                    args.start_timeout, flags, log)
     sampler = GpuMemorySampler.start_for(engine) if args.device == "cuda" else None
     try:
         row["placement"] = placement_of(engine.log.read_text(errors="replace"))
@@ -234,7 +231,7 @@ def main(argv=None) -> int:
     if missing:
         print(missing, file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a section timeout: stop the engine
+    on_sigterm()  # a section's time limit: the engine is stopped on the way out
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"model": args.model, "device": args.device, "host": hardware(),
               "threads": args.threads, "new_tokens": args.new_tokens, "placements": {}}
@@ -252,7 +249,7 @@ def main(argv=None) -> int:
     for name, flags in args.placements:
         row = result["placements"][name] = {"flags": list(flags)}
         try:
-            measure_placement(args, flags, row, save)
+            measure_placement(args, name, flags, row, save)
         except (RuntimeError, OSError) as exc:  # one placement failing leaves the other's numbers
             row["error"], failed = str(exc), True
         row["ram_cap"] = ram_cap(row, per_layer, bandwidth)

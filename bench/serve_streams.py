@@ -2,41 +2,52 @@
 
     python bench/serve_streams.py --device cuda --out DIR          # bash bench/gpu_run.sh serve
     .venv/bin/python bench/serve_streams.py --model synthetic:small --device cpu \\
-        --streams 1,2 --prefill 256 --new-tokens 8 --runs 1 --out DIR     # --dry-run's sizes
+        --streams 1,2 --prefill 256 --new-tokens 16 --runs 1 --out DIR    # --dry-run's sizes
 
-Starts `python -m engined serve` on a temporary socket and measures through it:
-- decode: aggregate tok/s of 1, 2, 4 and 8 concurrent greedy streams, counted as
-  bench/kimi_streams.py counts (tokens after each stream's first / first to last token of
-  any), the median of --runs after one warm-up at each count;
+Starts `python -m engined serve` on a temporary socket (its log: DIR/serve-engine.log) and
+measures through it, cheapest and most decisive first, each phase saved to DIR/serve.json
+as soon as measured (a section killed at its time limit keeps what it measured):
+- at start, before any request: the batch-1 roofline, the decode graphs the engine captured
+  (its log's lines; failures also from kimi_engine_graph_capture_failures_total, when this
+  build exposes it, else "not exposed by this build", never a 0 it did not report) and peak
+  memory, with its source (bench/served.py: the engine's own metric when exposed, else
+  nvidia-smi's used memory of the engine's process, CUDA context included, else the VmHWM);
+- decode: aggregate tok/s of 1 and 8 concurrent greedy streams of --new-tokens each, over
+  the window where every stream decodes (from the last stream's first token to the first
+  stream's last), the median of --runs after one short warm-up at each count; then the
+  decode steps by how they ran (graph replay or eager), from the engine's metrics;
 - prefill: TTFT of a P-token prompt of fresh random ids (the prefix cache misses) = latency
-  of a non-streamed request with max_tokens 1, the median of --prefill-runs;
-- graph capture failures: the engine's kimi_engine_graph_capture_failures_total, when this
-  build exposes it (else "not exposed by this build", never a 0 it did not report);
-- peak memory, with its source (bench/served.py): the engine's own metric when exposed, else
-  nvidia-smi's used memory of the engine's process (CUDA context included), else the VmHWM.
+  of a non-streamed request with max_tokens 1, once per size after a 512-token warm-up,
+  the longest last.
 Roofline: the bytes one batch-1 decode step reads (engined.commands.bench.bytes_per_token:
 non-expert weights, 8/256 of each MoE layer's routed experts, the LM head, KDA state read and
 written, MLA latents at the bench context; planned on the meta device, nothing allocated) /
-the device's copy bandwidth, measured here once the engine has stopped. Needs only the
-standard library, torch and engined, as on the GPU image. Partial results are written to
---out after each phase, so a section killed at its time limit still leaves what it measured.
+the device's copy bandwidth, measured in a child process before the engine starts (so this
+process holds no CUDA context beside the engine's). Needs only the standard library, torch
+and engined, as on the GPU image.
 """
 import argparse
 import json
 import pathlib
 import random
-import signal
+import re
 import statistics
+import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import hardware, unix_post  # noqa: E402
-from kimi_streams import aggregate  # noqa: E402
-from served import Engine, GpuMemorySampler, peak_memory  # noqa: E402
+from common import BENCH, unix_post  # noqa: E402
+from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
 GRAPH_FAILURES = "kimi_engine_graph_capture_failures_total"
+DECODE_STEPS = "kimi_engine_decode_steps_total{"
 NOT_EXPOSED = "not exposed by this build"
+CAPTURED_RE = re.compile(r"captured the decode step for (\d+) rows")
+FAILED_RE = re.compile(r"CUDA graph capture failed for (\d+) rows")
+EAGER_RE = re.compile(r"decode runs eagerly \((.*)\)|no capturable decode step")
+DROPPED = "decode graphs dropped"
 
 
 def stream_prompts(count: int) -> list[str]:
@@ -50,13 +61,57 @@ def prompt_tokens(engine: Engine, prompt: str) -> int:
     return count
 
 
+def stream_chunks(sock: str, prompt: str, max_tokens: int, out: dict, key):
+    """One greedy stream -> out[key] = [(arrival time, token ids in the chunk), ...]."""
+    conn, resp = unix_post(sock, "/v1/completions", {
+        "model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "stream": True, "ignore_eos": True, "return_token_ids": True})
+    if resp.status != 200:  # raised in the stream's thread: its traceback shows the reply
+        raise RuntimeError(f"stream {key}: HTTP {resp.status}: {resp.read()[:300]!r}")
+    chunks = []
+    for raw in resp:
+        line = raw.strip()
+        if line.startswith(b"data: {"):
+            got = json.loads(line[6:])["choices"][0].get("token_ids") or []
+            if got:
+                chunks.append((time.perf_counter(), len(got)))
+    conn.close()
+    out[key] = chunks
+
+
+def steady_rate(streams: list[list[tuple[float, int]]]) -> float:
+    """Aggregate tok/s while every stream decodes: the tokens that arrived after the last
+    stream's first chunk, up to the first stream's last chunk, over that window. Streams that
+    never decode together (an empty window): tokens after each stream's first / first to
+    last token of any (bench/kimi_streams.py's count)."""
+    start, end = max(s[0][0] for s in streams), min(s[-1][0] for s in streams)
+    if end > start:
+        tokens = sum(n for s in streams for t, n in s if start < t <= end)
+        if tokens:
+            return tokens / (end - start)
+    tokens = sum(n for s in streams for _, n in s[1:])
+    span = max(s[-1][0] for s in streams) - min(s[0][0] for s in streams)
+    return tokens / span if span > 0 else float("nan")
+
+
+def run_streams(sock: str, prompts: list[str], max_tokens: int) -> float:
+    results: dict[int, list] = {}
+    threads = [threading.Thread(target=stream_chunks, args=(sock, p, max_tokens, results, i))
+               for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return steady_rate([results[i] for i in range(len(prompts))])
+
+
 def decode_rates(engine: Engine, args):
     """-> (streams, median aggregate tok/s), one stream count at a time."""
     prompts = stream_prompts(max(args.streams))
     for n in args.streams:
-        aggregate(engine.sock, prompts[:n], 4)  # warm-up: kernels and their tuning at this batch
-        yield n, statistics.median(aggregate(engine.sock, prompts[:n], args.new_tokens)[0]
-                                   for _ in range(args.runs))
+        run_streams(engine.sock, prompts[:n], 8)  # warm-up: kernels and their tuning at this batch
+        rates = [run_streams(engine.sock, prompts[:n], args.new_tokens) for _ in range(args.runs)]
+        yield n, statistics.median(rates)
 
 
 def prefill_ttft(engine: Engine, num_tokens: int, seed: int) -> tuple[float, int]:
@@ -70,14 +125,6 @@ def prefill_ttft(engine: Engine, num_tokens: int, seed: int) -> tuple[float, int
     if resp.status != 200:
         raise RuntimeError(f"prefill of {num_tokens} tokens: HTTP {resp.status}: {body}")
     return time.perf_counter() - start, body["usage"]["prompt_tokens"]
-
-
-def prefill_ttfts(engine: Engine, args):
-    """-> (prompt tokens, {"ttft_s": median, "prompt_tokens": as counted}), one size at a time."""
-    prefill_ttft(engine, min(args.prefill), seed=0)  # warm-up
-    for size in args.prefill:
-        runs = [prefill_ttft(engine, size, seed=size + run + 1) for run in range(args.prefill_runs)]
-        yield size, {"ttft_s": statistics.median(r[0] for r in runs), "prompt_tokens": runs[0][1]}
 
 
 def bytes_per_token(spec: str, device_type: str, context: int) -> int | None:
@@ -98,23 +145,36 @@ def bytes_per_token(spec: str, device_type: str, context: int) -> int | None:
     return moved(model, context)
 
 
-def copy_bandwidth(device_type: str, mib: int) -> tuple[str, float]:
-    """(device name, bytes/s of a large tensor copy, bytes read + written, best of 5)."""
-    import torch
+COPY_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); import common; "
+              "print(common.device_name(sys.argv[2])); print(common.copy_bandwidth(sys.argv[2], "
+              "int(sys.argv[3])))")
 
-    src = torch.empty(mib << 20, dtype=torch.uint8, device=device_type)
-    dst = torch.empty_like(src)
-    sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
-    dst.copy_(src)
-    times = []
-    for _ in range(5):
-        sync()
-        start = time.perf_counter()
-        dst.copy_(src)
-        sync()
-        times.append(time.perf_counter() - start)
-    name = torch.cuda.get_device_name() if device_type == "cuda" else hardware()
-    return name, 2 * src.numel() / min(times)
+
+def copy_bandwidth(device_type: str, mib: int) -> tuple[str, float]:
+    """(device name, bytes/s of a `mib` MiB copy, read + write), from a child process."""
+    out = subprocess.run([sys.executable, "-c", COPY_CHILD, str(BENCH), device_type, str(mib)],
+                         check=True, capture_output=True, text=True, timeout=300).stdout
+    name, bandwidth = out.strip().splitlines()[-2:]
+    return name, float(bandwidth)
+
+
+def decode_graphs(log: str, metrics: dict[str, float]) -> dict:
+    """What the engine's log says of its decode graphs, and its failure counter."""
+    eager = EAGER_RE.search(log)
+    return {"captured_buckets": sorted(int(b) for b in CAPTURED_RE.findall(log)),
+            "failed_buckets": sorted(int(b) for b in FAILED_RE.findall(log)),
+            "eager": eager.group(0) if eager else None, "dropped": log.count(DROPPED),
+            "failures_metric": metrics.get(GRAPH_FAILURES, NOT_EXPOSED)}
+
+
+def decode_steps(metrics: dict[str, float]) -> dict[str, float]:
+    """kimi_engine_decode_steps_total by mode: {"graph": n, "eager": n}."""
+    steps: dict[str, float] = {}
+    for name, value in metrics.items():
+        if name.startswith(DECODE_STEPS):
+            mode = re.search(r'mode="(\w+)"', name)[1]
+            steps[mode] = steps.get(mode, 0) + value
+    return steps
 
 
 def goals(r: dict) -> dict[str, bool]:
@@ -137,6 +197,9 @@ def summary(r: dict) -> list[str]:
     for n, rate in rates.items():
         lines.append(f"  decode {n} stream(s): {rate:.1f} tok/s aggregate"
                      + (f", {rate / one:.2f}x one stream" if one else ""))
+    if "decode_steps" in r:
+        lines.append("  decode steps: " + ", ".join(f"{v:.0f} {mode}"
+                                                    for mode, v in r["decode_steps"].items()))
     for size, row in r.get("prefill", {}).items():
         lines.append(f"  prefill {size} tokens: TTFT {row['ttft_s']:.3f} s "
                      f"({row['prompt_tokens']} prompt tokens counted)")
@@ -146,28 +209,57 @@ def summary(r: dict) -> list[str]:
         lines.append(f"  roofline batch 1: {roof['bytes_per_token'] / 1e6:.1f} MB read/token at "
                      f"context {roof['context']} / {roof['bandwidth_gbs']:.1f} GB/s measured copy "
                      f"bandwidth = {roof['tok_s']:.1f} tok/s; served batch 1 = {served} of it")
-    lines.append(f"  graph capture failures: {r.get('graph_capture_failures', 'not measured')}")
-    peak = r.get("peak_memory")
-    if peak:
-        lines.append(f"  peak memory: {peak['bytes'] / 2**30:.2f} GiB ({peak['source']})")
+    graphs = r.get("graphs", {})
+    lines.append(f"  decode graphs captured for {graphs.get('captured_buckets', '?')} rows, "
+                 f"failed for {graphs.get('failed_buckets', '?')}, dropped "
+                 f"{graphs.get('dropped', '?')} times; graph capture failures: "
+                 f"{r.get('graph_capture_failures', 'not measured')}")
+    for key in ("peak_memory_at_start", "peak_memory"):
+        if key in r:
+            lines.append(f"  {key.replace('_', ' ')}: {r[key]['bytes'] / 2**30:.2f} GiB "
+                         f"({r[key]['source']})")
     if r["device"] != "cuda":
         return lines + ["  goals: set for an H200, not judged on the CPU"]
     return lines + [f"  goal {goal}: {'met' if met else 'NOT met'}"
                     for goal, met in goals(r).items()]
 
 
+def at_start(engine: Engine, args, result: dict, sampler):
+    """Before any request: the roofline, the decode graphs and the peak memory of the start."""
+    result["decode_prompt_tokens"] = prompt_tokens(engine, stream_prompts(1)[0])
+    context = result["decode_prompt_tokens"] + args.new_tokens // 2  # halfway through decode
+    moved = bytes_per_token(args.model, args.device, context)
+    if moved:
+        bandwidth = result["copy_bandwidth_gbs"] * 1e9
+        result["roofline"] = {"bytes_per_token": moved, "context": context, "pct": None,
+                              "tok_s": bandwidth / moved, "bandwidth_gbs": bandwidth / 1e9}
+    metrics = engine.metrics()
+    result["graphs"] = decode_graphs(engine.log.read_text(errors="replace"), metrics)
+    result["graph_capture_failures"] = metrics.get(GRAPH_FAILURES, NOT_EXPOSED)
+    result["peak_memory_at_start"] = peak_memory(engine, metrics, sampler)
+
+
 def measure(args, result: dict, save):
     engine = Engine(args.model, args.device, args.max_context, max(args.streams), args.threads,
-                    args.start_timeout)
+                    args.start_timeout, log=args.out / "serve-engine.log")
     sampler = GpuMemorySampler.start_for(engine) if args.device == "cuda" else None
     try:
-        result["decode_prompt_tokens"] = prompt_tokens(engine, stream_prompts(1)[0])
-        result["decode_tok_s"], result["prefill"] = {}, {}
+        at_start(engine, args, result, sampler)
+        save()
+        print("\n".join(summary(result)[1:-1]))
         for n, rate in decode_rates(engine, args):
             result["decode_tok_s"][n] = rate
+            print(f"serve_streams: decode {n} stream(s): {rate:.1f} tok/s aggregate")
+            if n == 1 and "roofline" in result:
+                result["roofline"]["pct"] = 100 * rate / result["roofline"]["tok_s"]
             save()
-        for size, row in prefill_ttfts(engine, args):
-            result["prefill"][size] = row
+        result["decode_steps"] = decode_steps(engine.metrics())
+        save()
+        prefill_ttft(engine, min(512, *args.prefill), seed=0)  # warm-up: the prefill kernels
+        for size in args.prefill:
+            ttft, counted = prefill_ttft(engine, size, seed=size + 1)
+            result["prefill"][size] = {"ttft_s": ttft, "prompt_tokens": counted}
+            print(f"serve_streams: prefill {size} tokens: TTFT {ttft:.3f} s")
             save()
         metrics = engine.metrics()
         result["generated_tokens"] = metrics.get("kimi_engine_generated_tokens_total", 0)
@@ -186,11 +278,11 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="synthetic:kimi-linear-48b")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
-    ap.add_argument("--streams", type=sizes, default=(1, 2, 4, 8))
-    ap.add_argument("--prefill", type=sizes, default=(8192, 32768), help="prompt tokens")
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--runs", type=int, default=3, help="decode runs per stream count")
-    ap.add_argument("--prefill-runs", type=int, default=2)
+    ap.add_argument("--streams", type=sizes, default=(1, 8))
+    ap.add_argument("--prefill", type=sizes, default=(8192, 32768),
+                    help="prompt tokens, each once, in this order")
+    ap.add_argument("--new-tokens", type=int, default=256, help="tokens per decode stream")
+    ap.add_argument("--runs", type=int, default=2, help="decode runs per stream count")
     ap.add_argument("--max-context", type=int, help="default: the longest prefill + 128")
     ap.add_argument("--threads", type=int, help="engine CPU threads")
     ap.add_argument("--bandwidth-mib", type=int, default=2048, help="copy size for the bandwidth")
@@ -204,24 +296,19 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a section timeout: stop the engine
+    on_sigterm()  # a section's time limit: the engine is stopped on the way out
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"model": args.model, "device": args.device, "streams": list(args.streams),
-              "new_tokens": args.new_tokens, "max_context": args.max_context}
+              "new_tokens": args.new_tokens, "max_context": args.max_context,
+              "decode_tok_s": {}, "prefill": {}}
 
     def save():
         (args.out / "serve.json").write_text(json.dumps(result, indent=2) + "\n")
 
-    measure(args, result, save)
-    context = result["decode_prompt_tokens"] + args.new_tokens // 2  # halfway through decode
-    moved = bytes_per_token(args.model, args.device, context)
     result["device_name"], bandwidth = copy_bandwidth(args.device, args.bandwidth_mib)
-    if moved:
-        roofline = bandwidth / moved
-        result["roofline"] = {"bytes_per_token": moved, "context": context, "tok_s": roofline,
-                              "bandwidth_gbs": bandwidth / 1e9,
-                              "pct": 100 * result["decode_tok_s"][1] / roofline
-                              if 1 in result["decode_tok_s"] else None}
+    result["copy_bandwidth_gbs"] = bandwidth / 1e9
+    save()
+    measure(args, result, save)
     result["goals_met"] = goals(result) if args.device == "cuda" else {}
     save()
     lines = summary(result)

@@ -1,9 +1,11 @@
 """What the suite does not import must still run: the bench scripts, the GPU run script,
 the Makefile's helper check and `make run`'s launcher all name modules that can move."""
+import contextlib
 import http.client
 import importlib.util
 import json
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -66,32 +68,64 @@ def test_gpu_run_names_modules_and_files_that_exist():
 
 
 def test_gpu_run_dry_run_measures_every_section(tmp_path):
-    """`bash bench/gpu_run.sh --dry-run`: the GPU run's sections on the CPU (synthetic:small
-    served, tiny sizes), so the script is tested before its one GPU shot; nothing recorded."""
+    """`bash bench/gpu_run.sh --dry-run`: the GPU run's sections on the CPU (synthetic tiny in
+    process, synthetic:small served, tiny sizes), so the script is tested before its one GPU
+    shot; nothing recorded."""
     out, results_md = tmp_path / "out", (BENCH / "RESULTS.md").read_text()
     done = subprocess.run(["bash", str(BENCH / "gpu_run.sh"), "--dry-run"], cwd=ROOT,
                           env={**os.environ, "PYTHON": sys.executable, "OUT": str(out)},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     summary = (out / "summary.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in summary] == ["kernels", "serve", "offload"]
+    assert [line.split(":")[0] for line in summary] == ["quick", "kernels", "serve", "offload"]
     assert all(line.split(":")[1].startswith(" ok,") for line in summary), summary
+    check_quick_dry_run(out)
     kernels = (out / "kernels.log").read_text()
-    assert "| Kimi o_proj | 2304x4096 | cpu_c |" in kernels
-    assert "Kimi-Linear synthetic tiny INT4 on cpu" in kernels and "tests collected" in kernels
+    assert "| Kimi o_proj | 2304x4096 | cpu_c | asym |" in kernels
+    assert "| Kimi o_proj | 2304x4096 | cpu_c | sym |" in kernels and "tests collected" in kernels
     serve = json.loads((out / "serve.json").read_text())
     assert set(serve["decode_tok_s"]) == {"1", "2"}
     assert all(rate > 0 for rate in serve["decode_tok_s"].values())
-    assert serve["generated_tokens"] > 0
+    assert serve["generated_tokens"] > 0 and serve["decode_steps"]["eager"] > 0
     prefill, roofline = serve["prefill"]["256"], serve["roofline"]
     assert prefill["prompt_tokens"] == 256 and prefill["ttft_s"] > 0
     assert roofline["bytes_per_token"] > 5e6 and roofline["bandwidth_gbs"] > 0
     assert roofline["pct"] > 0
     failures = serve["graph_capture_failures"]
     assert failures == "not exposed by this build" or isinstance(failures, float)
-    assert serve["peak_memory"]["bytes"] > 50 << 20, serve["peak_memory"]
+    assert serve["graphs"]["captured_buckets"] == [] and "device cpu" in serve["graphs"]["eager"]
+    assert serve["peak_memory_at_start"]["bytes"] > 50 << 20, serve["peak_memory_at_start"]
+    assert serve["peak_memory"]["bytes"] >= serve["peak_memory_at_start"]["bytes"]
     check_offload_dry_run(json.loads((out / "offload.json").read_text()))
+    for log in ("serve", "offload-cpu-moe", "offload-n-cpu-moe_1"):  # the engines' logs kept
+        assert "kimi-engine: serving synthetic:small" in (out / f"{log}-engine.log").read_text()
+    assert "serve-engine.log" in tar_names(out / "gpu-run.tar.gz")
     assert (BENCH / "RESULTS.md").read_text() == results_md
+
+
+def tar_names(path) -> set[str]:
+    import tarfile
+    with tarfile.open(path) as tar:
+        return {pathlib.PurePath(name).name for name in tar.getnames()}
+
+
+def check_quick_dry_run(out):
+    """gpu_quick.py --dry-run: the versions, the in-process decode of synthetic tiny through
+    the runner (eager on the CPU), and the two profiled steps (aten ops on the CPU)."""
+    log = (out / "quick.log").read_text()
+    assert re.search(r"^python 3\.\d+\.\d+ torch \S+", log, re.M) and "triton" in log
+    quick = json.loads((out / "quick.json").read_text())
+    assert quick["errors"] == {}
+    assert quick["env"]["torch"] and quick["env"]["copy_bandwidth_gbs"] > 0
+    decode = quick["decode"]
+    assert decode["config"] == "tiny" and decode["tok_s"] > 0 and decode["mode"] == "eager"
+    assert decode["decode_steps"] == {"eager at batch 1": 4 * 32}  # warm-up and 3 runs
+    for key in ("profile_graph", "profile_eager"):
+        profile = quick[key]
+        assert profile["aten_ops"] > 10 and profile["wall_ms"] > 0, profile
+        assert 0 < len(profile["top"]) <= 15 and profile["top"][0]["name"].startswith("aten::")
+    text = (out / "quick.txt").read_text()
+    assert "decode synthetic tiny INT4" in text and "profile eager model.decode_rows" in text
 
 
 def check_offload_dry_run(offload: dict):
@@ -134,6 +168,16 @@ def bench_module(name: str, monkeypatch):
     return module
 
 
+def test_served_decode_rate_counts_the_window_where_every_stream_decodes(monkeypatch):
+    serve_streams = bench_module("serve_streams", monkeypatch)
+    ticks = lambda first, last: [(float(t), 1) for t in range(first, last + 1)]  # noqa: E731
+    assert serve_streams.steady_rate([ticks(0, 10)]) == 1.0    # one stream: first to last token
+    # B starts at 3 s, A ends at 10 s: 7 tokens each in (3, 10], not A's lone start and B's tail
+    assert serve_streams.steady_rate([ticks(0, 10), ticks(3, 13)]) == 14 / 7
+    # never together: tokens after each stream's first over first to last of any
+    assert serve_streams.steady_rate([ticks(0, 2), ticks(5, 7)]) == 4 / 7
+
+
 def test_gpu_quick_counts_kernels_and_merges_their_intervals(monkeypatch):
     gpu_quick = bench_module("gpu_quick", monkeypatch)
     spans = [("gemv", 0.0, 10.0), ("kda", 5.0, 15.0), ("Memcpy HtoD (Pageable -> Device)", 20.0, 22.0),
@@ -144,6 +188,36 @@ def test_gpu_quick_counts_kernels_and_merges_their_intervals(monkeypatch):
     assert summary["top"][0] == {"name": "gemv", "count": 3, "total_us": 22.0}
     assert [row["name"] for row in summary["top"]] == ["gemv", "kda", "Memcpy HtoD (Pageable -> Device)"]
     assert gpu_quick.gpu_summary([])["busy_ms"] == 0
+
+
+def test_an_engine_stops_with_its_bench_script_when_a_time_limit_ends_it(tmp_path):
+    """serve_streams.py's engine runs in its own process group, named in KIMI_BENCH_PIDS
+    while it runs; SIGTERM to the script (a section's `timeout`) ends that whole group."""
+    out, pids = tmp_path / "out", tmp_path / "pids"
+    pids.mkdir()
+    bench = subprocess.Popen(
+        [sys.executable, str(BENCH / "serve_streams.py"), "--model", "synthetic:tiny",
+         "--device", "cpu", "--threads", "1", "--streams", "1", "--new-tokens", "900",
+         "--runs", "50", "--prefill", "512", "--max-context", "1000", "--bandwidth-mib", "8",
+         "--out", str(out)], cwd=ROOT, env={**os.environ, "KIMI_BENCH_PIDS": str(pids)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert eventually(lambda: (out / "serve.json").exists()
+                          and "graphs" in json.loads((out / "serve.json").read_text() or "{}"),
+                          timeout=120), "the engine never started"
+        (pidfile,) = pids.iterdir()
+        group = int(pidfile.name)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 143, bench.stderr.read()[-2000:]
+    finally:
+        bench.kill()
+        for left in pids.iterdir():  # a failed check leaves no engine behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(left.name), signal.SIGKILL)
+    assert not pidfile.exists()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, 0)
+    assert "kimi-engine: serving synthetic:tiny" in (out / "serve-engine.log").read_text()
 
 
 def test_gpu_memory_sampler_prefers_the_engine_process_row(tmp_path, monkeypatch):
