@@ -13,13 +13,13 @@ import triton
 import triton.language as tl
 
 from engined.ops.moe_grouped.routes import check_inputs, combine, sort_routes
-from engined.ops.w4a16_gemv.triton import check_packed, int4_row_dot, mins_arg, pick_config
+from engined.ops.w4a16_gemv.triton import check_packed, code_words, int4_dot, mins_arg, pick_config
 
 
 @triton.jit
 def moe_grouped_kernel(x_ptr, token_ptr, offsets_ptr, aq_ptr, as_ptr, am_ptr, bq_ptr, bs_ptr,
                        bm_ptr, y_ptr, N, K, GATHER: tl.constexpr, SWIGLU: tl.constexpr,
-                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
                        HAS_MINS: tl.constexpr):
     expert = tl.program_id(0).to(tl.int64)
     start = tl.load(offsets_ptr + expert)
@@ -27,15 +27,15 @@ def moe_grouped_kernel(x_ptr, token_ptr, offsets_ptr, aq_ptr, as_ptr, am_ptr, bq
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     first = expert * N                       # weight row 0 of this expert
-    qo, so = first * (K // 2), first * (K // GROUP)
+    qo, so, ng = first * (K // GROUP) * (GROUP // 8), first * (K // GROUP), K // GROUP
     for r in range(start, end):
         src = tl.load(token_ptr + r) if GATHER else r
         x_row = x_ptr + src * K
-        acc = int4_row_dot(x_row, aq_ptr + qo, as_ptr + so, am_ptr + so, offs_n, n_mask, K,
-                           GROUP, BLOCK_N, BLOCK_K, HAS_MINS)
+        acc = int4_dot(x_row, aq_ptr + qo, as_ptr + so, am_ptr + so, offs_n, n_mask, ng,
+                       GROUP, BLOCK_N, BLOCK_G, HAS_MINS)
         if SWIGLU:
-            up = int4_row_dot(x_row, bq_ptr + qo, bs_ptr + so, bm_ptr + so, offs_n, n_mask, K,
-                              GROUP, BLOCK_N, BLOCK_K, HAS_MINS)
+            up = int4_dot(x_row, bq_ptr + qo, bs_ptr + so, bm_ptr + so, offs_n, n_mask, ng,
+                          GROUP, BLOCK_N, BLOCK_G, HAS_MINS)
             acc = acc * tl.sigmoid(acc) * up
         tl.store(y_ptr + r * N + offs_n, acc, mask=n_mask)
 
@@ -47,7 +47,7 @@ def _launch(x, token, offsets, a, b, out_rows: int, gather: bool):
     am, has_mins = mins_arg(a)
     b = b or a                               # down: one stack, b unread (SWIGLU false)
     moe_grouped_kernel[(num_experts, triton.cdiv(n, cfg["BLOCK_N"]))](
-        x, token, offsets, a.qweight, a.scales, am, b.qweight, b.scales, mins_arg(b)[0], y,
+        x, token, offsets, code_words(a), a.scales, am, code_words(b), b.scales, mins_arg(b)[0], y,
         n, k, GATHER=gather, SWIGLU=b is not a, GROUP=a.group_size, HAS_MINS=has_mins, **cfg)
     return y
 

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engined.ops.w4a16_gemv.triton import int4_row_dot
+from engined.ops.w4a16_gemv.triton import int4_dot
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 from engined.ops.w4a16_grouped_gemv.triton import launch_routed
 
@@ -16,19 +16,20 @@ from engined.ops.w4a16_grouped_gemv.triton import launch_routed
 @triton.jit
 def moe_swiglu_kernel(x_ptr, ids_ptr, gq_ptr, gs_ptr, gm_ptr, uq_ptr, us_ptr, um_ptr, y_ptr,
                       N, K, X_PER_ROUTE: tl.constexpr, GROUP: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_MINS: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, HAS_MINS: tl.constexpr):
     route = tl.program_id(0)
     expert = tl.load(ids_ptr + route).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     x_row = x_ptr + route * K if X_PER_ROUTE else x_ptr
     first = expert * N
-    qo, so = first * (K // 2), first * (K // GROUP)
-    gate = int4_row_dot(x_row, gq_ptr + qo, gs_ptr + so, gm_ptr + so, offs_n, n_mask, K,
-                        GROUP, BLOCK_N, BLOCK_K, HAS_MINS)
-    up = int4_row_dot(x_row, uq_ptr + qo, us_ptr + so, um_ptr + so, offs_n, n_mask, K,
-                      GROUP, BLOCK_N, BLOCK_K, HAS_MINS)
-    tl.store(y_ptr + route * N + offs_n, gate * tl.sigmoid(gate) * up, mask=n_mask)
+    qo, so, ng = first * (K // GROUP) * (GROUP // 8), first * (K // GROUP), K // GROUP
+    gate = int4_dot(x_row, gq_ptr + qo, gs_ptr + so, gm_ptr + so, offs_n, n_mask, ng,
+                    GROUP, BLOCK_N, BLOCK_G, HAS_MINS)
+    up = int4_dot(x_row, uq_ptr + qo, us_ptr + so, um_ptr + so, offs_n, n_mask, ng,
+                  GROUP, BLOCK_N, BLOCK_G, HAS_MINS)
+    tl.store(y_ptr + route * N + offs_n, (gate * tl.sigmoid(gate) * up).to(y_ptr.dtype.element_ty),
+             mask=n_mask)
 
 
 def moe_swiglu(x: torch.Tensor, gate: PackedInt4Experts, up: PackedInt4Experts,

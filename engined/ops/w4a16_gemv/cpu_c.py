@@ -70,12 +70,17 @@ def c_weight(w) -> helper.Int4Weight:
                    description="C helper: fused unpack+dot, one pass over W for up to 8 rows")
 def w4a16_gemv(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | None = None
                ) -> torch.Tensor:
-    """x: [M, K] -> [M, N] fp32, written into `out` when given (contiguous fp32 [M, N])."""
+    """x: [M, K] -> [M, N] in x's dtype, written into `out` when given (contiguous [M, N]).
+    The helper sums and writes fp32; another dtype (bf16 rows, rare on the CPU) is cast after."""
     cw = c_weight(w)
+    wide = x.dtype == torch.float32
     try:
-        return helper.gemv(cw, x, out, num_threads())
+        y = helper.gemv(cw, x, out if wide else None, num_threads())
     except ValueError as exc:
         raise registry.KernelError(f"w4a16_gemv: {exc}") from None
+    if wide:
+        return y
+    return y.to(x.dtype) if out is None else out.copy_(y)
 
 
 registry.set_default("w4a16_gemv", "cpu", "cpu_c")

@@ -1,6 +1,6 @@
 """w4a16_grouped_gemv in Triton: one program per (route, BLOCK_N outputs of its expert).
 
-Same single-row accumulator along contiguous K as w4a16_gemv (int4_row_dot); the
+Same single-row GEMV along contiguous K as w4a16_gemv (int4_dot); the
 expert id is read from the router's tensor inside the kernel, so there is no host
 sync and no per-call partial buffer. Memory traffic per output element: K/2 code
 bytes + 4*K/G bytes of scale and min (2*K/G when symmetric) of the selected expert, read
@@ -11,15 +11,15 @@ import triton
 import triton.language as tl
 
 from engined.ops import registry
-from engined.ops.w4a16_gemv.triton import (as_rows, check_packed, int4_row_dot, mins_arg,
-                                           out_buffer, pick_config)
+from engined.ops.w4a16_gemv.triton import (as_rows, check_packed, code_words, int4_dot,
+                                           mins_arg, out_buffer, pick_config)
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 
 
 @triton.jit
 def w4a16_grouped_gemv_kernel(x_ptr, ids_ptr, q_ptr, s_ptr, m_ptr, y_ptr, N, K,
                               X_PER_ROUTE: tl.constexpr, GROUP: tl.constexpr,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
                               HAS_MINS: tl.constexpr):
     route = tl.program_id(0)
     expert = tl.load(ids_ptr + route).to(tl.int64)
@@ -27,10 +27,10 @@ def w4a16_grouped_gemv_kernel(x_ptr, ids_ptr, q_ptr, s_ptr, m_ptr, y_ptr, N, K,
     n_mask = offs_n < N
     x_row = x_ptr + route * K if X_PER_ROUTE else x_ptr
     first = expert * N  # weight row 0 of this expert
-    acc = int4_row_dot(x_row, q_ptr + first * (K // 2), s_ptr + first * (K // GROUP),
-                       m_ptr + first * (K // GROUP), offs_n, n_mask, K, GROUP, BLOCK_N, BLOCK_K,
-                       HAS_MINS)
-    tl.store(y_ptr + route * N + offs_n, acc, mask=n_mask)
+    acc = int4_dot(x_row, q_ptr + first * (K // GROUP) * (GROUP // 8), s_ptr + first * (K // GROUP),
+                   m_ptr + first * (K // GROUP), offs_n, n_mask, K // GROUP, GROUP, BLOCK_N,
+                   BLOCK_G, HAS_MINS)
+    tl.store(y_ptr + route * N + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 def route_inputs(x, experts: PackedInt4Experts, expert_ids, what: str):
@@ -58,8 +58,8 @@ def route_inputs(x, experts: PackedInt4Experts, expert_ids, what: str):
 def launch_routed(kernel, what: str, x, stacks: list[PackedInt4Experts], expert_ids,
                   out) -> torch.Tensor:
     """The launcher the routed kernels share: kernel(x, ids, q, s, m of each stack, out, N, K,
-    X_PER_ROUTE, GROUP, BLOCK_N, BLOCK_K, HAS_MINS), one program per (route, BLOCK_N outputs);
-    the stacks share one shape and layout."""
+    X_PER_ROUTE, GROUP, BLOCK_N, BLOCK_G, HAS_MINS), one program per (route, BLOCK_N outputs);
+    the stacks share one shape and layout; q is passed as its int32 code words."""
     for stack in stacks[1:]:
         if stack.shape != stacks[0].shape or stack.group_size != stacks[0].group_size \
                 or stack.symmetric != stacks[0].symmetric:
@@ -72,7 +72,7 @@ def launch_routed(kernel, what: str, x, stacks: list[PackedInt4Experts], expert_
     out = out_buffer(out, (routes, n), stacks[0].qweight.device, what)
     cfg = pick_config(n, k, stacks[0].group_size, routes)
     grid = (routes, triton.cdiv(n, cfg["BLOCK_N"]))
-    tensors = [t for s in stacks for t in (s.qweight, s.scales, mins_arg(s)[0])]
+    tensors = [t for s in stacks for t in (code_words(s), s.scales, mins_arg(s)[0])]
     kernel[grid](x, ids, *tensors, out, n, k, X_PER_ROUTE=x.shape[0] > 1,
                  GROUP=stacks[0].group_size, HAS_MINS=not stacks[0].symmetric, **cfg)
     return out
