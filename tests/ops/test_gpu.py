@@ -13,6 +13,7 @@ from engined import ops  # noqa: F401  (registers every variant)
 from engined.ops import registry
 from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
+from tests.ops.decode_cases import kda_decode_case
 from tests.ops.helpers import random_int4
 
 pytestmark = [pytest.mark.gpu,
@@ -123,6 +124,87 @@ def test_paged_mla_decode_at_kimi_shapes(dtype):
     torch.testing.assert_close(got.cpu(), want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_mla_decode_splits_a_32k_row_among_short_ones(dtype):
+    """The split path at Kimi shapes: a 32k-key row (64 ranges of 512 keys) beside rows of 1 to
+    300 keys, whose later ranges are empty. fp32 within 1e-4; bf16 (q and the probabilities
+    rounded for the tensor cores) within 1% of each row's norm, which one missing range of
+    the long row's exceeds."""
+    gen = torch.Generator().manual_seed(11)
+    lengths = torch.tensor([5, 32768, 1, 300])
+    need = (lengths + 63) // 64
+    pool = torch.randn((int(need.sum()) + 3, 64, 576), generator=gen).to(dtype)
+    tables = torch.zeros((4, int(need.max())), dtype=torch.int64)
+    for b, ids in enumerate(torch.randperm(pool.shape[0], generator=gen)[:int(need.sum())].split(need.tolist())):
+        tables[b, :len(ids)] = ids
+    q_lat, q_rope = torch.randn((4, 32, 512), generator=gen), torch.randn((4, 32, 64), generator=gen)
+    args = (q_lat, q_rope, pool, tables, lengths, 192 ** -0.5)
+    want = registry.variants("paged_mla_decode")["reference"].fn(*args)
+    out = torch.full((4, 32, 512), float("nan"), device="cuda")
+    got = registry.resolve("paged_mla_decode", "cuda").fn(*(a.cuda() if isinstance(a, torch.Tensor) else a
+                                                            for a in args), out=out).cpu()
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    else:
+        error = (got - want).flatten(1).norm(dim=1) / want.flatten(1).norm(dim=1)
+        assert (error < 1e-2).all(), error
+
+
+def test_paged_mla_decode_graph_replay_at_32k_keys_within_6x_of_2k():
+    """Batch 1 at Kimi shapes, bf16 pool: one CUDA graph captured over a 32k-token table (512
+    blocks), replayed with the row at 2k and at 32k keys (its length is read on the device).
+    16x the keys take less than 6x the time (one program per head block walking the whole
+    row took ~16x), and the graph gives the eager output."""
+    torch.manual_seed(5)
+    pool = torch.randn((513, 64, 576), device="cuda").bfloat16()
+    tables = torch.randperm(513, device="cuda")[:512][None].contiguous()
+    lengths = torch.tensor([2048], device="cuda")
+    q_lat, q_rope = torch.randn((1, 32, 512), device="cuda"), torch.randn((1, 32, 64), device="cuda")
+    args = (q_lat, q_rope, pool, tables, lengths, 192 ** -0.5)
+    decode = registry.resolve("paged_mla_decode", "cuda").fn
+    decode(*args)                                             # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode(*args)
+    ms = {}
+    for n in (2048, 32768):
+        lengths.fill_(n)
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(50):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        ms[n] = start.elapsed_time(end) / 50
+    print(f"paged_mla_decode graph replay, batch 1: {ms}")
+    torch.testing.assert_close(out, decode(*args), atol=0, rtol=0)
+    assert ms[32768] < 6 * ms[2048], ms
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_mla_latent_at_kimi_shapes(rows):
+    """R = 512, P = 64, blocks of 64, bf16 act, weight and pool; positions at block edges and
+    the last of a 32k table. The rows and the whole pool as the reference's, within one bf16
+    step (an fp32 rsqrt may round either way)."""
+    gen = torch.Generator().manual_seed(rows)
+    positions = torch.tensor([32767, 0, 63, 64, 1, 127, 2000, 4095][:rows])
+    pool = torch.randn((rows + 2, 64, 576), generator=gen).bfloat16()
+    tables = torch.randint(0, rows + 2, (rows, 512), generator=gen)
+    tables[torch.arange(rows), positions // 64] = torch.randperm(rows + 2, generator=gen)[:rows]
+    kv = (3 * torch.randn((rows, 576), generator=gen)).bfloat16()
+    weight = (1 + 0.2 * torch.randn(512, generator=gen)).bfloat16()
+    want_pool = pool.clone()
+    want = registry.variants("mla_latent")["reference"].fn(kv, weight, 1e-6, want_pool, tables, positions)
+    got_pool = pool.cuda()
+    out = torch.full((rows, 576), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got = registry.resolve("mla_latent", "cuda").fn(kv.cuda(), weight.cuda(), 1e-6, got_pool,
+                                                    tables.cuda(), positions.cuda(), out=out)
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(got.cpu().float(), want.float(), atol=1e-2, rtol=2 ** -7)
+    torch.testing.assert_close(got_pool.cpu().float(), want_pool.float(), atol=1e-2, rtol=2 ** -7)
+
+
 @pytest.mark.parametrize("tokens", [1, 8, 16])
 def test_moe_grouped_at_kimi_shapes(tokens):
     """256 experts of w1/w3 [1024, 2304] and w2 [2304, 1024], 8 picks per token (symmetric)."""
@@ -154,3 +236,21 @@ def test_kda_step_at_kimi_shapes(rows):
                                                   got_states, slots.cuda(), 128 ** -0.5)
     torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got_states.cpu(), want_states, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_kda_decode_at_kimi_shapes(rows, dtype):
+    """32 heads of K = V = 128 (W = 4096), conv width 4, weights in the activations' dtype, fp32
+    states; 20-slot pools of windows and states, updated in place by slot (unused ones compared
+    too). The reference runs on the CPU; bf16 gets the case's bf16-sized tolerance."""
+    case = kda_decode_case(rows, 32, 128, 4, 20, dtype, seed=rows)
+    args = case.make(torch.Generator().manual_seed(case.seed))
+    want_pools = [args[5].clone(), args[6].clone()]
+    want = registry.variants("kda_decode")["reference"].fn(*args[:5], *want_pools, *args[7:])
+    on_gpu = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    out = torch.full((rows, 4096), float("nan"), dtype=dtype, device="cuda")
+    got = registry.resolve("kda_decode", "cuda").fn(*on_gpu, out=out)
+    tol = 1e-4 if dtype == torch.float32 else case.atol
+    for mine, theirs in zip((got, *on_gpu[5:7]), (want, *want_pools), strict=True):
+        torch.testing.assert_close(mine.cpu(), theirs, atol=tol, rtol=tol)

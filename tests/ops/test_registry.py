@@ -19,6 +19,13 @@ SHIPPED = {
     ("moe_swiglu", "cuda"): "triton",
     ("paged_mla_decode", "cpu"): "cpu_batched",
     ("paged_mla_decode", "cuda"): "triton",
+    ("kda_decode", "cuda"): "triton",
+    ("add_rmsnorm", "cuda"): "triton",
+    ("moe_decode", "cuda"): "triton",
+    ("moe_decode", "cpu"): "composed",
+    ("w4a16_swiglu", "cuda"): "triton",
+    ("w4a16_swiglu", "cpu"): "composed",
+    ("mla_latent", "cuda"): "triton",
 }
 
 

@@ -4,6 +4,6 @@ from engined.ops import registry
 from engined.ops.paged_mla_decode import cpu_batched, reference  # noqa: F401  (registers variants)
 
 registry.register("paged_mla_decode", "triton", devices=("cuda",), description=(
-    "Triton: per (row, head block) program, online softmax over the row's blocks"))(
+    "Triton: per (row, head block, key range) partial online softmax, merged in a second kernel"))(
     registry.lazy("engined.ops.paged_mla_decode.triton:paged_mla_decode"))
 registry.set_default("paged_mla_decode", "cuda", "triton")

@@ -26,15 +26,21 @@ def check_inputs(q_lat, q_rope, pool, block_tables, lengths):
     if q_rope.dim() != 3 or q_rope.shape[:2] != (b, h):
         raise ValueError(f"paged_mla_decode: q_lat [B, H, R], q_rope [B, H, P] needed, got "
                          f"{list(q_lat.shape)} {list(q_rope.shape)}")
-    if pool.dim() != 3 or pool.shape[2] != r + q_rope.shape[2]:
-        raise ValueError(f"paged_mla_decode: pool must be [NB, BLOCK, {r + q_rope.shape[2]}], "
-                         f"got {list(pool.shape)}")
+    check_paged_rows("paged_mla_decode", b, r + q_rope.shape[2], pool, block_tables, "lengths",
+                     lengths)
+
+
+def check_paged_rows(what: str, b: int, width: int, pool, block_tables, name: str, per_row):
+    """The checks every op on a paged latent pool shares: pool [NB, BLOCK, width], B rows of
+    block tables [B, MB] and of one integer per row (`name`: lengths, positions)."""
+    if pool.dim() != 3 or pool.shape[2] != width:
+        raise ValueError(f"{what}: pool must be [NB, BLOCK, {width}], got {list(pool.shape)}")
     if block_tables.dim() != 2 or block_tables.shape[0] != b or block_tables.is_floating_point():
-        raise ValueError(f"paged_mla_decode: block_tables must be [{b}, MB] integers, got "
+        raise ValueError(f"{what}: block_tables must be [{b}, MB] integers, got "
                          f"{block_tables.dtype} {list(block_tables.shape)}")
-    if lengths.shape != (b,) or lengths.is_floating_point():
-        raise ValueError(f"paged_mla_decode: lengths must be [{b}] integers, got "
-                         f"{lengths.dtype} {list(lengths.shape)}")
+    if per_row.shape != (b,) or per_row.is_floating_point():
+        raise ValueError(f"{what}: {name} must be [{b}] integers, got "
+                         f"{per_row.dtype} {list(per_row.shape)}")
 
 
 @registry.register("paged_mla_decode", registry.REFERENCE,
