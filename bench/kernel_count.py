@@ -33,7 +33,7 @@ NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_str
              "lift_fresh", "alias", "set_", "resize_", "_reshape_alias", "is_same_size",
              "_has_compatible_shallow_copy_type", "clone_preserve_strides_", "sym_size",
              "sym_stride", "sym_numel", "sym_storage_offset", "dim", "size", "stride",
-             "is_nonzero_", "_to_copy_noop"}
+             "is_nonzero_", "_to_copy_noop", "_unsafe_view"}
 
 
 class Counts:
@@ -156,13 +156,14 @@ def build(name: str = MODEL):
 
 
 @torch.inference_mode()
-def decode_step(model, rows: int = 1) -> Counts:
+def decode_step(model, rows: int = 1, execute: bool = False) -> Counts:
     """The launches of one decode step of `rows` rows: the step a CUDA graph captures
     (models/kimi_graph_step.py), run once to warm it (MLA's absorbed weights are made then),
-    then once counted."""
+    then once counted. Triton kernels are counted, not run, unless `execute` (the step holds
+    no host sync, so no launch depends on a value)."""
     step = KimiGraphStep(model, rows, num_blocks_for(64))
     counts = Counts()
-    with counting(counts):
+    with counting(counts, execute):
         step.run()
         counts.by.clear()
         with labelled(model, counts):

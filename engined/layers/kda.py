@@ -116,12 +116,17 @@ class KDA:
         int4 = int4 or {}
         width, self.num_heads, self.head_dim = num_heads * head_dim, num_heads, head_dim
         proj = lambda name, n, k: Linear(n, k, dtype, device, int4.get(name))  # noqa: E731
-        self.q_proj, self.k_proj, self.v_proj = (proj(n, width, hidden) for n in ("q_proj", "k_proj", "v_proj"))
-        self.q_conv1d, self.k_conv1d, self.v_conv1d = (
-            torch.empty(width, 1, conv_size, dtype=dtype, device=device) for _ in range(3))
-        self.f_a_proj, self.f_b_proj = proj("f_a_proj", head_dim, hidden), proj("f_b_proj", width, head_dim)
-        self.g_a_proj, self.g_b_proj = proj("g_a_proj", head_dim, hidden), proj("g_b_proj", width, head_dim)
-        self.b_proj = proj("b_proj", num_heads, hidden)
+        # projections of the same input are rows of one linear (one GEMV a step) when their
+        # formats agree (every plan so far): q/k/v, and the low-rank f_a/g_a with b
+        self.qkv, (self.q_proj, self.k_proj, self.v_proj) = stacked(
+            int4, ("q_proj", "k_proj", "v_proj"), (width,) * 3, hidden, dtype, device)
+        self.conv_w = torch.empty(3, width, conv_size, dtype=dtype, device=device)  # q, k, v taps
+        self.q_conv1d, self.k_conv1d, self.v_conv1d = (w.unsqueeze(1) for w in self.conv_w)
+        self.low, (self.f_a_proj, self.g_a_proj, self.b_proj) = stacked(
+            int4, ("f_a_proj", "g_a_proj", "b_proj"), (head_dim, head_dim, num_heads), hidden,
+            dtype, device)
+        self.f_b_proj, self.g_b_proj = proj("f_b_proj", width, head_dim), proj("g_b_proj", width, head_dim)
+        self._up: tuple[torch.Tensor, torch.Tensor] | None = None
         self.A_log = torch.empty(1, 1, num_heads, 1, dtype=torch.float32, device=device)
         self.dt_bias = torch.empty(width, dtype=torch.float32, device=device)
         self.o_norm = GatedRMSNorm(head_dim, eps, dtype, device)
@@ -155,19 +160,35 @@ class KDA:
                      slots: torch.Tensor) -> torch.Tensor:
         """One token for each of B sequences whose states are slots of a pool, updated in place
         by slot: conv windows conv [N, 3, C, W-1], states S [N, H, K, V] fp32, slots [B] int64.
-        a: [B, D] -> [B, D]. The projections, the short conv and the recurrent step
-        (ops/kda_step) each run once for all rows."""
-        b, h = a.shape[0], self.num_heads
-        heads = lambda x: x.float().view(b, h, -1)  # noqa: E731  [B, H*K] -> [B, H, K]
-        windows = conv.index_select(0, slots).float()           # [B, 3, C, W-1]
-        taps = [torch.cat((windows[:, j], p(a).float().unsqueeze(-1)), dim=-1)   # [B, C, W]
-                for j, p in enumerate((self.q_proj, self.k_proj, self.v_proj))]
-        q, k, v = (F.silu(torch.einsum("bcw,cw->bc", x, w[:, 0].float())).to(a.dtype)
-                   for x, w in zip(taps, (self.q_conv1d, self.k_conv1d, self.v_conv1d)))
-        conv.index_copy_(0, slots, torch.stack([x[..., 1:] for x in taps], 1).to(conv.dtype))
-        q, k, v = l2norm(heads(q)), l2norm(heads(k)), heads(v)
-        g = kda_gate(heads(self.f_b_proj(self.f_a_proj(a))), self.A_log, self.dt_bias)
-        beta = torch.sigmoid(self.b_proj(a).float())            # [B, H]
-        o = registry.resolve("kda_step", a.device.type).fn(q, k, v, g, beta, S, slots, self.scale)
-        y = self.o_norm(o.to(a.dtype), heads(self.g_b_proj(self.g_a_proj(a))))
-        return self.o_proj(y.reshape(b, -1).to(a.dtype))
+        a: [B, D] -> [B, D]. Two GEMVs (q/k/v, then f_a/g_a/b), one kda_decode (the short conv,
+        norms, gates, the recurrent step and the gated output norm) and o_proj."""
+        f_b, g_b = self._up_weights(a.dtype)
+        qkv = run_stacked(self.qkv, (self.q_proj, self.k_proj, self.v_proj), a)     # [B, 3W]
+        low = run_stacked(self.low, (self.f_a_proj, self.g_a_proj, self.b_proj), a)  # [B, 2K+H]
+        y = registry.resolve("kda_decode", a.device.type).fn(
+            qkv, low, f_b, g_b, self.conv_w, conv, S, slots, self.A_log.view(-1),
+            self.dt_bias, self.o_norm.weight, self.o_norm.eps, self.scale)       # [B, H*V]
+        return self.o_proj(y)
+
+    def _up_weights(self, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """f_b and g_b as dense [W, K] (kda_decode reads them whole per head; an INT4 pair,
+        plan "all", is dequantized once, 2 x W x K values)."""
+        if self._up is None:
+            self._up = tuple(p.weight if not p.is_int4 else p.dense_weight(dtype)
+                             for p in (self.f_b_proj, self.g_b_proj))
+        return self._up
+
+
+def stacked(int4: dict, names: tuple[str, ...], sizes: tuple[int, ...], hidden: int, dtype,
+            device) -> tuple[Linear | None, list[Linear]]:
+    """(the stacked linear, its parts) when the named projections share one format, else (None,
+    separate linears): a stack is rows of one GEMV."""
+    layouts = {str(int4.get(n)) for n in names}
+    if len(layouts) == 1:
+        return Linear.split(list(sizes), hidden, dtype, device, int4.get(names[0]))
+    return None, [Linear(n, hidden, dtype, device, int4.get(name)) for name, n in zip(names, sizes)]
+
+
+def run_stacked(stack: Linear | None, parts, x: torch.Tensor) -> torch.Tensor:
+    """x through a stack of projections: one GEMV, or the parts' outputs side by side."""
+    return stack(x) if stack is not None else torch.cat([p(x) for p in parts], dim=-1)

@@ -45,6 +45,7 @@ class Linear:
         self.group_size = group_size
         self.device = torch.device(device)
         self._gemv = self._gemm = None  # resolved at the first call (a "meta" model never runs)
+        self._gemv_selected = False     # select_gemv chose decode rows' GEMV
         self._packed = None
         if group_size is None:
             self.weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
@@ -64,6 +65,7 @@ class Linear:
         lin = cls.__new__(cls)
         lin.out_features, lin.in_features, lin.group_size = out_features, in_features, packed.group_size
         lin.device, lin._gemv, lin._gemm, lin._packed = torch.device(device), None, None, packed
+        lin._gemv_selected = False
         lin.qweight, lin.scales, lin.mins = packed.qweight, packed.scales, packed.mins
         return lin
 
@@ -80,8 +82,25 @@ class Linear:
             torch.cat([p.qweight for p in ps]), torch.cat([p.scales for p in ps]), mins,
             ps[0].group_size), device)
 
+    @classmethod
+    def split(cls, sizes: list[int], in_features: int, dtype, device="cpu",
+              int4: "int4_format.Int4Layout | int | None" = None) -> tuple["Linear", list["Linear"]]:
+        """One linear of sum(sizes) output rows, allocated empty, and its parts: views of its
+        rows in order, which a loader fills slot by slot (projections that share an input, run
+        by one GEMV in decode; weight_tensors counts the stacked tensors once)."""
+        whole = cls(sum(sizes), in_features, dtype, device, int4)
+        starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        return whole, [whole.rows(a, b) for a, b in zip(starts, starts[1:])]
+
     def rows(self, start: int, end: int) -> "Linear":
-        """Output rows [start, end) of this INT4 linear, as views (no copy)."""
+        """Output rows [start, end) of this linear, as views (no copy)."""
+        if not self.is_int4:
+            part = Linear.__new__(Linear)
+            part.out_features, part.in_features, part.group_size = end - start, self.in_features, None
+            part.device, part._gemv, part._gemm, part._packed = self.device, None, None, None
+            part._gemv_selected = False
+            part.weight = self.weight[start:end]
+            return part
         p = self.packed
         mins = None if p.symmetric else p.mins[start:end]
         return Linear.from_packed(int4_format.PackedInt4(
@@ -155,10 +174,20 @@ class Linear:
             out[:, start:start + w.shape[0]] = F.linear(x, w)
         return out
 
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for decode rows x [M, K] of this stacked [gate; up] INT4 linear ->
+        [M, F]: one w4a16_swiglu pass, or, when select_gemv chose another GEMV for it (W4A8,
+        a pinned reference), that GEMV, then silu and the product."""
+        if not self._gemv_selected:
+            return registry.resolve("w4a16_swiglu", self.device.type).fn(x, self.packed)
+        gate_up, f = self(x), self.out_features // 2
+        return F.silu(gate_up[:, :f]).mul_(gate_up[:, f:])
+
     def select_gemv(self, op: str = "w4a16_gemv", variant: str | None = None):
         """Run decode rows through `op`, an op with w4a16_gemv's signature (e.g. w4a8_gemv);
         resolved now, on this linear's device (bench/quality.py compares the two), or pinned
         to `variant` (the llama_decode_layer reference pins the plain references)."""
+        self._gemv_selected = True
         self._gemv = (registry.resolve(op, self.device.type) if variant is None
                       else registry.variants(op)[variant]).fn
 

@@ -31,12 +31,15 @@ class MLA:
         self.kv_b_proj = proj("kv_b_proj", num_heads * (nope_dim + v_dim), kv_lora_rank)
         self.o_proj = proj("o_proj", hidden, num_heads * v_dim)
         self.scale = (nope_dim + rope_dim) ** -0.5
-        self._absorb: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._uk_uv: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._decode_dtype: torch.dtype | None = None
 
     @property
     def absorbed_bytes(self) -> int:
-        """Bytes of the fp32 W_UK/W_UV copies decode reads each step (0 before the first one)."""
-        return sum(t.nbytes for t in self._absorb) if self._absorb is not None else 0
+        """Bytes of the W_UK/W_UV copies decode reads each step (0 before the first step)."""
+        if self._decode_dtype is None:
+            return 0
+        return sum(t.nbytes for t in self._uk_uv[self._decode_dtype])
 
     @property
     def latent_width(self) -> int:
@@ -62,36 +65,46 @@ class MLA:
         return self.o_proj(o.reshape(t, -1).to(a.dtype))
 
     def decode_batch(self, a: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
-                     positions: torch.Tensor) -> torch.Tensor:
+                     positions: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """One token for each of B sequences, row b at positions[b] of the sequence whose latent
         blocks block_tables[b] lists. a: [B, D]; pool: the layer's [NB, BLOCK, R+P];
-        block_tables: [B, MB] int64; positions: [B] int64 -> [B, D]. Tensors only (no host
-        sync): each row's latent is written into its block, then one paged_mla_decode call
-        attends every row over its own rows."""
-        b, h, block = a.shape[0], self.num_heads, pool.shape[1]
-        latent = self._latent(a).to(pool.dtype)                 # [B, R+P]
-        at = block_tables.gather(1, (positions // block)[:, None])[:, 0] * block + positions % block
-        pool.view(-1, pool.shape[2]).index_copy_(0, at, latent)
-        w_uk, w_uv = self._kv_b()
-        qn, qr = self.q_proj(a).float().view(b, h, self.nope + self.rope).split((self.nope, self.rope), -1)
-        q_lat = torch.einsum("bhn,hnr->bhr", qn, w_uk)          # query folded into latent space
+        block_tables: [B, MB] int64; positions: [B] int64; lengths: positions + 1 (made once a
+        step for every MLA layer, or here) -> [B, D]. Tensors only (no host sync): mla_latent
+        writes each row's latent into its block, one paged_mla_decode call attends every row
+        over its own rows, and W_UK/W_UV (in a's dtype) fold into the query and out of the
+        mixed latents, one batched matmul each."""
+        b, h = a.shape[0], self.num_heads
+        registry.resolve("mla_latent", pool.device.type).fn(
+            self.kv_a_proj_with_mqa(a), self.kv_a_layernorm.weight, self.kv_a_layernorm.eps, pool,
+            block_tables, positions)                            # [B, R+P] rows into the pool
+        self._decode_dtype = a.dtype
+        w_uk, w_uv = self._kv_b(a.dtype)
+        q = self.q_proj(a).view(b, h, self.nope + self.rope)
+        qn, qr = q[..., :self.nope], q[..., self.nope:]         # views: [B, H, N], [B, H, P]
+        q_lat = torch.bmm(qn.transpose(0, 1), w_uk).transpose(0, 1)   # [B, H, R], a view
         decode = registry.resolve("paged_mla_decode", pool.device.type).fn
-        mixed = decode(q_lat, qr, pool, block_tables, positions + 1, self.scale)  # [B, H, R]
-        return self.o_proj(torch.einsum("bhr,hvr->bhv", mixed, w_uv).reshape(b, -1).to(a.dtype))
+        lengths = positions + 1 if lengths is None else lengths
+        mixed = decode(q_lat, qr, pool, block_tables, lengths, self.scale,
+                       out=a.new_empty(b, h, self.rank))        # [B, H, R] in a's dtype
+        o = torch.bmm(mixed.transpose(0, 1), w_uv.transpose(1, 2))    # [H, B, V]
+        return self.o_proj(o.transpose(0, 1).reshape(b, -1))
 
     def _latent(self, a: torch.Tensor) -> torch.Tensor:
         # a: [T, D] -> the cached row [ĉ ; kr]: [T, R+P]
         c, kr = self.kv_a_proj_with_mqa(a).split((self.rank, self.rope), dim=-1)
         return torch.cat((self.kv_a_layernorm(c), kr), -1)
 
-    def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """W_UK: [H, N, R], W_UV: [H, V, R] fp32 (kv_b rows are per head [k_nope | v]).
-        Built once, at the first decode step (weights are complete by then)."""
-        if self._absorb is None:
+    def _kv_b(self, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK: [H, N, R], W_UV: [H, V, R] (kv_b rows are per head [k_nope | v]) in `dtype`:
+        fp32 for the prefill's absorbed path, the activations' dtype for decode (bf16 on a GPU:
+        tensor-core products, half the bytes read). Built once per dtype, at the first call
+        (weights are complete by then)."""
+        if dtype not in self._uk_uv:
             w = self.kv_b_proj.dense_weight(torch.float32)
             w = w.view(self.num_heads, self.nope + self.vdim, self.rank)
-            self._absorb = (w[:, :self.nope].contiguous(), w[:, self.nope:].contiguous())
-        return self._absorb
+            self._uk_uv[dtype] = (w[:, :self.nope].to(dtype).contiguous(),
+                                     w[:, self.nope:].to(dtype).contiguous())
+        return self._uk_uv[dtype]
 
     def _probs(self, scores: torch.Tensor, start: int) -> torch.Tensor:
         # scores: [H, T, S] -> causal softmax (query t sees s <= start + t), fp32

@@ -2,12 +2,15 @@
 import torch
 import torch.nn.functional as F
 
+from engined import helper
 from engined.layers.linear import Linear
 
 
 class SwiGLU:
     """down(silu(gate(x)) * up(x)). Attribute names follow the Kimi checkpoint
-    (gate_proj, up_proj, down_proj); `fuse()` stacks INT4 gate and up into one GEMV."""
+    (gate_proj, up_proj, down_proj). gate and up are rows of one stacked linear, `gate_up`
+    (`empty` allocates it so; `fuse()` stacks two loaded INT4 linears): decode rows of an INT4
+    stack run w4a16_swiglu, one pass that writes silu(gate) * up."""
 
     def __init__(self, gate_proj: Linear, up_proj: Linear, down_proj: Linear):
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
@@ -19,9 +22,15 @@ class SwiGLU:
               int4: dict[str, int] | None = None) -> "SwiGLU":
         """Slots for a loader to fill; int4: part name -> group size of the INT4 parts."""
         int4 = int4 or {}
-        return cls(Linear(inner, hidden, dtype, device, int4.get("gate_proj")),
-                   Linear(inner, hidden, dtype, device, int4.get("up_proj")),
-                   Linear(hidden, inner, dtype, device, int4.get("down_proj")))
+        down = Linear(hidden, inner, dtype, device, int4.get("down_proj"))
+        if str(int4.get("gate_proj")) != str(int4.get("up_proj")):
+            return cls(Linear(inner, hidden, dtype, device, int4.get("gate_proj")),
+                       Linear(inner, hidden, dtype, device, int4.get("up_proj")), down)
+        gate_up, (gate, up) = Linear.split([inner, inner], hidden, dtype, device,
+                                           int4.get("gate_proj"))
+        mlp = cls(gate, up, down)
+        mlp.gate_up = gate_up                  # gate and up are views of its rows: one GEMV
+        return mlp
 
     def fuse(self, device="cpu") -> "SwiGLU":
         """Gate and up as one stacked linear (rows concatenated: outputs are bit-identical);
@@ -34,6 +43,8 @@ class SwiGLU:
         # x: [T, D] -> [T, D]; gate_up: [T, 2F]
         if self.gate_up is None:  # in place: at 200 tokens x 16384 each [T, F] is 13 MB
             return self.down_proj(F.silu(self.gate_proj(x), inplace=True).mul_(self.up_proj(x)))
+        if self.gate_up.is_int4 and x.shape[0] <= helper.MAX_ROWS:  # decode rows: one pass
+            return self.down_proj(self.gate_up.swiglu(x))
         gate_up = self.gate_up(x)
         gate, up = gate_up[:, :self.hidden], gate_up[:, self.hidden:]
         return self.down_proj(F.silu(gate).mul_(up))

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from engined.layers.linear import SlotError
 from engined.layers.mlp import SwiGLU
 from engined.ops import int4_format, registry
+from engined.ops.moe_decode.reference import route
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 
 
@@ -66,20 +67,13 @@ class ExpertBank:
         return sum(t.numel() * t.element_size() for t in self.banks.values())
 
 
+DECODE_ROWS = 16  # up to this many rows (the decode buckets) run the fused moe_decode
+
+
 def scope(int4: dict[str, int], prefix: str) -> dict[str, int]:
     """INT4 group sizes keyed by dotted path -> those under `prefix`, relative to it."""
     head = prefix + "."
     return {k[len(head):]: g for k, g in int4.items() if k.startswith(head)}
-
-
-def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool, scaling: float):
-    """logits: [T, E] fp32 -> (experts [T, k] int64, weights [T, k] fp32). Bias picks, never mixes."""
-    scores = torch.sigmoid(logits)
-    experts = torch.topk(scores + bias.float(), top_k, dim=-1).indices
-    weights = scores.gather(-1, experts)
-    if renormalize and top_k > 1:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return experts, weights * scaling
 
 
 class MoE:
@@ -100,14 +94,28 @@ class MoE:
         self.w2 = ExpertBank(num_experts, hidden, inner, dtype, bank_device, int4.get("w2"))
         self.shared_experts = (SwiGLU.empty(hidden, inner * num_shared, dtype, device,
                                             scope(int4, "shared_experts")) if num_shared else None)
+        shared = scope(int4, "shared_experts")
+        layouts = [int4.get(n) for n in ("w1", "w3", "w2")] + (
+            [shared.get(n) for n in ("gate_proj", "up_proj", "down_proj")] if num_shared else [])
+        # decode rows run moe_decode: every matrix INT4 in one layout, the experts on this
+        # device, the shared expert (at most one) as wide as a routed one, its gate/up stacked
+        self.fused_decode = (host_experts is None and num_shared <= 1 and None not in layouts
+                             and len({str(int4_format.Int4Layout.of(x)) for x in layouts}) == 1)
 
     def __call__(self, f: torch.Tensor) -> torch.Tensor:
         """f: [T, D] -> [T, D]: a prefill chunk, one decode token, or the decode rows of B
         sequences alike. The router and the shared experts run once for all rows; INT4 banks
         run the registered moe_grouped op (each chosen expert read once for all the rows that
         chose it, and a row's result independent of the rows beside it)."""
-        experts, weights = route(f.float() @ self.gate.t(), self.e_score_correction_bias,
-                                 self.top_k, self.renormalize, self.scaling)
+        logits = f.float() @ self.gate.t()                      # [T, E] fp32
+        if self.fused_decode and f.shape[0] <= DECODE_ROWS:
+            shared = self.shared_experts
+            return registry.resolve("moe_decode", f.device.type).fn(
+                f, logits, self.e_score_correction_bias, self.top_k, self.renormalize,
+                self.scaling, self.w1.packed, self.w3.packed, self.w2.packed,
+                *((shared.gate_up.packed, shared.down_proj.packed) if shared else (None, None)))
+        experts, weights = route(logits, self.e_score_correction_bias, self.top_k,
+                                 self.renormalize, self.scaling)
         if self.host_experts is not None:                       # routed experts in RAM
             return self.host_experts(f, experts, weights, (self.w1, self.w3, self.w2),
                                      self.shared_experts)

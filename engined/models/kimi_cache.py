@@ -23,6 +23,7 @@ class DecodeRows(NamedTuple):
     slots: torch.Tensor          # [B] int64 KDA state slots
     block_tables: torch.Tensor   # [B, MB] int64 latent blocks (a row's first block pads it)
     positions: torch.Tensor      # [B] int64
+    lengths: torch.Tensor | None = None   # [B] int64, positions + 1: made once a step
 
 
 class StatePool:

@@ -19,15 +19,19 @@ from engined.models.kimi_graph_step import KimiGraphStep
 from engined.models.latent_pool import LatentPool, num_blocks_for
 from engined.models.kimi_linear_config import KimiLinearConfig
 from engined.models.protocol import check_span
+from engined.ops import registry
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 
 
 def weight_tensors(obj) -> list[torch.Tensor]:
-    """Every weight tensor held by `obj` and the engined objects under it, each once."""
+    """Every weight tensor held by `obj` and the engined objects under it, each once (a view, such
+    as q_proj's rows of the stacked q/k/v, is its base's)."""
     seen, out = set(), []
 
     def walk(o):
         for v in vars(o).values():
+            if isinstance(v, torch.Tensor) and v._base is not None:
+                continue                      # a view of a stacked tensor, counted there
             if isinstance(v, torch.Tensor) and id(v) not in seen:
                 seen.add(id(v))
                 out.append(v)
@@ -72,17 +76,22 @@ class DecoderLayer:
             h = h + self.self_attn(a, cache.state(i))   # one layer's views, not every layer's
         return h + self.ffn(self.post_attention_layernorm(h))
 
-    def decode_batch(self, h: torch.Tensor, i: int, pools: tuple[StatePool, LatentPool],
-                     rows: DecodeRows) -> torch.Tensor:
-        # h: [B, D], row b one token at rows.positions[b] of the sequence on slot rows.slots[b]
-        a = self.input_layernorm(h)
+    def decode_batch(self, h: torch.Tensor, delta: torch.Tensor | None, i: int,
+                     pools: tuple[StatePool, LatentPool], rows: DecodeRows) -> torch.Tensor:
+        """h: [B, D] the residual stream, updated in place: the layer before's output delta
+        (None before layer 0) is added by the norm that reads it (add_rmsnorm) -> this layer's
+        FFN output, for the next norm to add. Row b is one token at rows.positions[b] of the
+        sequence on slot rows.slots[b]."""
+        norm = registry.resolve("add_rmsnorm", h.device.type).fn
+        a = norm(h, delta, self.input_layernorm.weight, self.input_layernorm.eps)
         states, latents = pools
         if self.is_mla:
-            h = h + self.self_attn.decode_batch(a, latents.latents[i], rows.block_tables, rows.positions)
+            attn = self.self_attn.decode_batch(a, latents.latents[i], rows.block_tables,
+                                               rows.positions, rows.lengths)
         else:
-            h = h + self.self_attn.decode_batch(a, states.conv[i], states.S[i], rows.slots)
-        f = self.post_attention_layernorm(h)
-        return h + self.ffn(f)                   # MoE: one moe_grouped call for the B rows
+            attn = self.self_attn.decode_batch(a, states.conv[i], states.S[i], rows.slots)
+        f = norm(h, attn, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return self.ffn(f)                       # MoE: one moe_decode for the B rows
 
 
 class KimiLinearModel:
@@ -184,11 +193,13 @@ class KimiLinearModel:
         projection, the short conv and KDA step (on the rows' state slots, in place), the MLA
         attention (paged_mla_decode over each row's own blocks), the routed experts
         (moe_grouped) and the LM head run once for all rows."""
-        h = self.embed_tokens[tokens].to(self.dtype)             # [B, D]
-        pools = (self.state_pool, self.latent_pool)
+        h = self.embed_tokens[tokens].to(self.dtype)             # [B, D], a new tensor
+        pools, delta = (self.state_pool, self.latent_pool), None
+        rows = rows._replace(lengths=rows.positions + 1)         # the keys each MLA row sees
         for i, layer in enumerate(self.layers):
-            h = layer.decode_batch(h, i, pools, rows)
-        return self.lm_head(self.norm(h)).float()                # [B, V]
+            delta = layer.decode_batch(h, delta, i, pools, rows)
+        x = registry.resolve("add_rmsnorm", h.device.type).fn(h, delta, self.norm.weight, self.norm.eps)
+        return self.lm_head(x).float()                          # [B, V]
 
     def graph_step(self, rows: int, max_context: int):
         """The decode step of `rows` rows for a CUDA graph (models/kimi_graph_step.py), the
