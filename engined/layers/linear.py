@@ -3,8 +3,8 @@
 A linear is either built around loaded tensors (`from_packed`, the Llama loader) or
 allocated empty and filled slot by slot through a checkpoint table (`Linear(...)` + `slot`,
 the Kimi-Linear loader). Decode rows (M <= helper.MAX_ROWS) of an INT4 weight run the
-registered w4a16_gemv variant; longer inputs (prefill chunks) run w4a16_gemm on the CPU, which
-never holds W in fp32, and on a GPU dequantize W once per call and run one matmul.
+registered w4a16_gemv variant; longer inputs (prefill chunks) run w4a16_gemm (on the CPU the
+C helper, which never holds W in fp32; on a GPU W dequantized once per call, one matmul).
 Imports nothing that needs cffi, so a GPU image without it can build a model.
 """
 import torch
@@ -75,12 +75,13 @@ class Linear:
         rows keep their own scales and mins, so each output equals the part's, bit for bit, in
         one GEMV call instead of len(parts))."""
         ps = [lin.packed for lin in parts]
-        if len({(p.shape[1], p.layout) for p in ps}) != 1:
-            raise ValueError("stacked linears need the same in_features, group size and kind")
+        if len({(p.shape[1], p.layout, p.gpu_order) for p in ps}) != 1:
+            raise ValueError("stacked linears need the same in_features, group size, kind and "
+                             "code order")
         mins = None if ps[0].symmetric else torch.cat([p.mins for p in ps])
         return cls.from_packed(int4_format.PackedInt4(
             torch.cat([p.qweight for p in ps]), torch.cat([p.scales for p in ps]), mins,
-            ps[0].group_size), device)
+            ps[0].group_size, ps[0].gpu_order), device)
 
     @classmethod
     def split(cls, sizes: list[int], in_features: int, dtype, device="cpu",
@@ -104,7 +105,7 @@ class Linear:
         p = self.packed
         mins = None if p.symmetric else p.mins[start:end]
         return Linear.from_packed(int4_format.PackedInt4(
-            p.qweight[start:end], p.scales[start:end], mins, p.group_size), self.device)
+            p.qweight[start:end], p.scales[start:end], mins, p.group_size, p.gpu_order), self.device)
 
     @property
     def is_int4(self) -> bool:
@@ -124,15 +125,26 @@ class Linear:
         """One object for the life of the linear (kernels cache per-object pointers); a loader
         fills the same tensors in place, so building it late is safe."""
         if self._packed is None:
-            self._packed = int4_format.PackedInt4(self.qweight, self.scales, self.mins, self.group_size)
+            self._packed = int4_format.PackedInt4(self.qweight, self.scales, self.mins,
+                                                  self.group_size)
         return self._packed
+
+    def to_gpu_order_(self, permute: bool = True):
+        """The codes in the GPU kernels' order (int4_format.gpu_order), in place, once loaded.
+        permute=False only marks a view whose base was permuted (q_proj, rows of qkv)."""
+        p = self.packed
+        if p.gpu_order:
+            return
+        if permute:
+            int4_format.to_gpu_order_(p.qweight, p.group_size)
+        self._packed = int4_format.PackedInt4(p.qweight, p.scales, p.mins, p.group_size, True)
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """W: [N, K] in dtype (dequantized for INT4: the C helper on CPU, else the reference)."""
         if not self.is_int4:
             return self.weight.to(dtype)
         p = self.packed
-        if p.qweight.device.type == "cpu" and helper.available():
+        if p.qweight.device.type == "cpu" and helper.available() and not p.gpu_order:
             mins = None if p.symmetric else p.mins.numpy()
             w = helper.unpack_int4(p.qweight.numpy(), p.scales.numpy(), mins, p.group_size)
             return torch.from_numpy(w).to(dtype)
@@ -150,11 +162,9 @@ class Linear:
             if self._gemv is None:
                 self._gemv = registry.resolve("w4a16_gemv", self.device.type).fn
             return self._gemv(x, self.packed).to(x.dtype)
-        if self.device.type == "cpu":
-            if self._gemm is None:
-                self._gemm = registry.resolve("w4a16_gemm", "cpu").fn
-            return self._gemm(x, self.packed).to(x.dtype)
-        return F.linear(x, self.dense_weight(x.dtype))
+        if self._gemm is None:
+            self._gemm = registry.resolve("w4a16_gemm", self.device.type).fn
+        return self._gemm(x, self.packed).to(x.dtype)
 
     def _is_c_bf16(self, x: torch.Tensor) -> bool:
         """A bf16 CPU weight under fp32 decode rows: the C bf16 GEMV (a row's result does not

@@ -56,6 +56,13 @@ class ExpertBank:
             self._packed = PackedInt4Experts(self.qweight, self.scales, self.mins, self.group_size)
         return self._packed
 
+    def to_gpu_order_(self):
+        """The codes in the GPU kernels' order (int4_format.gpu_order), in place, once loaded."""
+        p = self.packed
+        if not p.gpu_order:
+            int4_format.to_gpu_order_(p.qweight, p.group_size)
+            self._packed = PackedInt4Experts(p.qweight, p.scales, p.mins, p.group_size, True)
+
     def matrix(self, e: int, dtype) -> torch.Tensor:
         """Expert e's W: [N, K] in dtype."""
         if self.group_size is None:

@@ -11,7 +11,7 @@ from engined.layers.kda import KDA
 from engined.layers.linear import Linear
 from engined.layers.mla import MLA
 from engined.layers.mlp import SwiGLU
-from engined.layers.moe import MoE, scope
+from engined.layers.moe import ExpertBank, MoE, scope
 from engined.layers.moe_offload import HostBuffers, HostExperts, OffloadCounters
 from engined.layers.rmsnorm import RMSNorm
 from engined.models.kimi_cache import DecodeRows, KimiCache, StatePool
@@ -40,6 +40,25 @@ def weight_tensors(obj) -> list[torch.Tensor]:
                     walk(x)
             elif type(v).__module__.startswith("engined.") and not isinstance(v, HostExperts):
                 walk(v)                       # (host buffers are working memory, not weights)
+    walk(obj)
+    return out
+
+
+def int4_parts(obj) -> list:
+    """Every INT4 Linear and ExpertBank under `obj`, each once."""
+    seen, out = set(), []
+
+    def walk(o):
+        for v in (o if isinstance(o, list) else vars(o).values()):
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            if isinstance(v, (Linear, ExpertBank)):
+                if v.group_size:
+                    out.append(v)
+            elif isinstance(v, list) or (type(v).__module__.startswith("engined.")
+                                         and not isinstance(v, HostExperts)):
+                walk(v)
     walk(obj)
     return out
 
@@ -142,6 +161,19 @@ class KimiLinearModel:
 
     def tensors(self) -> list[torch.Tensor]:
         return weight_tensors(self)
+
+    def to_gpu_order_(self):
+        """Once the weights are loaded: every INT4 linear and expert bank on the model's device
+        gets its codes in the GPU kernels' order, in place (int4_format.gpu_order); experts kept
+        in RAM for the C helper keep the disk's order. A view (q_proj, rows of qkv) is marked,
+        its base permuted."""
+        for part in int4_parts(self):
+            if part.qweight.device != self.device:
+                continue
+            if isinstance(part, Linear):
+                part.to_gpu_order_(permute=part.qweight._base is None)
+            else:
+                part.to_gpu_order_()
 
     def new_cache(self, max_tokens: int) -> KimiCache:
         if not 0 < max_tokens <= self.config.context_length:

@@ -61,6 +61,7 @@ class PackedInt4:
     scales: torch.Tensor
     mins: torch.Tensor | None
     group_size: int
+    gpu_order: bool = False  # codes permuted in each group for the GPU kernels (to_gpu_order)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -105,12 +106,35 @@ def unpack_codes(qweight: torch.Tensor) -> torch.Tensor:
     return torch.stack((low, high), dim=-1).reshape(qweight.shape[0], -1)
 
 
+def gpu_order(qweight: torch.Tensor, group: int, back: bool = False) -> torch.Tensor:
+    """The codes of qweight [..., K/2] (a new tensor) in the GPU kernels' order within each group
+    of G: word w (bytes 4w..4w+3 of the group) holds elements i*(G/8) + w in nibbles i = 0..7,
+    so the x a nibble position multiplies is G/8 contiguous values (on disk, word w holds
+    elements 8w..8w+7). back=True undoes it. G must be a multiple of 8."""
+    half_k = qweight.shape[-1]
+    k, words = 2 * half_k, group // 8
+    if group % 8 or k % group:
+        raise FormatError(f"the GPU order needs groups of whole 32-bit words, got G={group}, K={k}")
+    codes = unpack_codes(qweight.reshape(-1, half_k))            # [R, K]
+    by_group = codes.view(-1, k // group, *((words, 8) if back else (8, words)))
+    return pack_codes(by_group.transpose(-1, -2).reshape(-1, k)).view(qweight.shape)
+
+
+def to_gpu_order_(qweight: torch.Tensor, group: int, block_bytes: int = 64 << 20):
+    """gpu_order in place, a block of rows at a time (an expert bank is 300 MB at 48B sizes)."""
+    rows = qweight.view(-1, qweight.shape[-1])
+    step = max(1, block_bytes // rows.shape[1])
+    for first in range(0, rows.shape[0], step):
+        rows[first:first + step] = gpu_order(rows[first:first + step], group)
+
+
 def dequantize(p: PackedInt4) -> torch.Tensor:
     """The reference decode, in fp32: W[N, K] = s * q + m, or s * (q - 8) when symmetric
     (exact: an fp16 scale times a 4-bit integer fits an fp32 mantissa)."""
     n, k = p.shape
     g = p.group_size
-    q = unpack_codes(p.qweight).float().view(n, k // g, g)
+    q = unpack_codes(gpu_order(p.qweight, g, back=True) if p.gpu_order else p.qweight)
+    q = q.float().view(n, k // g, g)
     if p.symmetric:
         return ((q - SYMMETRIC_OFFSET) * p.scales.float().unsqueeze(-1)).view(n, k)
     w = q * p.scales.float().unsqueeze(-1) + p.mins.float().unsqueeze(-1)
@@ -147,6 +171,9 @@ def quantize_sym(w: torch.Tensor, group_size: int = 32) -> PackedInt4:
 
 def to_state_dict(name: str, p: PackedInt4) -> dict[str, torch.Tensor]:
     """<name>.qweight, <name>.scales and, for an asymmetric linear, <name>.mins."""
+    if p.gpu_order:
+        raise FormatError(f"{name}: codes in the GPU's order are never written (format version 2 "
+                          "is the on-disk order)")
     out = {name + ".qweight": p.qweight, name + ".scales": p.scales}
     if not p.symmetric:
         out[name + ".mins"] = p.mins

@@ -153,6 +153,8 @@ def build(cfg: dict, device, int4: bool = True, seed: int = 0, fill: bool = True
                             torch.bfloat16, offload)
     if fill:
         fill_random(model, seed)
+        if model.device.type == "cuda":
+            model.to_gpu_order_()
     return model
 
 

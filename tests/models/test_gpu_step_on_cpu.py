@@ -57,6 +57,23 @@ def test_the_gpu_step_decodes_what_the_cpu_path_decodes():
     torch.testing.assert_close(got_logits, want_logits, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.skipif(interpreter_ready(), reason="the test above ran in this process")
+@in_process
+def test_the_gpu_step_reads_the_codes_repacked_for_it():
+    """A GPU holds its INT4 codes in its kernels' order (to_gpu_order_ at load): prefilled and
+    decoded by the GPU's ops from them, the model decodes what its disk-order twin decodes on
+    the CPU's path."""
+    model, repacked = tiny_model(), tiny_model()
+    repacked.to_gpu_order_()
+    assert repacked.layers[1].self_attn.q_proj.packed.gpu_order         # a view of qkv's rows
+    assert torch.equal(repacked.layers[1].self_attn.qkv.dense_weight(torch.float32),
+                       model.layers[1].self_attn.qkv.dense_weight(torch.float32))
+    want_tokens, want_logits = greedy(model, gpu_step=False)
+    with registry.standing_in("cpu", "cuda"):                           # prefill too
+        got_tokens, got_logits = greedy(repacked, gpu_step=True)
+    assert got_tokens == want_tokens
+    torch.testing.assert_close(got_logits, want_logits, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(interpreter_ready(), reason="the tests above ran in this process")
 def test_in_a_fresh_process():
     run_fresh("tests/models/test_gpu_step_on_cpu.py", "not fresh_process")

@@ -5,7 +5,7 @@ from dataclasses import replace
 import torch
 
 from engined.ops.int4_format import PackedInt4
-from tests.ops.helpers import CASES, Case, experts, gemv_case, kind_tag, random_int4
+from tests.ops.helpers import CASES, Case, experts, gemv_case, in_gpu_order, kind_tag, random_int4
 
 
 def kda_decode_case(b: int, h: int, k: int, c: int, num_slots: int, dtype=torch.float32,
@@ -111,7 +111,7 @@ SWIGLU = [
 
 
 def moe_decode_case(b: int, e: int, k: int, d: int, inner: int, group: int, shared=True,
-                    symmetric=True, dtype=torch.float32, seed=0) -> Case:
+                    symmetric=True, dtype=torch.float32, seed=0, gpu_order=False) -> Case:
     """moe_decode: B rows routed from random logits (k of E, with a bias), the shared expert
     or none."""
     def make(gen):
@@ -121,11 +121,16 @@ def moe_decode_case(b: int, e: int, k: int, d: int, inner: int, group: int, shar
         sd = PackedInt4(group_size=group, **random_int4(gen, d, inner, group, symmetric=symmetric))
         f = torch.randn((b, d), generator=gen).to(dtype)
         logits, bias = torch.randn((b, e), generator=gen), torch.randn(e, generator=gen) * 0.1
-        return (f, logits, bias, k, True, 2.446, w1, w3, w2) + ((sgu, sd) if shared else (None, None))
+        mats = [w1, w3, w2, sgu, sd]
+        if gpu_order:
+            mats = [in_gpu_order(w) for w in mats]
+        return (f, logits, bias, k, True, 2.446, *mats[:3]) + (tuple(mats[3:]) if shared else (None, None))
     tag = ("" if dtype == torch.float32 else f"-{str(dtype).split('.')[-1]}") + kind_tag(symmetric)
     rtol = 2e-4 if dtype == torch.float32 else 2 ** -7
+    tag += "-gpu-order" if gpu_order else ""
     return Case(f"B{b}-E{e}-k{k}-D{d}-I{inner}-G{group}{'' if shared else '-unshared'}{tag}", make,
-                (k + 1) * 3 * d * inner * b, atol=2e-5 * (d + inner) * k, rtol=rtol, seed=seed)
+                (k + 1) * 3 * d * inner * b, atol=2e-5 * (d + inner) * k, rtol=rtol, seed=seed,
+                gpu_order=gpu_order)
 
 
 MOE_DECODE = [
@@ -134,6 +139,7 @@ MOE_DECODE = [
     moe_decode_case(2, 5, 1, 64, 32, 16, shared=False, seed=2),  # top-1, no shared expert
     moe_decode_case(8, 12, 3, 64, 32, 32, symmetric=False, seed=3),  # 8 rows, mins
     moe_decode_case(4, 8, 4, 64, 32, 32, dtype=torch.bfloat16, seed=4),
+    moe_decode_case(2, 8, 2, 64, 32, 32, seed=5, gpu_order=True),   # codes as a GPU holds them
 ]
 
 

@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from engined.ops import int4_format
 from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 
@@ -21,6 +22,7 @@ class Case:
     rtol: float = 1e-4
     seed: int = 0
     updates: tuple[int, ...] = ()   # positions of arguments the op updates in place
+    gpu_order: bool = False         # INT4 codes in the GPU kernels' order: GPU variants only
 
 
 def random_int4(gen: torch.Generator, n: int, k: int, group: int, lead=(),
@@ -38,13 +40,18 @@ def kind_tag(symmetric: bool) -> str:
 
 
 def gemv_case(m: int, n: int, k: int, group: int, dtype=torch.float32, seed=0,
-              symmetric: bool = False) -> Case:
+              symmetric: bool = False, gpu_order: bool = False) -> Case:
     def make(gen):
         w = PackedInt4(group_size=group, **random_int4(gen, n, k, group, symmetric=symmetric))
-        return torch.randn((m, k), generator=gen).to(dtype), w
-    tag = "" if dtype == torch.float32 else f"-{str(dtype).split('.')[-1]}"
-    return Case(f"M{m}-N{n}-K{k}-G{group}{tag}{kind_tag(symmetric)}", make, n * k,
-                atol=2e-5 * k, seed=seed)
+        return torch.randn((m, k), generator=gen).to(dtype), in_gpu_order(w) if gpu_order else w
+    tag = ("" if dtype == torch.float32 else f"-{str(dtype).split('.')[-1]}") + kind_tag(symmetric)
+    return Case(f"M{m}-N{n}-K{k}-G{group}{tag}{'-gpu-order' if gpu_order else ''}", make, n * k,
+                atol=2e-5 * k, seed=seed, gpu_order=gpu_order)
+
+
+def in_gpu_order(w):
+    """The same weight (a PackedInt4 or an expert stack) with its codes in the GPU's order."""
+    return replace(w, qweight=int4_format.gpu_order(w.qweight, w.group_size), gpu_order=True)
 
 
 GEMV = [
@@ -70,6 +77,12 @@ GEMV = [
     gemv_case(5, 17, 192, 64, seed=17, symmetric=True),       # two blocks per group
     gemv_case(11, 40, 96, 32, seed=18, symmetric=True),       # chunks of 8 rows
     gemv_case(1, 576, 1536, 32, seed=19, symmetric=True),     # many groups (SIMD tails)
+    # codes in the GPU kernels' order (repacked at load on a GPU): the Triton variant only
+    gemv_case(1, 40, 96, 32, seed=20, symmetric=True, gpu_order=True),
+    gemv_case(3, 33, 160, 32, seed=21, gpu_order=True),
+    replace(gemv_case(2, 24, 128, 64, torch.bfloat16, seed=22, symmetric=True, gpu_order=True),
+            rtol=2 ** -6),                                    # interpreted: bf16 truncated
+    gemv_case(1, 17, 96, 16, seed=23, gpu_order=True),
 ]
 
 

@@ -14,7 +14,7 @@ from engined.ops import registry
 from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 from tests.ops.decode_cases import kda_decode_case
-from tests.ops.helpers import random_int4
+from tests.ops.helpers import in_gpu_order, random_int4
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -73,15 +73,18 @@ def _close(got, want, k):
     torch.testing.assert_close(got.cpu(), want.cpu(), atol=2e-5 * k, rtol=1e-4)
 
 
+@pytest.mark.parametrize("gpu_order", [False, True], ids=["disk-order", "gpu-order"])
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("n,k", [(4096, 2304), (2304, 4096), (1024, 2304)])
 @pytest.mark.parametrize("m", [1, 8])
-def test_dense_triton_at_kimi_shapes(n, k, m, symmetric):
+def test_dense_triton_at_kimi_shapes(n, k, m, symmetric, gpu_order):
     gen = torch.Generator().manual_seed(n + k + m)
     w = PackedInt4(group_size=32, **random_int4(gen, n, k, 32, symmetric=symmetric))
     x = torch.randn(m, k, generator=gen)
     want = registry.variants("w4a16_gemv")["reference"].fn(x, w)
-    wd = PackedInt4(w.qweight.cuda(), w.scales.cuda(), _cuda(w.mins), 32)
+    if gpu_order:                  # as a GPU holds them after load (to_gpu_order_)
+        w = in_gpu_order(w)
+    wd = PackedInt4(w.qweight.cuda(), w.scales.cuda(), _cuda(w.mins), 32, w.gpu_order)
     out = torch.full((m, n), float("nan"), device="cuda")
     got = registry.resolve("w4a16_gemv", "cuda").fn(x.cuda(), wd, out=out)
     _close(got, want, k)

@@ -48,7 +48,8 @@ def moe_gate_up_kernel(x_ptr, logits_ptr, bias_ptr, gq_ptr, gs_ptr, gm_ptr, uq_p
                        sq_ptr, ss_ptr, sm_ptr, h_ptr, E, N, K, scaling,
                        TOP_K: tl.constexpr, RENORM: tl.constexpr, SHARED: tl.constexpr,
                        GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-                       HAS_MINS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                       HAS_MINS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GPU_ORDER: tl.constexpr):
     route = tl.program_id(0)
     row, j = route // (TOP_K + SHARED), route % (TOP_K + SHARED)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -58,15 +59,17 @@ def moe_gate_up_kernel(x_ptr, logits_ptr, bias_ptr, gq_ptr, gs_ptr, gm_ptr, uq_p
         experts, _ = top_k_routes(logits_ptr + row * E, bias_ptr, E, scaling, TOP_K, RENORM,
                                   BLOCK_E, BLOCK_K)
         first = tl.sum(tl.where(tl.arange(0, BLOCK_K) == j, experts, 0), axis=0).to(tl.int64) * N
-        gate_c, gate_s, gate_m = gq_ptr + first * (K // GROUP) * (GROUP // 8), gs_ptr + first * ng, gm_ptr + first * ng
-        up_c, up_s, up_m = uq_ptr + first * (K // GROUP) * (GROUP // 8), us_ptr + first * ng, um_ptr + first * ng
+        words = first * ng * (GROUP // 8)    # whole rows of words: 16-byte aligned to the compiler
+        gate_c, gate_s, gate_m = gq_ptr + words, gs_ptr + first * ng, gm_ptr + first * ng
+        up_c, up_s, up_m = uq_ptr + words, us_ptr + first * ng, um_ptr + first * ng
     else:                                    # the shared expert: gate rows, then up rows
         gate_c, gate_s, gate_m = sq_ptr, ss_ptr, sm_ptr
-        up_c, up_s, up_m = sq_ptr + N * (K // GROUP) * (GROUP // 8), ss_ptr + N * ng, sm_ptr + N * ng
+        up_c, up_s, up_m = sq_ptr + N * ng * (GROUP // 8), ss_ptr + N * ng, sm_ptr + N * ng
     x_row = x_ptr + row.to(tl.int64) * K
     gate = int4_dot(x_row, gate_c, gate_s, gate_m, offs_n, n_mask, ng, GROUP, BLOCK_N, BLOCK_G,
-                    HAS_MINS)
-    up = int4_dot(x_row, up_c, up_s, up_m, offs_n, n_mask, ng, GROUP, BLOCK_N, BLOCK_G, HAS_MINS)
+                    HAS_MINS, GPU_ORDER)
+    up = int4_dot(x_row, up_c, up_s, up_m, offs_n, n_mask, ng, GROUP, BLOCK_N, BLOCK_G, HAS_MINS,
+                  GPU_ORDER)
     tl.store(h_ptr + route.to(tl.int64) * N + offs_n, gate * tl.sigmoid(gate) * up, mask=n_mask)
 
 
@@ -75,7 +78,7 @@ def moe_down_kernel(h_ptr, logits_ptr, bias_ptr, dq_ptr, ds_ptr, dm_ptr, sq_ptr,
                     y_ptr, E, N, K, scaling, TOP_K: tl.constexpr, RENORM: tl.constexpr,
                     SHARED: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_G: tl.constexpr, HAS_MINS: tl.constexpr, BLOCK_E: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
+                    BLOCK_K: tl.constexpr, GPU_ORDER: tl.constexpr):
     row = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -88,12 +91,12 @@ def moe_down_kernel(h_ptr, logits_ptr, bias_ptr, dq_ptr, ds_ptr, dm_ptr, sq_ptr,
     for j in range(TOP_K):                   # choice order, as the reference sums
         first = tl.sum(tl.where(offs_k == j, experts, 0), axis=0).to(tl.int64) * N
         w = tl.sum(tl.where(offs_k == j, weights, 0.0), axis=0)
-        acc += w * int4_dot(h_row + j * K, dq_ptr + first * (K // GROUP) * (GROUP // 8), ds_ptr + first * ng,
+        acc += w * int4_dot(h_row + j * K, dq_ptr + first * ng * (GROUP // 8), ds_ptr + first * ng,
                             dm_ptr + first * ng, offs_n, n_mask, ng, GROUP, BLOCK_N, BLOCK_G,
-                            HAS_MINS)
+                            HAS_MINS, GPU_ORDER)
     if SHARED:
         acc += int4_dot(h_row + TOP_K * K, sq_ptr, ss_ptr, sm_ptr, offs_n, n_mask, ng, GROUP,
-                        BLOCK_N, BLOCK_G, HAS_MINS)
+                        BLOCK_N, BLOCK_G, HAS_MINS, GPU_ORDER)
     tl.store(y_ptr + row.to(tl.int64) * N + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -108,8 +111,9 @@ def moe_decode(f, logits, bias, top_k: int, renormalize: bool, scaling: float, w
     stacks = [w1, w3, w2] + ([shared_gate_up, shared_down] if shared_gate_up is not None else [])
     for w in stacks:
         check_packed(w, "moe_decode")
-    if len({(w.group_size, w.symmetric) for w in stacks}) != 1:
-        raise ValueError("moe_decode: every expert matrix must share one group size and kind")
+    if len({(w.group_size, w.symmetric, w.gpu_order) for w in stacks}) != 1:
+        raise ValueError("moe_decode: every expert matrix must share one group size, kind and "
+                         "code order")
     e, inner, d = w1.shape
     b = f.shape[0]
     x = as_rows(f, d, w1.qweight.device, "moe_decode")
@@ -117,7 +121,7 @@ def moe_decode(f, logits, bias, top_k: int, renormalize: bool, scaling: float, w
     shared = shared_gate_up is not None
     routes = b * (top_k + shared)
     meta = dict(TOP_K=top_k, RENORM=renormalize, SHARED=shared, GROUP=w1.group_size,
-                HAS_MINS=not w1.symmetric, BLOCK_E=triton.next_power_of_2(e),
+                HAS_MINS=not w1.symmetric, GPU_ORDER=w1.gpu_order, BLOCK_E=triton.next_power_of_2(e),
                 BLOCK_K=triton.next_power_of_2(top_k))
     h = torch.empty((routes, inner), dtype=torch.float32, device=x.device)
     s_up = _parts(shared_gate_up) if shared else _parts(w1)          # unread without a shared

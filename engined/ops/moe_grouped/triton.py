@@ -20,7 +20,7 @@ from engined.ops.w4a16_gemv.triton import check_packed, code_words, int4_dot, mi
 def moe_grouped_kernel(x_ptr, token_ptr, offsets_ptr, aq_ptr, as_ptr, am_ptr, bq_ptr, bs_ptr,
                        bm_ptr, y_ptr, N, K, GATHER: tl.constexpr, SWIGLU: tl.constexpr,
                        GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-                       HAS_MINS: tl.constexpr):
+                       HAS_MINS: tl.constexpr, GPU_ORDER: tl.constexpr):
     expert = tl.program_id(0).to(tl.int64)
     start = tl.load(offsets_ptr + expert)
     end = tl.load(offsets_ptr + expert + 1)
@@ -32,10 +32,10 @@ def moe_grouped_kernel(x_ptr, token_ptr, offsets_ptr, aq_ptr, as_ptr, am_ptr, bq
         src = tl.load(token_ptr + r) if GATHER else r
         x_row = x_ptr + src * K
         acc = int4_dot(x_row, aq_ptr + qo, as_ptr + so, am_ptr + so, offs_n, n_mask, ng,
-                       GROUP, BLOCK_N, BLOCK_G, HAS_MINS)
+                       GROUP, BLOCK_N, BLOCK_G, HAS_MINS, GPU_ORDER)
         if SWIGLU:
             up = int4_dot(x_row, bq_ptr + qo, bs_ptr + so, bm_ptr + so, offs_n, n_mask, ng,
-                          GROUP, BLOCK_N, BLOCK_G, HAS_MINS)
+                          GROUP, BLOCK_N, BLOCK_G, HAS_MINS, GPU_ORDER)
             acc = acc * tl.sigmoid(acc) * up
         tl.store(y_ptr + r * N + offs_n, acc, mask=n_mask)
 
@@ -48,7 +48,8 @@ def _launch(x, token, offsets, a, b, out_rows: int, gather: bool):
     b = b or a                               # down: one stack, b unread (SWIGLU false)
     moe_grouped_kernel[(num_experts, triton.cdiv(n, cfg["BLOCK_N"]))](
         x, token, offsets, code_words(a), a.scales, am, code_words(b), b.scales, mins_arg(b)[0], y,
-        n, k, GATHER=gather, SWIGLU=b is not a, GROUP=a.group_size, HAS_MINS=has_mins, **cfg)
+        n, k, GATHER=gather, SWIGLU=b is not a, GROUP=a.group_size, HAS_MINS=has_mins,
+        GPU_ORDER=a.gpu_order, **cfg)
     return y
 
 
@@ -56,6 +57,8 @@ def moe_grouped(x, w1, w3, w2, experts, weights, out=None) -> torch.Tensor:
     check_inputs(x, w1, w3, w2, experts, weights)
     for w in (w1, w3, w2):
         check_packed(w, "moe_grouped")
+    if len({w.gpu_order for w in (w1, w3, w2)}) != 1:
+        raise ValueError("moe_grouped: w1, w3 and w2 must share one code order")
     x = x.to(torch.float32).contiguous()
     routes = sort_routes(experts, w1.num_experts)
     r = routes.token.numel()

@@ -55,6 +55,8 @@ def c_weight(w) -> helper.Int4Weight:
     found = _cache.get(id(w))
     if found is not None and found.address == w.qweight.data_ptr():
         return found
+    if w.gpu_order:
+        raise registry.KernelError("cpu_c kernels: these codes were repacked for the GPU kernels")
     helper.require()
     try:
         found = helper.int4_weight(w.qweight, w.scales, w.mins, w.group_size)

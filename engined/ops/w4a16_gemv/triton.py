@@ -36,13 +36,18 @@ FLOAT_2_23_PLUS_8 = tl.constexpr(8388616.0)  # 2^23 + q - this = q - 8: a symmet
 @triton.jit
 def int4_dot(x_row, c_rows, s_rows, m_rows, offs_n, n_mask, NG,
              GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-             HAS_MINS: tl.constexpr):
+             HAS_MINS: tl.constexpr, GPU_ORDER: tl.constexpr):
     """acc[i] = sum_k x_row[k] * W[offs_n[i], k] over the NG groups of a row -> fp32 [BLOCK_N].
     c_rows: the weight's code words (int32, G/8 per group) at row 0, 16-byte aligned for 16-byte
     loads (a caller offsets it by whole rows as rows * NG * (G/8), which the compiler can see is
     a multiple of G/8 words); s_rows, m_rows: its
-    scales and mins at row 0 (m_rows unread without mins: HAS_MINS false, w = s*(q - 8))."""
+    scales and mins at row 0 (m_rows unread without mins: HAS_MINS false, w = s*(q - 8)).
+    GPU_ORDER: the codes were permuted at load (int4_format.gpu_order): nibble i of a group's
+    word w is element i*(G/8) + w, so each nibble position's x is G/8 contiguous values (one
+    vector load); else element 8w + i, as on disk (G/8 scalar loads 8 apart)."""
     WPG: tl.constexpr = GROUP // 8
+    W_STEP: tl.constexpr = 1 if GPU_ORDER else 8     # x's distance between a group's words
+    I_STEP: tl.constexpr = WPG if GPU_ORDER else 1   # and between nibble positions
     offs_g = tl.arange(0, BLOCK_G)
     offs_w = tl.arange(0, WPG)
     rows3 = offs_n[:, None, None].to(tl.int64) * NG
@@ -68,14 +73,14 @@ def int4_dot(x_row, c_rows, s_rows, m_rows, offs_n, n_mask, NG,
         s_next = tl.load(s_rows + rows2 + g_next[None, :], mask=s_next_mask, other=0.0)
         if HAS_MINS:
             m_next = tl.load(m_rows + rows2 + g_next[None, :], mask=s_next_mask, other=0.0)
-        at_x = x_row + zero_n + (g[None, :, None] * GROUP + offs_w[None, None, :] * 8)
+        at_x = x_row + zero_n + (g[None, :, None] * GROUP + offs_w[None, None, :] * W_STEP)
         x_mask = (g < NG)[None, :, None] & (zero_n == 0)     # the same for every row: CSE'd
         words = codes.to(tl.uint32, bitcast=True)            # logical shifts
         dot = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
         if HAS_MINS:
             x_sum = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
         for i in tl.static_range(8):
-            xi = tl.load(at_x + i, mask=x_mask, other=0.0).to(tl.float32)
+            xi = tl.load(at_x + i * I_STEP, mask=x_mask, other=0.0).to(tl.float32)
             # (v | bias) & (bias | 0xF) == (v & 0xF) | bias: one three-input LOP3 after the shift
             qi = (((words >> (4 * i)) | MANTISSA_BIAS) & NIBBLE_MASK).to(tl.float32, bitcast=True)
             if HAS_MINS:
@@ -95,7 +100,7 @@ def int4_dot(x_row, c_rows, s_rows, m_rows, offs_n, n_mask, NG,
 @triton.jit
 def w4a16_gemv_kernel(x_ptr, c_ptr, s_ptr, m_ptr, y_ptr, N, K,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-                      HAS_MINS: tl.constexpr, SWIGLU: tl.constexpr):
+                      HAS_MINS: tl.constexpr, SWIGLU: tl.constexpr, GPU_ORDER: tl.constexpr):
     """SWIGLU: the weight is [gate; up] stacked ([2N, K]): y = silu(x gate^T) * (x up^T) [M, N]."""
     row = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -103,10 +108,10 @@ def w4a16_gemv_kernel(x_ptr, c_ptr, s_ptr, m_ptr, y_ptr, N, K,
     ng = K // GROUP
     x_row = x_ptr + row.to(tl.int64) * K
     acc = int4_dot(x_row, c_ptr, s_ptr, m_ptr, offs_n, n_mask, ng, GROUP, BLOCK_N, BLOCK_G,
-                   HAS_MINS)
+                   HAS_MINS, GPU_ORDER)
     if SWIGLU:
         up = int4_dot(x_row, c_ptr, s_ptr, m_ptr, offs_n + N, n_mask, ng, GROUP, BLOCK_N,
-                      BLOCK_G, HAS_MINS)
+                      BLOCK_G, HAS_MINS, GPU_ORDER)
         acc = acc * tl.sigmoid(acc) * up
     tl.store(y_ptr + row.to(tl.int64) * N + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
@@ -197,7 +202,7 @@ def launch_gemv(x: torch.Tensor, w: int4_format.PackedInt4, out, swiglu: bool, w
     grid = (x.shape[0], triton.cdiv(n, cfg["BLOCK_N"]))
     mins, has_mins = mins_arg(w)
     w4a16_gemv_kernel[grid](x, code_words(w), w.scales, mins, out, n, k, GROUP=w.group_size,
-                            HAS_MINS=has_mins, SWIGLU=swiglu, **cfg)
+                            HAS_MINS=has_mins, SWIGLU=swiglu, GPU_ORDER=w.gpu_order, **cfg)
     return out
 
 

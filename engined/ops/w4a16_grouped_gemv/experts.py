@@ -21,6 +21,7 @@ class PackedInt4Experts:
     scales: torch.Tensor
     mins: torch.Tensor | None
     group_size: int
+    gpu_order: bool = False  # codes permuted for the GPU kernels (int4_format.gpu_order)
 
     def __post_init__(self):
         if self.qweight.dim() != 3:
@@ -42,7 +43,7 @@ class PackedInt4Experts:
 
     def expert(self, e: int) -> PackedInt4:
         mins = None if self.mins is None else self.mins[e]
-        return PackedInt4(self.qweight[e], self.scales[e], mins, self.group_size)
+        return PackedInt4(self.qweight[e], self.scales[e], mins, self.group_size, self.gpu_order)
 
     @classmethod
     def stack(cls, experts: list[PackedInt4]) -> "PackedInt4Experts":
@@ -50,8 +51,11 @@ class PackedInt4Experts:
         if len(layouts) != 1:
             raise FormatError(f"experts mix layouts {sorted(layouts, key=str)}")
         mins = None if experts[0].symmetric else torch.stack([p.mins for p in experts])
+        if len({p.gpu_order for p in experts}) != 1:
+            raise FormatError("experts mix the disk's and the GPU's code order")
         return cls(torch.stack([p.qweight for p in experts]),
-                   torch.stack([p.scales for p in experts]), mins, layouts.pop().group_size)
+                   torch.stack([p.scales for p in experts]), mins, layouts.pop().group_size,
+                   experts[0].gpu_order)
 
 
 def check_routes(x: torch.Tensor, experts: PackedInt4Experts, expert_ids: torch.Tensor):

@@ -20,7 +20,7 @@ from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 def w4a16_grouped_gemv_kernel(x_ptr, ids_ptr, q_ptr, s_ptr, m_ptr, y_ptr, N, K,
                               X_PER_ROUTE: tl.constexpr, GROUP: tl.constexpr,
                               BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-                              HAS_MINS: tl.constexpr):
+                              HAS_MINS: tl.constexpr, GPU_ORDER: tl.constexpr):
     route = tl.program_id(0)
     expert = tl.load(ids_ptr + route).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -29,7 +29,7 @@ def w4a16_grouped_gemv_kernel(x_ptr, ids_ptr, q_ptr, s_ptr, m_ptr, y_ptr, N, K,
     first = expert * N  # weight row 0 of this expert
     acc = int4_dot(x_row, q_ptr + first * (K // GROUP) * (GROUP // 8), s_ptr + first * (K // GROUP),
                    m_ptr + first * (K // GROUP), offs_n, n_mask, K // GROUP, GROUP, BLOCK_N,
-                   BLOCK_G, HAS_MINS)
+                   BLOCK_G, HAS_MINS, GPU_ORDER)
     tl.store(y_ptr + route * N + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -58,11 +58,12 @@ def route_inputs(x, experts: PackedInt4Experts, expert_ids, what: str):
 def launch_routed(kernel, what: str, x, stacks: list[PackedInt4Experts], expert_ids,
                   out) -> torch.Tensor:
     """The launcher the routed kernels share: kernel(x, ids, q, s, m of each stack, out, N, K,
-    X_PER_ROUTE, GROUP, BLOCK_N, BLOCK_G, HAS_MINS), one program per (route, BLOCK_N outputs);
+    X_PER_ROUTE, GROUP, BLOCK_N, BLOCK_G, HAS_MINS, GPU_ORDER), one program per (route, BLOCK_N
+    outputs);
     the stacks share one shape and layout; q is passed as its int32 code words."""
     for stack in stacks[1:]:
         if stack.shape != stacks[0].shape or stack.group_size != stacks[0].group_size \
-                or stack.symmetric != stacks[0].symmetric:
+                or stack.symmetric != stacks[0].symmetric or stack.gpu_order != stacks[0].gpu_order:
             raise ValueError(f"{what}: stacks {[s.shape for s in stacks]} differ")
     x, ids = route_inputs(x, stacks[0], expert_ids, what)
     for stack in stacks[1:]:
@@ -74,7 +75,8 @@ def launch_routed(kernel, what: str, x, stacks: list[PackedInt4Experts], expert_
     grid = (routes, triton.cdiv(n, cfg["BLOCK_N"]))
     tensors = [t for s in stacks for t in (code_words(s), s.scales, mins_arg(s)[0])]
     kernel[grid](x, ids, *tensors, out, n, k, X_PER_ROUTE=x.shape[0] > 1,
-                 GROUP=stacks[0].group_size, HAS_MINS=not stacks[0].symmetric, **cfg)
+                 GROUP=stacks[0].group_size, HAS_MINS=not stacks[0].symmetric,
+                 GPU_ORDER=stacks[0].gpu_order, **cfg)
     return out
 
 
