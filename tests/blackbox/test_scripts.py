@@ -288,3 +288,16 @@ def test_make_run_launcher_serves_on_a_temporary_socket(kimi_cache):
         log.close()
         shutil.rmtree(runtime, ignore_errors=True)
     assert rc == 128 + signal.SIGTERM
+
+
+def test_model_step_counts_kernels_and_ends_with_the_gate_lines():
+    """`bench/model_step.py --count-kernels`: the table by layer and op, then the two lines the
+    decode gate (issue 24) and the prefill gate (issue 29) read."""
+    done = subprocess.run([sys.executable, str(BENCH / "model_step.py"), "--count-kernels"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    *table, decode, prefill = done.stdout.strip().splitlines()
+    assert re.fullmatch(r"kernels per decode step: \d+", decode), decode
+    assert re.fullmatch(r"kernels per prefill chunk per layer: \d+", prefill), prefill
+    assert int(decode.rsplit(" ", 1)[1]) <= 600
+    assert any(line.startswith("| 26 MLA | triton.") for line in table)
