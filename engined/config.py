@@ -7,6 +7,7 @@ import dataclasses
 import os
 import pathlib
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -74,12 +75,54 @@ def cache_dir(env: Mapping[str, str] = os.environ) -> pathlib.Path:
     return pathlib.Path(xdg) / "kimi" if xdg else pathlib.Path.home() / ".cache" / "kimi"
 
 
+class UnsafeSocketDir(ConfigError):
+    """The socket's directory is one another user could control: they could replace the
+    socket with their own, or have made the directory first (the /tmp fallback)."""
+
+    def __init__(self, reason: str, fix: str):
+        super().__init__(f"{reason}; {fix}")
+        self.reason, self.fix = reason, fix
+
+
 def ensure_socket_dir(socket_path: pathlib.Path):
-    """Create missing parents of the socket with mode 0700 (existing ones are left alone)."""
-    missing = [p for p in reversed(socket_path.parents) if not p.exists()]
+    """Create missing parents of the socket with mode 0700 (existing ones are left alone),
+    then refuse a socket directory another user could control (check_socket_dir)."""
+    missing = [p for p in reversed(socket_path.parents) if not os.path.lexists(p)]
     for directory in missing:
-        directory.mkdir(mode=0o700, exist_ok=True)
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # made meanwhile, maybe by someone else: judged below, never chmod-ed
         os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+    check_socket_dir(socket_path.parent)
+
+
+def check_socket_dir(directory: pathlib.Path):
+    """Raise UnsafeSocketDir when the existing `directory` is a symlink, is owned by neither
+    this user nor root, or is group- or world-writable. A missing one passes."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return
+    other = "choose another --socket (or set XDG_RUNTIME_DIR to a directory of your own)"
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeSocketDir(f"socket directory {directory} is a symlink, which whoever made "
+                              "it can point anywhere", f"remove the link, or {other}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeSocketDir(f"socket directory {directory} is not a directory", other)
+    uid = os.geteuid()
+    if st.st_uid not in (uid, 0):
+        raise UnsafeSocketDir(
+            f"socket directory {directory} belongs to uid {st.st_uid}, not to uid {uid} that "
+            "runs the engine: that user could replace the socket with one of their own",
+            f"have it removed, or {other}")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        kind = "world-writable" if mode & 0o002 else "group-writable"
+        raise UnsafeSocketDir(
+            f"socket directory {directory} (mode {mode:04o}) is {kind}: others could replace "
+            "the socket with one of their own",
+            f"chmod 0700 {directory} (0750 to let a group reach the socket), or {other}")
 
 
 @dataclass(frozen=True)

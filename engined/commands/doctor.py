@@ -16,7 +16,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
-from engined.config import DEFAULT_MAX_CONTEXT, EngineConfig, format_size
+from engined.config import (DEFAULT_MAX_CONTEXT, EngineConfig, UnsafeSocketDir, check_socket_dir,
+                            format_size)
 
 PINS = {"torch": "2.13.0", "triton": "3.9.0"}  # constraints.txt (a test keeps them equal)
 MIN_PYTHON = (3, 11)
@@ -214,7 +215,7 @@ def check_socket(config: EngineConfig) -> Check:
 
 
 def _socket_dir(name: str, directory: pathlib.Path) -> Check:
-    if not directory.exists():
+    if not os.path.lexists(directory):  # a dangling symlink is there: check_socket_dir says so
         if _is_systemd_dir("RUNTIME_DIRECTORY", directory):
             return Check(name, True, f"{directory} is created by systemd (RuntimeDirectory=) "
                                      "at start")
@@ -223,15 +224,14 @@ def _socket_dir(name: str, directory: pathlib.Path) -> Check:
             return Check(name, True, f"{directory} will be created with mode 0700")
         return Check(name, False, f"{directory} is missing and {ancestor} is not writable",
                      "create it for the service user, or let systemd's RuntimeDirectory= do it")
-    if not directory.is_dir():
-        return Check(name, False, f"{directory} is not a directory", "choose another --socket")
+    try:
+        check_socket_dir(directory)  # serve's own rule: ours or root's, no symlink, 0755 at most
+    except UnsafeSocketDir as exc:
+        return Check(name, False, exc.reason, exc.fix)
     mode = directory.stat().st_mode & 0o7777
     if not os.access(directory, os.W_OK | os.X_OK):
         return Check(name, False, f"{directory} (mode {mode:04o}) is not writable by uid "
                                   f"{os.getuid()}", "run as the directory's owner (user kimi)")
-    if mode & 0o002 and not mode & 0o1000:
-        return Check(name, False, f"{directory} (mode {mode:04o}) is world-writable",
-                     f"chmod 0750 {directory} so others cannot replace the socket")
     return Check(name, True, f"{directory} (mode {mode:04o}) is writable; socket mode will be 0660")
 
 

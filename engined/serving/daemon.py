@@ -1,7 +1,7 @@
 """`kimi-engine serve`, start to finish: plan -> cap -> load -> listen -> serve -> drain.
 
 Exit status: 0 after a clean shutdown, 1 when the model cannot be loaded, the memory plan
-exceeds the cap, or the socket is in use.
+exceeds the cap, the socket is in use, or its directory is one another user could control.
 """
 import signal
 import sys
@@ -13,7 +13,7 @@ from engined.weights import loader
 from engined.engine import kernels
 from engined.engine import memory as memcap
 from engined.chat import IncrementalDecoder
-from engined.config import DEFAULT_MAX_CONTEXT, EngineConfig
+from engined.config import DEFAULT_MAX_CONTEXT, EngineConfig, check_socket_dir
 from engined.engine.loop import Engine
 from engined.serving.generate import Served
 from engined.serving.http_server import UnixHTTPServer
@@ -87,7 +87,8 @@ def run(config: EngineConfig) -> int:
 
 
 def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, Engine]:
-    check_socket_path(config.socket)  # fail before minutes of loading, not after
+    check_socket_dir(config.socket.parent)  # fail before minutes of loading, not after
+    check_socket_path(config.socket)
     device = _device(config.device)
     moved = kernels.settle(device)
     if moved:
