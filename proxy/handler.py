@@ -26,6 +26,7 @@ from proxy import sse
 from proxy.clients.side_tasks import cap_side_request
 from proxy.dialects import common as d
 from proxy.errors import InvalidRequest, from_exception
+from proxy.metrics import tool_type_label
 from proxy.pipeline import Options, Pipeline, chunks_from_json, one_call_at_a_time
 from proxy.state.conversation import ConversationKeys
 from proxy.toolcalls import get_parser
@@ -34,6 +35,8 @@ from proxy.upstream.stream import Cancel
 
 log = logging.getLogger("kimi.proxy")
 _END = object()
+LOGGED_TYPE_CHARS = 64  # of a client's tool type, in the log line
+LOGGED_TYPES = 8
 
 
 @dataclass
@@ -259,6 +262,8 @@ def _note_dropped_tools(ctx: Context) -> None:
     """Hosted tools run at the vendor: left out, never rejected (that would break the client)."""
     dropped = ctx.req.dropped_tools
     for kind in dropped:
-        ctx.services.metrics.dropped_tools.labels(ctx.dialect.NAME, kind).inc()
-    if dropped:
-        log.info("hosted tools left out (the engine cannot run them): %s", ", ".join(dropped))
+        ctx.services.metrics.dropped_tools.labels(ctx.dialect.NAME, tool_type_label(kind)).inc()
+    if dropped:  # the client's strings: repr'd (no raw CR/LF in the log), cut short, few
+        shown = [kind[:LOGGED_TYPE_CHARS] for kind in dropped[:LOGGED_TYPES]]
+        more = f" and {len(dropped) - LOGGED_TYPES} more" if len(dropped) > LOGGED_TYPES else ""
+        log.info("hosted tools left out (the engine cannot run them): %r%s", shown, more)

@@ -1,0 +1,34 @@
+"""Issue 25: what a client controls at the proxy's surface. Its tool types become bounded
+metric labels and escaped log lines; a body nested too deeply is a 400 in the route's shape;
+allowed browser origins get CORS headers and a preflight answer."""
+import pytest
+
+from proxy.app import create_app
+from tests.support.proxy_fakes import FakeUpstream, Reply, proxy_config
+
+ANTH = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def make(tmp_path, **cfg):
+    fake = FakeUpstream(Reply.text("ok"))
+    app = create_app(proxy_config("http://127.0.0.1:9/v1", tmp_path, **cfg))
+    app.extensions["kimi"].upstream = fake.client()
+    return app.test_client(), fake
+
+
+# ---- tool types: metric labels and log lines -------------------------------------------
+def test_unknown_tool_types_count_as_other_and_log_escaped(tmp_path, caplog):
+    client, _fake = make(tmp_path)
+    evil = 'x"} 1\r\nkimi_proxy_fake_total{a="' + "y" * 500
+    tools = [{"type": evil, "name": "a"}, {"type": "web_search_20250305", "name": "web_search"},
+             *({"type": f"made_up_{i}", "name": "b"} for i in range(20))]
+    with caplog.at_level("INFO", logger="kimi.proxy"):
+        assert client.post("/v1/messages", json={**ANTH, "tools": tools}).status_code == 200
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'kimi_proxy_dropped_tools_total{dialect="anthropic",type="other"} 21.0' in text
+    assert 'kimi_proxy_dropped_tools_total{dialect="anthropic",type="web_search_20250305"} 1.0' in text
+    assert "made_up" not in text and "kimi_proxy_fake" not in text
+    line = next(r.getMessage() for r in caplog.records if "hosted tools left out" in r.getMessage())
+    assert "\r" not in line and "\n" not in line and "\\r\\n" in line
+    assert "y" * 20 in line and "y" * 40 not in line  # cut at 64 characters
+    assert "made_up_5" in line and "made_up_6" not in line and "and 14 more" in line  # 8 shown
