@@ -129,8 +129,14 @@ def openai_body(err: ProxyError) -> dict:
                       "code": openai_code(err)}}
 
 
+NESTED_TOO_DEEPLY = "request body is nested too deeply"
+
+
 def from_exception(exc: BaseException) -> ProxyError:
-    """Any exception as a ProxyError (unexpected ones become a 500 without a traceback)."""
+    """Any exception as a ProxyError (unexpected ones become a 500 without a traceback).
+    A RecursionError comes from a body nested deeper than the stack: the client's error."""
     if isinstance(exc, ProxyError):
         return exc
+    if isinstance(exc, RecursionError):
+        return InvalidRequest(NESTED_TOO_DEEPLY)
     return ProxyError(f"internal error: {type(exc).__name__}: {exc}")

@@ -11,8 +11,9 @@ from flask import Flask, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
 from proxy import config as config_mod
-from proxy.errors import (AuthError, ContextTooLong, Forbidden, MethodNotAllowed, NotFound,
-                          ProxyError, TooLarge, anthropic_body, from_exception, openai_body)
+from proxy.errors import (NESTED_TOO_DEEPLY, AuthError, ContextTooLong, Forbidden,
+                          MethodNotAllowed, NotFound, ProxyError, TooLarge, anthropic_body,
+                          from_exception, openai_body)
 
 log = logging.getLogger("kimi.proxy")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -28,6 +29,7 @@ def init_app(app: Flask, dialect_of) -> None:
     app.after_request(_echo_request_id)
     app.register_error_handler(ProxyError, render_error)
     app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(RecursionError, _too_deep)
     app.register_error_handler(Exception, _unexpected)
 
 
@@ -64,6 +66,12 @@ def _http_error(exc: HTTPException):
                405: f"{request.method} is not allowed on {request.path}",
                413: f"request body is larger than {current_app.config['MAX_BODY_BYTES']} bytes"}[exc.code]
     return render_error(cls(message))
+
+
+def _too_deep(exc: RecursionError):
+    """A body that parsed but nests too deeply for a later step: a 400, not a traceback."""
+    log.warning("%s %s: %s", g.get("request_id", "-"), request.path, NESTED_TOO_DEEPLY)
+    return render_error(from_exception(exc))
 
 
 def _unexpected(exc: Exception):

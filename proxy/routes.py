@@ -11,7 +11,7 @@ from flask import Blueprint, current_app, g, request
 from proxy import handler
 from proxy.clients import policy as policy_mod
 from proxy.dialects import anthropic, openai_chat, openai_responses, responses_state
-from proxy.errors import InvalidRequest, TooLarge
+from proxy.errors import NESTED_TOO_DEEPLY, InvalidRequest, TooLarge
 from proxy.guards import is_authorized
 from proxy.upstream.payload import build_payload
 
@@ -50,6 +50,8 @@ def json_body():
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"invalid JSON body: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest(NESTED_TOO_DEEPLY) from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"request body must be a JSON object, got {type(body).__name__}")
     if (b"\\ud" in raw or b"\\uD" in raw) and SURROGATE_ESCAPE.search(raw):  # lone surrogates?

@@ -32,3 +32,45 @@ def test_unknown_tool_types_count_as_other_and_log_escaped(tmp_path, caplog):
     assert "\r" not in line and "\n" not in line and "\\r\\n" in line
     assert "y" * 20 in line and "y" * 40 not in line  # cut at 64 characters
     assert "made_up_5" in line and "made_up_6" not in line and "and 14 more" in line  # 8 shown
+
+
+# ---- a body nested too deeply ----------------------------------------------------------
+JSON_ROUTES = [("/v1/messages", "anthropic"), ("/v1/messages/count_tokens", "anthropic"),
+               ("/v1/chat/completions", "openai"), ("/v1/responses", "openai"),
+               ("/v1/responses/compact", "openai")]
+
+
+def assert_too_deep(resp, shape: str):
+    assert resp.status_code == 400, resp.get_data(as_text=True)
+    body = resp.get_json()
+    if shape == "anthropic":
+        assert body == {"type": "error", "error": {"type": "invalid_request_error",
+                                                   "message": "request body is nested too deeply"}}
+    else:
+        assert body["error"]["type"] == "invalid_request_error" and "type" not in body
+        assert body["error"]["message"] == "request body is nested too deeply"
+
+
+@pytest.mark.parametrize("path,shape", JSON_ROUTES)
+def test_deeply_nested_json_is_a_400_in_the_routes_shape(tmp_path, path, shape, caplog):
+    client, fake = make(tmp_path)
+    depth = 100_000
+    raw = '{"model": "m", "max_tokens": 8, "input": "hi", "messages": [], "x": ' + "[" * depth + "]" * depth + "}"
+    with caplog.at_level("WARNING", logger="kimi.proxy"):
+        assert_too_deep(client.post(path, data=raw, content_type="application/json"), shape)
+    assert "Traceback" not in caplog.text and not fake.requests
+
+
+@pytest.mark.parametrize("path,shape", JSON_ROUTES)
+def test_recursion_after_parsing_is_a_400_without_a_traceback(tmp_path, path, shape, caplog,
+                                                             monkeypatch):
+    """Nesting that parses may still be too deep for a later step (the payload, the policy):
+    a RecursionError anywhere in the request is rendered at the edge as the client's 400."""
+    def too_deep(*_args, **_kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+    monkeypatch.setattr("proxy.clients.policy.resolve", too_deep)
+    client, fake = make(tmp_path)
+    body = {**ANTH, "input": "hi"}
+    with caplog.at_level("WARNING", logger="kimi.proxy"):
+        assert_too_deep(client.post(path, json=body), shape)
+    assert "Traceback" not in caplog.text and not fake.requests
