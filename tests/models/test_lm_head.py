@@ -5,6 +5,7 @@ import torch
 
 from engined import helper
 from engined.layers.embedding import TiedEmbedding
+from tests.support.simd import gemv_level_or_skip
 
 pytestmark = pytest.mark.skipif(helper.lib is None, reason="C helper not built")
 
@@ -12,12 +13,8 @@ pytestmark = pytest.mark.skipif(helper.lib is None, reason="C helper not built")
 @pytest.fixture(params=[0, 1, 2], ids=["portable", "avx2", "avx512"])
 def simd(request):
     """Each kernel level this CPU has (the head's AVX2 kernel serves machines without AVX-512)."""
-    used = helper.gemv_simd(request.param)
     try:
-        if used != request.param:
-            pytest.skip(f"this CPU has no {helper.SIMD_LEVELS[request.param]} kernel")
-        print(f"gemv_f16 at SIMD level {used} ({helper.SIMD_LEVELS[used]})")
-        yield
+        yield gemv_level_or_skip(request.param)
     finally:
         helper.gemv_simd(2)  # the shipped default: the best kernel the CPU has
 

@@ -7,6 +7,16 @@ from engined.ops import registry
 from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_gemv import cpu_c, reference
 from tests.ops.helpers import random_int4
+from tests.support.simd import gemv_level_or_skip, level_ids
+
+
+@pytest.fixture(params=sorted(helper.SIMD_LEVELS), ids=level_ids(helper.SIMD_LEVELS))
+def level(request):
+    """Each kernel level this CPU has (the others skip, naming the one that ran)."""
+    try:
+        yield gemv_level_or_skip(request.param)
+    finally:
+        helper.gemv_simd(2)
 
 
 @pytest.fixture
@@ -38,17 +48,12 @@ def test_thread_count_does_not_change_a_single_bit(weight, big_weight, threads, 
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
-@pytest.mark.parametrize("level", [0, 1, 2])  # portable C, AVX2, AVX-512 (as the CPU allows)
 @pytest.mark.parametrize("rows", [1, 5, 8])
 def test_every_kernel_level_matches_reference(weight, level, rows, symmetric):
     x = torch.randn(rows, 576)
     if symmetric:
         weight = PackedInt4(weight.qweight, weight.scales, None, weight.group_size)
-    try:
-        helper.gemv_simd(level)
-        got = cpu_c.w4a16_gemv(x, weight)
-    finally:
-        helper.gemv_simd(2)
+    got = cpu_c.w4a16_gemv(x, weight)
     torch.testing.assert_close(got, reference.w4a16_gemv(x, weight), atol=1e-2, rtol=1e-4)
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from engined import helper
+from tests.support.simd import gemv_level_or_skip, level_ids
 
 F16 = np.float16
 
@@ -82,18 +83,19 @@ def test_gemv_symmetric_known_answer(group, threads):
     assert helper.gemv_w4a16(X, QW, s, None, group, threads).tolist() == WANT_SYM
 
 
-@pytest.fixture
-def simd_level():
+@pytest.fixture(params=sorted(helper.SIMD_LEVELS), ids=level_ids(helper.SIMD_LEVELS))
+def simd_level(request):
+    """Each kernel level this CPU has (the others skip, naming the one that ran)."""
     before = helper.gemv_simd()
-    yield
-    helper.gemv_simd(2)  # the default cap
+    try:
+        yield gemv_level_or_skip(request.param)
+    finally:
+        helper.gemv_simd(2)  # the default cap
     assert helper.gemv_simd() == before
 
 
-@pytest.mark.parametrize("level", [0, 1, 2])
-def test_gemv_every_kernel_level_known_answer(level, simd_level):
+def test_gemv_every_kernel_level_known_answer(simd_level):
     s, m = _scales(32)
-    assert helper.gemv_simd(level) <= level
     assert helper.gemv_w4a16(np.tile(X, (3, 1)), QW, s, m, 32).tolist() == WANT * 3
     assert helper.gemv_w4a16(np.tile(X, (3, 1)), QW, s, None, 32).tolist() == WANT_SYM * 3
 

@@ -8,6 +8,7 @@ from engined.ops import registry
 from engined.ops.llama_decode_layer import cpu_c, reference
 from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
 from tests.ops.helpers import LLAMA_LAYER
+from tests.support.simd import gemv_level_or_skip, level_ids
 
 LEVELS = helper.SIMD_LEVELS
 CASE = LLAMA_LAYER[5]  # B = 3, one row past a key chunk, W4A8
@@ -23,13 +24,12 @@ def run(variant, args, **kw):
     return registry.variants("llama_decode_layer")[variant].fn(*args, **kw), args[4]
 
 
-@pytest.fixture(params=sorted(LEVELS))
+@pytest.fixture(params=sorted(LEVELS), ids=level_ids(LEVELS))
 def level(request):
-    """Each SIMD cap; the level that ran (attention's fp16 loads and the GEMVs) is printed."""
-    used = helper.gemv_simd(request.param)
+    """Each SIMD level this CPU has (attention's fp16 loads and the GEMVs; the others skip)."""
     try:
-        print(f"\nllama_decode_layer cap {LEVELS[request.param]}: ran {LEVELS[used]} "
-              f"(w4a8 kernel {helper.INT8_LEVELS[helper.w4a8_simd()]})")
+        used = gemv_level_or_skip(request.param)
+        print(f"w4a8 kernel {helper.INT8_LEVELS[helper.w4a8_simd()]}")
         yield used
     finally:
         helper.gemv_simd(2)

@@ -9,6 +9,7 @@ from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
 from engined.ops.w4a8_gemv import cpu_c, reference
 from tests.ops.helpers import random_int4
+from tests.support.simd import int8_level_or_skip, level_ids
 
 LEVELS = helper.INT8_LEVELS
 
@@ -19,25 +20,13 @@ def threads():
     w4a16_cpu_c.set_num_threads(None)
 
 
-@pytest.fixture(params=sorted(LEVELS))
+@pytest.fixture(params=sorted(LEVELS), ids=level_ids(LEVELS))
 def level(request):
-    """Each integer-dot cap; the kernel that actually ran is printed (pytest -s) and returned."""
+    """Each integer-dot kernel this CPU has (the others skip, naming the one that ran)."""
     try:
-        ran = helper.w4a8_simd(request.param)
-        print(f"\nw4a8 cap {LEVELS[request.param]}: kernel {LEVELS[ran]}")
-        yield ran
+        yield int8_level_or_skip(request.param)
     finally:
         helper.w4a8_simd(3)
-
-
-def cap_ran(level: int) -> int:
-    """Cap the integer-dot kernels at `level`; skip unless this CPU runs exactly that one."""
-    ran = helper.w4a8_simd(level)
-    if ran != level:
-        helper.w4a8_simd(3)
-        pytest.skip(f"this CPU has no {LEVELS[level]} (runs {LEVELS[ran]})")
-    print(f"\n{LEVELS[level]} ran")
-    return ran
 
 
 def identity(k: int) -> PackedInt4:
@@ -152,25 +141,22 @@ def test_a_row_is_the_same_bits_alone_or_batched(level, group, k):
             assert torch.equal(cpu_c.w4a8_gemv(x[r:r + 1], w)[0], batched[r]), (rows, r)
 
 
-@pytest.mark.parametrize("vnni", [2, 3])
-def test_vnni_kernels_are_the_avx2_kernels_bits(vnni):
+@pytest.mark.parametrize("level", [2, 3], ids=level_ids(LEVELS)[2:], indirect=True)
+def test_vnni_kernels_are_the_avx2_kernels_bits(level):
     """AVX-VNNI and AVX-512 VNNI change only the integer step (the same exact int32 dots), so
     every output must equal AVX2's bit for bit: lone rows (4 weight rows per call, 512-bit
     pairs of pairs and a lone pair at the end), batches, both group layouts, symmetric, and
     the shapes whose k % 64 == 32 (which run the AVX2 kernel at every level)."""
-    gen = torch.Generator().manual_seed(vnni)
+    gen = torch.Generator().manual_seed(level)
     cases = []
     for k, group, symmetric in ((448, 32, False), (576, 32, True), (640, 64, False),
                                 (1024, 128, True), (1056, 32, False), (96, 32, False)):
         w = PackedInt4(group_size=group, **random_int4(gen, 77, k, group, symmetric=symmetric))
         cases.append((w, torch.randn(8, k, generator=gen) * 3))
-    try:
-        helper.w4a8_simd(1)
-        want = [[cpu_c.w4a8_gemv(x[:rows], w) for rows in (1, 2, 5, 8)] for w, x in cases]
-        cap_ran(vnni)
-        got = [[cpu_c.w4a8_gemv(x[:rows], w) for rows in (1, 2, 5, 8)] for w, x in cases]
-    finally:
-        helper.w4a8_simd(3)
+    helper.w4a8_simd(1)
+    want = [[cpu_c.w4a8_gemv(x[:rows], w) for rows in (1, 2, 5, 8)] for w, x in cases]
+    assert helper.w4a8_simd(level) == level
+    got = [[cpu_c.w4a8_gemv(x[:rows], w) for rows in (1, 2, 5, 8)] for w, x in cases]
     for (w, _), ys, refs in zip(cases, got, want):
         for y, ref in zip(ys, refs):
             assert torch.equal(y, ref), (w.qweight.shape, y.shape)

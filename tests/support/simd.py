@@ -1,0 +1,32 @@
+"""Cases named for a SIMD level run at that level or skip: a cap only lowers the level, so on a
+CPU without the named one a lower kernel would run, and pass, under the higher name. The skip
+reason names the level that ran (pytest -rs). Callers restore the default cap (in a finally);
+tests/support/as_avx2.py runs a suite as an AVX2-only CPU would."""
+import pytest
+
+from engined import helper
+
+
+def level_ids(names: dict[int, str]) -> list[str]:
+    """Test ids for sorted(names): "portable-c", "avx2", "avx-512", "avx-512-vnni", ..."""
+    return [names[level].lower().replace(" ", "-") for level in sorted(names)]
+
+
+def gemv_level_or_skip(level: int) -> int:
+    """Cap the fp32-dot kernels at `level` (helper.SIMD_LEVELS) and skip unless it runs."""
+    return _run_or_skip(helper.gemv_simd, helper.SIMD_LEVELS, level)
+
+
+def int8_level_or_skip(level: int) -> int:
+    """Cap the integer-dot kernels (W4A8, the Q8_0 head) at `level` (helper.INT8_LEVELS) and
+    skip unless it runs."""
+    return _run_or_skip(helper.w4a8_simd, helper.INT8_LEVELS, level)
+
+
+def _run_or_skip(cap, names: dict[int, str], level: int) -> int:
+    ran = cap(level)  # the level the helper says runs: the cap, then what this CPU has
+    if ran != level:
+        pytest.skip(f"asks for {names[level]}, but {names[ran]} ran "
+                    f"(this CPU has no {names[level]})")
+    print(f"\n{names[level]} ran")
+    return ran
