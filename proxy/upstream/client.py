@@ -4,7 +4,8 @@ URLs: `unix:///path/engine.sock` (API under /v1, tokenizer at the root) or
 `http(s)://host:port/v1`. Built on plain sockets (proxy.http11), so under the proxy's
 gevent patching every socket call is cooperative. Keep-alive connections are pooled; streamed bodies
 are forwarded per read (no coalescing); closing a stream closes its socket, which
-cancels the engine request. TCP_NODELAY is set on every TCP socket.
+cancels the engine request. TCP_NODELAY is set on every TCP socket; a Unix socket served by
+another user is refused (proxy.upstream.peer).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 
 from proxy.errors import ClientGone, ProxyError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from proxy.upstream.http11 import Connection, Response
+from proxy.upstream.peer import UntrustedUpstream, check_peer
 from proxy.upstream.status import status_error as _status_error
 from proxy.upstream.stream import Cancel, ListStream, Stream
 
@@ -47,7 +49,8 @@ class Target:
             sock.settimeout(timeout)
             try:
                 sock.connect(self.unix_path)
-            except OSError:
+                check_peer(sock, self.unix_path)
+            except (OSError, UntrustedUpstream):
                 sock.close()
                 raise
             return sock
