@@ -1,5 +1,6 @@
-"""Before every request: a request id, Host/Origin checks, the API key. And the one
-place errors are rendered: by the dialect of the route that failed (its `render_error`)."""
+"""Before every request: a request id, Host/Origin checks, a browser's CORS preflight, the
+API key; after it, CORS headers for an allowed origin. And the one place errors are
+rendered: by the dialect of the route that failed (its `render_error`)."""
 from __future__ import annotations
 
 import hmac
@@ -18,6 +19,10 @@ from proxy.errors import (NESTED_TOO_DEEPLY, AuthError, ContextTooLong, Forbidde
 log = logging.getLogger("kimi.proxy")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 OPEN_PATHS = ("/health",)
+CORS_METHODS = "GET, POST, DELETE, OPTIONS"
+CORS_EXPOSED = "X-Request-Id, X-Kimi-Preset, Retry-After"
+CORS_MAX_AGE_S = "600"
+HEADER_NAMES = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+(?:[ \t]*,[ \t]*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*$")
 
 
 def init_app(app: Flask, dialect_of) -> None:
@@ -25,8 +30,10 @@ def init_app(app: Flask, dialect_of) -> None:
     app.extensions["kimi.dialect_of"] = dialect_of
     app.before_request(_request_id)
     app.before_request(_host_and_origin)
+    app.before_request(_preflight)  # before the key: a browser sends its preflight without one
     app.before_request(_api_key)
     app.after_request(_echo_request_id)
+    app.after_request(_cors)
     app.register_error_handler(ProxyError, render_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(RecursionError, _too_deep)
@@ -98,6 +105,34 @@ def _host_and_origin():
     origin = request.headers.get("Origin")
     if origin and origin not in cfg["ALLOW_ORIGIN"]:
         raise Forbidden(f"requests from browser origin {origin!r} are refused; allow it with the allow-origin config key")
+
+
+def _preflight():
+    """A browser's CORS preflight (OPTIONS with Access-Control-Request-Method) from an origin
+    that _host_and_origin admitted: 204 with the methods, and the headers it asked for."""
+    if request.method != "OPTIONS" or not request.headers.get("Origin") \
+            or "Access-Control-Request-Method" not in request.headers:
+        return None
+    resp = current_app.response_class(status=204)
+    resp.headers["Access-Control-Allow-Methods"] = CORS_METHODS
+    asked = request.headers.get("Access-Control-Request-Headers", "").strip()
+    if HEADER_NAMES.match(asked):
+        resp.headers["Access-Control-Allow-Headers"] = asked
+    resp.headers["Access-Control-Max-Age"] = CORS_MAX_AGE_S
+    return resp
+
+
+def _cors(resp):
+    """Every answer, errors included, lets an allowed origin read it; caches key on Origin."""
+    allowed = current_app.config["ALLOW_ORIGIN"]
+    if not allowed:
+        return resp
+    resp.vary.add("Origin")
+    origin = request.headers.get("Origin")
+    if origin in allowed:
+        resp.headers["Access-Control-Allow-Origin"] = origin
+        resp.headers["Access-Control-Expose-Headers"] = CORS_EXPOSED
+    return resp
 
 
 def _api_key():

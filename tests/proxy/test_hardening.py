@@ -74,3 +74,46 @@ def test_recursion_after_parsing_is_a_400_without_a_traceback(tmp_path, path, sh
     with caplog.at_level("WARNING", logger="kimi.proxy"):
         assert_too_deep(client.post(path, json=body), shape)
     assert "Traceback" not in caplog.text and not fake.requests
+
+
+# ---- CORS for allowed browser origins --------------------------------------------------
+APP_ORIGIN = "http://localhost:3000"
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions", "/v1/responses"])
+def test_preflight_from_an_allowed_origin_is_answered_before_the_key(tmp_path, path):
+    client, fake = make(tmp_path, ALLOW_ORIGIN=[APP_ORIGIN], API_KEY="k")
+    asked = "content-type, x-api-key, anthropic-version, authorization"
+    resp = client.options(path, headers={"Origin": APP_ORIGIN, "Access-Control-Request-Method": "POST",
+                                         "Access-Control-Request-Headers": asked})
+    assert resp.status_code == 204 and resp.get_data() == b""
+    assert resp.headers["Access-Control-Allow-Origin"] == APP_ORIGIN
+    assert "POST" in resp.headers["Access-Control-Allow-Methods"].split(", ")
+    assert resp.headers["Access-Control-Allow-Headers"] == asked
+    assert "Origin" in resp.headers["Vary"] and not fake.requests
+
+
+def test_allowed_origin_reads_answers_and_errors(tmp_path):
+    client, _fake = make(tmp_path, ALLOW_ORIGIN=[APP_ORIGIN], API_KEY="k")
+    resp = client.post("/v1/messages", json=ANTH, headers={"Origin": APP_ORIGIN, "x-api-key": "k"})
+    assert resp.status_code == 200 and resp.headers["Access-Control-Allow-Origin"] == APP_ORIGIN
+    assert "X-Request-Id" in resp.headers["Access-Control-Expose-Headers"]
+    assert "Origin" in resp.headers["Vary"]
+    refused = client.post("/v1/messages", json=ANTH, headers={"Origin": APP_ORIGIN})  # no key
+    assert refused.status_code == 401 and refused.headers["Access-Control-Allow-Origin"] == APP_ORIGIN
+    assert "Access-Control-Allow-Origin" not in client.get("/health").headers  # no Origin: no CORS
+    assert "Origin" in client.get("/health").headers["Vary"]
+
+
+def test_other_origins_get_no_cors_headers(tmp_path):
+    client, _fake = make(tmp_path, ALLOW_ORIGIN=[APP_ORIGIN])
+    evil = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
+    resp = client.options("/v1/messages", headers=evil)
+    assert resp.status_code == 403 and "Access-Control-Allow-Origin" not in resp.headers
+    odd = {"Origin": APP_ORIGIN, "Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "x-ok, bad header"}
+    assert "Access-Control-Allow-Headers" not in client.options("/v1/messages", headers=odd).headers
+    plain, _fake = make(tmp_path)  # no allow-origin: nothing changes for non-browser clients
+    resp = plain.post("/v1/messages", json=ANTH)
+    assert resp.status_code == 200 and "Vary" not in resp.headers
+    assert not any(k.startswith("Access-Control-") for k in resp.headers.keys())
