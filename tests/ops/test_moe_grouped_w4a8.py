@@ -10,9 +10,19 @@ from engined.ops import registry
 from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
 from engined.ops.w4a8_gemv import cpu_c as w4a8_cpu_c
 from tests.ops.helpers import experts
+from tests.support.simd import int8_level_or_skip, level_ids
 
 E, K = 16, 4
 LEVELS = helper.INT8_LEVELS
+
+
+@pytest.fixture(params=sorted(LEVELS), ids=level_ids(LEVELS))
+def level(request):
+    """Each integer-dot kernel this CPU has (the others skip, naming the one that ran)."""
+    try:
+        yield int8_level_or_skip(request.param)
+    finally:
+        helper.w4a8_simd(3)
 
 
 def fn():
@@ -37,21 +47,15 @@ def batch(seed: int, tokens: int, d: int):
     return torch.randn(tokens, d, generator=gen), ids, torch.rand(tokens, K, generator=gen)
 
 
-@pytest.mark.parametrize("level", sorted(LEVELS))
 def test_a_batched_row_equals_the_row_alone_at_every_level(banks, level):
     x, ids, weights = batch(level, 8, banks[2].shape[1])
-    try:
-        ran = helper.w4a8_simd(level)
-        print(f"\nmoe_grouped_w4a8 cap {LEVELS[level]}: kernel {LEVELS[ran]}")
-        together = fn()(x, *banks, ids, weights)
-        alone = torch.cat([fn()(x[t:t + 1], *banks, ids[t:t + 1], weights[t:t + 1])
-                           for t in range(8)])
-        helper.w4a8_simd(1)
-        avx2 = fn()(x, *banks, ids, weights)
-    finally:
-        helper.w4a8_simd(3)
+    together = fn()(x, *banks, ids, weights)
+    alone = torch.cat([fn()(x[t:t + 1], *banks, ids[t:t + 1], weights[t:t + 1])
+                       for t in range(8)])
+    helper.w4a8_simd(1)
+    avx2 = fn()(x, *banks, ids, weights)
     assert torch.equal(together, alone)
-    if ran >= 1 and helper.w4a8_simd() >= 1:
+    if level >= 1:
         assert torch.equal(together, avx2)  # every SIMD level: the same bits
     want = registry.variants("moe_grouped_w4a8")["reference"].fn(x, *banks, ids, weights)
     torch.testing.assert_close(together, want, atol=1e-3, rtol=1e-4)

@@ -8,15 +8,16 @@ from engined import helper
 from engined.layers.embedding import Q8TiedEmbedding, TiedEmbedding
 from engined.ops.q8_gemv import cpu_c, reference
 from tests.ops.helpers import random_q8
+from tests.support.simd import int8_level_or_skip, level_ids
 
 LEVELS = helper.INT8_LEVELS
 
 
-@pytest.fixture(params=sorted(LEVELS))
+@pytest.fixture(params=sorted(LEVELS), ids=level_ids(LEVELS))
 def level(request):
+    """Each integer-dot kernel this CPU has (the others skip, naming the one that ran)."""
     try:
-        ran = helper.w4a8_simd(request.param)
-        print(f"\nq8 cap {LEVELS[request.param]}: q8 kernel {LEVELS[helper.q8_simd()]}")
+        ran = int8_level_or_skip(request.param)
         assert helper.q8_simd() == ran
         yield ran
     finally:
@@ -78,22 +79,16 @@ def test_q8_head_is_the_fp32_head_up_to_x_rounding():
     assert kept.nbytes == 2000 * 576 + 2000 * 18 * 2
 
 
-@pytest.mark.parametrize("vnni", [2, 3])
-def test_vnni_kernels_are_the_avx2_kernels_bits(vnni):
+@pytest.mark.parametrize("level", [2, 3], ids=level_ids(LEVELS)[2:], indirect=True)
+def test_vnni_kernels_are_the_avx2_kernels_bits(level):
     """vpdpbusd on |w| and sign(x, w) gives the int32 dots that maddubs + madd give, so the
     head's logits are AVX2's bit for bit (tails of 1..7 blocks, the -128 code, batches)."""
-    gen = torch.Generator().manual_seed(vnni)
+    gen = torch.Generator().manual_seed(level)
     cases = [(random_q8(gen, 97, k), torch.randn(8, k, generator=gen)) for k in (576, 32, 224)]
     cases[0][0].q[:, :64] = -128
-    try:
-        helper.w4a8_simd(1)
-        want = [cpu_c.q8_gemv(x[:rows], w) for w, x in cases for rows in (1, 3, 8)]
-        ran = helper.w4a8_simd(vnni)
-        if ran != vnni:
-            pytest.skip(f"this CPU has no {LEVELS[vnni]} (runs {LEVELS[ran]})")
-        print(f"\n{LEVELS[vnni]} ran")
-        got = [cpu_c.q8_gemv(x[:rows], w) for w, x in cases for rows in (1, 3, 8)]
-    finally:
-        helper.w4a8_simd(3)
+    helper.w4a8_simd(1)
+    want = [cpu_c.q8_gemv(x[:rows], w) for w, x in cases for rows in (1, 3, 8)]
+    assert helper.w4a8_simd(level) == level
+    got = [cpu_c.q8_gemv(x[:rows], w) for w, x in cases for rows in (1, 3, 8)]
     for y, ref in zip(got, want):
         assert torch.equal(y, ref)

@@ -11,6 +11,7 @@ from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_gemm import cpu_c, reference
 from engined.ops.w4a16_gemv import cpu_c as gemv_cpu_c
 from tests.ops.helpers import random_int4
+from tests.support.simd import gemv_level_or_skip, level_ids
 
 pytestmark = pytest.mark.skipif(not helper.available(), reason="the C helper is not built")
 
@@ -20,6 +21,15 @@ def packed(n, k, group, symmetric=False, seed=0) -> PackedInt4:
     return PackedInt4(group_size=group, **random_int4(gen, n, k, group, symmetric=symmetric))
 
 
+@pytest.fixture(params=sorted(helper.SIMD_LEVELS), ids=level_ids(helper.SIMD_LEVELS))
+def level(request):
+    """Each cap this CPU runs (the others skip); at AVX-512 the GEMM runs AVX2's kernel."""
+    try:
+        yield gemv_level_or_skip(request.param)
+    finally:
+        helper.gemv_simd(2)
+
+
 @pytest.fixture
 def threads():
     yield
@@ -27,36 +37,25 @@ def threads():
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
-@pytest.mark.parametrize("level", [0, 1, 2])  # portable C, AVX2, AVX-512 (as the CPU allows)
 @pytest.mark.parametrize("shape", [(37, 200, 576, 32), (9, 21, 30, 6), (70, 35, 640, 128)],
                          ids=["tiles-of-32", "group-6", "group-128"])
 def test_every_kernel_level_matches_reference(level, symmetric, shape):
     m, n, k, group = shape
     w, x = packed(n, k, group, symmetric), torch.randn(m, k)
-    try:
-        ran = helper.gemv_simd(level)
-        got = cpu_c.w4a16_gemm(x, w)
-    finally:
-        helper.gemv_simd(2)
-    assert ran <= level  # the cap holds; the CPU may offer less (then that level runs)
+    got = cpu_c.w4a16_gemm(x, w)
     torch.testing.assert_close(got, reference.w4a16_gemm(x, w), atol=2e-5 * k, rtol=1e-4)
 
 
-@pytest.mark.parametrize("level", [0, 2])
 def test_a_row_does_not_depend_on_the_rows_or_threads_beside_it(level, threads):
     w, x = packed(100, 544, 32, seed=1), torch.randn(263, 544)  # 263 rows: 2 passes, tails
-    try:
-        helper.gemv_simd(level)
-        gemv_cpu_c.set_num_threads(1)
-        whole = cpu_c.w4a16_gemm(x, w)
-        for r in (0, 5, 6, 255, 256, 262):
-            assert torch.equal(cpu_c.w4a16_gemm(x[r:r + 1], w)[0], whole[r]), f"row {r}"
-            assert torch.equal(cpu_c.w4a16_gemm(x[r:r + 7], w)[0], whole[r]), f"row {r} of 7"
-        for n in (2, 3):
-            gemv_cpu_c.set_num_threads(n)
-            assert torch.equal(cpu_c.w4a16_gemm(x, w), whole)
-    finally:
-        helper.gemv_simd(2)
+    gemv_cpu_c.set_num_threads(1)
+    whole = cpu_c.w4a16_gemm(x, w)
+    for r in (0, 5, 6, 255, 256, 262):
+        assert torch.equal(cpu_c.w4a16_gemm(x[r:r + 1], w)[0], whole[r]), f"row {r}"
+        assert torch.equal(cpu_c.w4a16_gemm(x[r:r + 7], w)[0], whole[r]), f"row {r} of 7"
+    for n in (2, 3):
+        gemv_cpu_c.set_num_threads(n)
+        assert torch.equal(cpu_c.w4a16_gemm(x, w), whole)
 
 
 def test_bad_inputs_get_clear_errors():
