@@ -17,7 +17,7 @@ log = logging.getLogger("kimi.proxy")
 def _options(f):
     opts = [
         click.option("--upstream", help="unix:///PATH or http(s)://HOST:PORT/v1 (default: the engine socket)"),
-        click.option("--host", help="address to listen on (default 127.0.0.1)"),
+        click.option("--host", help="address to listen on (default 127.0.0.1; any other needs an API key)"),
         click.option("--port", type=int, help="port to listen on (default 8080)"),
         click.option("--client", help="pin a client preset for its own dialect (default auto)"),
         click.option("--reasoning-field", help="auto|reasoning_content|reasoning|inline|none"),
@@ -25,7 +25,8 @@ def _options(f):
         click.option("--model", help="model name sent upstream"),
         click.option("--model-alias", multiple=True, help="A=B: send B when the client asks for A"),
         click.option("--ledger", help="SQLite ledger path (mode 0600)"),
-        click.option("--api-key", help="require this key on every route but /health"),
+        click.option("--api-key", help="require this key on every route but /health "
+                                        "(others can read it here: prefer KIMI_PROXY_API_KEY)"),
         click.option("--log-file", help="append the request log here"),
         click.option("--record", help="write cassettes into this directory"),
         click.option("--config", "config_path", help="TOML config file"),
@@ -56,6 +57,10 @@ def serve(config_path, **flags):
     """Run the proxy."""
     cfg = _config_or_exit(config_path, flags, "kimi-proxy: ", err=True)
     _setup_logging(cfg["LOG_FILE"])
+    if flags.get("api_key"):
+        log.warning("--api-key on the command line is visible to every local user (ps, "
+                    "/proc/*/cmdline); set KIMI_PROXY_API_KEY instead, for the service in a "
+                    "mode 0600 EnvironmentFile (/etc/kimi/proxy.env)")
     from proxy.server import serve_forever
     sys.exit(serve_forever(cfg))
 

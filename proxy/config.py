@@ -156,6 +156,7 @@ def validate(cfg: dict, environ=None) -> dict:
         raise ConfigError(f"reasoning-field must be one of {', '.join(REASONING_FIELDS)}, "
                           f"got {cfg['REASONING_FIELD']!r}")
     _check_names(cfg)
+    _check_exposure(cfg)
     if cfg["LEDGER"] is None:
         cfg["LEDGER"] = default_ledger_path(environ)
     if cfg["PING_INTERVAL_S"] < 0 or cfg["UPSTREAM_TIMEOUT_S"] <= 0 or cfg["MAX_BODY_BYTES"] < 1:
@@ -178,6 +179,27 @@ def _check_names(cfg: dict) -> None:
             presets.check_client_name(cfg["CLIENT"])
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def _check_exposure(cfg: dict) -> None:
+    """Off loopback a key is required: the Host check stops browsers, not a LAN client, which
+    could otherwise drive the model and read every stored Response."""
+    if not cfg["API_KEY"] and not is_loopback_address(str(cfg["HOST"])):
+        raise ConfigError(f"host {cfg['HOST']!r} is not a loopback address and no api-key is set, "
+                          "so anyone who can reach it could use the proxy: set a key "
+                          "(KIMI_PROXY_API_KEY, or the api-key config key), or listen on "
+                          "loopback with --host 127.0.0.1")
+
+
+def is_loopback_address(host: str) -> bool:
+    """A listen address that only this machine reaches: localhost, 127.0.0.0/8 or ::1."""
+    host = host.strip()
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host).is_loopback
+    except ValueError:
+        return False  # another name, or "" (every address)
 
 
 def is_loopback_host(host_header: str) -> bool:
