@@ -59,11 +59,15 @@ DEFAULTS = {
     "LEDGER_TTL_S": 30 * 86400.0,      # reasoning rows and stored Responses expire after this
     "RESPONSES_MAX_ENTRIES": 10_000,   # stored Responses kept for previous_response_id
     "DRAIN_TIMEOUT_S": 25.0,
+    "MAX_CONNECTIONS": 256,            # client connections served at once; more wait to be accepted
+    "IDLE_TIMEOUT_S": 60.0,            # for a connection's next request line and headers
     "SIDE_MAX_TOKENS": 256,            # max_tokens cap on a client's title request (0: none)           # SIGTERM: open streams get this long (unit: TimeoutStopSec=30s)
 }
-INTS = {"PORT", "MAX_BODY_BYTES", "LEDGER_MAX_ENTRIES", "RESPONSES_MAX_ENTRIES", "SIDE_MAX_TOKENS"}
-FLOATS = {"PING_INTERVAL_S", "UPSTREAM_TIMEOUT_S", "LEDGER_TTL_S", "DRAIN_TIMEOUT_S"}
-POSITIVE = ("LEDGER_MAX_ENTRIES", "LEDGER_TTL_S", "RESPONSES_MAX_ENTRIES")
+INTS = {"PORT", "MAX_BODY_BYTES", "LEDGER_MAX_ENTRIES", "RESPONSES_MAX_ENTRIES", "SIDE_MAX_TOKENS",
+        "MAX_CONNECTIONS"}
+FLOATS = {"PING_INTERVAL_S", "UPSTREAM_TIMEOUT_S", "LEDGER_TTL_S", "DRAIN_TIMEOUT_S", "IDLE_TIMEOUT_S"}
+POSITIVE = ("LEDGER_MAX_ENTRIES", "LEDGER_TTL_S", "RESPONSES_MAX_ENTRIES", "MAX_CONNECTIONS",
+            "IDLE_TIMEOUT_S")
 LISTS = {"MODEL_ALIAS", "ALLOW_ORIGIN", "ALLOW_HOST"}
 
 

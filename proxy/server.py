@@ -5,6 +5,10 @@ request, and give open streams up to drain-timeout-s to finish (under the unit's
 TimeoutStopSec=30s). A stream still open then gets its protocol's in-stream error (503,
 "shutting down") and a clean end, never a cut connection.
 
+At most max-connections client connections are served at once (a gevent pool; more wait in
+the listen backlog), and a connection that sends no complete request head within
+idle-timeout-s, kept alive between requests or not, is closed.
+
 Each request may watch its client: `environ["kimi.watch_hangup"](on_hangup)` calls
 on_hangup once if the client closes its connection, and returns the function that stops
 watching. After an answer with `Connection: close` (a 413), the rest of the body is
@@ -33,8 +37,9 @@ DRAIN_MAX_S = 5.0
 
 
 class NoDelayServer(WSGIServer):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, spawn=Pool(), **kwargs)  # a pool, so drain can wait for it
+    def __init__(self, *args, max_connections: int = 256, idle_timeout_s: float = 60.0, **kwargs):
+        super().__init__(*args, spawn=Pool(max_connections), **kwargs)  # drain waits for the pool
+        self.idle_timeout_s = idle_timeout_s
         self.is_draining = False
         self.idle: set[QuietHandler] = set()  # connections waiting for their next request
 
@@ -82,14 +87,24 @@ class QuietHandler(WSGIHandler):
         pass
 
     def read_requestline(self):
-        """An empty line ends the connection: so it goes when the server drains."""
+        """An empty line ends the connection: so it goes when the server drains, or when no
+        request comes within idle-timeout-s (its pool slot is then free for another)."""
         if self.server.is_draining:
             return ""
         self.server.idle.add(self)
         try:
-            return super().read_requestline()
+            with gevent.Timeout(self.server.idle_timeout_s, False):
+                return super().read_requestline()
+            return ""
         finally:
             self.server.idle.discard(self)
+
+    def read_request(self, raw_requestline):
+        """Headers slower than idle-timeout-s: 400 and close (False tells gevent so)."""
+        with gevent.Timeout(self.server.idle_timeout_s, False):
+            return super().read_request(raw_requestline)
+        self.close_connection = True
+        return False
 
     def get_environ(self):
         environ = super().get_environ()
@@ -170,7 +185,8 @@ def banner(cfg: dict) -> str:
 def make_server(cfg: dict, app=None) -> NoDelayServer:
     from proxy.app import create_app
     app = app or create_app(cfg)
-    return NoDelayServer((cfg["HOST"], cfg["PORT"]), app, handler_class=QuietHandler, log=None)
+    return NoDelayServer((cfg["HOST"], cfg["PORT"]), app, handler_class=QuietHandler, log=None,
+                         max_connections=cfg["MAX_CONNECTIONS"], idle_timeout_s=cfg["IDLE_TIMEOUT_S"])
 
 
 def sd_notify(state: str, env=os.environ) -> bool:
