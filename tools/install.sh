@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make install / make uninstall: install.sh install|uninstall PREFIX DESTDIR
 # Installs a private venv under PREFIX/lib/kimi-local, wrappers in PREFIX/bin, systemd
-# units, sysusers, man pages, logrotate and example configs (existing /etc/kimi files are kept).
+# units, sysusers, man pages, logrotate and example configs (existing /etc/kimi files are kept;
+# new ones are 0640 root:kimi, as they may hold keys).
 set -euo pipefail
 action=$1 prefix=${2:-/usr/local} destdir=${3:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,15 +41,32 @@ WRAP
   install -D -m 0644 "$root/man/kimi-proxy.8" "$destdir$prefix/share/man/man8/kimi-proxy.8"
   install -D -m 0644 "$root/man/kimi-local.conf.5" "$destdir$prefix/share/man/man5/kimi-local.conf.5"
   install -D -m 0644 "$root/systemd/kimi-local.logrotate" "$destdir/etc/logrotate.d/kimi-local"
-  for conf in engine proxy; do
-    install -D -m 0644 "$root/etc/$conf.toml" "$destdir$prefix/share/doc/kimi-local/$conf.toml"
-    test -e "$destdir/etc/kimi/$conf.toml" ||
-      install -D -m 0644 "$root/etc/$conf.toml" "$destdir/etc/kimi/$conf.toml"
-  done
   if [ -z "$destdir" ] && command -v systemd-sysusers >/dev/null; then
     systemd-sysusers "$prefix/lib/sysusers.d/kimi.conf" || echo "warning: could not create user kimi" >&2
   fi
+  install_configs
   echo "installed into $destdir$prefix; start with: systemctl daemon-reload && systemctl start kimi-engine kimi-proxy"
+}
+
+# /etc/kimi/*.toml may hold keys: 0640 root:kimi, read by the services' group and no one else.
+# Unprivileged (a DESTDIR for packaging or tests) the mode is kept and the owner is the caller's.
+install_configs() {
+  local owner=()
+  if [ "$(id -u)" = 0 ] && getent group kimi >/dev/null; then
+    owner=(-o root -g kimi)
+  elif [ -z "$destdir" ]; then
+    echo "warning: no group kimi, so the services cannot read /etc/kimi/*.toml (0640):" \
+         "create it (systemd-sysusers) and chgrp kimi them" >&2
+  fi
+  for conf in engine proxy; do
+    install -D -m 0644 "$root/etc/$conf.toml" "$destdir$prefix/share/doc/kimi-local/$conf.toml"
+    local target=$destdir/etc/kimi/$conf.toml
+    if [ ! -e "$target" ]; then
+      install -D -m 0640 ${owner[@]+"${owner[@]}"} "$root/etc/$conf.toml" "$target"
+    elif [ $((0$(stat -c %a "$target") & 04)) != 0 ]; then
+      echo "warning: $target (kept) is readable by every user; chmod 0640 it if it holds a key" >&2
+    fi
+  done
 }
 
 uninstall_all() {

@@ -1,7 +1,10 @@
 """`make install` into a staging DESTDIR and `make uninstall`: a venv with torch, so minutes;
 it runs only under `pytest -m slow` (about 50 s here, with torch from the local wheel)."""
+import contextlib
+import grp
 import os
 import shutil
+import stat
 import subprocess
 
 import pytest
@@ -39,6 +42,7 @@ def test_make_install_then_uninstall(tmp_path, request):
                                ("../../etc/kimi/engine.toml", "etc/engine.toml")):
         assert (base / installed).read_text() == (ROOT / shipped).read_text(), installed
     assert kept.read_text() == 'port = 9999\n'
+    assert stat.S_IMODE((dest / "etc/kimi/engine.toml").stat().st_mode) == 0o640
     doctor = subprocess.run([str(base / "lib/kimi-local/bin/kimi-engine"), "doctor", "--socket",
                              str(tmp_path / "run" / "engine.sock")], capture_output=True, text=True,
                             timeout=300, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
@@ -46,6 +50,49 @@ def test_make_install_then_uninstall(tmp_path, request):
     make(src, "uninstall", prefix, dest)
     left = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     assert left == ["etc/kimi/engine.toml", "etc/kimi/proxy.toml"], left  # configs are kept
+
+
+def test_install_writes_configs_0640_and_warns_about_a_readable_one(tmp_path):
+    """tools/install.sh into a DESTDIR whose venv is a stub (pip does nothing): seconds.
+    The configs may hold keys: 0640, group kimi where root installs and the group exists."""
+    dest, prefix = tmp_path / "dest", "/opt/kimi-test"
+    stub = dest / prefix.lstrip("/") / "lib/kimi-local/bin/python"
+    stub.parent.mkdir(parents=True)
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    kept = dest / "etc/kimi/proxy.toml"
+    kept.parent.mkdir(parents=True)
+    kept.write_text('api-key = "k"\n')
+    kept.chmod(0o644)
+    with group_kimi() as gid:
+        result = subprocess.run(["bash", str(ROOT / "tools/install.sh"), "install", prefix,
+                                 str(dest)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    config = dest / "etc/kimi/engine.toml"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o640
+    if gid is None:
+        print("not root (or no groupadd): the configs' owner root:kimi is not checked")
+    else:
+        assert (config.stat().st_uid, config.stat().st_gid) == (0, gid)
+    assert f"warning: {kept} (kept) is readable by every user" in result.stderr
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o644 and kept.read_text() == 'api-key = "k"\n'
+
+
+@contextlib.contextmanager
+def group_kimi():
+    """The gid of group kimi, made for the test (and removed) where root can; else None."""
+    try:
+        gid = grp.getgrnam("kimi").gr_gid
+    except KeyError:
+        gid = None
+    if gid is not None or os.geteuid() != 0 or not shutil.which("groupadd"):
+        yield gid
+        return
+    subprocess.run(["groupadd", "--system", "kimi"], check=True, timeout=30)
+    try:
+        yield grp.getgrnam("kimi").gr_gid
+    finally:
+        subprocess.run(["groupdel", "kimi"], check=True, timeout=30)
 
 
 def copy_tracked_tree(target):
