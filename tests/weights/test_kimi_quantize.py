@@ -6,9 +6,13 @@ of the same size as that of the BF16 model with exactly such noise added to the 
 (we allow 1.5x). Routing is made bias-driven (router_scale=0) so an expert flip cannot make the
 comparison chaotic. Separately, the INT4 model must equal the fp32 model run on the dequantized
 weights, which pins the packed path itself.
+
+Expected codes, scales and the noise step all come from hand_quantized below: a plain
+round-to-nearest written from the format's definition, sharing no code with quantize_sym.
 """
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -21,6 +25,83 @@ from engined.weights.kimi_checkpoint import (CheckpointError, build_empty, load_
 from engined.weights.manifest import VerifyError, verify_artifact  # noqa: E402
 from engined.ops import int4_format  # noqa: E402
 from engined.weights.quantize import QuantizeError, policy, quantize_checkpoint  # noqa: E402
+
+
+def hand_quantized(w: torch.Tensor, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """The oracle: symmetric INT4 as int4_format's docstring defines it. Per group of `group`
+    weights, s = absmax / 7 rounded to fp16 (1 for a group of zeros) and c = the integer nearest
+    w / s, in -7..7 (stored q = c + 8); a tie (w / s halfway, which bf16 weights do hit) goes to
+    the even integer, as IEEE round-to-nearest does. In float64, where a bf16 w and an fp16 s
+    are exact. -> codes c [N, K], scales s [N, K/G]."""
+    n, k = w.shape
+    x = w.double().numpy().reshape(n, k // group, group)
+    absmax = np.abs(x).max(axis=-1)
+    s = np.where(absmax > 0, absmax / 7, 1.0).astype(np.float16).astype(np.float64)
+    ratio = x / s[..., None]
+    below = np.floor(ratio)
+    frac = ratio - below
+    c = below + (frac > 0.5) + ((frac == 0.5) & (below % 2 == 1))
+    return np.clip(c, -7, 7).reshape(n, k).astype(np.int64), s
+
+
+def hand_dequantized(w: torch.Tensor, group: int) -> torch.Tensor:
+    """s * c: the weight the oracle's codes and scales stand for, fp32 [N, K]."""
+    c, s = hand_quantized(w, group)
+    return torch.from_numpy(np.repeat(s, group, axis=1) * c).float()
+
+
+def assert_hand_quantized(w: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                          group: int, name: str = "quantize_sym") -> None:
+    """qweight [N, K/2] (element 2j in the low nibble) and scales [N, K/G] are the oracle's,
+    and every weight is within half a step of its code: |w - s * (q - 8)| <= s / 2."""
+    want_c, want_s = hand_quantized(w, group)
+    got_s = scales.double().numpy()
+    assert np.array_equal(got_s, want_s), f"{name}: scales {got_s} != {want_s}"
+    b = qweight.numpy().astype(np.int64)
+    q = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(b.shape[0], -1)
+    assert q.min() >= 1 and q.max() <= 15, f"{name}: codes outside 1..15 (c in -7..7)"
+    c = q - 8
+    wrong = c != want_c
+    assert not wrong.any(), (f"{name}: {int(wrong.sum())} codes not round-to-nearest, first at "
+                             f"{np.argwhere(wrong)[0].tolist()}: {c[wrong][0]} for {want_c[wrong][0]}")
+    x, step = w.double().numpy(), np.repeat(got_s, group, axis=1)
+    assert (np.abs(x - step * c) <= step / 2).all(), f"{name}: off by more than half a step"
+
+
+def assert_artifact_hand_quantized(src, dst, group: int) -> int:
+    """Every INT4 linear the quantizer wrote to `dst` is the oracle's from its `src` weight."""
+    source = {n: t for f in src.glob("*.safetensors") for n, t in load_file(str(f)).items()}
+    written = {n: t for f in dst.glob("*.safetensors") for n, t in load_file(str(f)).items()}
+    stems = [n.removesuffix(".qweight") for n in written if n.endswith(".qweight")]
+    for stem in stems:
+        assert_hand_quantized(source[stem + ".weight"], written[stem + ".qweight"],
+                              written[stem + ".scales"], group, stem)
+    return len(stems)
+
+
+def awkward_weights(group: int) -> torch.Tensor:
+    """bf16 rows of groups: random at three magnitudes, zeros, one nonzero, a negative absmax,
+    and exact ties (absmax 7: s = 1, so w = 2.5 sits halfway between codes 2 and 3)."""
+    gen = torch.Generator().manual_seed(group)
+    rows = [torch.randn(4 * group, generator=gen) * scale for scale in (1e-3, 0.02, 30.0)]
+    ties = torch.tensor([7.0, 2.5, -2.5, 0.5, -0.5, 6.5, -6.5, 3.5] + [0.0] * (group - 8))
+    one = torch.zeros(group)
+    one[group // 2] = -0.3
+    negative = torch.randn(group, generator=gen) * 0.1
+    negative[3] = -4.0
+    rows.append(torch.cat([torch.zeros(group), one, negative, ties]))
+    return torch.stack(rows).bfloat16()
+
+
+@pytest.mark.parametrize("group", [32, 16])
+def test_quantize_sym_is_the_hand_written_round_to_nearest(group):
+    w = awkward_weights(group)
+    packed = int4_format.quantize_sym(w, group)
+    assert packed.symmetric and packed.group_size == group
+    assert_hand_quantized(w, packed.qweight, packed.scales, group)
+    c, s = hand_quantized(w, group)
+    assert c[3, -group:][:8].tolist() == [7, 2, -2, 0, 0, 6, -6, 4]  # the ties, to even
+    assert s[3, 0] == 1.0 and (c[3, :group] == 0).all()  # a group of zeros: scale 1, codes 0
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +139,11 @@ def test_selective_plan_quantizes_exactly_the_listed_classes(pair):
     assert verify_artifact(dst)["quantized"] == len(quantized)
 
 
+def test_the_artifact_holds_the_hand_written_codes(pair):
+    src, dst, _ = pair
+    assert assert_artifact_hand_quantized(src, dst, 32) == 99
+
+
 def test_int4_model_equals_fp32_model_on_dequantized_weights(pair):
     src, dst, _ = pair
     tokens = torch.randint(0, 300, (20,), generator=torch.Generator().manual_seed(1))
@@ -65,7 +151,7 @@ def test_int4_model_equals_fp32_model_on_dequantized_weights(pair):
     for name, (path, expert) in table.expand(reference.config).items():
         if policy(name, "selective") == "int4":
             w = table.slot(reference, path, "weight", expert)
-            w.copy_(int4_format.dequantize(int4_format.quantize_sym(w, 32)))
+            w.copy_(hand_dequantized(w, 32))
     quantized = load_kimi_linear(dst, progress=False).model
     torch.testing.assert_close(_logits(quantized, tokens), _logits(reference, tokens), atol=1e-4, rtol=1e-4)
 
@@ -78,7 +164,7 @@ def test_int4_logit_error_is_within_rounding_noise_bound(pair):
     for name, (path, expert) in table.expand(base.config).items():
         if policy(name, "selective") == "int4":
             w = table.slot(noisy, path, "weight", expert)
-            step = int4_format.quantize_sym(w, 32).scales.float().repeat_interleave(32, -1)
+            step = torch.from_numpy(hand_quantized(w, 32)[1]).float().repeat_interleave(32, -1)
             w.add_((torch.rand(w.shape, generator=g) - 0.5) * step)
     want = _logits(base, tokens)
     rel = lambda x: ((x - want).norm() / want.norm()).item()  # noqa: E731
@@ -157,7 +243,7 @@ def test_plan_all_runs_int4_lm_head_and_low_rank_projections(tmp_path):
     for name, (path, expert) in table.expand(reference.config).items():
         if policy(name, "all") == "int4":
             w = table.slot(reference, path, "weight", expert)
-            w.copy_(int4_format.dequantize(int4_format.quantize_sym(w, 16)))
+            w.copy_(hand_dequantized(w, 16))
     quantized = load_kimi_linear(tmp_path / "all", progress=False).model
     assert quantized.lm_head.is_int4
     tokens = torch.randint(0, 300, (12,), generator=torch.Generator().manual_seed(4))
@@ -171,6 +257,7 @@ def test_cli_quantize_verify_and_clear_errors(tmp_path):
     runner = CliRunner()
     done = runner.invoke(quantize, [str(src), str(tmp_path / "q"), "--quiet"])
     assert done.exit_code == 0 and "99 INT4 matrices" in done.output, done.output
+    assert assert_artifact_hand_quantized(src, tmp_path / "q", 32) == 99
     done = runner.invoke(verify, [str(tmp_path / "q")])
     assert done.exit_code == 0 and done.output.startswith("OK ")
     (tmp_path / "q" / "config.json").write_text("{}")
