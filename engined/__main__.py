@@ -59,6 +59,10 @@ def main():
 @click.option("--queue-timeout-s", type=float, metavar="SECONDS",
               help="Longest a request waits to start; past it, 503 with Retry-After; "
                    "0 means no limit.  [default: 120]")
+@click.option("--max-connections", type=int, metavar="N",
+              help="Most connections served at once, each by a thread; at the cap, idle "
+                   "kept-alive ones close to make room, and a connection that still finds "
+                   "none within a second gets 503 with Retry-After.  [default: 64]")
 @click.option("--enforce-eager", is_flag=True, default=None,
               help="Never capture CUDA graphs: every decode step runs eagerly (slower on a "
                    "GPU; for debugging). The CPU always runs eagerly.  [default: graphs on CUDA]")

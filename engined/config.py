@@ -139,6 +139,7 @@ class EngineConfig:
     prefix_cache_bytes: int = 256 * 2**20  # 0 = no prefix cache
     max_queue: int = 16  # requests waiting to start; more get 429; 0 = no bound
     queue_timeout_s: float = 120.0  # longest wait to start, then 503; 0 = no limit
+    max_connections: int = 64  # connection threads; at the cap idle ones close, then 503
     enforce_eager: bool = False  # no CUDA graphs: every decode step runs eagerly (vLLM's name)
     cpu_moe: bool = False  # every MoE layer's routed experts in RAM (llama.cpp's name)
     n_cpu_moe: int = 0  # the routed experts of the first N MoE layers in RAM
@@ -159,6 +160,7 @@ class EngineConfig:
         set_("prefix_cache_bytes", parse_size(self.prefix_cache_bytes, "prefix-cache-bytes"))
         set_("max_queue", _non_negative_int(self.max_queue, "max-queue"))
         set_("queue_timeout_s", _non_negative_float(self.queue_timeout_s, "queue-timeout-s"))
+        set_("max_connections", _bounded_int(self.max_connections, "max-connections", 1, 1 << 16))
         set_("enforce_eager", _bool(self.enforce_eager, "enforce-eager"))
         set_("cpu_moe", _bool(self.cpu_moe, "cpu-moe"))
         set_("n_cpu_moe", _non_negative_int(self.n_cpu_moe, "n-cpu-moe"))

@@ -68,6 +68,12 @@ class QueueFull(EngineError):
     retry_after_s = 5
 
 
+class TooManyConnections(Unavailable):
+    """--max-connections connections are open and none of them is idle."""
+    code = "too_many_connections"
+    retry_after_s = 1
+
+
 class QueueTimeout(Unavailable):
     """The request waited --queue-timeout-s without starting; it was taken off the queue."""
     code = "queue_timeout"

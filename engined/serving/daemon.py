@@ -68,7 +68,7 @@ def run(config: EngineConfig) -> int:
     except KeyboardInterrupt:
         log.write("kimi-engine: interrupted while starting")
         return 130
-    server = UnixHTTPServer(listener.sock, App(served, metrics, log))
+    server = UnixHTTPServer(listener.sock, App(served, metrics, log), config.max_connections)
     serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                                name="kimi-accept")
     signals.install_stop()

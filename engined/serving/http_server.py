@@ -5,6 +5,7 @@
 - Keep-alive connections wait for their next request with select(), so a draining
   server closes idle connections at once and `Exchange.is_client_alive` can peek for EOF.
 - Bodies are capped before they are read (Content-Length, or while decoding chunks).
+- At most max_connections connections have a thread (connections.ConnectionCap).
 """
 import http.server
 import json
@@ -17,6 +18,7 @@ import uuid
 from typing import Any
 
 from engined.errors import EngineError, InvalidRequest, PayloadTooLarge
+from engined.serving.connections import ConnectionCap
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 DISCARD_LIMIT = 256 * 1024 * 1024  # read and drop this much of a refused body, then close
@@ -24,18 +26,20 @@ _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """`app.handle(exchange)` answers every request; `is_draining` closes idle connections."""
+class UnixHTTPServer(ConnectionCap, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """`app.handle(exchange)` answers every request; `is_draining` closes idle connections,
+    and so does `is_pressed` (a new connection waits for a thread)."""
     daemon_threads = False  # server_close() joins in-flight handlers: that is the drain
     block_on_close = True
     allow_reuse_address = False
 
-    def __init__(self, listening: socket.socket, app):
+    def __init__(self, listening: socket.socket, app, max_connections: int = 64):
         super().__init__(listening.getsockname(), Handler, bind_and_activate=False)
         self.socket.close()
         self.socket = listening
         self.app = app
         self.is_draining = False
+        self.cap_connections(max_connections)
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -51,7 +55,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.handle_one_request()
 
     def _wait_for_next_request(self) -> bool:
-        while not self.server.is_draining:
+        while not self.server.is_draining and not self.server.is_pressed:
             if _is_readable(self.connection, 0.2):
                 return True
         return False
