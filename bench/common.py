@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import platform
+import threading
 import time
 
 BENCH = pathlib.Path(__file__).resolve().parent
@@ -143,3 +144,36 @@ def stream_text_times(sock: str, prompt, max_tokens: int) -> tuple[float, float,
             first, count = first or last, count + 1
     conn.close()
     return first, last, count
+
+
+def token_chunks(sock: str, prompt: str, max_tokens: int, key) -> list[tuple[float, list[int]]]:
+    """One greedy stream -> [(arrival time, token ids in the chunk), ...], chunks with ids."""
+    conn, resp = unix_post(sock, "/v1/completions", {
+        "model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "stream": True, "ignore_eos": True, "return_token_ids": True})
+    if resp.status != 200:  # raised in the stream's thread: its traceback shows the reply
+        raise RuntimeError(f"stream {key}: HTTP {resp.status}: {resp.read()[:300]!r}")
+    chunks = []
+    for raw in resp:
+        line = raw.strip()
+        if line.startswith(b"data: {"):
+            got = json.loads(line[6:])["choices"][0].get("token_ids") or []
+            if got:
+                chunks.append((time.perf_counter(), got))
+    conn.close()
+    return chunks
+
+
+def concurrent_chunks(sock: str, prompts: list[str], max_tokens: int) -> list[list]:
+    """One greedy stream per prompt, all at once -> each stream's token_chunks, in order."""
+    results: dict[int, list] = {}
+
+    def run(i: int, prompt: str):
+        results[i] = token_chunks(sock, prompt, max_tokens, i)
+
+    threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [results[i] for i in range(len(prompts))]

@@ -30,10 +30,7 @@ MODEL = "kimi-linear-48b-tiny"
 PREFILL_CHUNK = 256
 # aten ops that allocate or describe memory without running a kernel
 NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach",
-             "lift_fresh", "alias", "set_", "resize_", "_reshape_alias", "is_same_size",
-             "_has_compatible_shallow_copy_type", "clone_preserve_strides_", "sym_size",
-             "sym_stride", "sym_numel", "sym_storage_offset", "dim", "size", "stride",
-             "is_nonzero_", "_to_copy_noop", "_unsafe_view"}
+             "lift_fresh", "alias", "set_", "resize_", "_reshape_alias", "_unsafe_view"}
 
 
 class Counts:

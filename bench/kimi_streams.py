@@ -10,52 +10,28 @@ emit byte tokens that are not always whole characters). Each stream's ids are al
 with the same prompt run alone. Goal (issue 15): 4 streams >= 2.5x one stream.
 """
 import argparse
-import json
 import os
 import pathlib
 import statistics
 import sys
-import threading
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from agent_turns import Daemon  # noqa: E402
-from common import append_results, hardware, unix_post, write_json  # noqa: E402
+from common import (append_results, concurrent_chunks, hardware, token_chunks,  # noqa: E402
+                    write_json)
 
 NEW_TOKENS, STREAMS = 64, (1, 2, 4, 8)
 
 
-def stream_ids(sock: str, prompt: str, out: dict, key, max_tokens: int = NEW_TOKENS):
-    """One greedy stream -> out[key] = (time of first ids, time of last, all ids)."""
-    conn, resp = unix_post(sock, "/v1/completions", {
-        "model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "stream": True, "ignore_eos": True, "return_token_ids": True})
-    if resp.status != 200:  # raised in the stream's thread: its traceback shows the reply
-        raise RuntimeError(f"stream {key}: HTTP {resp.status}: {resp.read()[:300]!r}")
-    first = last = None
-    ids = []
-    for raw in resp:
-        line = raw.strip()
-        if line.startswith(b"data: {"):
-            got = json.loads(line[6:])["choices"][0].get("token_ids") or []
-            if got:
-                last = time.perf_counter()
-                first = first or last
-                ids += got
-    conn.close()
-    out[key] = (first, last, ids)
+def stream_ids(chunks: list) -> tuple[float | None, float | None, list[int]]:
+    """A stream's token_chunks -> (time of first ids, time of last, all ids)."""
+    return (chunks[0][0] if chunks else None, chunks[-1][0] if chunks else None,
+            [i for _, ids in chunks for i in ids])
 
 
 def aggregate(sock: str, prompts: list[str],
               max_tokens: int = NEW_TOKENS) -> tuple[float, list[list[int]]]:
-    results = {}
-    threads = [threading.Thread(target=stream_ids, args=(sock, p, results, i, max_tokens))
-               for i, p in enumerate(prompts)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    rows = [results[i] for i in range(len(prompts))]
+    rows = [stream_ids(chunks) for chunks in concurrent_chunks(sock, prompts, max_tokens)]
     tokens = sum(len(ids) - 1 for _, _, ids in rows)
     span = max(r[1] for r in rows) - min(r[0] for r in rows)  # 0: every id came in one chunk
     return tokens / span if span > 0 else float("nan"), [r[2] for r in rows]
@@ -72,9 +48,8 @@ def main() -> int:
     daemon = Daemon("--model", args.model, "--max-context", "2048", "--max-batch", "8",
                     "--threads", str(args.threads))
     try:
-        alone = {}
-        for i, p in enumerate(prompts):
-            stream_ids(daemon.sock, p, alone, i)
+        alone = [stream_ids(token_chunks(daemon.sock, p, NEW_TOKENS, i))
+                 for i, p in enumerate(prompts)]
         rates, mismatches = {}, 0
         for n in STREAMS:
             runs = []

@@ -34,11 +34,10 @@ import re
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import BENCH, unix_post  # noqa: E402
+from common import BENCH, concurrent_chunks, unix_post  # noqa: E402
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
 GRAPH_FAILURES = "kimi_engine_graph_capture_failures_total"
@@ -61,24 +60,6 @@ def prompt_tokens(engine: Engine, prompt: str) -> int:
     return count
 
 
-def stream_chunks(sock: str, prompt: str, max_tokens: int, out: dict, key):
-    """One greedy stream -> out[key] = [(arrival time, token ids in the chunk), ...]."""
-    conn, resp = unix_post(sock, "/v1/completions", {
-        "model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "stream": True, "ignore_eos": True, "return_token_ids": True})
-    if resp.status != 200:  # raised in the stream's thread: its traceback shows the reply
-        raise RuntimeError(f"stream {key}: HTTP {resp.status}: {resp.read()[:300]!r}")
-    chunks = []
-    for raw in resp:
-        line = raw.strip()
-        if line.startswith(b"data: {"):
-            got = json.loads(line[6:])["choices"][0].get("token_ids") or []
-            if got:
-                chunks.append((time.perf_counter(), len(got)))
-    conn.close()
-    out[key] = chunks
-
-
 def steady_rate(streams: list[list[tuple[float, int]]]) -> float:
     """Aggregate tok/s while every stream decodes: the tokens that arrived after the last
     stream's first chunk, up to the first stream's last chunk, over that window. Streams that
@@ -95,14 +76,8 @@ def steady_rate(streams: list[list[tuple[float, int]]]) -> float:
 
 
 def run_streams(sock: str, prompts: list[str], max_tokens: int) -> float:
-    results: dict[int, list] = {}
-    threads = [threading.Thread(target=stream_chunks, args=(sock, p, max_tokens, results, i))
-               for i, p in enumerate(prompts)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return steady_rate([results[i] for i in range(len(prompts))])
+    return steady_rate([[(t, len(ids)) for t, ids in chunks]
+                        for chunks in concurrent_chunks(sock, prompts, max_tokens)])
 
 
 def decode_rates(engine: Engine, args):

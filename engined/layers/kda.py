@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engined.layers.linear import Linear
+from engined.layers.linear import Linear, run_split
 from engined.layers.rmsnorm import GatedRMSNorm
 from engined.ops import registry
 
@@ -117,12 +117,12 @@ class KDA:
         width, self.num_heads, self.head_dim = num_heads * head_dim, num_heads, head_dim
         proj = lambda name, n, k: Linear(n, k, dtype, device, int4.get(name))  # noqa: E731
         # projections of the same input are rows of one linear (one GEMV a step) when their
-        # formats agree (every plan so far): q/k/v, and the low-rank f_a/g_a with b
-        self.qkv, (self.q_proj, self.k_proj, self.v_proj) = stacked(
+        # formats agree (every quantization plan): q/k/v, and the low-rank f_a/g_a with b
+        self.qkv, (self.q_proj, self.k_proj, self.v_proj) = Linear.split(
             int4, ("q_proj", "k_proj", "v_proj"), (width,) * 3, hidden, dtype, device)
         self.conv_w = torch.empty(3, width, conv_size, dtype=dtype, device=device)  # q, k, v taps
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (w.unsqueeze(1) for w in self.conv_w)
-        self.low, (self.f_a_proj, self.g_a_proj, self.b_proj) = stacked(
+        self.low, (self.f_a_proj, self.g_a_proj, self.b_proj) = Linear.split(
             int4, ("f_a_proj", "g_a_proj", "b_proj"), (head_dim, head_dim, num_heads), hidden,
             dtype, device)
         self.f_b_proj, self.g_b_proj = proj("f_b_proj", width, head_dim), proj("g_b_proj", width, head_dim)
@@ -163,11 +163,12 @@ class KDA:
         a: [B, D] -> [B, D]. Two GEMVs (q/k/v, then f_a/g_a/b), one kda_decode (the short conv,
         norms, gates, the recurrent step and the gated output norm) and o_proj."""
         f_b, g_b = self._up_weights(a.dtype)
-        qkv = run_stacked(self.qkv, (self.q_proj, self.k_proj, self.v_proj), a)     # [B, 3W]
-        low = run_stacked(self.low, (self.f_a_proj, self.g_a_proj, self.b_proj), a)  # [B, 2K+H]
         y = registry.resolve("kda_decode", a.device.type).fn(
-            qkv, low, f_b, g_b, self.conv_w, conv, S, slots, self.A_log.view(-1),
-            self.dt_bias, self.o_norm.weight, self.o_norm.eps, self.scale)       # [B, H*V]
+            run_split(self.qkv, [self.q_proj, self.k_proj, self.v_proj], a),       # [B, 3W]
+            run_split(self.low, [self.f_a_proj, self.g_a_proj, self.b_proj], a),   # [B, 2K+H]
+            f_b, g_b, self.conv_w, conv, S, slots,
+            self.A_log.view(-1), self.dt_bias, self.o_norm.weight, self.o_norm.eps,
+            self.scale)                                                          # [B, H*V]
         return self.o_proj(y)
 
     def _up_weights(self, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,17 +179,3 @@ class KDA:
                              for p in (self.f_b_proj, self.g_b_proj))
         return self._up
 
-
-def stacked(int4: dict, names: tuple[str, ...], sizes: tuple[int, ...], hidden: int, dtype,
-            device) -> tuple[Linear | None, list[Linear]]:
-    """(the stacked linear, its parts) when the named projections share one format, else (None,
-    separate linears): a stack is rows of one GEMV."""
-    layouts = {str(int4.get(n)) for n in names}
-    if len(layouts) == 1:
-        return Linear.split(list(sizes), hidden, dtype, device, int4.get(names[0]))
-    return None, [Linear(n, hidden, dtype, device, int4.get(name)) for name, n in zip(names, sizes)]
-
-
-def run_stacked(stack: Linear | None, parts, x: torch.Tensor) -> torch.Tensor:
-    """x through a stack of projections: one GEMV, or the parts' outputs side by side."""
-    return stack(x) if stack is not None else torch.cat([p(x) for p in parts], dim=-1)

@@ -62,11 +62,18 @@ class Linear:
     def from_packed(cls, packed: int4_format.PackedInt4, device="cpu") -> "Linear":
         """A linear around already loaded INT4 tensors (no copy)."""
         out_features, in_features = packed.shape
-        lin = cls.__new__(cls)
-        lin.out_features, lin.in_features, lin.group_size = out_features, in_features, packed.group_size
-        lin.device, lin._gemv, lin._gemm, lin._packed = torch.device(device), None, None, packed
-        lin._gemv_selected = False
+        lin = cls._around(out_features, in_features, packed.group_size, device)
+        lin._packed = packed
         lin.qweight, lin.scales, lin.mins = packed.qweight, packed.scales, packed.mins
+        return lin
+
+    @classmethod
+    def _around(cls, out_features: int, in_features: int, group_size, device) -> "Linear":
+        """A linear with no tensors yet, for a caller that has them (from_packed, rows)."""
+        lin = cls.__new__(cls)
+        lin.out_features, lin.in_features, lin.group_size = out_features, in_features, group_size
+        lin.device, lin._gemv, lin._gemm, lin._packed = torch.device(device), None, None, None
+        lin._gemv_selected = False
         return lin
 
     @classmethod
@@ -84,22 +91,23 @@ class Linear:
             ps[0].group_size, ps[0].gpu_order), device)
 
     @classmethod
-    def split(cls, sizes: list[int], in_features: int, dtype, device="cpu",
-              int4: "int4_format.Int4Layout | int | None" = None) -> tuple["Linear", list["Linear"]]:
+    def split(cls, int4: dict, names: tuple[str, ...], sizes: tuple[int, ...], in_features: int,
+              dtype, device="cpu") -> tuple["Linear | None", list["Linear"]]:
         """One linear of sum(sizes) output rows, allocated empty, and its parts: views of its
         rows in order, which a loader fills slot by slot (projections that share an input, run
-        by one GEMV in decode; weight_tensors counts the stacked tensors once)."""
-        whole = cls(sum(sizes), in_features, dtype, device, int4)
+        by one GEMV in decode; weight_tensors counts the stacked tensors once). int4: part name
+        -> layout. Parts of different formats cannot share rows: (None, separate linears)."""
+        if len({str(int4_format.Int4Layout.of(int4.get(n))) for n in names}) != 1:
+            return None, [cls(n, in_features, dtype, device, int4.get(name))
+                          for name, n in zip(names, sizes)]
+        whole = cls(sum(sizes), in_features, dtype, device, int4.get(names[0]))
         starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
         return whole, [whole.rows(a, b) for a, b in zip(starts, starts[1:])]
 
     def rows(self, start: int, end: int) -> "Linear":
         """Output rows [start, end) of this linear, as views (no copy)."""
         if not self.is_int4:
-            part = Linear.__new__(Linear)
-            part.out_features, part.in_features, part.group_size = end - start, self.in_features, None
-            part.device, part._gemv, part._gemm, part._packed = self.device, None, None, None
-            part._gemv_selected = False
+            part = Linear._around(end - start, self.in_features, None, self.device)
             part.weight = self.weight[start:end]
             return part
         p = self.packed
@@ -211,3 +219,8 @@ class Linear:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+def run_split(whole: Linear | None, parts: list[Linear], x: torch.Tensor) -> torch.Tensor:
+    """x through Linear.split's result: one GEMV, or the separate parts' outputs side by side."""
+    return whole(x) if whole is not None else torch.cat([p(x) for p in parts], dim=-1)

@@ -23,11 +23,8 @@ class SwiGLU:
         """Slots for a loader to fill; int4: part name -> group size of the INT4 parts."""
         int4 = int4 or {}
         down = Linear(hidden, inner, dtype, device, int4.get("down_proj"))
-        if str(int4.get("gate_proj")) != str(int4.get("up_proj")):
-            return cls(Linear(inner, hidden, dtype, device, int4.get("gate_proj")),
-                       Linear(inner, hidden, dtype, device, int4.get("up_proj")), down)
-        gate_up, (gate, up) = Linear.split([inner, inner], hidden, dtype, device,
-                                           int4.get("gate_proj"))
+        gate_up, (gate, up) = Linear.split(int4, ("gate_proj", "up_proj"), (inner, inner), hidden,
+                                           dtype, device)
         mlp = cls(gate, up, down)
         mlp.gate_up = gate_up                  # gate and up are views of its rows: one GEMV
         return mlp

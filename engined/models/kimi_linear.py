@@ -23,44 +23,32 @@ from engined.ops import registry
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 
 
-def weight_tensors(obj) -> list[torch.Tensor]:
-    """Every weight tensor held by `obj` and the engined objects under it, each once (a view, such
-    as q_proj's rows of the stacked q/k/v, is its base's)."""
-    seen, out = set(), []
-
-    def walk(o):
-        for v in vars(o).values():
-            if isinstance(v, torch.Tensor) and v._base is not None:
-                continue                      # a view of a stacked tensor, counted there
-            if isinstance(v, torch.Tensor) and id(v) not in seen:
-                seen.add(id(v))
-                out.append(v)
-            elif isinstance(v, list):
-                for x in v:
-                    walk(x)
-            elif type(v).__module__.startswith("engined.") and not isinstance(v, HostExperts):
-                walk(v)                       # (host buffers are working memory, not weights)
-    walk(obj)
-    return out
-
-
-def int4_parts(obj) -> list:
-    """Every INT4 Linear and ExpertBank under `obj`, each once."""
-    seen, out = set(), []
+def members(obj):
+    """Every value held by `obj` and the engined objects and lists under it, each object once
+    (host expert buffers are working memory, not part of the model: not entered)."""
+    seen = set()
 
     def walk(o):
         for v in (o if isinstance(o, list) else vars(o).values()):
             if id(v) in seen:
                 continue
             seen.add(id(v))
-            if isinstance(v, (Linear, ExpertBank)):
-                if v.group_size:
-                    out.append(v)
-            elif isinstance(v, list) or (type(v).__module__.startswith("engined.")
-                                         and not isinstance(v, HostExperts)):
-                walk(v)
-    walk(obj)
-    return out
+            yield v
+            if isinstance(v, list) or (type(v).__module__.startswith("engined.")
+                                       and not isinstance(v, HostExperts)):
+                yield from walk(v)
+    return walk(obj)
+
+
+def weight_tensors(obj) -> list[torch.Tensor]:
+    """Every weight tensor under `obj`, each once (a view, such as q_proj's rows of the stacked
+    q/k/v, is its base's)."""
+    return [v for v in members(obj) if isinstance(v, torch.Tensor) and v._base is None]
+
+
+def int4_parts(obj) -> list:
+    """Every INT4 Linear and ExpertBank under `obj`, each once."""
+    return [v for v in members(obj) if isinstance(v, (Linear, ExpertBank)) and v.group_size]
 
 
 class DecoderLayer:
@@ -114,6 +102,7 @@ class DecoderLayer:
 
 
 class KimiLinearModel:
+    decode_gemv = ""  # no model-wide choice: every INT4 linear resolves w4a16_gemv
     def __init__(self, config: KimiLinearConfig, dtype=torch.float32, device="cpu",
                  int4: dict[str, int] | None = None, weight_dtype: torch.dtype | None = None,
                  offload: frozenset[int] = frozenset()):

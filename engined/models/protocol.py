@@ -34,6 +34,8 @@ class Model(Protocol):
     kv_bytes_per_token: int  # cache bytes one position adds
     state_bytes: int  # fixed bytes per sequence (recurrent state; 0 without)
     weight_bytes: int
+    decode_gemv: str  # the GEMV op the model chose for its decode rows ("": none chosen, each
+    #                   linear resolves w4a16_gemv); logged with the CPU's kernels
 
     def new_cache(self, max_tokens: int) -> Cache:
         """An empty cache for one sequence of at most max_tokens positions."""

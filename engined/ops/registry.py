@@ -125,32 +125,28 @@ def ops() -> list[str]:
     return sorted(_OPS)
 
 
-@contextlib.contextmanager
 def standing_in(device: str, for_device: str):
     """While active, `resolve(op, device)` returns what `resolve(op, for_device)` would: the
     CUDA decode path run on CPU tensors, its Triton variants under TRITON_INTERPRET=1 (the
     kernel counter, bench/kernel_count.py, and the equivalence of the whole GPU step)."""
-    previous = _STAND_INS.get(device)
-    _STAND_INS[device] = for_device
-    try:
-        yield
-    finally:
-        if previous is None:
-            _STAND_INS.pop(device, None)
-        else:
-            _STAND_INS[device] = previous
+    return _entry_set(_STAND_INS, device, for_device)
 
 
-@contextlib.contextmanager
 def using(op: str, name: str):
     """Temporarily select `name` for `op` (tests and benchmarks)."""
     _variant(op, name)
-    previous = _OVERRIDES.get(op)
-    _OVERRIDES[op] = name
+    return _entry_set(_OVERRIDES, op, name)
+
+
+@contextlib.contextmanager
+def _entry_set(table: dict[str, str], key: str, value: str):
+    """table[key] = value for the duration; the entry before it comes back after."""
+    previous = table.get(key)
+    table[key] = value
     try:
         yield
     finally:
         if previous is None:
-            _OVERRIDES.pop(op, None)
+            table.pop(key, None)
         else:
-            _OVERRIDES[op] = previous
+            table[key] = previous

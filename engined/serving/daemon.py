@@ -133,8 +133,7 @@ def _cpu_kernels(model) -> str:
     """Which SIMD kernels this CPU runs, chosen at run time: one line for the log."""
     line = (f"CPU kernels: {helper.SIMD_LEVELS[helper.gemv_simd()]} fp32 dots, "
             f"{helper.INT8_LEVELS[helper.w4a8_simd()]} integer dots")
-    gemv = getattr(model, "decode_gemv", None)  # the Llama family's decode GEMV
-    return f"{line}; decode GEMV {gemv}" if gemv else line
+    return f"{line}; decode GEMV {model.decode_gemv}" if model.decode_gemv else line
 
 
 def _log_placement(placement, config: EngineConfig, device: str, log) -> frozenset:

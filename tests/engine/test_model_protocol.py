@@ -25,7 +25,7 @@ def assert_implements(obj, protocol):
         have = list(inspect.signature(getattr(obj, name)).parameters)
         assert have[:len(want)] == want, f"{type(obj).__name__}.{name}{have} != {want}"
     for name in protocol.__annotations__:
-        assert isinstance(getattr(obj, name), (int, bool)), f"{type(obj).__name__}.{name}"
+        assert isinstance(getattr(obj, name), (int, bool, str)), f"{type(obj).__name__}.{name}"
 
 
 @pytest.mark.parametrize("family", ["llama", "kimi", "scripted"])

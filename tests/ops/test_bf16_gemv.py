@@ -7,18 +7,11 @@ import torch.nn.functional as F
 
 from engined import helper
 from engined.layers.linear import Linear
-from tests.support.simd import gemv_level_or_skip, level_ids
-
-LEVELS = helper.SIMD_LEVELS
+from tests.support.simd import gemv_levels
 
 
-@pytest.fixture(params=sorted(LEVELS), ids=level_ids(LEVELS))
-def level(request):
-    """Each cap this CPU runs (the others skip); at AVX-512 the bf16 kernel is AVX2's."""
-    try:
-        yield gemv_level_or_skip(request.param)
-    finally:
-        helper.gemv_simd(2)
+level = gemv_levels("Each cap this CPU runs (the others skip); at AVX-512 the bf16 kernel is "
+                    "AVX2's.")
 
 
 @pytest.mark.parametrize("rows,n,k", [(1, 7, 40), (3, 301, 576), (8, 64, 2304), (11, 33, 17)])

@@ -7,16 +7,10 @@ from engined.ops import registry
 from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_gemv import cpu_c, reference
 from tests.ops.helpers import random_int4
-from tests.support.simd import gemv_level_or_skip, level_ids
+from tests.support.simd import gemv_levels
 
 
-@pytest.fixture(params=sorted(helper.SIMD_LEVELS), ids=level_ids(helper.SIMD_LEVELS))
-def level(request):
-    """Each kernel level this CPU has (the others skip, naming the one that ran)."""
-    try:
-        yield gemv_level_or_skip(request.param)
-    finally:
-        helper.gemv_simd(2)
+level = gemv_levels()
 
 
 @pytest.fixture

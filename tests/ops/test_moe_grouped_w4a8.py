@@ -10,19 +10,12 @@ from engined.ops import registry
 from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
 from engined.ops.w4a8_gemv import cpu_c as w4a8_cpu_c
 from tests.ops.helpers import experts
-from tests.support.simd import int8_level_or_skip, level_ids
+from tests.support.simd import int8_levels
 
 E, K = 16, 4
-LEVELS = helper.INT8_LEVELS
 
 
-@pytest.fixture(params=sorted(LEVELS), ids=level_ids(LEVELS))
-def level(request):
-    """Each integer-dot kernel this CPU has (the others skip, naming the one that ran)."""
-    try:
-        yield int8_level_or_skip(request.param)
-    finally:
-        helper.w4a8_simd(3)
+level = int8_levels()
 
 
 def fn():

@@ -11,7 +11,7 @@ from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_gemm import cpu_c, reference
 from engined.ops.w4a16_gemv import cpu_c as gemv_cpu_c
 from tests.ops.helpers import random_int4
-from tests.support.simd import gemv_level_or_skip, level_ids
+from tests.support.simd import gemv_levels
 
 pytestmark = pytest.mark.skipif(not helper.available(), reason="the C helper is not built")
 
@@ -21,13 +21,8 @@ def packed(n, k, group, symmetric=False, seed=0) -> PackedInt4:
     return PackedInt4(group_size=group, **random_int4(gen, n, k, group, symmetric=symmetric))
 
 
-@pytest.fixture(params=sorted(helper.SIMD_LEVELS), ids=level_ids(helper.SIMD_LEVELS))
-def level(request):
-    """Each cap this CPU runs (the others skip); at AVX-512 the GEMM runs AVX2's kernel."""
-    try:
-        yield gemv_level_or_skip(request.param)
-    finally:
-        helper.gemv_simd(2)
+level = gemv_levels("Each cap this CPU runs (the others skip); at AVX-512 the GEMM runs AVX2's "
+                    "kernel.")
 
 
 @pytest.fixture

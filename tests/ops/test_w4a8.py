@@ -9,7 +9,7 @@ from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
 from engined.ops.w4a8_gemv import cpu_c, reference
 from tests.ops.helpers import random_int4
-from tests.support.simd import int8_level_or_skip, level_ids
+from tests.support.simd import int8_levels, level_ids
 
 LEVELS = helper.INT8_LEVELS
 
@@ -20,13 +20,7 @@ def threads():
     w4a16_cpu_c.set_num_threads(None)
 
 
-@pytest.fixture(params=sorted(LEVELS), ids=level_ids(LEVELS))
-def level(request):
-    """Each integer-dot kernel this CPU has (the others skip, naming the one that ran)."""
-    try:
-        yield int8_level_or_skip(request.param)
-    finally:
-        helper.w4a8_simd(3)
+level = int8_levels()
 
 
 def identity(k: int) -> PackedInt4:

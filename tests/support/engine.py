@@ -205,6 +205,7 @@ class ScriptedModel:
     kv_bytes_per_token = 16
     state_bytes = 0
     weight_bytes = 0
+    decode_gemv = ""
 
     def __init__(self, vocab_size: int, script: list[int] | None = None,
                  delay_s: float = 0.0, fail_at: int | None = None):

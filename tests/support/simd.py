@@ -12,6 +12,28 @@ def level_ids(names: dict[int, str]) -> list[str]:
     return [names[level].lower().replace(" ", "-") for level in sorted(names)]
 
 
+def gemv_levels(doc: str = "Each fp32-dot kernel level this CPU has (the others skip)."):
+    """A `level` fixture over helper.SIMD_LEVELS: each case capped there, the default cap (2)
+    restored after."""
+    return _levels(gemv_level_or_skip, helper.gemv_simd, helper.SIMD_LEVELS, 2, doc)
+
+
+def int8_levels(doc: str = "Each integer-dot kernel level this CPU has (the others skip)."):
+    """A `level` fixture over helper.INT8_LEVELS, the default cap (3) restored after."""
+    return _levels(int8_level_or_skip, helper.w4a8_simd, helper.INT8_LEVELS, 3, doc)
+
+
+def _levels(or_skip, cap, names: dict[int, str], default: int, doc: str):
+    @pytest.fixture(params=sorted(names), ids=level_ids(names))
+    def level(request):
+        try:
+            yield or_skip(request.param)
+        finally:
+            cap(default)
+    level.__doc__ = doc
+    return level
+
+
 def gemv_level_or_skip(level: int) -> int:
     """Cap the fp32-dot kernels at `level` (helper.SIMD_LEVELS) and skip unless it runs."""
     return _run_or_skip(helper.gemv_simd, helper.SIMD_LEVELS, level)

@@ -50,38 +50,24 @@ def int4_dot(x_row, c_rows, s_rows, m_rows, offs_n, n_mask, NG,
     I_STEP: tl.constexpr = WPG if GPU_ORDER else 1   # and between nibble positions
     offs_g = tl.arange(0, BLOCK_G)
     offs_w = tl.arange(0, WPG)
-    rows3 = offs_n[:, None, None].to(tl.int64) * NG
-    rows2 = offs_n[:, None].to(tl.int64) * NG
+    rows = offs_n.to(tl.int64) * NG
     zero_n = offs_n[:, None, None] * 0                     # x's address repeats over the rows
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
     g = offs_g
-    g_mask = g < NG  # noqa: F841 (the first tile's)
-    c_mask = n_mask[:, None, None] & g_mask[None, :, None]
-    s_mask = n_mask[:, None] & g_mask[None, :]
-    codes = tl.load(c_rows + (rows3 + g[None, :, None]) * WPG + offs_w[None, None, :],
-                    mask=c_mask, other=0)                    # [BN, BG, WPG] int32
-    s = tl.load(s_rows + rows2 + g[None, :], mask=s_mask, other=0.0)
-    if HAS_MINS:
-        m = tl.load(m_rows + rows2 + g[None, :], mask=s_mask, other=0.0)
+    codes, s, m = int4_tile(c_rows, s_rows, m_rows, rows, g, offs_w, n_mask, NG, WPG, HAS_MINS)
     for g0 in range(0, NG, BLOCK_G):
-        # the next tile, loaded before this one is multiplied
-        g_next = g0 + BLOCK_G + offs_g
-        next_mask = n_mask[:, None, None] & (g_next < NG)[None, :, None]
-        s_next_mask = n_mask[:, None] & (g_next < NG)[None, :]
-        codes_next = tl.load(c_rows + (rows3 + g_next[None, :, None]) * WPG + offs_w[None, None, :],
-                             mask=next_mask, other=0)
-        s_next = tl.load(s_rows + rows2 + g_next[None, :], mask=s_next_mask, other=0.0)
-        if HAS_MINS:
-            m_next = tl.load(m_rows + rows2 + g_next[None, :], mask=s_next_mask, other=0.0)
+        g_next = g0 + BLOCK_G + offs_g      # the next tile, loaded before this one is multiplied
+        codes_next, s_next, m_next = int4_tile(c_rows, s_rows, m_rows, rows, g_next, offs_w,
+                                               n_mask, NG, WPG, HAS_MINS)
         at_x = x_row + zero_n + (g[None, :, None] * GROUP + offs_w[None, None, :] * W_STEP)
-        x_mask = (g < NG)[None, :, None] & (zero_n == 0)     # the same for every row: CSE'd
+        x_mask = (g < NG)[None, :, None] & (zero_n == 0)     # in the codes' [BN, BG, WPG] shape
         words = codes.to(tl.uint32, bitcast=True)            # logical shifts
         dot = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
         if HAS_MINS:
             x_sum = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
         for i in tl.static_range(8):
             xi = tl.load(at_x + i * I_STEP, mask=x_mask, other=0.0).to(tl.float32)
-            # (v | bias) & (bias | 0xF) == (v & 0xF) | bias: one three-input LOP3 after the shift
+            # (v | bias) & (bias | 0xF) == (v & 0xF) | bias: 2^23 + q as fp32 bits
             qi = (((words >> (4 * i)) | MANTISSA_BIAS) & NIBBLE_MASK).to(tl.float32, bitcast=True)
             if HAS_MINS:
                 dot += (qi - FLOAT_2_23) * xi                # q
@@ -90,11 +76,23 @@ def int4_dot(x_row, c_rows, s_rows, m_rows, offs_n, n_mask, NG,
                 dot += (qi - FLOAT_2_23_PLUS_8) * xi         # q - 8, exact
         if HAS_MINS:
             acc += s.to(tl.float32) * tl.sum(dot, axis=2) + m.to(tl.float32) * tl.sum(x_sum, axis=2)
-            m = m_next
         else:
             acc += s.to(tl.float32) * tl.sum(dot, axis=2)   # [BN, BG], within a thread
-        codes, s, g, c_mask = codes_next, s_next, g_next, next_mask
+        codes, s, m, g = codes_next, s_next, m_next, g_next
     return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def int4_tile(c_rows, s_rows, m_rows, rows, g, offs_w, n_mask, NG, WPG: tl.constexpr,
+              HAS_MINS: tl.constexpr):
+    """One K tile of rows `rows` (row * NG) and groups g: (codes [BN, BG, WPG] int32, scales
+    [BN, BG], mins [BN, BG] or the scales again without mins); past NG or N: zeros."""
+    s_mask = n_mask[:, None] & (g < NG)[None, :]
+    codes = tl.load(c_rows + (rows[:, None, None] + g[None, :, None]) * WPG + offs_w[None, None, :],
+                    mask=s_mask[:, :, None], other=0)
+    s = tl.load(s_rows + rows[:, None] + g[None, :], mask=s_mask, other=0.0)
+    m = tl.load(m_rows + rows[:, None] + g[None, :], mask=s_mask, other=0.0) if HAS_MINS else s
+    return codes, s, m
 
 
 @triton.jit
