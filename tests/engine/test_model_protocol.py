@@ -10,7 +10,8 @@ import torch
 from engined.models.protocol import Cache, Model
 from tests.support.engine import ScriptedModel
 
-ENGINE_DIR = pathlib.Path(__file__).resolve().parents[2] / "engined" / "engine"
+ENGINED = pathlib.Path(__file__).resolve().parents[2] / "engined"
+ENGINE_DIR = ENGINED / "engine"
 
 
 def methods(protocol) -> list[str]:
@@ -64,3 +65,30 @@ def test_the_engine_never_probes_the_model():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 assert node.func.id not in ("hasattr", "getattr"), f"{path.name}:{node.lineno}"
+
+
+def names_a_model(node: ast.expr) -> bool:
+    """`model`, `self.model`, `loaded.model`, `kimi_model`: an expression naming a model."""
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return "model" in name.lower()
+
+
+def model_probes(source: str) -> list[int]:
+    """Lines of hasattr/getattr calls whose object names a model."""
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("hasattr", "getattr") and node.args and names_a_model(node.args[0])]
+
+
+def test_the_scan_finds_a_model_probe():
+    source = ("x = getattr(model, 'decode_gemv', None)\nhasattr(self.model, 'graph_step')\n"
+              "getattr(layer, 'block_sparse_moe', None)\n")
+    assert model_probes(source) == [1, 2]
+
+
+def test_nothing_in_engined_probes_a_model():
+    """What a model offers is the Model protocol (engined/models/protocol.py), read directly:
+    no module of engined asks a model with hasattr/getattr."""
+    found = [f"{path.relative_to(ENGINED)}:{line}" for path in sorted(ENGINED.rglob("*.py"))
+             for line in model_probes(path.read_text())]
+    assert found == []
