@@ -11,8 +11,7 @@ from __future__ import annotations
 
 
 class ProxyError(Exception):
-    status = 500
-    type = "api_error"
+    status, type = 500, "api_error"
     code: str | None = None   # OpenAI's `code` when it says more than the type (context_length_exceeded)
     headers: dict = {}
 
@@ -25,53 +24,44 @@ class ProxyError(Exception):
 
 
 class InvalidRequest(ProxyError):
-    status = 400
-    type = "invalid_request_error"
+    status, type = 400, "invalid_request_error"
 
 
 class AuthError(ProxyError):
-    status = 401
-    type = "authentication_error"
+    status, type = 401, "authentication_error"
 
 
 class Forbidden(ProxyError):
-    status = 403
-    type = "permission_error"
+    status, type = 403, "permission_error"
 
 
 class NotFound(ProxyError):
-    status = 404
-    type = "not_found_error"
+    status, type = 404, "not_found_error"
 
 
 class MethodNotAllowed(ProxyError):
-    status = 405
-    type = "invalid_request_error"
+    status, type = 405, "invalid_request_error"
 
 
 class TooLarge(ProxyError):
     """Connection: close, so the server drains a bounded part of the body, not all of it."""
-    status = 413
-    type = "request_too_large"
+    status, type = 413, "request_too_large"
     headers = {"Connection": "close"}
 
 
 class RateLimited(ProxyError):
-    status = 429
-    type = "rate_limit_error"
+    status, type = 429, "rate_limit_error"
     code = "rate_limit_exceeded"
 
 
 class ClientGone(ProxyError):
     """The client closed its connection; nobody reads this answer (logged as 499)."""
-    status = 499
-    type = "api_error"
+    status, type = 499, "api_error"
 
 
 class UpstreamError(ProxyError):
     """The upstream answered with an error status (carried through) or a bad body."""
-    status = 502
-    type = "api_error"
+    status, type = 502, "api_error"
 
 
 class ContextTooLong(UpstreamError):
@@ -82,8 +72,7 @@ class ContextTooLong(UpstreamError):
     maximum", the wording Claude Code reads to compact its history. A first turn that does not
     fit cannot be compacted (``is_first_turn``, set by the route): its message leads with what
     to serve instead, which Claude Code then prints as it is."""
-    status = 400
-    type = "invalid_request_error"
+    status, type = 400, "invalid_request_error"
     code = "context_length_exceeded"
     is_first_turn = False
 
@@ -94,8 +83,7 @@ class ContextTooLong(UpstreamError):
 
 class UpstreamUnavailable(ProxyError):
     """The upstream cannot be reached: 503 plus Retry-After."""
-    status = 503
-    type = "overloaded_error"
+    status, type = 503, "overloaded_error"
 
     def __init__(self, message: str, retry_after: int | str = 1):
         super().__init__(message)
