@@ -1,6 +1,7 @@
 """HTTP routes. Views parse the body, pick the policy and hand over to the handler."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -17,9 +18,14 @@ from proxy.upstream.payload import build_payload
 
 bp = Blueprint("kimi", __name__)
 log = logging.getLogger("kimi.proxy")
-DIALECT_OF_VIEW = {"chat_completions": openai_chat, "messages": anthropic, "count_tokens": anthropic,
-                   "responses": openai_responses, "responses_compact": openai_responses,
-                   "get_response": openai_responses,
+# The model routes, each POST at /v1/PATH and /PATH: view name, PATH, dialect, handler route.
+# responses/compact is Codex's remote compaction (proxy/dialects/responses_compact.py).
+MODEL_ROUTES = [("chat_completions", "chat/completions", openai_chat, "chat"),
+                ("messages", "messages", anthropic, "messages"),
+                ("responses", "responses", openai_responses, "responses"),
+                ("responses_compact", "responses/compact", openai_responses, "responses_compact")]
+DIALECT_OF_VIEW = {**{view: dialect for view, _, dialect, _ in MODEL_ROUTES},
+                   "count_tokens": anthropic, "get_response": openai_responses,
                    "delete_response": openai_responses}  # the others belong to no dialect
 
 
@@ -70,29 +76,14 @@ def _model_request(dialect, route: str):
     return handler.run(dialect, policy, body, route, info)
 
 
-@bp.post("/v1/chat/completions")
-@bp.post("/chat/completions")
-def chat_completions():
-    return _model_request(openai_chat, "chat")
+def _add_model_route(view: str, path: str, dialect, route: str):
+    model_view = functools.partial(_model_request, dialect, route)
+    for prefix in ("/v1/", "/"):
+        bp.add_url_rule(prefix + path, view, model_view, methods=["POST"])
 
 
-@bp.post("/v1/messages")
-@bp.post("/messages")
-def messages():
-    return _model_request(anthropic, "messages")
-
-
-@bp.post("/v1/responses")
-@bp.post("/responses")
-def responses():
-    return _model_request(openai_responses, "responses")
-
-
-@bp.post("/v1/responses/compact")
-@bp.post("/responses/compact")
-def responses_compact():
-    """Codex's remote compaction: the model summarises `input` (proxy/dialects/responses_compact.py)."""
-    return _model_request(openai_responses, "responses_compact")
+for _row in MODEL_ROUTES:
+    _add_model_route(*_row)
 
 
 @bp.get("/v1/responses/<response_id>")
