@@ -1,0 +1,196 @@
+"""Structured outputs on the served path (issue 27): `python -m engined serve` on a temporary
+Unix socket, the default model (SmolLM2-135M) on the CPU, greedy, the frozen set of
+bench/structured_set.py.
+
+- tools: share of `tool_choice: required` replies whose tool calls all name a listed tool and
+  carry arguments that validate against that tool's schema (jsonschema, not the grammar);
+  a reply without a tool call fails.
+- schemas: share of `response_format: json_schema` replies whose content is JSON that
+  validates against the schema.
+- decode tok/s of streamed replies with a JSON-schema grammar and without any (same prompts),
+  timed from the first to the last token chunk; the ratio is the grammar's cost.
+- compile ms: every tool schema of one recorded Claude Code request, cold, in this process.
+
+    .venv/bin/python bench/structured.py [--max-tokens 96] [--limit N] [--no-write]
+Writes bench/results/structured-DATE[-N].json.
+"""
+import argparse
+import json
+import pathlib
+import platform
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from common import hardware, today, unix_post, write_json  # noqa: E402
+from served import Engine, on_sigterm  # noqa: E402
+import structured_set  # noqa: E402
+
+import jsonschema  # noqa: E402
+
+RATE_SCHEMA = {"type": "object", "properties": {"steps": {"type": "array", "items": {"type": "string"}}},
+               "required": ["steps"]}
+RATE_PROMPTS = ("Plan a trip to Paris, step by step.", "How do I bake bread? List the steps.",
+                "Explain how to set up a Python project, step by step.")
+
+
+def post(sock: str, body: dict) -> dict:
+    conn, resp = unix_post(sock, "/v1/chat/completions", body)
+    data = json.loads(resp.read())
+    conn.close()
+    return {"status": resp.status, **data}
+
+
+def valid_against(schema: dict, value) -> bool:
+    try:
+        jsonschema.validators.validator_for(schema)(schema).validate(value)
+        return True
+    except jsonschema.exceptions.ValidationError:
+        return False
+    except jsonschema.exceptions.SchemaError:
+        return False
+
+
+def check_tool_reply(body: dict, reply: dict) -> str:
+    """'ok' or why not."""
+    if reply["status"] != 200:
+        return f"status {reply['status']}"
+    calls = reply["choices"][0]["message"].get("tool_calls") or []
+    if not calls:
+        return "no tool call"
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in body["tools"]}
+    for call in calls:
+        name = call["function"]["name"]
+        if name not in schemas:
+            return f"unknown tool {name!r}"
+        try:
+            arguments = json.loads(call["function"]["arguments"])
+        except ValueError:
+            return "arguments not JSON"
+        if not valid_against(schemas[name], arguments):
+            return "arguments invalid"
+    return "ok"
+
+
+def check_schema_reply(schema: dict, reply: dict) -> str:
+    if reply["status"] != 200:
+        return f"status {reply['status']}"
+    try:
+        value = json.loads(reply["choices"][0]["message"].get("content") or "")
+    except ValueError:
+        return "not JSON"
+    return "ok" if valid_against(schema, value) else "invalid"
+
+
+def share(results: list[str]) -> dict:
+    reasons = {}
+    for r in results:
+        reasons[r] = reasons.get(r, 0) + 1
+    return {"n": len(results), "valid": reasons.get("ok", 0),
+            "share": reasons.get("ok", 0) / max(1, len(results)), "outcomes": reasons}
+
+
+def run_tools(sock: str, max_tokens: int, limit: int | None) -> dict:
+    results = []
+    for body in structured_set.tool_prompts()[:limit]:
+        reply = post(sock, {**body, "tool_choice": "required", "max_tokens": max_tokens, "temperature": 0})
+        results.append(check_tool_reply(body, reply))
+    return share(results)
+
+
+def run_schemas(sock: str, max_tokens: int, limit: int | None) -> dict:
+    results = []
+    for _, body in structured_set.schema_prompts()[:limit]:
+        reply = post(sock, {**body, "max_tokens": max_tokens, "temperature": 0})
+        results.append(check_schema_reply(body["response_format"]["json_schema"]["schema"], reply))
+    return share(results)
+
+
+def stream_rate(sock: str, body: dict) -> tuple[int, float]:
+    """(tokens after the first, seconds from the first token chunk to the last)."""
+    conn, resp = unix_post(sock, "/v1/chat/completions", {**body, "stream": True, "temperature": 0,
+                                                          "stream_options": {"include_usage": True}})
+    first = last = None
+    tokens = 0
+    for raw in resp:
+        line = raw.decode().strip()
+        if not line.startswith("data: {"):
+            continue
+        event = json.loads(line[6:])
+        if event.get("usage"):
+            tokens = event["usage"]["completion_tokens"]
+        elif event.get("choices") and event["choices"][0]["delta"]:
+            first, last = first or time.perf_counter(), time.perf_counter()
+    conn.close()
+    return max(0, tokens - 1), (last - first) if first else 0.0
+
+
+def run_rates(sock: str, max_tokens: int) -> dict:
+    """Plain and constrained requests interleaved, so a busy host slows both alike."""
+    constrained = {"type": "json_schema", "json_schema": {"name": "plan", "schema": RATE_SCHEMA}}
+    cases = (("plain", {}), ("json_schema", {"response_format": constrained}))
+    totals = {label: [0, 0.0] for label, _ in cases}
+    for prompt in RATE_PROMPTS * 2:
+        for label, extra in cases:
+            n, s = stream_rate(sock, {"messages": [{"role": "user", "content": prompt}],
+                                      "max_tokens": max_tokens, **extra})
+            totals[label][0] += n
+            totals[label][1] += s
+    out = {label: {"tokens": n, "seconds": s, "tok_s": n / s if s else 0.0}
+           for label, (n, s) in totals.items()}
+    out["ratio"] = out["json_schema"]["tok_s"] / out["plain"]["tok_s"] if out["plain"]["tok_s"] else None
+    return out
+
+
+def compile_claude_request() -> dict | None:
+    """Cold compile of every tool schema in the first recorded Claude Code request with tools."""
+    try:
+        from engined.grammar import compile as grammar
+    except ImportError:  # before issue 27's grammar module
+        return None
+    from engined.chat import load_text
+    from engined.weights.default_model import default_gguf_path
+    tokenizer, _ = load_text(default_gguf_path())
+    body = next(b for name, b in structured_set.recorded_bodies()
+                if name.startswith("claude-tool") and b.get("tools"))
+    schemas = [t["input_schema"] for t in body["tools"] if "input_schema" in t]
+    compiler = grammar.Compiler(tokenizer)
+    started = time.perf_counter()
+    for schema in schemas:
+        compiler.json_schema(schema)
+    return {"schemas": len(schemas), "ms": (time.perf_counter() - started) * 1e3}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--limit", type=int, default=None, help="first N prompts of each set (a quick look)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--no-write", action="store_true", help="print only, no bench/results JSON")
+    args = ap.parse_args()
+    on_sigterm()
+    engine = Engine("default", "cpu", max_context=4096, max_batch=1, threads=args.threads)
+    try:
+        started = time.monotonic()
+        tools = run_tools(engine.sock, args.max_tokens, args.limit)
+        print("tools", json.dumps(tools), flush=True)
+        schemas = run_schemas(engine.sock, args.max_tokens, args.limit)
+        print("schemas", json.dumps(schemas), flush=True)
+        rates = run_rates(engine.sock, 48)
+        print("rates", json.dumps(rates), flush=True)
+        seconds = time.monotonic() - started
+    finally:
+        engine.stop()
+    compiled = compile_claude_request()
+    print("compile", json.dumps(compiled))
+    if not args.no_write:
+        command = " ".join(["bench/structured.py", *sys.argv[1:]])
+        print("wrote", write_json("structured", {
+            "hardware": hardware(), "command": command, "date": today(), "python": platform.python_version(),
+            "model": "default (SmolLM2-135M-Instruct Q4_1)", "device": "cpu", "max_tokens": args.max_tokens,
+            "tool_required": tools, "json_schema": schemas, "decode": rates, "compile_claude_tools": compiled,
+            "seconds": seconds}))
+
+
+if __name__ == "__main__":
+    main()
