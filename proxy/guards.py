@@ -12,6 +12,7 @@ from flask import Flask, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
 from proxy import config as config_mod
+from proxy.state.store import owner_of
 from proxy.errors import (NESTED_TOO_DEEPLY, AuthError, ContextTooLong, Forbidden,
                           MethodNotAllowed, NotFound, ProxyError, TooLarge, anthropic_body,
                           from_exception, openai_body)
@@ -146,6 +147,16 @@ def _api_key():
 def is_authorized(key: str | None) -> bool:
     if not key:
         return True
+    return hmac.compare_digest(presented_key().encode(), key.encode())
+
+
+def presented_key() -> str:
+    """The key this request sent (Authorization: Bearer, else x-api-key); "" for none."""
     auth = request.headers.get("Authorization", "")
-    token = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-    return hmac.compare_digest(token.encode(), key.encode())
+    return auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+
+
+def key_owner() -> str:
+    """Who owns what this request stores and may read back (stored Responses, the reasoning
+    ledger): a hash of the key it presented, whether or not the proxy requires one."""
+    return owner_of(presented_key())

@@ -26,6 +26,7 @@ from proxy import sse
 from proxy.clients.side_tasks import cap_side_request
 from proxy.dialects import common as d
 from proxy.errors import InvalidRequest, from_exception
+from proxy.guards import key_owner
 from proxy.metrics import tool_type_label
 from proxy.pipeline import Options, Pipeline, chunks_from_json, one_call_at_a_time
 from proxy.state.conversation import ConversationKeys
@@ -51,6 +52,7 @@ class Context:
     req: c.Request | None = None
     turn: d.Turn | None = None
     ledger_id: str = ""
+    owner: str = ""                   # who may read back what it stores (proxy.guards.key_owner)
     conversation: ConversationKeys | None = None  # keys of the request's messages (reasoning ledger)
     opts: Options | None = None
     headers: dict = field(default_factory=dict)  # sent upstream
@@ -86,7 +88,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     turn = d.Turn(client_model=req.model or cfg["MODEL"] or "kimi-local",
                   id=dialect.TURN_ID_PREFIX + d.new_hex())
     ctx = Context(route, policy, dialect, services, req, turn, request_id=g.request_id,
-                  request_info=request_info, is_recording=services.recorder is not None)
+                  request_info=request_info, is_recording=services.recorder is not None, owner=key_owner())
     ctx.req = req = dialect.prepare(ctx, body)
     _note_dropped_tools(ctx)
     if not any(m.role != "system" for m in req.messages):
@@ -96,7 +98,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     model = upstream_model(cfg, policy, req.model, None if cfg["MODEL"] else services.served_model())
     ctx.conversation = keys = ConversationKeys(req.messages)
     payload = build_payload(req, model=model, reasoning_field=field_, effort=policy.effort,
-                            restore=lambda m, i: services.reasoning.restore(m, field_, keys.before(i)))
+                            restore=lambda m, i: services.reasoning.restore(m, field_, keys.before(i), ctx.owner))
     payload = cap_side_request(payload, req, cfg["SIDE_MAX_TOKENS"])
     ctx.payload = services.fit_max_tokens(payload, request.content_length or 0)
     turn.input_estimate = max(1, (request.content_length or 0) // 4)  # until the engine's real count
@@ -105,7 +107,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     ctx.opts = Options(client_model=turn.client_model,
                        parser=get_parser(policy.tool_parser, [tool_to_openai(t) for t in req.tools]),
                        split_think=field_ in ("auto", "inline"), stop=req.stop,
-                       sign=lambda text: services.reasoning.sign(text, ctx.ledger_id),
+                       sign=lambda text: services.reasoning.sign(text, ctx.ledger_id, ctx.owner),
                        reasoning_key=None if field_ == "auto" else field_,
                        on_parse_failure=lambda why: services.metrics.parse_failures.labels(policy.tool_parser).inc())
     ctx.headers = {"X-Request-Id": g.request_id}
@@ -135,7 +137,7 @@ def _json(ctx: Context) -> Response:
     end = None
     for ev in Pipeline(ctx.opts).run(chunks_from_json(body)):
         end = ev if isinstance(ev, c.StreamEnd) else end
-    services.record_turn(ctx.ledger_id, end.response, lambda: _conversation_key(ctx))
+    services.record_turn(ctx.ledger_id, end.response, lambda: _conversation_key(ctx), ctx.owner)
     ctx.frames = ctx.dialect.render_response(ctx.turn, ctx.req, end.response, ctx.policy)
     _done(ctx)
     return current_app.response_class(sse.dumps(ctx.frames), mimetype="application/json")
@@ -154,7 +156,7 @@ def _frames(ctx: Context, stream):
                 ctx.first_token = time.monotonic()  # the first model token the client can see
                 ctx.services.metrics.ttft.labels(ctx.route).observe(ctx.first_token - ctx.started)
             if isinstance(ev, c.StreamEnd):
-                ctx.services.record_turn(ctx.ledger_id, ev.response, lambda: _conversation_key(ctx))
+                ctx.services.record_turn(ctx.ledger_id, ev.response, lambda: _conversation_key(ctx), ctx.owner)
             yield ev
 
     events = finished(Pipeline(ctx.opts).run(recorded(stream)))

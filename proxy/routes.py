@@ -13,7 +13,7 @@ from proxy import handler
 from proxy.clients import policy as policy_mod
 from proxy.dialects import anthropic, openai_chat, openai_responses, responses_state
 from proxy.errors import NESTED_TOO_DEEPLY, InvalidRequest, TooLarge
-from proxy.guards import is_authorized
+from proxy.guards import is_authorized, key_owner
 from proxy.upstream.payload import build_payload
 
 bp = Blueprint("kimi", __name__)
@@ -88,12 +88,12 @@ for _row in MODEL_ROUTES:
 
 @bp.get("/v1/responses/<response_id>")
 def get_response(response_id: str):
-    return responses_state.stored(current_app.extensions["kimi"], response_id)
+    return responses_state.stored(current_app.extensions["kimi"], response_id, key_owner())
 
 
 @bp.delete("/v1/responses/<response_id>")
 def delete_response(response_id: str):
-    return responses_state.delete_stored(current_app.extensions["kimi"], response_id)
+    return responses_state.delete_stored(current_app.extensions["kimi"], response_id, key_owner())
 
 
 @bp.post("/v1/messages/count_tokens")

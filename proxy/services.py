@@ -69,10 +69,10 @@ class Services:
             self.recorder.close()
 
     # -- request hooks -----------------------------------------------------------------
-    def record_turn(self, ledger_id: str, response: c.Response, conversation=None) -> None:
+    def record_turn(self, ledger_id: str, response: c.Response, conversation, owner: str) -> None:
         """A completed turn's reasoning and calls go to the ledger, for the client's next turn,
-        under the conversation's key (a callable: the ledger writer hashes it)."""
-        self.reasoning.record(ledger_id, response, self.cfg["REASONING_FIELD"], conversation)
+        under the conversation's key (a callable: the ledger writer hashes it) and its owner."""
+        self.reasoning.record(ledger_id, response, self.cfg["REASONING_FIELD"], conversation, owner)
 
     def done(self, ctx) -> None:
         self.log_request(ctx)

@@ -8,7 +8,8 @@ recorded chunks (or JSON). Compared, after normalisation: the status, the upstre
 payload (tool-call argument JSON canonicalised, tool-call ids dropped) and the client
 bytes (SSE parsed into event/data records, or the JSON body). Normalisation maps ids
 to `<id:N>` consistently, zeroes timestamps and replaces signatures by a hash of the
-reasoning they carry, so a reasoning change is still a difference.
+reasoning they carry, so a reasoning change is still a difference. A recorded signature
+sealed by another ledger file cannot be read here (`<sig:sealed>`): any signature matches it.
 """
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ import tempfile
 
 from proxy import sse
 from proxy.pipeline import chunks_from_json
+from proxy.state.signatures import PREFIX as SEALED_PREFIX, read_unverified
 from proxy.upstream.client import ListStream
 
 DROP_HEADERS = {"host", "content-length", "authorization", "x-api-key", "accept-encoding"}
 ID_RE = re.compile(r"\b(?:msg_|chatcmpl-|chatcmpl_|resp_|rs_|fc_|call_|toolu_|cmpl-)[A-Za-z0-9_\-]+")
 SIG_KEYS = {"signature", "encrypted_content", "data"}
+SEALED = "<sig:sealed>"
 TIME_KEYS = {"created", "created_at", "recorded_at"}
 
 
@@ -113,6 +116,8 @@ class Normaliser:
             return 0
         if key in SIG_KEYS and isinstance(value, str) and value:
             text, ledger_id = self.decode(value)
+            if text is None and not ledger_id and value.startswith(SEALED_PREFIX):
+                return SEALED
             if text is None:
                 return "<sig:ledger-only>" if ledger_id else "<sig:opaque>"
             return f"<sig:{hashlib.sha256(text.encode()).hexdigest()[:16]}>"
@@ -173,6 +178,8 @@ def diff(a, b, path: str = "$", out: list | None = None, limit: int = 500) -> li
                 out.append((f"{path}[{i}]", UNEXPECTED, b[i]))
             else:
                 diff(a[i], b[i], f"{path}[{i}]", out, limit)
+    elif a == SEALED and isinstance(b, str) and b.startswith("<sig:"):
+        return out  # sealed under another ledger's secret: nothing to compare it with
     elif a != b or type(a) is not type(b):
         out.append((path, a, b))
     return out
@@ -247,16 +254,9 @@ def replay(cassette: dict, config: dict | None = None) -> dict:
 
 
 def _comparing_decoder(decode):
-    """Read signatures for comparison only: also those another ledger file signed
-    (their HMAC tag cannot be checked here, and nothing is trusted from them)."""
-    from proxy.state.reasoning import INLINE_PREFIX, _payload
-
-    def read(signature):
-        text, ledger_id = decode(signature)
-        if text is None and isinstance(signature, str) and signature.startswith(INLINE_PREFIX):
-            return _payload(signature[len(INLINE_PREFIX):].rsplit(".", 1)[0])
-        return text, ledger_id
-    return read
+    """Read signatures for comparison only: also those another ledger file or the public
+    k3 proxy signed (their tag cannot be checked here, and nothing is trusted from them)."""
+    return lambda signature: read_unverified(signature, decode)
 
 
 def _preset(req: dict, headers: dict) -> str:

@@ -72,7 +72,7 @@ def prepare(ctx, body: dict) -> c.Request:
     items = [{"type": "message", "role": "user", "content": items}] if isinstance(items, str) else list(items or [])
     turn.extra["input_items"] = items
     if req.previous_response_id:
-        history = responses_state.history(ctx.services, req.previous_response_id)
+        history = responses_state.history(ctx.services, req.previous_response_id, ctx.owner)
         lead = [m for m in req.messages[:1] if m.role == "system" and body.get("instructions")]
         req = req.replace(messages=(*lead, *parse_input(history), *req.messages[len(lead):]))
     kind = responses_compact.kind_of(ctx.route, body)

@@ -2,13 +2,17 @@
 
 The handlers see two small interfaces:
 
-    Reasoning: new_turn() -> ledger id;  sign(text, ledger_id) -> signature | None;
-               restore(message, reasoning_field, conversation="") -> upstream assistant dict | None;
-               record(ledger_id, response, reasoning_field, conversation=None)
+    Reasoning: new_turn() -> ledger id;  sign(text, ledger_id, owner) -> signature | None;
+               restore(message, reasoning_field, conversation, owner) -> upstream assistant dict | None;
+               record(ledger_id, response, reasoning_field, conversation, owner)
                (conversation: the key of the messages before the turn, proxy.state.conversation;
                for record a callable, so the hash is computed by the ledger writer)
-    Responses: put(id, input_items=, output_items=, previous_id=, response=);
-               get(id) -> response body | None;  history(id) -> items | None;  delete(id) -> bool
+    Responses: put(id, owner, input_items=, output_items=, previous_id=, response=);
+               get(id, owner) -> response body | None;  history(id, owner) -> items | None;
+               delete(id, owner) -> bool
+
+owner is proxy.state.store.owner_of(the API key the request presented): every row and
+signature is bound to it, and what another owner stored reads as unknown.
 
 They wrap `proxy.state.reasoning` / `proxy.state.store` (one SQLite file, the ledger).
 """
@@ -29,18 +33,18 @@ class StoredResponses:
     def __init__(self, store):
         self.store = store
 
-    def put(self, response_id: str, **kw) -> None:
-        self.store.put(response_id, **kw)
+    def put(self, response_id: str, owner: str, **kw) -> None:
+        self.store.put(response_id, owner=owner, **kw)
 
-    def get(self, response_id: str) -> dict | None:
-        stored = self.store.get(response_id)
+    def get(self, response_id: str, owner: str) -> dict | None:
+        stored = self.store.get(response_id, owner)
         return None if stored is None else stored.response
 
-    def history(self, response_id: str) -> list | None:
-        return self.store.history(response_id)
+    def history(self, response_id: str, owner: str) -> list | None:
+        return self.store.history(response_id, owner)
 
-    def delete(self, response_id: str) -> bool:
-        return self.store.delete(response_id)
+    def delete(self, response_id: str, owner: str) -> bool:
+        return self.store.delete(response_id, owner)
 
     def close(self) -> None:
         return None
@@ -67,10 +71,10 @@ class LedgerReasoning:
     def new_turn(self) -> str:
         return self.ledger.new_id()
 
-    def sign(self, text: str, ledger_id: str) -> str | None:
-        return self.ledger.sign(text, ledger_id)
+    def sign(self, text: str, ledger_id: str, owner: str) -> str | None:
+        return self.ledger.sign(text, ledger_id, owner)
 
-    def restore(self, message: c.Message, reasoning_field: str, conversation: str = "") -> dict | None:
+    def restore(self, message: c.Message, reasoning_field: str, conversation: str, owner: str) -> dict | None:
         from proxy.upstream.payload import assistant_from_echo
         from proxy.state.reasoning import apply_reasoning_field
         self._pending.join()
@@ -78,7 +82,8 @@ class LedgerReasoning:
         echoed = "".join(p.text for p in parts if not p.redacted) or None
         found = self.ledger.restore(signatures=[p.signature for p in parts if p.signature],
                                     echoed_reasoning=echoed, text=message.text(),
-                                    tool_calls=_calls(message.of(c.ToolCall)), conversation=conversation)
+                                    tool_calls=_calls(message.of(c.ToolCall)), conversation=conversation,
+                                    owner=owner)
         if self.metrics is not None:
             self.metrics.ledger.labels(found.source if found else "miss").inc()
         if found is None:
@@ -87,14 +92,14 @@ class LedgerReasoning:
         base = found.message or assistant_from_echo(plain, "none") or {"role": "assistant", "content": ""}
         return apply_reasoning_field(base, found.reasoning, reasoning_field)
 
-    def record(self, ledger_id: str, response: c.Response, reasoning_field: str, conversation=None) -> None:
+    def record(self, ledger_id: str, response: c.Response, reasoning_field: str, conversation, owner: str) -> None:
         """Queue one completed turn; a turn with neither reasoning nor calls has nothing to restore."""
         if not response.reasoning() and not response.tool_calls():
             return
         message = {k: v for k, v in (response.upstream_message or {}).items()
                    if k not in ("reasoning_content", "reasoning")}
         self._pending.put((ledger_id, "".join(p.text for p in response.reasoning()), response.text(),
-                           _calls(response.tool_calls()), message, conversation))
+                           _calls(response.tool_calls()), message, conversation, owner))
 
     def _writer(self) -> None:
         while True:
@@ -102,9 +107,9 @@ class LedgerReasoning:
             try:
                 if item is None:
                     return
-                ledger_id, reasoning, text, calls, message, conversation = item
+                ledger_id, reasoning, text, calls, message, conversation, owner = item
                 self.ledger.record(ledger_id, reasoning=reasoning, text=text, tool_calls=calls, message=message,
-                                   conversation=conversation() if conversation else "")
+                                   conversation=conversation() if conversation else "", owner=owner)
             except Exception as exc:  # noqa: BLE001 - a failed write must not kill the writer
                 log.warning("ledger write failed: %s", exc)
             finally:

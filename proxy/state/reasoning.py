@@ -7,20 +7,19 @@ assistant message) next turn. Per completed turn::
 
     ledger = Ledger(path_or_db, max_entries=100_000, ttl_seconds=30 * 86400)
     turn_id = ledger.new_id()                       # at stream start
-    sig = ledger.sign(segment_text, turn_id)        # per reasoning segment, at its end
+    sig = ledger.sign(segment_text, turn_id, owner) # per reasoning segment, at its end
     ledger.record(turn_id, reasoning=all_text, text=visible_text, tool_calls=calls,
-                  message=upstream_message)         # at stream end; message without reasoning
+                  message=upstream_message, owner=owner)   # at stream end; message without reasoning
 
 and for each echoed assistant message::
 
-    restored = ledger.restore(signatures=[...], echoed_reasoning=..., text=..., tool_calls=[...])
+    restored = ledger.restore(signatures=[...], echoed_reasoning=..., text=..., tool_calls=[...], owner=owner)
     upstream = apply_reasoning_field(restored.message or rebuilt_message, restored.reasoning, field)
 
-Signatures: ``klr1.<b64 zlib({"r": text, "i": id})>.<tag>`` carries the text (restores
-after the ledger row is gone); past 64 KiB compressed it is ``kll1.<id>.<tag>``. The tag is
-an HMAC-SHA256 (16 bytes) under a secret kept in the SQLite file, checked before anything
-is inflated; inflation is capped at 8 MiB. Signatures of the public k3 proxy (``k3r1.``,
-``k3l1.``) are read too, bounded the same way. Decoding never raises.
+Signatures (proxy.state.signatures) are AES-GCM sealed under a secret kept in the SQLite
+file and carry the text, so they restore after the ledger row is gone; they, the ledger
+rows and the fingerprints are bound to an owner (proxy.state.store.owner_of: a hash of the
+API key the request presented, "" for none), and another owner's never restore.
 
 Restore order: a signature whose ledger row exists (exact message) → the texts of all
 signatures → the echoed reasoning → the fingerprint of visible text + tool calls. A
@@ -32,25 +31,17 @@ before the turn), so two conversations with the same reply never get each other'
 """
 from __future__ import annotations
 
-import base64
 import hashlib
-import hmac
 import json
 import secrets
 import uuid
-import zlib
 from dataclasses import dataclass, field
 
 from proxy.state.conversation import canonical_args
+from proxy.state.signatures import Sealer
 from proxy.state.store import as_database
 from proxy.toolcalls.think import split_think
 
-INLINE_PREFIX, LEDGER_PREFIX = "klr1.", "kll1."
-K3_INLINE_PREFIX, K3_LEDGER_PREFIX = "k3r1.", "k3l1."
-MAX_BLOB = 64 * 1024
-MAX_B64 = 4 * ((MAX_BLOB + 2) // 3)          # 87,384: the longest body the encoder emits
-MAX_INFLATED = 8 * 1024 * 1024
-TAG_BYTES = 16
 SENTINEL_FIELDS = ("none", "inline")
 
 
@@ -59,44 +50,6 @@ class Restored:
     source: str                  # "ledger" | "fingerprint" | "signature" | "echo"
     reasoning: str
     message: dict | None = None  # the exact upstream assistant message, when known
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def bounded_inflate(blob: bytes, limit: int = MAX_INFLATED) -> bytes | None:
-    """zlib-inflate with a hard output cap; None if over the cap, truncated or corrupt."""
-    inflater = zlib.decompressobj()
-    try:
-        out = inflater.decompress(blob, limit)
-        if inflater.unconsumed_tail or not inflater.eof:
-            return None
-    except zlib.error:
-        return None
-    return out
-
-
-def _payload(blob_b64: str) -> tuple[str | None, str | None]:
-    if not blob_b64 or len(blob_b64) > MAX_B64:
-        return None, None
-    try:
-        blob = _unb64(blob_b64)
-    except ValueError:
-        return None, None
-    raw = bounded_inflate(blob) if len(blob) <= MAX_BLOB else None
-    try:
-        obj = json.loads(raw) if raw is not None else None
-    except ValueError:
-        return None, None
-    if not isinstance(obj, dict):
-        return None, None
-    text, ledger_id = obj.get("r"), obj.get("i")
-    return (text if isinstance(text, str) else None), (ledger_id if isinstance(ledger_id, str) and ledger_id else None)
 
 
 def fingerprint(text: str, tool_calls, conversation: str = "") -> str:
@@ -150,6 +103,7 @@ class Ledger:
         self.db = as_database(db)
         self.max_entries, self.ttl_seconds = max_entries, ttl_seconds
         self.secret = secret or self.db.meta_value("signature_secret", lambda: secrets.token_bytes(32))
+        self.sealer = Sealer(self.secret)
         self.stats = LedgerStats()
 
     @property
@@ -165,51 +119,32 @@ class Ledger:
         return uuid.uuid4().hex
 
     # signatures
-    def _tag(self, body: str) -> str:
-        return _b64(hmac.new(self.secret, body.encode(), hashlib.sha256).digest()[:TAG_BYTES])
+    def sign(self, reasoning: str, ledger_id: str, owner: str = "") -> str:
+        return self.sealer.sign(reasoning, ledger_id, owner)
 
-    def sign(self, reasoning: str, ledger_id: str) -> str:
-        payload = json.dumps({"r": reasoning, "i": ledger_id}, ensure_ascii=False, separators=(",", ":"))
-        blob = zlib.compress(payload.encode(), 6)
-        body = INLINE_PREFIX + _b64(blob) if len(blob) <= MAX_BLOB else LEDGER_PREFIX + ledger_id
-        return body + "." + self._tag(body)
-
-    def decode(self, signature) -> tuple[str | None, str | None]:
+    def decode(self, signature, owner: str = "") -> tuple[str | None, str | None]:
         """(reasoning text or None, ledger id or None); never raises."""
-        if not isinstance(signature, str) or not signature.isascii():
-            return None, None
-        if signature.startswith(K3_LEDGER_PREFIX):
-            return None, signature[len(K3_LEDGER_PREFIX):] or None
-        if signature.startswith(K3_INLINE_PREFIX):
-            return _payload(signature[len(K3_INLINE_PREFIX):])
-        if not signature.startswith((INLINE_PREFIX, LEDGER_PREFIX)) or len(signature) > MAX_B64 + 64:
-            return None, None
-        body, _, tag = signature.rpartition(".")
-        if not body or not hmac.compare_digest(tag, self._tag(body)):
-            return None, None
-        if body.startswith(LEDGER_PREFIX):
-            return None, body[len(LEDGER_PREFIX):] or None
-        return _payload(body[len(INLINE_PREFIX):])
+        return self.sealer.open(signature, owner)
 
     # ledger rows
     def record(self, ledger_id: str | None = None, *, reasoning: str, text: str = "", tool_calls=(),
-               message: dict | None = None, conversation: str = "") -> str:
-        """Store one completed turn; returns a signature of the whole reasoning for it."""
+               message: dict | None = None, conversation: str = "", owner: str = "") -> str:
+        """Store one completed turn for owner; returns a signature of the whole reasoning for it."""
         ledger_id = ledger_id or self.new_id()
         now, fp = self.db.clock(), fingerprint(text, tool_calls, conversation)
         encoded = None if message is None else json.dumps(message, ensure_ascii=False)
         self.db.execute_many([
-            ("UPDATE ledger SET fingerprint = NULL WHERE fingerprint = ?", (fp,)),
-            ("INSERT OR REPLACE INTO ledger(id, created, used, reasoning, message, fingerprint) "
-             "VALUES (?, ?, ?, ?, ?, ?)", (ledger_id, now, now, reasoning, encoded, fp)),
+            ("UPDATE ledger SET fingerprint = NULL WHERE fingerprint = ? AND owner = ?", (fp, owner)),
+            ("INSERT OR REPLACE INTO ledger(id, created, used, reasoning, message, fingerprint, owner) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?)", (ledger_id, now, now, reasoning, encoded, fp, owner)),
         ])
         self.db.evict("ledger", self.max_entries, self.ttl_seconds, lru_column="used")
-        return self.sign(reasoning, ledger_id)
+        return self.sign(reasoning, ledger_id, owner)
 
-    def _lookup(self, column: str, value: str) -> tuple[str, dict | None] | None:
+    def _lookup(self, column: str, value: str, owner: str) -> tuple[str, dict | None] | None:
         now = self.db.clock()
-        rows = self.db.execute(f"SELECT id, reasoning, message FROM ledger WHERE {column} = ? AND created >= ?",
-                               (value, now - self.ttl_seconds))
+        rows = self.db.execute(f"SELECT id, reasoning, message FROM ledger WHERE {column} = ? AND owner = ? "
+                               "AND created >= ?", (value, owner, now - self.ttl_seconds))
         if not rows:
             return None
         row_id, reasoning, message = rows[0]
@@ -217,10 +152,10 @@ class Ledger:
         return reasoning, None if message is None else json.loads(message)
 
     def restore(self, *, signatures=(), echoed_reasoning: str | None = None, text: str = "",
-                tool_calls=(), conversation: str = "") -> Restored | None:
-        """Reasoning (and when known the exact message) for one echoed assistant message."""
-        decoded = [self.decode(sig) for sig in signatures or ()]
-        rows = [self._lookup("id", ledger_id) for _, ledger_id in decoded if ledger_id]
+                tool_calls=(), conversation: str = "", owner: str = "") -> Restored | None:
+        """Reasoning (and when known the exact message) for one echoed assistant message of owner's."""
+        decoded = [self.decode(sig, owner) for sig in signatures or ()]
+        rows = [self._lookup("id", ledger_id, owner) for _, ledger_id in decoded if ledger_id]
         exact = next((row for row in rows if row and row[1] is not None), None)
         if exact is not None:
             return self._hit(Restored("ledger", exact[0], exact[1]))
@@ -229,7 +164,7 @@ class Ledger:
         found = (Restored("signature", "".join(texts)) if texts
                  else Restored("ledger", bare_row[0]) if bare_row
                  else Restored("echo", echoed_reasoning) if echoed_reasoning else None)
-        row = (self._lookup("fingerprint", fingerprint(text, tool_calls, conversation))
+        row = (self._lookup("fingerprint", fingerprint(text, tool_calls, conversation), owner)
                if text or tool_calls else None)
         if row is not None and (found is None or found.reasoning == row[0]):
             return self._hit(Restored("fingerprint", row[0], row[1]))

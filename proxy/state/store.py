@@ -2,11 +2,17 @@
 
     db = Database(path)                 # creates the file 0600 (parent 0700), WAL, schema
     responses = ResponseStore(db, max_entries=10_000, ttl_seconds=30 * 86400)
-    responses.put("resp_1", input_items=[...], output_items=[...], previous_id=None, response={...})
-    responses.get("resp_1")  -> StoredResponse | None
-    responses.delete("resp_1") -> bool
-    responses.history("resp_2") -> items of every response in the chain, oldest first:
-                                   each response's input_items then its output_items
+    owner = owner_of(api_key)           # what a row is bound to: a hash of the key, "" for none
+    responses.put("resp_1", input_items=[...], output_items=[...], previous_id=None, response={...},
+                  owner=owner)
+    responses.get("resp_1", owner)  -> StoredResponse | None
+    responses.delete("resp_1", owner) -> bool
+    responses.history("resp_2", owner) -> items of every response in the chain, oldest first:
+                                          each response's input_items then its output_items
+
+Every row carries its owner and is found only by the same owner: another key's id reads
+as unknown. A file from before owners existed has its ledger and responses tables dropped
+on open (rows nobody can be shown to own are never served to anyone).
 
 ``proxy.state.reasoning.Ledger`` uses the same ``Database``. Every statement runs in autocommit
 mode under one lock (gevent patches it to a cooperative lock), so no transaction is ever
@@ -17,7 +23,9 @@ Rows expire after ``ttl_seconds`` and the oldest are evicted past ``max_entries`
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import pathlib
 import sqlite3
@@ -30,17 +38,19 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger (
     id TEXT PRIMARY KEY, created REAL NOT NULL, used REAL NOT NULL,
-    reasoning TEXT NOT NULL, message TEXT, fingerprint TEXT);
+    reasoning TEXT NOT NULL, message TEXT, fingerprint TEXT, owner TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS ledger_fingerprint ON ledger(fingerprint);
 CREATE INDEX IF NOT EXISTS ledger_used ON ledger(used);
 CREATE INDEX IF NOT EXISTS ledger_created ON ledger(created);
 CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY, created REAL NOT NULL, previous_id TEXT,
-    input_items TEXT NOT NULL, output_items TEXT NOT NULL, response TEXT);
+    input_items TEXT NOT NULL, output_items TEXT NOT NULL, response TEXT, owner TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS responses_created ON responses(created);
 """
+OWNED_TABLES = ("ledger", "responses")
 MAX_CHAIN = 1000
 SWEEP_PERIOD_S = 60.0
+log = logging.getLogger("kimi.proxy")
 
 
 class StoreError(Exception):
@@ -53,6 +63,11 @@ def default_db_path(environ=os.environ) -> pathlib.Path:
         return pathlib.Path(state_dir) / "ledger.sqlite"
     base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return pathlib.Path(base) / "kimi" / "ledger.sqlite"
+
+
+def owner_of(api_key: str | None) -> str:
+    """The owner rows are bound to: a hash of the API key a request presented, "" for none."""
+    return hashlib.sha256(b"kimi-local owner\0" + api_key.encode()).hexdigest() if api_key else ""
 
 
 def create_private_file(path: pathlib.Path) -> None:
@@ -79,13 +94,40 @@ class Database:
             self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
+            self._drop_unowned_tables()
             self.conn.executescript(SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open state file {self.path}: {exc}") from exc
 
+    def _drop_unowned_tables(self) -> None:
+        """A file from before rows had owners: its ledger and responses go (schema recreates them)."""
+        old = [t for t in OWNED_TABLES if self._columns(t) and "owner" not in self._columns(t)]
+        if not old:
+            return
+        self.conn.execute("BEGIN IMMEDIATE")  # another process may be upgrading the same file
+        try:
+            for table in old:
+                if "owner" not in self._columns(table):
+                    count = self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+                    self.conn.execute(f"DROP TABLE {table}")
+                    log.warning("%s: dropped %d %s rows stored before rows were bound to an API key",
+                                self.path, count, table)
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+
+    def _columns(self, table: str) -> list[str]:
+        return [row[1] for row in self.conn.execute(f"PRAGMA table_info({table})")]
+
     def execute(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self.lock:
             return self.conn.execute(sql, params).fetchall()
+
+    def changed(self, sql: str, params: tuple = ()) -> int:
+        """Run one write; the number of rows it changed."""
+        with self.lock:
+            return self.conn.execute(sql, params).rowcount
 
     def execute_many(self, statements: list[tuple[str, tuple]]) -> None:
         """Run a few statements atomically (one short transaction)."""
@@ -150,36 +192,34 @@ class ResponseStore:
         self.max_entries, self.ttl_seconds = max_entries, ttl_seconds
 
     def put(self, response_id: str, *, input_items: list, output_items: list,
-            previous_id: str | None = None, response: dict | None = None) -> None:
+            previous_id: str | None = None, response: dict | None = None, owner: str = "") -> None:
         row = (response_id, self.db.clock(), previous_id, json.dumps(input_items), json.dumps(output_items),
-               None if response is None else json.dumps(response))
+               None if response is None else json.dumps(response), owner)
         self.db.execute("INSERT OR REPLACE INTO responses(id, created, previous_id, input_items, output_items, "
-                        "response) VALUES (?, ?, ?, ?, ?, ?)", row)
+                        "response, owner) VALUES (?, ?, ?, ?, ?, ?, ?)", row)
         self.db.evict("responses", self.max_entries, self.ttl_seconds)
 
-    def get(self, response_id: str) -> StoredResponse | None:
+    def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
         rows = self.db.execute("SELECT id, created, previous_id, input_items, output_items, response "
-                               "FROM responses WHERE id = ? AND created >= ?",
-                               (response_id, self.db.clock() - self.ttl_seconds))
+                               "FROM responses WHERE id = ? AND owner = ? AND created >= ?",
+                               (response_id, owner, self.db.clock() - self.ttl_seconds))
         if not rows:
             return None
         rid, created, previous_id, inputs, outputs, response = rows[0]
         return StoredResponse(rid, created, previous_id, json.loads(inputs), json.loads(outputs),
                               None if response is None else json.loads(response))
 
-    def delete(self, response_id: str) -> bool:
-        found = bool(self.db.execute("SELECT 1 FROM responses WHERE id = ?", (response_id,)))
-        self.db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
-        return found
+    def delete(self, response_id: str, owner: str = "") -> bool:
+        return self.db.changed("DELETE FROM responses WHERE id = ? AND owner = ?", (response_id, owner)) > 0
 
-    def history(self, response_id: str) -> list | None:
+    def history(self, response_id: str, owner: str = "") -> list | None:
         """All items of the chain ending at response_id, oldest first; None if it is unknown."""
         chain: list[StoredResponse] = []
         seen: set[str] = set()
         current: str | None = response_id
         while current and current not in seen and len(chain) < MAX_CHAIN:
             seen.add(current)
-            stored = self.get(current)
+            stored = self.get(current, owner)
             if stored is None:
                 if not chain:
                     return None

@@ -79,7 +79,7 @@ def test_anthropic_stream_reasoning_text_tool(run):
         "message_delta", "message_stop"]
     start = frames[0][1]["message"]
     assert start["content"] == [] and start["stop_reason"] is None and start["model"] == "m"
-    assert frames[4][1]["delta"]["signature"].startswith("klr1.")
+    assert frames[4][1]["delta"]["signature"].startswith("klr2.")
     assert frames[9][1]["content_block"] == {"type": "tool_use", "id": "toolu_c1", "name": "f", "input": {}}
     assert "".join(d["delta"]["partial_json"] for _e, d in frames[10:12]) == '{"a": 1}'
     assert frames[-2][1] == {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},

@@ -1,6 +1,7 @@
 """Reasoning signatures, the persistent ledger, restore order, and the response store."""
 import base64
-import json
+import hashlib
+import hmac
 import os
 import stat
 import threading
@@ -10,7 +11,8 @@ import zlib
 
 import pytest
 
-from proxy.state.reasoning import Ledger, apply_reasoning_field, bounded_inflate, fingerprint
+from proxy.state.reasoning import Ledger, apply_reasoning_field, fingerprint
+from proxy.state.signatures import bounded_inflate
 from proxy.state.store import Database, ResponseStore, default_db_path
 from proxy.toolcalls import split_think
 
@@ -47,11 +49,11 @@ MESSAGE = {"role": "assistant", "content": "Let me look.", "tool_calls": [CALL]}
 def test_signature_round_trip(db_path, clock, text):
     ledger = make_ledger(db_path, clock)
     sig = ledger.sign(text, "id1")
-    assert sig.startswith("klr1.") and ledger.decode(sig) == (text, "id1")
+    assert sig.startswith("klr2.") and ledger.decode(sig) == (text, "id1")
 
 
-@pytest.mark.parametrize("sig", [None, "", "garbage", "klr1", "klr1.", "klr1.!!!!", "klr1.////", "kll1.", "kll1..",
-                                 "sig_abc123==", "k3r1", "k3r1.", "k3r1.!!!!", "k3r1.////", "k3l1.", 42, "klr1.é"])
+@pytest.mark.parametrize("sig", [None, "", "garbage", "klr2", "klr2.", "klr2.!!!!", "klr2.////", "klr2.AAAA", "kll1.",
+                                 "sig_abc123==", "k3r1", "k3r1.", "k3r1.!!!!", "k3r1.////", "k3l1.", 42, "klr2.é"])
 def test_bad_signatures_decode_to_nothing(db_path, clock, sig):
     assert make_ledger(db_path, clock).decode(sig) == (None, None)
 
@@ -73,11 +75,15 @@ def k3_signature(payload: bytes) -> str:
     return "k3r1." + base64.urlsafe_b64encode(zlib.compress(payload, 9)).decode()
 
 
-def test_k3_signatures_are_read(db_path, clock):
+def test_legacy_unsigned_and_readable_signatures_are_refused(db_path, clock):
     ledger = make_ledger(db_path, clock)
-    assert ledger.decode(k3_signature(b'{"r":"old proxy","i":"abc"}')) == ("old proxy", "abc")
-    assert ledger.decode("k3l1.abc") == (None, "abc")
-    assert ledger.decode(k3_signature(b'["not", "an object"]')) == (None, None)
+    ledger.record("abc", reasoning="someone's plan", text="x", message={"role": "assistant", "content": "x"})
+    body = "klr1." + base64.urlsafe_b64encode(zlib.compress(b'{"r":"forged","i":"abc"}')).decode().rstrip("=")
+    tag = base64.urlsafe_b64encode(hmac.new(ledger.secret, body.encode(), hashlib.sha256).digest()[:16]).decode()
+    for sig in (k3_signature(b'{"r":"old proxy","i":"abc"}'), "k3l1.abc", body + "." + tag.rstrip("=")):
+        assert ledger.decode(sig) == (None, None)
+        assert ledger.restore(signatures=[sig]) is None
+    assert ledger.misses == 3
 
 
 def test_zlib_bombs_are_rejected_cheaply(db_path, clock):
@@ -87,8 +93,8 @@ def test_zlib_bombs_are_rejected_cheaply(db_path, clock):
     assert len(blob) > 64 * 1024
     small = zlib.compress(b'{"r":"' + b"a" * (56 << 20) + b'"}', 9)
     assert len(small) < 64 * 1024
-    for payload, budget in ((blob, 4 << 20), (small, 24 << 20)):
-        sig = "k3r1." + base64.urlsafe_b64encode(payload).decode()
+    for payload, budget in ((blob, 4 << 20), (small, 24 << 20)):  # sealed with the right key, still refused
+        sig = ledger.sealer.seal(payload)
         tracemalloc.start()
         started = time.monotonic()
         assert ledger.decode(sig) == (None, None)
@@ -103,10 +109,10 @@ def test_large_reasoning_uses_ledger_signature_and_prose_stays_inline(db_path, c
     ledger = make_ledger(db_path, clock)
     noise = base64.b64encode(os.urandom(150 * 1024)).decode()
     sig = ledger.sign(noise, "big")
-    assert sig.startswith("kll1.") and ledger.decode(sig) == (None, "big")
+    assert len(sig) < 200 and ledger.decode(sig) == (None, "big")
     prose = ("The function reads the file, then parses each line into a record. " * 3200)[:200 * 1024]
     sig = ledger.sign(prose, "prose")
-    assert sig.startswith("klr1.") and ledger.decode(sig) == (prose, "prose")
+    assert ledger.decode(sig) == (prose, "prose")
 
 
 def test_restore_by_ledger_returns_the_exact_message_as_a_copy(db_path, clock):
@@ -287,7 +293,6 @@ def test_default_path_rules(tmp_path):
     assert str(default_db_path({})).endswith(".local/state/kimi/ledger.sqlite")
     with pytest.raises(ValueError):
         Ledger(Database(tmp_path / "x.sqlite"), max_entries=0)
-
 
 
 def test_inline_mode_message_stored_with_think_is_not_doubled(db_path, clock):
