@@ -4,8 +4,9 @@ HTTP handlers build a Sequence (already tokenized) and `submit` it; the loop pus
 TokenEvent / FinishEvent / ErrorEvent onto the sequence's queue. A step (scheduler.py) is one
 prefill chunk of one sequence, or one decode token for every decoding sequence at once
 (continuous batching: sequences join and leave between steps). On admission a sequence
-resumes from the longest cached prefix of its prompt (prefix_cache.py); each prefill chunk
-adds its blocks to that cache.
+resumes from the longest cached run of whole prefill chunks of its prompt (prefix_cache.py:
+chunks sit on one grid, so a warm cache gives the cold answer bit for bit); each completed
+prefill chunk is added to that cache.
 """
 import collections
 import threading
@@ -43,7 +44,7 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.scheduler = Scheduler(token_budget=max_context, max_batch=max_batch,
                                    max_queue=max_queue)
-        self.prefix_cache = PrefixCache(prefix_cache_bytes, metrics)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes, metrics, block=prefill_chunk)
         self.step_log: collections.deque[tuple[str, tuple[int, ...]]] = collections.deque(
             maxlen=4096)  # (kind, seq ids) of recent steps: fairness is checkable
         self._stopping = threading.Event()
@@ -132,8 +133,7 @@ class Engine:
         seq.num_computed += len(chunk)
         self.metrics.prompt_tokens.inc(len(chunk))
         if seq.prefix_keys is not None:
-            self.prefix_cache.store(seq.cache, seq.prefix_keys, first, seq.num_computed,
-                                    is_prompt_end=not seq.is_prefilling)
+            self.prefix_cache.store(seq.cache, seq.prefix_keys, first, seq.num_computed)
         return logits
 
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -216,10 +216,11 @@ class Engine:
             self._restore_prefix(seq)
 
     def _restore_prefix(self, seq: Sequence):
-        """Resume from the longest cached prefix; the last prompt token is always computed
-        (its logits pick the first token), and a scored prompt needs every row's logits."""
-        seq.prefix_keys = PrefixKeys(seq.prompt_ids)
+        """Resume from the longest cached run of whole chunks; the last prompt token is always
+        computed (its logits pick the first token). A scored prompt neither restores (it needs
+        every row's logits) nor stores: its chunks are smaller, off the grid."""
         if not seq.params.is_prompt_logprobs:
+            seq.prefix_keys = PrefixKeys(seq.prompt_ids, self.prefix_cache.block)
             seq.num_computed = self.prefix_cache.restore(seq.cache, seq.prefix_keys,
                                                          seq.num_prompt_tokens - 1)
         self.metrics.prefix_hit_tokens.inc(seq.num_computed)

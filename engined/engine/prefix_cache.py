@@ -2,11 +2,16 @@
 recurrent models, state snapshots (Kimi-Linear's KDA state + conv windows), keyed by a hash
 of the token prefix they follow, reused by later requests that start with the same tokens.
 
-An entry covers positions [start, end) of one prefix: `start` is end rounded down to a block
-boundary, so full blocks are shared by every prompt that starts the same way, and a tail entry
-(a prompt's end, mid-block) adds the rest. Entries of recurrent models are resumable only when
-they carry a state snapshot (taken at prefill-chunk boundaries and at each prompt's end).
-Restores copy into the sequence's own tensors, never alias a snapshot (reference §8, pitfall 2).
+A warm cache never changes an answer. Prefill runs in chunks on a fixed grid (chunk k covers
+positions [k*C, (k+1)*C) of every prompt, the last one shorter), and the cache keeps and
+restores whole grid chunks only: one entry per completed chunk, with a state snapshot at its
+end for recurrent models. So every prompt token a warm request computes is computed by the same
+chunk, over the same keys, as in a cold run, and restored rows are the rows a cold run would
+have computed: cold and warm agree bit for bit, not merely within rounding (a row computed in a
+chunk of another length, or attending over a different key span, differs in the last bits,
+and greedy decoding flips on near-ties). The price is reuse to the grid, at most C - 1 tokens
+per request. Restores copy into the sequence's own tensors, never alias a snapshot (reference
+§8, pitfall 2).
 
 It works with any model cache (engined/models/protocol.py's Cache: models/llama.py KVCache,
 models/kimi_linear.py KimiCache).
@@ -21,7 +26,7 @@ import torch
 
 from engined.engine import memory
 
-BLOCK = 64  # positions per shared block; prefill chunks are multiples of it
+BLOCK = 256  # positions per entry: the engine's prefill chunk (the grid), loop.PREFILL_CHUNK
 
 
 @dataclass
@@ -76,30 +81,24 @@ class PrefixCache:
         self.budget_bytes, self.metrics, self.block = budget_bytes, metrics, block
         self.entries: collections.OrderedDict[bytes, Entry] = collections.OrderedDict()
         self.num_bytes = 0
-        self._tail_ends: collections.Counter[int] = collections.Counter()  # unaligned ends
 
     @property
     def is_enabled(self) -> bool:
         return self.budget_bytes > 0
 
     def lookup(self, keys: PrefixKeys, limit: int, is_recurrent: bool) -> list[Entry]:
-        """The entries to restore, in order, for the longest cached prefix of at most `limit`
-        tokens (a recurrent model needs a state at its end); [] on a miss."""
-        chain = []  # full blocks from position 0, while cached
+        """The entries to restore, in order, for the longest cached run of whole chunks from
+        position 0, of at most `limit` tokens (a recurrent model needs a state at its end);
+        [] on a miss."""
+        chain = []
         for end in range(self.block, limit + 1, self.block):
             entry = self.entries.get(keys(end))
             if entry is None:
                 break
             chain.append(entry)
-        is_resumable = lambda e: e.state is not None or not is_recurrent  # noqa: E731
-        best = next((chain[:i + 1] for i in reversed(range(len(chain)))
-                     if is_resumable(chain[i])), [])
-        for end in sorted(n for n in self._tail_ends if chain_end(best) < n <= limit):
-            num_blocks = end // self.block
-            entry = self.entries.get(keys(end)) if num_blocks <= len(chain) else None
-            if entry is not None and is_resumable(entry):
-                best = chain[:num_blocks] + [entry]
-        return best
+        while chain and is_recurrent and chain[-1].state is None:
+            chain.pop()
+        return chain
 
     def restore(self, cache, keys: PrefixKeys, limit: int) -> int:
         """Copy the longest cached prefix (<= limit tokens) into `cache` -> its length."""
@@ -114,25 +113,22 @@ class PrefixCache:
         self.touch(keys, found[-1].end)
         return found[-1].end
 
-    def store(self, cache, keys: PrefixKeys, first: int, num_computed: int, is_prompt_end: bool):
-        """After a prefill chunk over [first, num_computed): store the blocks it completed
-        (rows only) and a snapshot at num_computed (a chunk boundary, or the prompt's end)."""
+    def store(self, cache, keys: PrefixKeys, first: int, num_computed: int):
+        """After a prefill chunk over [first, num_computed): store the grid chunks it completed,
+        with a snapshot at num_computed when that ends one. A prompt's last, partial chunk is
+        not stored: a request that resumed after it would compute the next tokens in a chunk
+        of another shape than a cold run does."""
         if not self.is_enabled:
             return
         aligned = num_computed - num_computed % self.block
         for end in range(first - first % self.block + self.block, aligned + 1, self.block):
             is_snapshot = end == num_computed and cache.is_recurrent
             self._insert(cache, keys(end), end - self.block, end, is_snapshot)
-        if num_computed != aligned and is_prompt_end:
-            self._insert(cache, keys(num_computed), aligned, num_computed, cache.is_recurrent)
         self.touch(keys, num_computed)
 
     def touch(self, keys: PrefixKeys, num_tokens: int):
         """Most recent use: deepest entries first, so eviction trims a prefix from its end."""
-        ends = [*range(self.block, num_tokens + 1, self.block)]
-        if num_tokens % self.block:
-            ends.append(num_tokens)
-        for end in reversed(ends):
+        for end in reversed(range(self.block, num_tokens + 1, self.block)):
             key = keys(end)
             if key in self.entries:
                 self.entries.move_to_end(key)
@@ -164,8 +160,6 @@ class PrefixCache:
             return
         self.entries[key] = entry
         self.num_bytes += entry.nbytes
-        if end % self.block:
-            self._tail_ends[end] += 1
         self._update_gauge()
 
     def _reserve(self, num_bytes: int) -> bool:
@@ -186,16 +180,8 @@ class PrefixCache:
     def _forget(self, entry: Entry):
         self.num_bytes -= entry.nbytes
         memory.release(entry.nbytes)
-        if entry.end % self.block:
-            self._tail_ends[entry.end] -= 1
-            if not self._tail_ends[entry.end]:
-                del self._tail_ends[entry.end]
         self._update_gauge()
 
     def _update_gauge(self):
         if self.metrics is not None:
             self.metrics.prefix_cache_bytes.set(self.num_bytes)
-
-
-def chain_end(chain: list[Entry]) -> int:
-    return chain[-1].end if chain else 0

@@ -1,6 +1,8 @@
 """Prefix cache: greedy output with the cache equals output without it, token for token, on the
-default Llama model and the tiny Kimi-Linear checkpoint; restores copy (a snapshot restored
-twice gives the same result), snapshots may end mid-chunk, and the byte budget evicts."""
+default Llama model and the tiny Kimi-Linear checkpoint; requests resume on the prefill-chunk
+grid; restores copy (a snapshot restored twice gives the same result), snapshots may end
+mid-KDA-chunk, and the byte budget evicts. (Bit-equality at every split:
+test_prefix_cache_determinism.py.)"""
 
 import pytest
 import torch
@@ -9,7 +11,7 @@ from tests.support import kimi_tiny  # noqa: E402
 from tests.engine.batching_helpers import RunningEngine  # noqa: E402
 
 from engined.weights.kimi_checkpoint import load_kimi_linear  # noqa: E402
-from engined.engine.prefix_cache import BLOCK, PrefixCache, PrefixKeys  # noqa: E402
+from engined.engine.prefix_cache import PrefixCache, PrefixKeys  # noqa: E402
 
 HIT = "kimi_engine_prefix_cache_hit_tokens_total"
 MISS = "kimi_engine_prefix_cache_miss_tokens_total"
@@ -37,8 +39,8 @@ def conversation(tokenizer, lengths: tuple[int, ...]) -> list[list[int]]:
 
 
 def test_llama_turns_hit_the_cache_and_match_cold_output(llama):
-    prompts = conversation(llama.tokenizer, (150, 230, 300))  # 150: a tail ends mid-block
-    with RunningEngine(llama.model, prefix_cache_bytes=0) as cold:
+    prompts = conversation(llama.tokenizer, (150, 230, 300))
+    with RunningEngine(llama.model, prefix_cache_bytes=0, prefill_chunk=128) as cold:
         want = [cold.greedy(p, NEW) for p in prompts]
         assert cold.value(HIT) == 0
     with RunningEngine(llama.model, prefill_chunk=128) as warm:
@@ -48,35 +50,39 @@ def test_llama_turns_hit_the_cache_and_match_cold_output(llama):
             got.append(warm.greedy(prompt, NEW))
             hits.append(warm.value(HIT) - before)
         assert got == want
-        # turn N resumes at turn N-1's prompt end (a tail entry, mid-block)
-        assert hits == [0, len(prompts[0]), len(prompts[1])]
+        # turn N resumes at the last whole chunk that turn N-1 completed (128: neither 150
+        # nor 230 completes the chunk at 256)
+        assert hits == [0, 128, 128]
         assert warm.value(MISS) == sum(map(len, prompts)) - sum(hits)
-        # an identical prompt: the longest cached prefix short of its last token (whose
-        # logits pick the first new token): here turn 2's block at 192
-        assert warm.greedy(prompts[1], NEW) == want[1]
-        assert warm.value(HIT) - sum(hits) == 192
+        # an identical prompt: the longest cached run of chunks short of its last token
+        # (whose logits pick the first new token): here turn 3's chunks up to 256
+        assert warm.greedy(prompts[2], NEW) == want[2]
+        assert warm.value(HIT) - sum(hits) == 256
 
 
 def test_llama_small_budget_evicts_and_stays_correct(llama):
     prompts = conversation(llama.tokenizer, (150, 300))
-    block_bytes = llama.model.kv_bytes_per_token * BLOCK
-    with RunningEngine(llama.model, prefix_cache_bytes=0) as cold:
+    chunk = 64
+    block_bytes = llama.model.kv_bytes_per_token * chunk
+    with RunningEngine(llama.model, prefix_cache_bytes=0, prefill_chunk=chunk) as cold:
         want = [cold.greedy(p, NEW) for p in prompts]
-    with RunningEngine(llama.model, prefix_cache_bytes=3 * block_bytes) as warm:
+    with RunningEngine(llama.model, prefix_cache_bytes=3 * block_bytes,
+                       prefill_chunk=chunk) as warm:
         assert [warm.greedy(p, NEW) for p in prompts] == want
         assert warm.value(EVICTIONS) > 0
         assert 0 < warm.value("kimi_engine_prefix_cache_bytes") <= 3 * block_bytes
         # eviction trims a prefix from its end: the first blocks survive and still hit
         before = warm.value(HIT)
         assert warm.greedy(prompts[1], NEW) == want[1]
-        assert warm.value(HIT) - before >= BLOCK
+        assert warm.value(HIT) - before >= chunk
 
 
 def test_kimi_turns_restore_snapshots_and_match_cold_output(kimi):
-    turn1, turn2 = conversation(kimi.tokenizer, (150, 290))  # 150: a snapshot mid-KDA-chunk
+    turn1, turn2 = conversation(kimi.tokenizer, (150, 290))
     other = turn1 + turn2[150:][::-1]  # another continuation of turn 1
     prompts = [turn1, turn2, other, turn2]
-    with RunningEngine(kimi.model, max_context=512, prefix_cache_bytes=0) as cold:
+    with RunningEngine(kimi.model, max_context=512, prefix_cache_bytes=0,
+                       prefill_chunk=64) as cold:
         want = [cold.greedy(p, NEW) for p in prompts]
     with RunningEngine(kimi.model, max_context=512, prefill_chunk=64) as warm:
         got, hits = [], []
@@ -85,17 +91,18 @@ def test_kimi_turns_restore_snapshots_and_match_cold_output(kimi):
             got.append(warm.greedy(prompt, NEW))
             hits.append(warm.value(HIT) - before)
     assert got == want
-    # turn 1's snapshot at 150 is restored twice (reference §8 pitfall 2: restores must not
-    # mutate it); the repeated turn 2 resumes at its chunk-boundary snapshot at 256
-    assert hits == [0, 150, 150, 256]
+    # turn 1's snapshot at 128 is restored twice (reference §8 pitfall 2: restores must not
+    # mutate it); the repeated turn 2 resumes at its snapshot at 256
+    assert hits == [0, 128, 128, 256]
 
 
 def test_kimi_restore_copies_the_snapshot(kimi):
     model, prompt = kimi.model, conversation(kimi.tokenizer, (160,))[0]
-    keys, store = PrefixKeys(prompt), PrefixCache(64 * 2**20)
+    grid = 100  # a prefill chunk that is not a multiple of the KDA chunk (64)
+    keys, store = PrefixKeys(prompt, grid), PrefixCache(64 * 2**20, block=grid)
     cache = model.new_cache(len(prompt) + 4)
-    model.forward(torch.tensor(prompt[:100]), cache, 0)  # 100: not a KDA chunk boundary
-    store.store(cache, keys, 0, 100, is_prompt_end=True)
+    model.forward(torch.tensor(prompt[:100]), cache, 0)
+    store.store(cache, keys, 0, 100)
     entry = store.entries[keys(100)]
     pristine = {i: (s.conv.clone(), s.S.clone()) for i, s in entry.state.items()}
     rest = torch.tensor(prompt[100:])
