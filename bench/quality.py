@@ -29,6 +29,12 @@ from engined.weights import loader
 
 TEXT = pathlib.Path(__file__).resolve().parent / "quality_text.txt"
 TEXT_SHA256 = "c8884636b90fdc4254e704bfd87ccaccefb364857ae4750a3487466a7e01bd2d"
+# The gate, against the W4A16 baseline (issue 16), and the bounds of the HF anchor that
+# `make test` runs on the served path (tests/models/test_served_anchor.py): perplexity within
+# PERPLEXITY_CHANGE, top-1 agreement at least TOP1_AGREEMENT. Every recorded run (bench/results/
+# quality-*.json) holds them with room: +0.13..+0.49%, 96.2..97.0%.
+PERPLEXITY_CHANGE = 0.01
+TOP1_AGREEMENT = 0.95
 CONFIGS = (("W4A16, fp16 head", "w4a16_gemv", "fp16", "chunks"),
            ("W4A8, fp16 head", "w4a8_gemv", "fp16", "chunks"),
            ("W4A8, Q8_0 head", "w4a8_gemv", "q8", "chunks"),
@@ -116,7 +122,7 @@ def main():
         ppl = perplexity(logits[name], tokens)
         agree = float((logits[base].argmax(-1) == logits[name].argmax(-1)).double().mean())
         change = ppl / ppl_base - 1
-        ok = abs(change) <= 0.01 and agree >= 0.95
+        ok = abs(change) <= PERPLEXITY_CHANGE and agree >= TOP1_AGREEMENT
         holds = holds and ok
         print(f"{name} against {base}: perplexity {ppl:.4f} vs {ppl_base:.4f} "
               f"({100 * change:+.2f}%); top-1 agreement {100 * agree:.2f}% -> gate "
