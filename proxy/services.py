@@ -14,6 +14,7 @@ from proxy.cassettes.record import Recorder
 from proxy.metrics import Metrics
 from proxy.state import open_state
 from proxy.upstream.client import Upstream
+from proxy.upstream.context import fit
 
 log = logging.getLogger("kimi.proxy")
 
@@ -41,22 +42,11 @@ class Services:
         return self.served_info().get("id")
 
     def fit_max_tokens(self, payload: dict, body_bytes: int) -> dict:
-        """Lower max_tokens to the context left after the prompt.
-
-        Agents ask for 32k completion tokens whatever the model; an engine with an 8k context
-        would refuse the request outright. The prompt is counted by the upstream's /tokenize
-        only when the request could overflow: a prompt has fewer tokens than body bytes."""
-        context = self.served_info().get("max_model_len")
-        key = next((k for k in ("max_tokens", "max_completion_tokens") if payload.get(k)), None)
-        if not context or key is None or body_bytes + payload[key] + 256 <= context:
-            return payload
-        count = self.upstream.tokenize(payload["messages"], payload.get("tools"), payload.get("model"))
-        room = context - count if count is not None else 0
-        if room <= 0 or payload[key] <= room:
-            return payload  # unknown count or no room: the upstream's own answer stands
-        log.info("max_tokens %d lowered to %d: prompt %d of %d context tokens",
-                 payload[key], room, count, context)
-        return {**payload, key: room}
+        """Lower max_tokens to the context left after the prompt; a prompt that cannot fit is
+        refused here (proxy.upstream.context). Agents ask for 32k completion tokens whatever
+        the model; an upstream with an 8k context would refuse the request outright."""
+        context = self.served_info().get("max_model_len") or getattr(self.upstream, "max_model_len", None)
+        return fit(self.upstream, payload, body_bytes, context)
 
     def init_app(self, app) -> None:
         app.extensions["kimi"] = self

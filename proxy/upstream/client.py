@@ -15,10 +15,11 @@ import ssl
 import threading
 from urllib.parse import urlsplit
 
-from proxy.errors import ClientGone, ProxyError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import ClientGone, ContextTooLong, ProxyError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from proxy.upstream import context
 from proxy.upstream.http11 import Connection, Response
 from proxy.upstream.peer import UntrustedUpstream, check_peer
-from proxy.upstream.status import status_error as _status_error
+from proxy.upstream.status import mark_turn, status_error as _status_error
 from proxy.upstream.stream import Cancel, ListStream, Stream
 
 __all__ = ["Cancel", "ListStream", "Stream", "Target", "Upstream"]
@@ -73,7 +74,8 @@ class Upstream:
         self.pool_size = pool_size
         self._idle: list = []
         self._lock = threading.Lock()
-        self.max_model_len: int | None = None  # learnt from served_info, for context errors
+        self.max_model_len: int | None = None  # learnt from served_info or an overflow error
+        self.is_llama_cpp = False  # llama-server: its context in /props, its /tokenize takes text
 
     @property
     def url(self) -> str:
@@ -182,7 +184,7 @@ class Upstream:
         status, body, resp_headers = self._request("POST", self.target.api_prefix + "/chat/completions",
                                                    payload, headers, cancel)
         if status >= 400:
-            raise _status_error(status, body, resp_headers, self.max_model_len)
+            raise self.refused(status, body, resp_headers, payload)
         if not isinstance(body, dict):
             raise UpstreamError("upstream answered with a body that is not a JSON object")
         return body
@@ -202,12 +204,20 @@ class Upstream:
                 body = json.loads(data)
             except ValueError:
                 body = data.decode("utf-8", "replace")
-            raise _status_error(resp.status, body, resp.headers, self.max_model_len)
+            raise self.refused(resp.status, body, resp.headers, payload)
         if (resp.getheader("Content-Type") or "").startswith("application/json"):
             if cancel is not None:
                 cancel.detach()
             return self._json_as_stream(conn, resp)  # a server that ignored stream:true
-        return Stream(self, conn, resp, cancel)
+        return Stream(self, conn, resp, cancel, payload.get("messages"))
+
+    def refused(self, status: int, body, headers: dict, payload: dict) -> ProxyError:
+        """The upstream's error as a typed one; an overflow also teaches the context it names."""
+        err = _status_error(status, body, headers, self.max_model_len)
+        if isinstance(err, ContextTooLong):
+            self.max_model_len = self.max_model_len or err.maximum
+            mark_turn(err, payload.get("messages"))
+        return err
 
     def _json_as_stream(self, conn, resp) -> "ListStream":
         from proxy.pipeline import chunks_from_json
@@ -222,24 +232,16 @@ class Upstream:
         return ListStream(chunks_from_json(body))
 
     def tokenize(self, messages: list, tools: list | None, model: str) -> int | None:
-        """The upstream's real token count via root /tokenize, or None if it has none."""
-        body = {"model": model, "messages": messages}
-        if tools:
-            body["tools"] = tools
-        status, data = self.request_json("POST", self.target.root_prefix + "/tokenize", body)
-        if status >= 400 or not isinstance(data, dict):
-            return None
-        if isinstance(data.get("count"), int):
-            return data["count"]
-        tokens = data.get("tokens")
-        return len(tokens) if isinstance(tokens, list) else None
+        """The upstream's own count of the prompt (proxy.upstream.context), or None."""
+        return context.count_prompt(self, messages, tools, model)
 
     def served_model(self) -> str | None:
         """The upstream's own model name (first of GET /v1/models), or None."""
         return self.served_info().get("id")
 
     def served_info(self) -> dict:
-        """{"id", "max_model_len"} of the upstream's first model (vLLM's shape); {} if unknown."""
+        """{"id", "max_model_len"} of the upstream's first model (vLLM's shape; llama-server's
+        context from /props); {} if unknown."""
         try:
             status, body = self.request_json("GET", self.target.api_prefix + "/models")
         except Exception:  # noqa: BLE001 - no answer: the caller keeps the client's name
@@ -248,6 +250,14 @@ class Upstream:
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
         info = {k: first[k] for k, kind in (("id", str), ("max_model_len", int))
                 if isinstance(first.get(k), kind)}
+        self.is_llama_cpp = context.is_llama_cpp(first)
+        if self.is_llama_cpp and "max_model_len" not in info:
+            try:
+                n_ctx = context.llama_cpp_context(self)
+            except Exception:  # noqa: BLE001 - no context known: requests go as they are
+                n_ctx = None
+            if n_ctx:
+                info["max_model_len"] = n_ctx
         self.max_model_len = info.get("max_model_len", self.max_model_len)
         return info
 

@@ -6,6 +6,7 @@ import json
 from proxy import sse
 from proxy.errors import ClientGone, UpstreamError
 from proxy.upstream.http11 import Connection
+from proxy.upstream.status import error_of, is_overflow
 
 
 class Cancel:
@@ -40,16 +41,20 @@ class Stream:
     """An open streamed upstream response: iterate for chunk dicts; close() cancels.
 
     The stream ends at `[DONE]`, or at the end of the body once a finish reason came
-    (servers that send no `[DONE]`); a body that ends before either is an error."""
+    (servers that send no `[DONE]`); a body that ends before either is an error. SGLang
+    refuses a prompt too long for its context inside a stream it already began: that error
+    is the overflow, as it would be before the stream."""
 
-    def __init__(self, upstream, conn, resp, cancel: Cancel | None = None):
+    def __init__(self, upstream, conn, resp, cancel: Cancel | None = None, messages: list | None = None):
         self._upstream, self._conn, self._resp, self._cancel = upstream, conn, resp, cancel
+        self._messages = messages
         self._done = False
 
     def __iter__(self):
         dec = sse.Decoder()
         pieces = self._resp.pieces()
         is_finished = False
+        refused = self._refused
         try:
             while True:
                 try:
@@ -61,7 +66,7 @@ class Stream:
                     if payload.strip() == "[DONE]":
                         self._done = True
                         return
-                    chunk = _decode_chunk(payload)
+                    chunk = _decode_chunk(payload, refused)
                     is_finished = is_finished or _has_finish(chunk)
                     yield chunk
                 if not data:
@@ -71,6 +76,9 @@ class Stream:
                     raise UpstreamError("upstream closed the stream before it finished")
         finally:
             self.close()
+
+    def _refused(self, error: dict):
+        return self._upstream.refused(400, {"error": error}, {}, {"messages": self._messages})
 
     def close(self):
         """Release a finished connection; abort an unfinished one (cancels the engine request)."""
@@ -103,15 +111,17 @@ def _has_finish(chunk: dict) -> bool:
                                              for ch in choices)
 
 
-def _decode_chunk(payload: str) -> dict:
+def _decode_chunk(payload: str, refused=None) -> dict:
     try:
         chunk = json.loads(payload)
     except ValueError as exc:
         raise UpstreamError(f"upstream sent a chunk that is not JSON: {payload[:200]!r}") from exc
     if not isinstance(chunk, dict):
         raise UpstreamError("upstream sent a chunk that is not a JSON object")
-    if "error" in chunk and not chunk.get("choices"):
-        err = chunk["error"]
-        msg = err.get("message") if isinstance(err, dict) else str(err)
+    if ("error" in chunk or chunk.get("object") == "error") and not chunk.get("choices"):
+        err = error_of(chunk)
+        msg = str(err.get("message")) if err is not None else str(chunk.get("error"))
+        if err is not None and refused is not None and is_overflow(400, err, msg):
+            raise refused(err)
         raise UpstreamError(f"upstream error mid-stream: {msg}")
     return chunk

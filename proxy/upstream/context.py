@@ -1,0 +1,85 @@
+"""The upstream's context: learnt once per upstream; the prompt counted only when it might not fit.
+
+    context   kimi-engine, vLLM, SGLang: GET /v1/models, the first model's `max_model_len`;
+              llama.cpp: GET /props, `default_generation_settings.n_ctx` (the context of one
+              slot; its /v1/models names only the training context); else the maximum an
+              overflow error named.
+    count     kimi-engine, vLLM: POST /tokenize {model, messages, tools} -> {count, ...};
+              llama.cpp: POST /apply-template {messages, tools} -> {prompt}, then
+              POST /tokenize {content} -> {tokens}. SGLang's /tokenize takes no messages.
+
+A prompt has fewer tokens than its body has bytes, plus the few its template adds: a request
+whose body and max_tokens fit the context with that margin is sent as it is, with no added
+round trip. Only a request that might not fit is counted: a prompt that cannot fit is
+answered with the overflow error before it is sent, and a max_tokens that cannot fit is
+lowered to the room left.
+"""
+from __future__ import annotations
+
+import logging
+
+from proxy.errors import ContextTooLong
+from proxy.upstream.status import context_too_long, mark_turn, status_error
+
+log = logging.getLogger("kimi.proxy")
+TEMPLATE_TOKENS = 256  # what a chat template adds to the body's bytes, at most
+MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens")
+
+
+def is_llama_cpp(card: dict) -> bool:
+    """llama-server's model card: owned_by "llamacpp", with a `meta` object (n_ctx_train, ...)."""
+    return card.get("owned_by") == "llamacpp" or isinstance(card.get("meta"), dict)
+
+
+def llama_cpp_context(upstream) -> int | None:
+    """The context of one llama-server slot (GET /props), or None."""
+    status, body = upstream.request_json("GET", upstream.target.root_prefix + "/props")
+    settings = body.get("default_generation_settings") if status < 400 and isinstance(body, dict) else None
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+
+
+def count_prompt(upstream, messages: list, tools: list | None, model: str | None) -> int | None:
+    """The prompt's tokens as the upstream counts them (its template included), or None."""
+    root = upstream.target.root_prefix
+    extra = {"tools": tools} if tools else {}
+    if upstream.is_llama_cpp:
+        status, data = upstream.request_json("POST", root + "/apply-template", {"messages": messages, **extra})
+        prompt = data.get("prompt") if status < 400 and isinstance(data, dict) else None
+        if not isinstance(prompt, str):
+            return None
+        status, data = upstream.request_json("POST", root + "/tokenize", {"content": prompt})
+    else:
+        status, data = upstream.request_json("POST", root + "/tokenize",
+                                             {"model": model, "messages": messages, **extra})
+    if status >= 400:  # a server that checks the length while it counts: its refusal names the count
+        err = status_error(status, data)
+        return err.tokens if isinstance(err, ContextTooLong) else None
+    if not isinstance(data, dict):
+        return None
+    if isinstance(data.get("count"), int):
+        return data["count"]
+    tokens = data.get("tokens")
+    return len(tokens) if isinstance(tokens, list) else None
+
+
+def fit(upstream, payload: dict, body_bytes: int, context: int | None) -> dict:
+    """The payload, its max_tokens lowered to the room the prompt leaves; raises ContextTooLong
+    for a prompt that cannot fit. Unknown context or count: the upstream's own answer stands."""
+    if not context:
+        return payload
+    key = next((k for k in MAX_TOKENS_KEYS if payload.get(k)), None)
+    asked = payload[key] if key else 0
+    if body_bytes + asked + TEMPLATE_TOKENS <= context:
+        return payload
+    count = upstream.tokenize(payload["messages"], payload.get("tools"), payload.get("model"))
+    if count is None:
+        return payload
+    if count >= context:  # the upstream needs room for one token at least
+        err = context_too_long(f"the prompt is {count} tokens and does not fit", count, context)
+        raise mark_turn(err, payload["messages"])
+    room = context - count
+    if key is None or asked <= room:
+        return payload
+    log.info("max_tokens %d lowered to %d: prompt %d of %d context tokens", asked, room, count, context)
+    return {**payload, key: room}
