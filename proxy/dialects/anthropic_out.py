@@ -4,14 +4,22 @@ Stream: message_start and a ping before the engine's first token, pings while it
 quiet, one content block open at a time with indices 0..n-1, the signature_delta inside
 its thinking block, message_delta (with `stop_sequence`) and message_stop. Under
 `thinking.display: "omitted"` a thinking block carries no text, only its signature.
+
+A tool_use `input` is always an object. Arguments that are JSON but not an object (a server
+answered a forced call with `"Paris"`) become {"value": ...}, streamed and not, logged once
+per request. Streamed, a call's arguments are held until their first non-space character
+says whether they are an object; an object streams on as it comes.
 """
 from __future__ import annotations
 
+import json
+import logging
 from typing import Iterator
 
 from proxy import canonical as c
 from proxy.dialects import common as d
 
+log = logging.getLogger("kimi.proxy")
 ID_PREFIX = "toolu_"
 STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
         "stop_sequence": "stop_sequence", "content_filter": "refusal", "error": "end_turn"}
@@ -43,15 +51,29 @@ def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> d
         text = f"<think>{reasoning}</think>{text}"
     if text:
         content.append({"type": "text", "text": text})
-    for t in resp.tool_calls():
+    calls = resp.tool_calls()
+    for t in calls:
         content.append({"type": "tool_use", "id": to_client_id(t.id), "name": t.name,
                         "input": d.parse_args_object(t.arguments)})
+    _log_wrapped([t for t in calls if not _is_object_text(t.arguments)])
     usage = resp.usage if resp.usage.input_tokens else c.Usage(
         turn.input_estimate, resp.usage.output_tokens, resp.usage.cached_input_tokens)
     return {"id": turn.id, "type": "message", "role": "assistant", "model": turn.client_model,
             "content": content or [{"type": "text", "text": ""}],
             "stop_reason": STOP.get(resp.finish_reason, "end_turn"),
             "stop_sequence": resp.stop_sequence, "usage": usage_body(usage)}
+
+
+def _is_object_text(raw: str) -> bool:
+    """Whether arguments are (the start of) a JSON object, or nothing at all."""
+    head = raw.lstrip()
+    return not head or head[0] == "{"
+
+
+def _log_wrapped(calls: list) -> None:
+    if calls:
+        log.warning("tool input is not a JSON object, sent as {\"value\": ...}: %s",
+                    ", ".join(f"{t.name} {t.arguments[:80]!r}" for t in calls))
 
 
 class _Blocks:
@@ -100,6 +122,8 @@ class _Stream:
         self.is_withheld = is_withheld  # thinking.display "omitted": the block and signature, no text
         self.blocks = _Blocks()
         self.is_think_open = False
+        self.held: list[str] | None = None  # a call's arguments until they show an object or not
+        self.is_wrap_logged = False
 
     def on(self, ev) -> Iterator:
         if ev is d.KEEPALIVE:
@@ -136,13 +160,31 @@ class _Stream:
         yield self.blocks.delta({"type": "text_delta", "text": ev.text})
 
     def _ToolCallStart(self, ev: c.ToolCallStart) -> Iterator:
+        self.held = []
         yield from self.blocks.open("tool_use", {"type": "tool_use", "id": to_client_id(ev.id),
                                                  "name": ev.name, "input": {}})
 
     def _ToolCallArgsDelta(self, ev: c.ToolCallArgsDelta) -> Iterator:
-        yield self.blocks.delta({"type": "input_json_delta", "partial_json": ev.text})
+        if self.held is None:
+            yield self.blocks.delta({"type": "input_json_delta", "partial_json": ev.text})
+            return
+        self.held.append(ev.text)
+        text = "".join(self.held)
+        if text.lstrip()[:1] == "{":
+            self.held = None  # an object: what was held goes out, the rest streams
+            yield self.blocks.delta({"type": "input_json_delta", "partial_json": text})
 
     def _ToolCallEnd(self, ev: c.ToolCallEnd) -> Iterator:
+        if self.held is not None:  # no object began: the whole arguments decide
+            text = ev.arguments if ev.arguments.strip() else ""
+            if not _is_object_text(text):
+                if not self.is_wrap_logged:
+                    self.is_wrap_logged = True
+                    _log_wrapped([ev])
+                text = json.dumps(d.parse_args_object(text), ensure_ascii=False)
+            if text:
+                yield self.blocks.delta({"type": "input_json_delta", "partial_json": text})
+        self.held = None
         yield from self.blocks.close()
 
     def _StreamEnd(self, ev: c.StreamEnd) -> Iterator:
