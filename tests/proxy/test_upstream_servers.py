@@ -175,8 +175,8 @@ def test_the_servers_stop_field_names_the_stop_sequence(tmp_path, name, stream):
 @pytest.mark.parametrize("field,expected", [("auto", "reasoning_content"), ("reasoning", "reasoning"),
                                             ("reasoning_content", "reasoning_content")])
 def test_turn_two_sends_reasoning_back_under_the_configured_field(tmp_path, field, expected):
-    """Current vLLM reads only `reasoning` on assistant messages: K3 there needs
-    --reasoning-field reasoning to see its own reasoning again."""
+    """The reasoning goes back under the configured field: `reasoning` is vLLM's own name
+    (vLLM 0.32 also takes `reasoning_content` and renames it), `auto` sends reasoning_content."""
     server = Server("vllm")
     client = client_for(tmp_path, server, REASONING_FIELD=field)
     first = post(client, "/v1/chat/completions", CHAT)["choices"][0]["message"]
