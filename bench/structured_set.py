@@ -38,7 +38,7 @@ HANDWRITTEN = (
 )
 
 
-def _function_tools(tool: dict):
+def function_tools(tool: dict):
     if not isinstance(tool, dict):
         return
     if "input_schema" in tool:
@@ -50,7 +50,7 @@ def _function_tools(tool: dict):
         yield tool["name"], tool.get("description", ""), tool.get("parameters") or {"type": "object"}
     elif tool.get("type") == "namespace":
         for inner in tool.get("tools") or ():
-            yield from _function_tools(inner)
+            yield from function_tools(inner)
 
 
 def recorded_bodies():
@@ -69,7 +69,7 @@ def client_tools() -> list[tuple[str, dict]]:
     seen, out = set(), []
     for source, body in recorded_bodies():
         for tool in body.get("tools") or ():
-            for name, description, schema in _function_tools(tool):
+            for name, description, schema in function_tools(tool):
                 key = (name, json.dumps(schema, sort_keys=True))
                 if key not in seen:
                     seen.add(key)

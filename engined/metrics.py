@@ -7,6 +7,7 @@ from engined.engine import memory
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+_GRAMMAR_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 
 
 class EngineMetrics:
@@ -49,6 +50,7 @@ class EngineMetrics:
 
         self._add_prefix_cache_metrics(r)
         self._add_batching_metrics(r)
+        self._add_grammar_metrics(r)
 
     def _add_prefix_cache_metrics(self, r: CollectorRegistry):
         self.prefix_hit_tokens = Counter(
@@ -78,6 +80,21 @@ class EngineMetrics:
             "kimi_engine_graph_capture_failures",
             "Decode buckets whose CUDA graph capture failed at start (they run eagerly)",
             registry=r)
+
+    def _add_grammar_metrics(self, r: CollectorRegistry):
+        self.grammar_compile = Histogram(
+            "kimi_engine_grammar_compile_seconds", "Compile time of a grammar not yet cached "
+            "(JSON schema, regex, Lark, tool calls)", buckets=_GRAMMAR_BUCKETS, registry=r)
+        self.grammar_mask = Histogram(
+            "kimi_engine_grammar_mask_seconds", "Compute time of one token mask (on the "
+            "grammar thread, during the forward)", buckets=_GRAMMAR_BUCKETS, registry=r)
+        self.grammar_masks = Counter(
+            "kimi_engine_grammar_masks", "Token masks applied, by whether the mask was ready "
+            "before the logits", ["ready"], registry=r)
+
+    def observe_grammar_mask(self, ms: float, is_ready: bool):
+        self.grammar_mask.observe(ms / 1e3)
+        self.grammar_masks.labels("yes" if is_ready else "no").inc()
 
     def watch_offload(self, counters):
         """Export a model's layers/moe_offload.OffloadCounters (routed experts in RAM): the

@@ -92,6 +92,12 @@ class KimiChatFormat:
         from engined.chat.kimi_output import KimiOutputParser
         return KimiOutputParser(tools_enabled, in_reasoning)
 
+    def tool_grammar(self, tools: list[dict], forced: str, is_parallel: bool):
+        """The grammar of K2 tool calls, markers as this tokenizer's special tokens ->
+        (Lark source, lazy trigger or None); forced as messages.forced_tool."""
+        from engined.grammar.tools import kimi_grammar
+        return kimi_grammar(tools, forced, is_parallel, self._tokenizer.token_to_id)
+
     @classmethod
     def from_dir(cls, path, tokenizer) -> "KimiChatFormat":
         return cls(_shipped_template(pathlib.Path(path)), tokenizer)

@@ -94,6 +94,12 @@ class ChatFormat:
         self.stop_token_ids = frozenset(i for i in ends if i is not None and i in tokenizer.special_ids | {tokenizer.eos_id})
         self.stop_strings = tuple(tokenizer.id_to_token(i) for i in sorted(self.stop_token_ids))
 
+    def tool_grammar(self, tools: list[dict], forced: str, is_parallel: bool):
+        """The grammar of this format's tool calls (hermes <tool_call>, which output.py
+        reads) -> (Lark source, lazy trigger or None); forced as messages.forced_tool."""
+        from engined.grammar.tools import hermes_grammar
+        return hermes_grammar(tools, forced, is_parallel)
+
     def render(self, messages: list[dict], tools: list[dict] | None = None,
                add_generation_prompt: bool = True, tool_choice=None) -> str:
         plain = normalize_messages(messages)

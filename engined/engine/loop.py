@@ -155,7 +155,8 @@ class Engine:
             rows = torch.cat([logits[i][-1:] for i in drawing])            # [R, V]
             ids = dict(zip(drawing, sampler.sample_rows(
                 rows, [s.params for s in seqs], [s.seed for s in seqs],
-                [len(s.output_ids) for s in seqs])))
+                [len(s.output_ids) for s in seqs], [s.grammar for s in seqs],
+                self.metrics.observe_grammar_mask)))
         for i, (seq, seq_logits) in enumerate(zip(batch.seqs, logits)):
             self._postprocess_one(seq, seq_logits, ids.get(i))
 

@@ -13,6 +13,7 @@ import secrets
 import torch
 
 from engined.engine.sequence import SamplingParams, TokenLogprob
+from engined.grammar import matcher as grammar_matcher
 
 _M1, _M2 = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64)  # as int64
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -39,10 +40,13 @@ def uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
 
 
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
-                counters: list[int]) -> list[int]:
+                counters: list[int], grammars: list | None = None,
+                observe_mask=lambda ms, is_ready: None) -> list[int]:
     """logits: [B, V] (any device) -> the chosen id of each row, row b drawn with params[b]
-    from uniforms(seeds[b], counters[b])."""
+    from uniforms(seeds[b], counters[b]), among the tokens grammars[b] allows (None: all)."""
     device = logits.device
+    if grammars is not None and any(g is not None for g in grammars):
+        logits = grammar_matcher.masked(logits, grammars, observe_mask)
     chosen = logits.argmax(-1)                                          # [B] greedy
     drawn = [b for b, p in enumerate(params) if not p.is_greedy]
     if drawn:

@@ -101,6 +101,7 @@ class Sequence:
     num_computed: int = 0  # tokens already in the KV cache
     cache: object = None
     prefix_keys: object = None  # prefix_cache.PrefixKeys of the prompt, when caching
+    grammar: object = None  # grammar.matcher.GrammarMatcher constraining the output, or None
     seed: int = 0  # int64 draw seed (the request's, else random), set by the engine
     finish_reason: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
@@ -151,6 +152,8 @@ class Sequence:
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
         self.output_ids.append(token_id)
+        if self.grammar is not None:
+            self.grammar.advance(token_id)  # the next mask is computed while the model runs
         if token_id in self.params.stop_token_ids:
             return self.finish("stop")  # the stop token counts but has no text or logprob
         text, is_stop = self.stop_matcher.push(self.decoder.push(token_id))

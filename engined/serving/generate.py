@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from engined.serving import parse as api
+from engined.serving import structured
 from engined.chat.errors import PromptTooLong
 from engined.chat.messages import forced_tool, normalize_tools
 from engined.chat.output import ContentDelta, OutputParser
@@ -36,6 +37,7 @@ class Served:
     decoder_factory: object  # tokenizer -> IncrementalDecoder
     created: int = 0  # unix time the model was loaded
     queue_timeout_s: float = 0.0  # longest wait to start (--queue-timeout-s); 0 = no limit
+    grammar_compiler: object = None  # grammar.compile.Compiler, built on first use (structured.py)
 
     def logprob_format(self, token_ids: api.TokenIds = api.TokenIds()) -> LogprobFormat:
         return LogprobFormat(self.tokenizer, token_ids.is_logprob_ids)
@@ -75,12 +77,13 @@ def encode_prompt(served: Served, text: str, add_bos: bool = False) -> list[int]
 
 
 def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling: api.Sampling,
-           num_top: int | None, is_prompt_logprobs: bool = False) -> Sequence:
+           num_top: int | None, is_prompt_logprobs: bool = False, grammar=None) -> Sequence:
     stop_ids = frozenset() if sampling.ignore_eos else served.chat.stop_token_ids
     stops = sampling.stop + (() if sampling.ignore_eos else tuple(served.chat.stop_strings))
     params = SamplingParams(max_tokens, sampling.temperature, sampling.top_p, sampling.top_k,
                             sampling.seed, stops, stop_ids, num_top, is_prompt_logprobs)
-    seq = Sequence(prompt_ids, params, served.decoder_factory(served.tokenizer), ex.request_id)
+    seq = Sequence(prompt_ids, params, served.decoder_factory(served.tokenizer), ex.request_id,
+                   grammar=grammar)
     served.engine.submit(seq)  # a full queue raises QueueFull: 429
     ex.stats["seq"] = seq
     await_admission(served, seq, ex)
@@ -158,8 +161,12 @@ def chat_completions(served: Served, ex):
     prompt = served.chat.render(req.messages, req.tools, True, req.tool_choice)
     prompt_ids = encode_prompt(served, prompt)
     max_tokens = api.fit_context(len(prompt_ids), req.max_tokens, served.max_context)
-    is_tools = forced_tool(req.tool_choice, normalize_tools(req.tools)) is not None
-    seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, req.num_top_logprobs)
+    tools = normalize_tools(req.tools)
+    forced = forced_tool(req.tool_choice, tools)
+    is_tools = forced is not None
+    grammar = structured.request_grammar(served, req.constraint, tools, forced, req.is_parallel_tools)
+    seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, req.num_top_logprobs,
+                 grammar=grammar)
     parser = new_output_parser(served.chat, is_tools, prompt)
     shaper = Shaper(served.model_id, "chatcmpl")
     lp = served.logprob_format(req.token_ids) if req.num_top_logprobs is not None else None
@@ -238,7 +245,8 @@ def completions(served: Served, ex):
     max_tokens = api.fit_context(len(prompt_ids), req.max_tokens, served.max_context)
     num_top = req.num_top_logprobs
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, num_top,
-                 is_prompt_logprobs=req.echo and num_top is not None)
+                 is_prompt_logprobs=req.echo and num_top is not None,
+                 grammar=structured.request_grammar(served, req.constraint))
     shaper, lp = Shaper(served.model_id, "cmpl"), served.logprob_format(req.token_ids)
     if req.stream:
         return _stream_completion(seq, ex, shaper, lp, req, prompt_text, prompt_ids)

@@ -2,6 +2,7 @@
 
 Unknown fields are ignored (clients and the proxy pass extras through, as vLLM allows).
 """
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,15 @@ class TokenIds:
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """What the output must match: kind "json_schema" (source: a schema), "regex", "choice"
+    (a list of strings) or "grammar" (Lark); `where` names the field, for errors."""
+    kind: str
+    source: Any
+    where: str
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     messages: Any  # validated by ChatFormat.render (engined.chat.messages)
     tools: Any
@@ -40,6 +50,8 @@ class ChatRequest:
     include_usage: bool
     num_top_logprobs: int | None  # None: no logprobs
     token_ids: TokenIds = TokenIds()
+    constraint: Constraint | None = None
+    is_parallel_tools: bool = True
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,7 @@ class CompletionRequest:
     echo: bool
     num_top_logprobs: int | None
     token_ids: TokenIds = TokenIds()
+    constraint: Constraint | None = None
 
 
 def _get(body: dict, name: str, kinds: tuple, what: str, default: Any = None) -> Any:
@@ -128,8 +141,65 @@ def parse_chat(body: Any) -> ChatRequest:
         top = _get(body, "top_logprobs", (int,), "an integer", 0)
         _check(0 <= top <= MAX_TOP_LOGPROBS, "top_logprobs", f"must be 0..{MAX_TOP_LOGPROBS}")
     stream, include_usage = _parse_stream(body)
+    is_parallel = _get(body, "parallel_tool_calls", (bool,), "a boolean", True)
     return ChatRequest(messages, body.get("tools"), body.get("tool_choice"), max_tokens,
-                       parse_sampling(body), stream, include_usage, top, _parse_token_ids(body))
+                       parse_sampling(body), stream, include_usage, top, _parse_token_ids(body),
+                       parse_constraint(body), is_parallel)
+
+
+_VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+
+
+def parse_constraint(body: dict) -> Constraint | None:
+    """OpenAI's response_format, or vLLM's structured_outputs {json|regex|choice|grammar}
+    (and its older guided_json, guided_regex, guided_choice, guided_grammar fields)."""
+    found = [c for c in (_response_format(body), _structured_outputs(body)) if c is not None]
+    _check(len(found) < 2, "response_format", "and structured_outputs cannot both constrain "
+           "the output: send one")
+    return found[0] if found else None
+
+
+def _response_format(body: dict) -> Constraint | None:
+    fmt = _get(body, "response_format", (dict,), "an object")
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    kind = fmt.get("type")
+    if kind == "json_object":
+        return Constraint("json_schema", {"type": "object"}, "response_format")
+    _check(kind == "json_schema", "response_format.type",
+           f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+    spec = _get(fmt, "json_schema", (dict,), "an object")
+    _check(spec is not None, "response_format.json_schema", "is required with type json_schema")
+    schema = spec.get("schema", {})
+    _check(isinstance(schema, (dict, bool)), "response_format.json_schema.schema",
+           "must be a JSON schema object")
+    return Constraint("json_schema", schema, "response_format.json_schema.schema")
+
+
+def _structured_outputs(body: dict) -> Constraint | None:
+    options = _get(body, "structured_outputs", (dict,), "an object") or {}
+    given = [(f"structured_outputs.{k}", k, options[k]) for k in _VLLM_KINDS if options.get(k) is not None]
+    given += [(f"guided_{k}", k, body[f"guided_{k}"]) for k in _VLLM_KINDS
+              if body.get(f"guided_{k}") is not None]
+    if not given:
+        return None
+    where, key, value = given[0]
+    if len(given) > 1:
+        raise InvalidRequest(f"{where} and {given[1][0]} both constrain the output: send one",
+                             param=where)
+    if key == "json" and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise InvalidRequest(f"{where} is not JSON: {exc}", param=where) from None
+    if key == "choice":
+        _check(isinstance(value, list) and value and all(isinstance(v, str) for v in value),
+               where, "must be a non-empty list of strings")
+    elif key == "json":
+        _check(isinstance(value, (dict, bool)), where, "must be a JSON schema")
+    else:
+        _check(isinstance(value, str), where, "must be a string")
+    return Constraint(_VLLM_KINDS[key], value, where)
 
 
 def parse_prompt(prompt: Any) -> tuple[str | None, list[int] | None]:
@@ -159,7 +229,8 @@ def parse_completion(body: Any) -> CompletionRequest:
     _check(max_tokens > 0 or echo, "max_tokens", "must be at least 1 (0 only with echo)")
     stream, include_usage = _parse_stream(body)
     return CompletionRequest(text, ids, max_tokens, parse_sampling(body), stream,
-                             include_usage, echo, top, _parse_token_ids(body))
+                             include_usage, echo, top, _parse_token_ids(body),
+                             parse_constraint(body))
 
 
 def fit_context(num_prompt_tokens: int, max_tokens: int | None, max_context: int) -> int:

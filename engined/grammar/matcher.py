@@ -1,0 +1,154 @@
+"""One request's grammar while it decodes, and the mask it puts on the logits.
+
+The model thread calls `advance(token)` after each sampled token; that consumes the token and
+hands the next mask's computation to the grammar worker thread (llguidance drops the GIL),
+so the mask for step t+1 is computed while the forward of step t+1 runs. `masked()` then
+waits for it (usually already done), unpacks the bits on the logits' device and sets every
+token the grammar forbids to -inf, in the rows used to draw only: logprobs stay those of
+the model's raw distribution.
+
+A lazy grammar (tool_choice auto) sleeps until its trigger shows up in the output: a text
+trigger (hermes "<tool_call>") is looked for in the output bytes, then the bytes from the
+trigger on are fed to the grammar; a token trigger (Kimi's section-begin token) wakes it on
+that token. Before the trigger nothing is masked, so free text is exactly what an
+unconstrained run writes. A grammar that errors (it cannot happen with masks applied, but a
+lazy grammar may meet a malformed opener) stops masking and is logged.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engined.grammar.compile import Compiled
+
+_worker: concurrent.futures.ThreadPoolExecutor | None = None
+_worker_lock = threading.Lock()
+
+
+def worker() -> concurrent.futures.ThreadPoolExecutor:
+    """The grammar thread, started with the first grammar (never at import)."""
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kimi-grammar")
+        return _worker
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """What wakes a lazy grammar: `text` in the output bytes, or the token `token_id`."""
+    text: bytes = b""
+    token_id: int | None = None
+
+
+class GrammarMatcher:
+    def __init__(self, compiled: Compiled, ll_tokenizer, trigger: Trigger | None = None,
+                 log=print):
+        self.matcher = compiled.new_matcher()
+        self.ll, self.trigger, self.log = ll_tokenizer, trigger, log
+        self.is_active = trigger is None
+        self.is_failed = False
+        self.bitmask = torch.full((1, (ll_tokenizer.vocab_size + 31) // 32), -1, dtype=torch.int32)
+        self._seen = bytearray()  # output bytes while asleep (text trigger)
+        self._pending: concurrent.futures.Future | None = None
+        self.mask_ms = 0.0
+        if self.is_active:
+            self._compute_next()
+
+    @property
+    def is_masking(self) -> bool:
+        return self.is_active and not self.is_failed
+
+    def advance(self, token_id: int):
+        """The sampled token: wake on the trigger, or consume it and start the next mask."""
+        if self.is_failed:
+            return
+        if not self.is_active:
+            return self._watch(token_id)
+        self._wait()
+        if not self.matcher.consume_token(token_id):
+            return self._fail(f"token {token_id} refused: {self.matcher.get_error()}")
+        self._compute_next()
+
+    def mask(self) -> tuple[torch.Tensor, float, bool]:
+        """-> (bitmask [1, W] int32 on the CPU, ms its computation took, whether it was
+        ready before the logits)."""
+        is_ready = self._pending is None or self._pending.done()
+        self._wait()
+        return self.bitmask, self.mask_ms, is_ready
+
+    def _watch(self, token_id: int):
+        trigger = self.trigger
+        if trigger.token_id is not None:
+            if token_id == trigger.token_id:
+                self._wake([token_id])
+            return
+        self._seen += self.ll.decode_bytes([token_id])
+        at = self._seen.find(trigger.text)
+        if at >= 0:
+            self._wake(self.ll.tokenize_bytes(bytes(self._seen[at:])))
+        else:
+            del self._seen[:max(0, len(self._seen) - len(trigger.text))]
+
+    def _wake(self, tokens: list[int]):
+        self.is_active = True
+        if not self.matcher.consume_tokens(tokens):
+            return self._fail(f"the opener was not the grammar's: {self.matcher.get_error()}")
+        self._compute_next()
+
+    def _fail(self, why: str):
+        self.is_failed = True
+        self.log(f"kimi-engine: grammar stops constraining this request: {why}")
+
+    def _compute_next(self):
+        self._pending = worker().submit(self._fill)
+
+    def _fill(self):
+        """On the grammar thread."""
+        started, row = time.perf_counter(), self.bitmask[0]
+        self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+        self.mask_ms = (time.perf_counter() - started) * 1e3
+
+    def _wait(self):
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
+
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def unpack(bitmask: torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
+    """bitmask: [R, W] int32 (bit j of word w allows token 32w+j) -> allowed [R, vocab] bool
+    on `device`; ids past 32W (a model's padded vocabulary) are never allowed."""
+    shifts = _SHIFTS.get(device)
+    if shifts is None:
+        shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
+    words = bitmask.to(device, non_blocking=True)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)  # [R, 32W]
+    if allowed.shape[1] >= vocab:
+        return allowed[:, :vocab]
+    pad = torch.zeros(allowed.shape[0], vocab - allowed.shape[1], dtype=torch.bool, device=device)
+    return torch.cat([allowed, pad], dim=1)
+
+
+def masked(rows: torch.Tensor, grammars: list, observe=lambda ms, is_ready: None) -> torch.Tensor:
+    """rows: [R, V] logits; grammars[r]: a GrammarMatcher or None -> rows with every token
+    a masking grammar forbids at -inf (a new tensor; `rows` itself is left alone)."""
+    index = [r for r, g in enumerate(grammars) if g is not None and g.is_masking]
+    if not index:
+        return rows
+    masks = []
+    for r in index:
+        bitmask, ms, is_ready = grammars[r].mask()
+        observe(ms, is_ready)
+        masks.append(bitmask)
+    allowed = unpack(torch.cat(masks), rows.shape[1], rows.device)  # [R', V]
+    out = rows.clone()
+    picked = torch.tensor(index, device=rows.device)
+    out[picked] = rows[picked].masked_fill(~allowed, float("-inf"))
+    return out
