@@ -65,9 +65,11 @@ bench: bench-deps
 	@$(PY) bench/proxy_overhead.py
 	@$(PY) bench/agent_turns.py
 
-# Figures (PNG, PDF) in docs/figures/ from bench/results/*.json; matplotlib is bench-only, so
-# it is installed here on first use and never by setup.
+# bench/RESULTS.md and README.md's measured table (bench/results_md.py), then figures (PNG, PDF)
+# in docs/figures/, all from bench/results/*.json; matplotlib is bench-only, so it is installed
+# here on first use and never by setup.
 figures: setup
+	@$(PY) bench/results_md.py
 	@$(PY) -c 'import matplotlib' 2>/dev/null || $(TIME) matplotlib "$(PIP) install $(CONSTRAINTS) matplotlib"
 	@$(PY) bench/figures.py
 

@@ -7,7 +7,8 @@ from its own csrc/. Both engines serve the default model over
 their own Unix socket, one at a time so they never share the cores, and the rounds
 alternate A, B, A, B so that a noisy neighbour hits both alike. Each round: the decode
 request of bench/decode.py (17-token prompt, 64 new tokens, greedy) and a 512-token
-prefill. Reported: the median per side and B/A. Results are appended to bench/RESULTS.md.
+prefill. Reported: the median per side and B/A, recorded in bench/results/ab_engine-*.json,
+from which bench/RESULTS.md is regenerated.
 """
 import argparse
 import os
@@ -20,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import append_results, hardware, stream_text_times, write_json  # noqa: E402
+from common import record, stream_text_times  # noqa: E402
 from decode import DECODE_PROMPT, NEW_TOKENS, PREFILL_PROMPT, prompt_tokens  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -99,9 +100,10 @@ def main() -> int:
             f"\nMedians of {args.rounds} alternating rounds; load average {load:.2f} at the end."]
     print("\n".join(rows))
     if not args.no_write:
-        print(f"wrote {write_json('ab_engine', {'hardware': hardware(), 'runs': runs, 'median': med})}")
-        append_results("A/B served decode and prefill, SmolLM2 default model, 2 threads",
-                       f"bench/ab_engine.py --base {args.base} --rounds {args.rounds}", rows)
+        path = record("ab_engine", {"runs": runs, "median": med},
+                      "A/B served decode and prefill, SmolLM2 default model, 2 threads",
+                      f"bench/ab_engine.py --base {args.base} --rounds {args.rounds}", rows)
+        print(f"wrote {path}")
     return 0
 
 

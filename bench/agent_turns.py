@@ -20,8 +20,7 @@ import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import (append_results, hardware, stream_text_times, unix_metrics,  # noqa: E402
-                    unix_post, write_json)
+from common import hardware, record, stream_text_times, unix_metrics, unix_post  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CAPTURE = ROOT / "tests" / "fixtures" / "live-clients" / "cline-tool.jsonl.gz"
@@ -133,9 +132,8 @@ def main():
     lines = report(results)
     print("\n".join(lines))
     if not args.no_record:
-        write_json("agent_turns", results)
-        append_results("Agent turns (prefix cache) and concurrent decode (batching), default "
-                       "model", "python bench/agent_turns.py", lines)
+        record("agent_turns", results, "Agent turns (prefix cache) and concurrent decode "
+               "(batching), default model", "python bench/agent_turns.py", lines)
 
 
 def report(results: dict) -> list[str]:

@@ -1,14 +1,14 @@
-"""Shared bits for the benchmark scripts: hardware naming, results files, RESULTS.md rows."""
+"""Shared bits for the benchmark scripts: hardware naming, results files and their records."""
 import datetime
 import json
 import os
 import pathlib
 import platform
+import subprocess
 import threading
 import time
 
 BENCH = pathlib.Path(__file__).resolve().parent
-RESULTS_MD = BENCH / "RESULTS.md"
 
 
 def hardware() -> str:
@@ -88,14 +88,31 @@ def write_json(name: str, payload: dict, folder: pathlib.Path | None = None) -> 
     return out
 
 
-def append_results(title: str, command: str, table_lines: list[str]):
-    """Append one dated block to bench/RESULTS.md (never rewrites earlier rows)."""
-    if not RESULTS_MD.exists():
-        RESULTS_MD.write_text("# Benchmark results\n\nEvery block names its hardware, command and "
-                              "date, and its baseline measured in the same run.\n")
-    block = [f"\n## {title}, {today()}\n", f"- hardware: {hardware()}", f"- command: `{command}`", ""]
-    with RESULTS_MD.open("a") as f:
-        f.write("\n".join(block + table_lines) + "\n")
+def commit() -> str:
+    """The code measured: HEAD's short hash, "+ changes" when tracked files differ from it."""
+    def git(*args) -> str:
+        done = subprocess.run(["git", *args], cwd=BENCH, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + (" + changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def record(name: str, payload: dict, title: str, command: str, lines: list[str],
+           folder: pathlib.Path | None = None) -> pathlib.Path:
+    """One run: bench/results/NAME-DATE[-N].json with its hardware, date, commit and report
+    (title, command, the table lines with the baseline), then bench/RESULTS.md and README.md's
+    measured table regenerated from the newest records (bench/results_md.py). With a folder
+    (a GPU run's $OUT, copied into bench/results/ later) the file goes there, nothing else."""
+    import results_md
+
+    payload = {"hardware": hardware(), "date": today(), "commit": commit(), **payload,
+               "report": {"title": title, "command": command.strip(),
+                          "lines": "\n".join(lines).strip("\n").split("\n")}}
+    path = write_json(name, payload, folder)
+    if folder is None:
+        results_md.main([])
+    return path
 
 
 def unix_metrics(sock: str) -> dict[str, float]:

@@ -20,7 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import append_results, hardware, stream_text_times, write_json  # noqa: E402
+from common import hardware, record, stream_text_times  # noqa: E402
 
 from engined.weights.default_model import default_gguf_path  # noqa: E402
 
@@ -260,7 +260,7 @@ def main() -> int:
                         choices=["llamacpp", "llamacpp-server", "transformers"],
                         help="leave a baseline out")
     parser.add_argument("--no-record", action="store_true",
-                        help="print the table only: no bench/results JSON, no RESULTS.md block")
+                        help="print the table only: no bench/results JSON, RESULTS.md unchanged")
     parser.add_argument("--context", type=int, default=DECODE_PROMPT, metavar="TOKENS",
                         help=f"decode after a prompt this long (default {DECODE_PROMPT}; e.g. 4000 "
                              f"for an agent-sized context); results go to decode_context-*.json")
@@ -303,11 +303,12 @@ def main() -> int:
     print("\n".join(rows))
     if args.no_record:
         return 0
-    results["context"] = DECODE_PROMPT
-    print(f"wrote {write_json('decode_context' if is_long else 'decode', results)}")
-    append_results("Decode and prefill, SmolLM2-135M-Instruct Q4_1 GGUF, 2 threads"
-                   + (f", decode after a {DECODE_PROMPT}-token prompt" if is_long else ""),
-                   command, rows)
+    results.update(context=DECODE_PROMPT, new_tokens=NEW_TOKENS, prefill_tokens=PREFILL_PROMPT)
+    path = record("decode_context" if is_long else "decode", results,
+                  "Decode and prefill, SmolLM2-135M-Instruct Q4_1 GGUF, 2 threads"
+                  + (f", decode after a {DECODE_PROMPT}-token prompt" if is_long else ""),
+                  command, rows)
+    print(f"wrote {path}")
     return 0
 
 

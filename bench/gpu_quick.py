@@ -1,6 +1,6 @@
 """The first two minutes of a GPU run: how fast the served decode step is, and where its time goes.
 
-    python bench/gpu_quick.py --out DIR --record bench/RESULTS.md   # bash bench/gpu_run.sh quick
+    python bench/gpu_quick.py --out DIR --record DIR/RESULTS.add.md   # bash bench/gpu_run.sh quick
     .venv/bin/python bench/gpu_quick.py --dry-run --out DIR        # the same on the CPU, tiny
 
 Phases, each written to DIR/quick.json and DIR/quick.txt as soon as it is measured (a run

@@ -16,7 +16,7 @@
 #   quick    120 s  the environment (nvidia-smi, torch, CUDA and triton versions), then
 #                   bench/gpu_quick.py: synthetic:kimi-linear-48b INT4, batch-1 decode in
 #                   process under the engine's CUDA graph runner (3 runs of 32 tokens, vs the
-#                   roofline; this is the INT4 decode line recorded in RESULTS.md), then one
+#                   roofline; this is the INT4 decode line of the run's record), then one
 #                   decode step under torch.profiler, as a graph replay and as an eager
 #                   model.decode_rows: kernels per step, GPU-busy vs wall ms, the top 15
 #                   kernels. quick.json and quick.txt are written as each phase ends.
@@ -66,23 +66,23 @@
 #
 # Output, written as each section goes, under $OUT (default bench/results/gpu-DATE): NAME.log
 # for each section, quick.json, quick.txt, kernels-gemv.json, serve.json, offload.json, the
-# engine logs, summary.txt (each section's status and seconds), RESULTS.add.md (the lines this
-# run appended to bench/RESULTS.md: the scripts' result lines and one line for the whole
-# run); and $BUNDLE (default $OUT/gpu-run.tar.gz): all of these in one file, remade after
-# each section.
+# engine logs, summary.txt (each section's status and seconds), RESULTS.add.md (the scripts'
+# result lines and one line for the whole run), gpu_run-DATE.json (the run's record: those
+# lines as its table; copy it into bench/results/ and run bench/results_md.py to show it in
+# bench/RESULTS.md); and $BUNDLE (default $OUT/gpu-run.tar.gz): all of these in one file,
+# remade after each section.
 #
 # --dry-run: the same sections on the CPU, no GPU needed: gpu_quick.py --dry-run (synthetic
 # tiny, its aten ops profiled); kernels.py's CPU variants with an 8 MiB working set; the
 # gpu-marked tests collected, not run; synthetic:small served with 1 and 2 streams of 16
 # tokens and a 256-token prefill; offload's placements --cpu-moe and --n-cpu-moe 1 (on the
 # CPU --gpu-memory is ignored) served with 8 tokens and a 256-token prefill, a 64 MiB probe.
-# OUT defaults to a temporary folder and nothing is appended to RESULTS.md. `make test` runs
+# OUT defaults to a temporary folder and nothing is recorded. `make test` runs
 # it (tests/blackbox/test_scripts.py; 40-80 s on 2 shared cores), so the script is tested
 # before its one GPU shot. Env: PYTHON (default python3), OUT, BUNDLE, BF16.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-RESULTS=bench/RESULTS.md
 declare -A LIMIT=([quick]=120 [kernels]=150 [serve]=240 [offload]=300)
 SKIPPED=77  # a section's exit status for "not run here", as automake's test harness reads it
 export PYTHONUNBUFFERED=1
@@ -129,7 +129,7 @@ section_quick() {
   if [ "$DRY" = 1 ]; then
     step 100 "$PY" bench/gpu_quick.py --dry-run --out "$OUT"
   else
-    step 105 "$PY" bench/gpu_quick.py --out "$OUT" --record "$RESULTS"
+    step 105 "$PY" bench/gpu_quick.py --out "$OUT" --record "$OUT/RESULTS.add.md"
   fi
 }
 
@@ -150,7 +150,7 @@ section_kernels() {
   fi
   if [ "$DRY" != 1 ] && [ "${BF16:-0}" = 1 ]; then  # beyond the section's limit unless alone
     step 120 "$PY" -m engined.commands.bench --synthetic kimi-linear-48b --device cuda \
-      --record "$RESULTS"
+      --record "$OUT/RESULTS.add.md"
   fi
 }
 
@@ -160,7 +160,7 @@ section_serve() {
       --streams 1,2 --prefill 256 --new-tokens 16 --runs 1 --bandwidth-mib 64 --out "$OUT"
   else
     step 235 "$PY" bench/serve_streams.py --model synthetic:kimi-linear-48b --device cuda \
-      --start-timeout 150 --out "$OUT" --record "$RESULTS"
+      --start-timeout 150 --out "$OUT" --record "$OUT/RESULTS.add.md"
   fi
 }
 
@@ -171,7 +171,8 @@ section_offload() {  # offload.py exits 2 at once, saying how to carry it, witho
       --start-timeout 60 --out "$OUT"
   else
     step 295 "$PY" bench/offload.py --model synthetic:kimi-linear-48b --device cuda \
-      --placements gpu-memory=24GiB,cpu-moe --start-timeout 120 --out "$OUT" --record "$RESULTS"
+      --placements gpu-memory=24GiB,cpu-moe --start-timeout 120 --out "$OUT" \
+      --record "$OUT/RESULTS.add.md"
   fi
 }
 
@@ -205,8 +206,12 @@ run_section() {  # the whole section under its limit, in its own process group (
   echo "$name: $status, $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
 }
 
-copy_added_results() {  # what this run appended to RESULTS.md, for the copy under $OUT
-  tail -n +"$((RESULTS_LINES + 1))" "$RESULTS" > "$OUT/RESULTS.add.md"
+record_run() {  # RESULTS.add.md as the table of the run's record, gpu_run-DATE.json in $OUT
+  "$PY" -c 'import sys; sys.path.insert(0, "bench"); import common, pathlib
+lines = pathlib.Path(sys.argv[1]).read_text().splitlines()
+print("wrote", common.record("gpu_run", {"hardware": sys.argv[2]}, "GPU run: " + sys.argv[3],
+                             "bash bench/gpu_run.sh " + sys.argv[3], lines, pathlib.Path(sys.argv[4])))' \
+    "$RESULTS" "$1" "${SECTIONS[*]}" "$OUT"
 }
 
 bundle() {  # everything under $OUT in one file: a lease brings back at most 8 files
@@ -244,23 +249,22 @@ fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 BUNDLE=${BUNDLE:-$OUT/gpu-run.tar.gz}
+RESULTS=$OUT/RESULTS.add.md  # the scripts' --record lines
 KIMI_BENCH_PIDS=$(mktemp -d "${TMPDIR:-/tmp}/kimi-bench-pids.XXXXXX")
 export OUT KIMI_BENCH_PIDS
 trap 'kill_engines; rm -rf "$KIMI_BENCH_PIDS" "$KIMI_BENCH_PIDS.tar.gz"' EXIT
 echo "gpu_run.sh: sections ${SECTIONS[*]}${DRY_FLAG[*]:+ (dry run on the CPU)}; results in $OUT"
 : > "$OUT/summary.txt"
-RESULTS_LINES=$(wc -l < "$RESULTS")
 FAILED=0
 for name in "${SECTIONS[@]}"; do
   run_section "$name"
-  [ "$DRY" = 1 ] || copy_added_results
   bundle
 done
 if [ "$DRY" != 1 ]; then
   gpu=$("$PY" -c 'import torch; print(torch.cuda.get_device_name())')
   sections=$(paste -sd ';' "$OUT/summary.txt" | sed 's/;/; /g')
   echo "- $(date +%F) \`bash bench/gpu_run.sh ${SECTIONS[*]}\` on $gpu: $sections" >> "$RESULTS"
-  copy_added_results
+  record_run "$gpu"
   bundle
 fi
 exit "$FAILED"

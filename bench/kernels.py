@@ -33,7 +33,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import append_results, copy_bandwidth, hardware, write_json  # noqa: E402
+from common import copy_bandwidth, hardware, record  # noqa: E402
 
 from engined import helper  # noqa: E402
 from engined import ops  # noqa: E402,F401  (registers every variant)
@@ -305,9 +305,6 @@ def main():
         return
     command = "python bench/kernels.py " + " ".join(sys.argv[1:])
     where = hardware() if DEVICE == "cpu" else torch.cuda.get_device_name()
-    path = write_json(f"gemv-{DEVICE}", dict(hardware=where, command=command, device=DEVICE,
-                                              threads=args.threads, loop_timed=LOOP_TIMED,
-                                              rows=rows))
     probe = (f"the C helper's read_probe over {args.working_set_mib} MiB (median of {PROBE_PASSES}"
              f" passes) before each shape" if DEVICE == "cpu" else
              f"the device's copy bandwidth ({args.working_set_mib} MiB copied, read + write "
@@ -319,9 +316,11 @@ def main():
     if DEVICE == "cpu":
         notes.append("GPU: not run (no GPU in this session); on a GPU machine: "
                      "`python bench/kernels.py --device cuda`.")
-    append_results(f"INT4 GEMV on {DEVICE} ({where}), M=1, {args.threads} threads", command.strip(),
-                   lines + notes)
-    print(f"wrote {path} and a block in bench/RESULTS.md")
+    path = record(f"gemv-{DEVICE}", dict(hardware=where, command=command, device=DEVICE,
+                                          threads=args.threads, loop_timed=LOOP_TIMED, rows=rows),
+                  f"INT4 GEMV on {DEVICE} ({where}), M=1, {args.threads} threads", command,
+                  lines + notes)
+    print(f"wrote {path} and bench/RESULTS.md")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from agent_turns import Daemon  # noqa: E402
-from common import (append_results, concurrent_chunks, hardware, token_chunks,  # noqa: E402
-                    write_json)
+from common import concurrent_chunks, record, token_chunks  # noqa: E402
 
 NEW_TOKENS, STREAMS = 64, (1, 2, 4, 8)
 
@@ -68,11 +67,11 @@ def main() -> int:
                   f"{load[2]:.2f}. Goal at 4 streams: >= 2.5x one stream."]
     print("\n".join(lines))
     if not args.no_record:
-        write_json("kimi_streams", {"hardware": hardware(), "model": args.model, "rates": rates,
-                                    "mismatches": mismatches, "load": load})
-        append_results(f"Concurrent Kimi-Linear streams, {args.model}, CPU",
-                       f"python bench/kimi_streams.py --model {args.model} --runs {args.runs} "
-                       f"--threads {args.threads}", lines)
+        record("kimi_streams", {"model": args.model, "rates": rates, "mismatches": mismatches,
+                                "load": load},
+               f"Concurrent Kimi-Linear streams, {args.model}, CPU",
+               f"python bench/kimi_streams.py --model {args.model} --runs {args.runs} "
+               f"--threads {args.threads}", lines)
     return 0
 
 

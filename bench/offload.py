@@ -1,7 +1,7 @@
 """Hybrid MoE serving: a synthetic Kimi-Linear served with routed experts in RAM, beside the
 RAM-bandwidth cap of the CPU part (issue 17).
 
-    python bench/offload.py --out DIR --record bench/RESULTS.md    # bash bench/gpu_run.sh offload
+    python bench/offload.py --out DIR --record DIR/RESULTS.add.md  # bash bench/gpu_run.sh offload
     .venv/bin/python bench/offload.py --model synthetic:small --device cpu --threads 2 \\
         --placements cpu-moe,n-cpu-moe=1 --new-tokens 8 --prefill 256 --probe-mib 64 --out DIR
 

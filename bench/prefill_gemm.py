@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import append_results, hardware, write_json  # noqa: E402
+from common import record  # noqa: E402
 
 from engined import helper  # noqa: E402
 from engined.layers.linear import Linear  # noqa: E402
@@ -96,11 +96,10 @@ def main():
     if args.no_record:
         return
     command = "python bench/prefill_gemm.py " + " ".join(sys.argv[1:])
-    path = write_json("prefill_gemm", dict(hardware=hardware(), command=command, simd=level,
-                                           threads=args.threads, rows=rows))
-    append_results(f"INT4 prefill GEMM, T={args.tokens}, {args.threads} threads ({level})",
-                   command.strip(), lines)
-    print(f"wrote {path} and a block in bench/RESULTS.md")
+    path = record("prefill_gemm", dict(command=command, simd=level, threads=args.threads, rows=rows),
+                  f"INT4 prefill GEMM, T={args.tokens}, {args.threads} threads ({level})",
+                  command, lines)
+    print(f"wrote {path} and bench/RESULTS.md")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ proxy (Chat passthrough and Anthropic translation): non-stream total time and st
 time to first byte. Added latency = proxied minus direct, same run. Finally 64
 concurrent keep-alive clients hammer the proxy for throughput. Every number printed goes
 to bench/results/proxy_overhead-DATE[-N].json (never overwriting an earlier run; `make figures`
-draws it) and a block appended to bench/RESULTS.md, both with the hardware, command and date.
+draws it), with the hardware, command, date, commit and this table, and bench/RESULTS.md is
+regenerated from it.
 """
 import argparse
 import asyncio
@@ -27,7 +28,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from common import hardware, today, write_json  # noqa: E402
+from common import record  # noqa: E402
 
 CHAT = {"model": "k", "max_tokens": 16, "messages": [{"role": "user", "content": "ping"}]}
 ANTHROPIC = {"model": "k", "max_tokens": 16, "messages": [{"role": "user", "content": "ping"}]}
@@ -187,7 +188,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--no-write", action="store_true",
-                    help="print only: no bench/results JSON, no bench/RESULTS.md block")
+                    help="print only: no bench/results JSON, bench/RESULTS.md unchanged")
     args = ap.parse_args()
     if args.serve_upstream:
         return serve_upstream(args.serve_upstream)
@@ -211,14 +212,12 @@ def main():
     if not args.no_write:
         command = " ".join(["bench/proxy_overhead.py", *sys.argv[1:]])
         columns = ("case", "direct_p50_ms", "proxied_p50_ms", "added_p50_ms", "added_p99_ms")
-        print("wrote", write_json("proxy_overhead", {
-            "hardware": hardware(), "command": command, "date": today(),
-            "python": platform.python_version(), "requests": args.requests,
+        title, *lines = text.strip("\n").split("\n")
+        print("wrote", record("proxy_overhead", {
+            "command": command, "python": platform.python_version(), "requests": args.requests,
             "loadavg_1min": os.getloadavg()[0], "rows": [dict(zip(columns, r)) for r in rows],
             "throughput": {"clients": args.clients, "seconds": args.seconds, "req_s": rps,
-                           "errors": errors}}))
-        with open(ROOT / "bench" / "RESULTS.md", "a") as f:
-            f.write(text)
+                           "errors": errors}}, title.removeprefix("## "), command, lines))
 
 
 if __name__ == "__main__":
