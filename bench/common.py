@@ -98,6 +98,13 @@ def commit() -> str:
     return head + (" + changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def record_line(path: str, lines: list[str], command: str):
+    """A GPU script's --record: one line "- DATE first; second; ... (`command`)" appended."""
+    text = " ".join(filter(None, [lines[0], "; ".join(line.strip() for line in lines[1:])]))
+    with open(path, "a") as f:
+        f.write(f"- {today()} {text} (`{command}`)\n")
+
+
 def record(name: str, payload: dict, title: str, command: str, lines: list[str],
            folder: pathlib.Path | None = None) -> pathlib.Path:
     """One run: bench/results/NAME-DATE[-N].json with its hardware, date, commit and report

@@ -31,7 +31,7 @@ import traceback
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import copy_bandwidth, device_name  # noqa: E402
+from common import copy_bandwidth, device_name, record_line  # noqa: E402
 
 from engined.commands import bench as synthetic_bench  # noqa: E402
 
@@ -263,9 +263,7 @@ def main(argv=None) -> int:
             (args.out / "quick.json").write_text(json.dumps(result, indent=2) + "\n")
             (args.out / "quick.txt").write_text("\n".join(text) + "\n")
     if args.record and "decode_line" in state:
-        with open(args.record, "a") as f:
-            f.write(f"- {time.strftime('%Y-%m-%d')} {state['decode_line']} "
-                    f"(`python bench/gpu_quick.py`)\n")
+        record_line(args.record, [state["decode_line"]], "python bench/gpu_quick.py")
     return 1 if result["errors"] else 0
 
 

@@ -31,10 +31,9 @@ import os
 import pathlib
 import re
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import hardware  # noqa: E402
+from common import hardware, record_line  # noqa: E402
 from serve_streams import (decode_rates, decode_steps, prefill_ttft, prompt_tokens,  # noqa: E402
                            sizes, stream_prompts)
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
@@ -262,10 +261,7 @@ def main(argv=None) -> int:
     lines = summary(result)
     print("\n".join(lines))
     if args.record:
-        command = " ".join(["python bench/offload.py", *(argv or sys.argv[1:])])
-        with open(args.record, "a") as f:
-            f.write(f"- {time.strftime('%Y-%m-%d')} {lines[0]} "
-                    + "; ".join(line.strip() for line in lines[1:]) + f" (`{command}`)\n")
+        record_line(args.record, lines, " ".join(["python bench/offload.py", *(argv or sys.argv[1:])]))
     return 1 if failed else 0
 
 

@@ -37,7 +37,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from common import BENCH, concurrent_chunks, unix_post  # noqa: E402
+from common import BENCH, concurrent_chunks, record_line, unix_post  # noqa: E402
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
 GRAPH_FAILURES = "kimi_engine_graph_capture_failures_total"
@@ -289,10 +289,8 @@ def main(argv=None) -> int:
     lines = summary(result)
     print("\n".join(lines))
     if args.record:
-        command = " ".join(["python bench/serve_streams.py", *(argv or sys.argv[1:])])
-        with open(args.record, "a") as f:
-            f.write(f"- {time.strftime('%Y-%m-%d')} {lines[0]} "
-                    + "; ".join(line.strip() for line in lines[1:]) + f" (`{command}`)\n")
+        record_line(args.record, lines,
+                    " ".join(["python bench/serve_streams.py", *(argv or sys.argv[1:])]))
     return 0
 
 

@@ -113,3 +113,13 @@ def test_a_record_carries_hardware_date_commit_and_its_lines(tmp_path):
     assert data["date"] == common.today() and data["commit"]
     assert data["report"] == {"title": "Decode", "command": "bench/decode.py",
                               "lines": ["| a |", "|---|", "| 1 |", "", "A note."]}
+
+
+def test_a_gpu_scripts_record_line_joins_its_summary(tmp_path):
+    common, out = load("common"), tmp_path / "RESULTS.add.md"
+    common.record_line(out, ["served 1.0 tok/s:", "  1 stream 1.0", "  8 streams 2.0"], "python s.py")
+    common.record_line(out, ["decode 5.0 tok/s"], "python bench/gpu_quick.py")
+    day = common.today()
+    assert out.read_text().splitlines() == [
+        f"- {day} served 1.0 tok/s: 1 stream 1.0; 8 streams 2.0 (`python s.py`)",
+        f"- {day} decode 5.0 tok/s (`python bench/gpu_quick.py`)"]
