@@ -8,7 +8,8 @@ configurations: the baseline W4A16 with the fp16 head; W4A8 with the fp16 head; 
 Q8_0 head kept as the GGUF ships it (q8_gemv, the default on a CPU with the helper); and that
 last one again as the server decodes, one decode_batch step per token (llama_decode_layer per
 layer, one-row GEMVs). The gate (issue 16), for each against the baseline: perplexity within
-1% and top-1 agreement >= 95%. Exit status 0 when it holds for all, 1 when not.
+1% and top-1 agreement >= 95%. Exit status 0 when it holds for all, 1 when not. The run is
+recorded as bench/results/quality-DATE[-N].json (--no-record: printed only).
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/quality.py [--threads 2] [--max-tokens N]
 """
@@ -88,10 +89,39 @@ def perplexity(logits: torch.Tensor, tokens: torch.Tensor) -> float:
     return math.exp(float(nll))
 
 
+def table(rows: list[dict], holds: bool) -> list[str]:
+    """The recorded table: each configuration beside the W4A16 baseline (rows[0])."""
+    lines = ["| configuration | perplexity | vs W4A16 | top-1 agreement | pass time |",
+             "|---|---:|---:|---:|---:|",
+             f"| {rows[0]['config']} (baseline) | {rows[0]['perplexity']:.4f} | | | "
+             f"{rows[0]['seconds']:.0f} s |"]
+    lines += [f"| {r['config']} | {r['perplexity']:.4f} | {100 * r['change']:+.2f}% | "
+              f"{100 * r['agreement']:.2f}% | {r['seconds']:.0f} s |" for r in rows[1:]]
+    return lines + ["", f"The gate (perplexity within 1%, top-1 agreement >= 95%) "
+                        f"{'holds' if holds else 'fails'}."]
+
+
+def record_run(args, loaded, tokens, rows: list[dict], holds: bool):
+    """bench/ goes on sys.path only here: there bench/kernels.py shadows the `kernels` package
+    (the tests import this file)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from common import record
+
+    kernel = helper.INT8_LEVELS[helper.w4a8_simd()]
+    path = record("quality", {"model": loaded.model_id, "tokens": len(tokens),
+                              "threads": args.threads, "w4a8_kernel": kernel, "rows": rows,
+                              "holds": holds},
+                  f"W4A8 quality gate, {loaded.model_id}, {args.threads} threads",
+                  " ".join(["python bench/quality.py", *sys.argv[1:]]), table(rows, holds))
+    print(f"wrote {path}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=0, help="0: the whole text")
+    parser.add_argument("--no-record", action="store_true",
+                        help="print only: no bench/results JSON")
     args = parser.parse_args()
     loaded = loader.load_model("default", threads=args.threads, progress=False,
                                embed_dtype=loader.EMBED_Q8)
@@ -104,7 +134,7 @@ def main():
     layers = linears(loaded.model)
     print(f"{loaded.model_id}: {len(tokens)} tokens, {len(layers)} INT4 linears, "
           f"w4a8 kernel {helper.INT8_LEVELS[helper.w4a8_simd()]}, {args.threads} threads")
-    logits = {}
+    logits, seconds = {}, {}
     for name, op, head, how in CONFIGS:
         for lin in layers:
             lin.select_gemv(op)
@@ -114,19 +144,25 @@ def main():
         run = teacher_forced_logits if how == "chunks" else teacher_forced_steps
         with torch.inference_mode():
             logits[name] = run(loaded.model, tokens)
+        seconds[name] = time.perf_counter() - start
         print(f"{name}: perplexity {perplexity(logits[name], tokens):.4f} "
-              f"({time.perf_counter() - start:.1f} s)", flush=True)
+              f"({seconds[name]:.1f} s)", flush=True)
     base = CONFIGS[0][0]
     ppl_base, holds = perplexity(logits[base], tokens), True
+    rows = [{"config": base, "perplexity": ppl_base, "seconds": seconds[base]}]
     for name, *_ in CONFIGS[1:]:
         ppl = perplexity(logits[name], tokens)
         agree = float((logits[base].argmax(-1) == logits[name].argmax(-1)).double().mean())
         change = ppl / ppl_base - 1
         ok = abs(change) <= PERPLEXITY_CHANGE and agree >= TOP1_AGREEMENT
         holds = holds and ok
+        rows.append({"config": name, "perplexity": ppl, "change": change, "agreement": agree,
+                     "seconds": seconds[name], "holds": ok})
         print(f"{name} against {base}: perplexity {ppl:.4f} vs {ppl_base:.4f} "
               f"({100 * change:+.2f}%); top-1 agreement {100 * agree:.2f}% -> gate "
               f"{'holds' if ok else 'fails'} (|change| <= 1%, agreement >= 95%)")
+    if not args.no_record:
+        record_run(args, loaded, tokens, rows, holds)
     sys.exit(0 if holds else 1)
 
 
