@@ -6,8 +6,7 @@ Each class carries its HTTP status and OpenAI error type; `body()` is the OpenAI
 
 
 class EngineError(Exception):
-    status = 500
-    type = "server_error"
+    status, type = 500, "server_error"
     code: str | None = None
     retry_after_s: int | None = None  # sent as Retry-After when set
 
@@ -27,8 +26,7 @@ class EngineError(Exception):
 
 
 class InvalidRequest(EngineError):
-    status = 400
-    type = "invalid_request_error"
+    status, type = 400, "invalid_request_error"
 
 
 class ContextLengthExceeded(InvalidRequest):
@@ -36,35 +34,26 @@ class ContextLengthExceeded(InvalidRequest):
 
 
 class PayloadTooLarge(EngineError):
-    status = 413
-    type = "invalid_request_error"
-    code = "payload_too_large"
+    status, type, code = 413, "invalid_request_error", "payload_too_large"
 
 
 class NotFound(EngineError):
-    status = 404
-    type = "not_found_error"
-    code = "not_found"
+    status, type, code = 404, "not_found_error", "not_found"
 
 
 class MethodNotAllowed(EngineError):
-    status = 405
-    type = "invalid_request_error"
-    code = "method_not_allowed"
+    status, type, code = 405, "invalid_request_error", "method_not_allowed"
 
 
 class Unavailable(EngineError):
     """The engine is shutting down and takes no new work."""
-    status = 503
-    type = "server_error"
-    code = "unavailable"
+    status, type, code = 503, "server_error", "unavailable"
 
 
 class QueueFull(EngineError):
     """--max-queue requests are already waiting: come back later."""
-    status = 429
-    type = "rate_limit_exceeded"  # as the proxy's OpenAI dialect names a 429
-    code = "rate_limit_exceeded"
+    # the type as the proxy's OpenAI dialect names a 429
+    status, type, code = 429, "rate_limit_exceeded", "rate_limit_exceeded"
     retry_after_s = 5
 
 
@@ -81,6 +70,4 @@ class QueueTimeout(Unavailable):
 
 
 class InternalError(EngineError):
-    status = 500
-    type = "server_error"
-    code = "internal_error"
+    status, type, code = 500, "server_error", "internal_error"
