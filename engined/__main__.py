@@ -71,6 +71,11 @@ OPTIONS = [
     (["--enforce-eager"], FLAG,
      "Never capture CUDA graphs: every decode step runs eagerly (slower on a GPU; for "
      "debugging). The CPU always runs eagerly.  [default: graphs on CUDA]", None),
+    (["--speculative"], dict(type=click.Choice(["on", "off"])),
+     "Speculative decoding from the context: each decode step also verifies the tokens that "
+     "followed the last few tokens' most recent occurrence in the prompt or output, with a "
+     "draft length that adapts to acceptance. The tokens are those of plain decoding, greedy "
+     "or seeded; a request may send \"speculative\": false.  [default: on]", None),
     (["--cpu-moe"], FLAG,
      "Keep every MoE layer's routed experts in system RAM, computed by the CPU threads; "
      "attention, the router and the shared experts stay on the GPU (llama.cpp's name). With "

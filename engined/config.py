@@ -141,6 +141,7 @@ class EngineConfig:
     queue_timeout_s: float = 120.0  # longest wait to start, then 503; 0 = no limit
     max_connections: int = 64  # connection threads; at the cap idle ones close, then 503
     enforce_eager: bool = False  # no CUDA graphs: every decode step runs eagerly (vLLM's name)
+    speculative: bool = True  # drafts from the context verified in decode steps ("on"/"off")
     cpu_moe: bool = False  # every MoE layer's routed experts in RAM (llama.cpp's name)
     n_cpu_moe: int = 0  # the routed experts of the first N MoE layers in RAM
     gpu_memory: int = 0  # bytes the GPU may hold; 0 = its free memory minus a margin
@@ -162,6 +163,7 @@ class EngineConfig:
         set_("queue_timeout_s", _non_negative_float(self.queue_timeout_s, "queue-timeout-s"))
         set_("max_connections", _bounded_int(self.max_connections, "max-connections", 1, 1 << 16))
         set_("enforce_eager", _bool(self.enforce_eager, "enforce-eager"))
+        set_("speculative", _bool(self.speculative, "speculative"))
         set_("cpu_moe", _bool(self.cpu_moe, "cpu-moe"))
         set_("n_cpu_moe", _non_negative_int(self.n_cpu_moe, "n-cpu-moe"))
         set_("gpu_memory", parse_size(self.gpu_memory, "gpu-memory"))

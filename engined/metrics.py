@@ -51,6 +51,7 @@ class EngineMetrics:
         self._add_prefix_cache_metrics(r)
         self._add_batching_metrics(r)
         self._add_grammar_metrics(r)
+        self._add_speculation_metrics(r)
 
     def _add_prefix_cache_metrics(self, r: CollectorRegistry):
         self.prefix_hit_tokens = Counter(
@@ -65,6 +66,14 @@ class EngineMetrics:
         self.prefix_cache_bytes = Gauge(
             "kimi_engine_prefix_cache_bytes",
             "Bytes held by the prefix cache (reserved against the memory cap)", registry=r)
+
+    def _add_speculation_metrics(self, r: CollectorRegistry):
+        self.spec_draft_tokens = Counter(
+            "kimi_engine_spec_draft_tokens",
+            "Tokens drafted by prompt lookup and verified in a decode step", registry=r)
+        self.spec_accepted_tokens = Counter(
+            "kimi_engine_spec_accepted_tokens",
+            "Drafted tokens that stood (each saves a decode step)", registry=r)
 
     def _add_batching_metrics(self, r: CollectorRegistry):
         self.steps = Counter("kimi_engine_steps", "Model steps by kind (prefill chunk or "

@@ -20,6 +20,7 @@ from engined.metrics import EngineMetrics
 from engined.models.protocol import Model
 from engined.engine.prefix_cache import PrefixCache, PrefixKeys
 from engined.engine.runner import Runner
+from engined.engine.speculate import Speculator
 from engined.engine.scheduler import Batch, Scheduler
 from engined.engine.sequence import PromptLogprobsEvent, Sequence
 
@@ -33,7 +34,7 @@ class Engine:
     def __init__(self, model: Model, max_context: int, metrics: EngineMetrics, threads: int = 0,
                  log=print, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
                  prefix_cache_bytes: int = PREFIX_CACHE_BYTES, max_queue: int = 0,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, speculative: bool = True):
         self.model = model
         self.runner = Runner(model, metrics, log, max_batch=max_batch, max_context=max_context,
                              enforce_eager=enforce_eager)
@@ -45,6 +46,7 @@ class Engine:
         self.scheduler = Scheduler(token_budget=max_context, max_batch=max_batch,
                                    max_queue=max_queue)
         self.prefix_cache = PrefixCache(prefix_cache_bytes, metrics, block=prefill_chunk)
+        self.speculator = Speculator(metrics) if speculative and model.verifies_drafts else None
         self.step_log: collections.deque[tuple[str, tuple[int, ...]]] = collections.deque(
             maxlen=4096)  # (kind, seq ids) of recent steps: fairness is checkable
         self._stopping = threading.Event()
@@ -119,7 +121,7 @@ class Engine:
         if batch.kind == "prefill":
             return [self.prefill(batch.seqs[0]).float()]
         self.metrics.decode_batch_size.observe(len(batch.seqs))
-        return list(self.decode(batch.seqs).float().split(1))
+        return list(self.decode(batch.seqs).float().split([len(s.draft) + 1 for s in batch.seqs]))
 
     def prefill(self, seq: Sequence) -> torch.Tensor:
         """The next chunk of the prompt into the KV cache; every row kept when scoring.
@@ -137,30 +139,44 @@ class Engine:
         return logits
 
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One token per sequence: the last sampled ones go in -> logits [B, V] (runner.py:
-        a CUDA graph replay of the batch's bucket, or eager)."""
-        logits = self.runner.decode([s.output_ids[-1] for s in seqs], [s.cache for s in seqs],
-                                    [s.num_computed for s in seqs])
+        """One token per sequence, plus the drafts a speculating one verifies (its rows at the
+        next positions of its own cache): the last sampled tokens go in -> logits
+        [B + drafts, V] (runner.py: a CUDA graph replay of the batch's bucket, or eager)."""
+        tokens, caches, positions = [], [], []
+        for seq in seqs:
+            seq.draft = self.speculator.draft(seq) if self.speculator else []
+            row_tokens = [seq.output_ids[-1], *seq.draft]
+            tokens += row_tokens
+            caches += [seq.cache] * len(row_tokens)
+            positions += range(seq.num_computed, seq.num_computed + len(row_tokens))
+        started = time.perf_counter()
+        logits = self.runner.decode(tokens, caches, positions)
+        if self.speculator:
+            self.speculator.cost.timed(len(tokens), started)
         for seq in seqs:
             seq.num_computed += 1
         return logits
 
     def postprocess(self, batch: Batch, logits: list[torch.Tensor]):
-        """Every row that ends a prompt or decodes draws its next token in one batched call."""
+        """Every row that ends a prompt or decodes draws its next token, in one batched call:
+        a speculating sequence draws at each of its k + 1 positions."""
         drawing = [i for i, s in enumerate(batch.seqs)
                    if not s.is_prefilling and s.params.max_tokens != 0]
         ids = {}
         if drawing:
             seqs = [batch.seqs[i] for i in drawing]
-            rows = torch.cat([logits[i][-1:] for i in drawing])            # [R, V]
-            ids = dict(zip(drawing, sampler.sample_rows(
-                rows, [s.params for s in seqs], [s.seed for s in seqs],
-                [len(s.output_ids) for s in seqs], [s.grammar for s in seqs],
-                self.metrics.observe_grammar_mask)))
+            counts = [len(s.draft) + 1 for s in seqs]
+            rows = torch.cat([logits[i][-n:] for i, n in zip(drawing, counts)])  # [R, V]
+            each = [(s, r) for s, n in zip(seqs, counts) for r in range(n)]
+            drawn = iter(sampler.sample_rows(
+                rows, [s.params for s, _ in each], [s.seed for s, _ in each],
+                [len(s.output_ids) + r for s, r in each], [s.grammar for s, _ in each],
+                self.metrics.observe_grammar_mask))
+            ids = {i: [next(drawn) for _ in range(n)] for i, n in zip(drawing, counts)}
         for i, (seq, seq_logits) in enumerate(zip(batch.seqs, logits)):
             self._postprocess_one(seq, seq_logits, ids.get(i))
 
-    def _postprocess_one(self, seq: Sequence, logits: torch.Tensor, token_id: int | None):
+    def _postprocess_one(self, seq: Sequence, logits: torch.Tensor, token_ids: list[int] | None):
         if seq.params.is_prompt_logprobs and not seq.output_ids:  # this step was a prefill
             start = seq.num_computed - logits.shape[0]
             seq.events.put(PromptLogprobsEvent(sampler.prompt_logprobs(
@@ -170,12 +186,27 @@ class Engine:
         if seq.params.max_tokens == 0:  # scoring only (echo + logprobs)
             seq.finish("length")
         else:
-            self._append_sampled(seq, logits[-1], token_id)
+            self._append_drawn(seq, logits[len(logits) - len(token_ids):], token_ids)
         if seq.is_finished:
             self._observe_finished(seq)
             self.scheduler.finish(seq)
             self._release(seq)
             self._update_gauges()
+
+    def _append_drawn(self, seq: Sequence, logits: torch.Tensor, token_ids: list[int]):
+        """token_ids[j]: the draw after input j (the last token, then the drafts). Draft j
+        stands when draw j - 1 equals it; the draws up to the first that does not are the
+        sequence's next tokens, exactly those a plain decode draws one step at a time."""
+        accepted = 0
+        for j, token_id in enumerate(token_ids):
+            self._append_sampled(seq, logits[j], token_id)
+            if seq.is_finished or j == len(seq.draft) or token_id != seq.draft[j]:
+                break
+            accepted += 1
+        if seq.draft:
+            seq.num_computed += accepted  # the accepted drafts' cache rows stand
+            self.speculator.verified(seq, len(seq.draft), accepted)
+            seq.draft = []
 
     def _fail(self, seq: Sequence, exc: Exception):
         self.log(f"model error on request {seq.request_id}: {exc!r}")

@@ -24,6 +24,7 @@ class SamplingParams:
     stop_token_ids: frozenset[int] = frozenset()
     num_top_logprobs: int | None = None  # None = no logprobs; 0 = the chosen token's only
     is_prompt_logprobs: bool = False  # /v1/completions echo + logprobs
+    speculative: bool = True  # drafts verified when the model can (engine/speculate.py)
 
     @property
     def is_greedy(self) -> bool:
@@ -102,6 +103,8 @@ class Sequence:
     cache: object = None
     prefix_keys: object = None  # prefix_cache.PrefixKeys of the prompt, when caching
     grammar: object = None  # grammar.matcher.GrammarMatcher constraining the output, or None
+    draft: list[int] = field(default_factory=list)  # tokens this decode step verifies
+    spec: object = None  # (speculate.PromptLookup, speculate.DraftLength) once it drafts
     seed: int = 0  # int64 draw seed (the request's, else random), set by the engine
     finish_reason: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)

@@ -103,6 +103,8 @@ class DecoderLayer:
 
 class KimiLinearModel:
     decode_gemv = ""  # no model-wide choice: every INT4 linear resolves w4a16_gemv
+    verifies_drafts = False  # a decode row advances its sequence's KDA state in place: rows
+    #                          of one sequence in one step, and a rollback, are not built yet
     def __init__(self, config: KimiLinearConfig, dtype=torch.float32, device="cpu",
                  int4: dict[str, int] | None = None, weight_dtype: torch.dtype | None = None,
                  offload: frozenset[int] = frozenset()):

@@ -125,6 +125,11 @@ class LlamaModel:
         self.kv_dtype, self.device = kv_dtype, device
         self.decode_gemv = "w4a16_gemv"
         self.decode_layer, self.decode_layers = None, []  # select_decode_gemv sets them
+        # Rows of one sequence at consecutive positions each write their K/V row before any
+        # row attends (the layer call, and the blocks' per-row attention), and every op is
+        # row-invariant (the W4A8 rows take the 4-row kernel's operations, 419bbf0):
+        # tests/engine/test_speculative.py holds them to a lone step's bits.
+        self.verifies_drafts = True
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.kv_bytes_per_token = config.kv_bytes_per_token(kv_dtype)
         self.state_bytes = 0  # rows alone resume a sequence

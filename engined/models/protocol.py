@@ -36,6 +36,8 @@ class Model(Protocol):
     weight_bytes: int
     decode_gemv: str  # the GEMV op the model chose for its decode rows ("": none chosen, each
     #                   linear resolves w4a16_gemv); logged with the CPU's kernels
+    verifies_drafts: bool  # decode_batch rows may share one cache at consecutive positions,
+    #                        each row bit for bit a lone decode step (speculative decoding)
 
     def new_cache(self, max_tokens: int) -> Cache:
         """An empty cache for one sequence of at most max_tokens positions."""

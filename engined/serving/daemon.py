@@ -121,7 +121,7 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     engine = Engine(loaded.model, max_context, metrics, config.threads, log.write,
                     max_batch=config.max_batch, prefill_chunk=config.prefill_chunk,
                     prefix_cache_bytes=config.prefix_cache_bytes, max_queue=config.max_queue,
-                    enforce_eager=config.enforce_eager)
+                    enforce_eager=config.enforce_eager, speculative=config.speculative)
     engine.start()
     served = Served(engine, loaded.tokenizer, loaded.chat, loaded.model_id, max_context,
                     IncrementalDecoder, created=int(time.time()),

@@ -81,7 +81,8 @@ def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling:
     stop_ids = frozenset() if sampling.ignore_eos else served.chat.stop_token_ids
     stops = sampling.stop + (() if sampling.ignore_eos else tuple(served.chat.stop_strings))
     params = SamplingParams(max_tokens, sampling.temperature, sampling.top_p, sampling.top_k,
-                            sampling.seed, stops, stop_ids, num_top, is_prompt_logprobs)
+                            sampling.seed, stops, stop_ids, num_top, is_prompt_logprobs,
+                            sampling.speculative)
     seq = Sequence(prompt_ids, params, served.decoder_factory(served.tokenizer), ex.request_id,
                    grammar=grammar)
     served.engine.submit(seq)  # a full queue raises QueueFull: 429

@@ -20,6 +20,7 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    speculative: bool = True  # false: no drafts for this request (engine/speculate.py)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ def parse_sampling(body: dict) -> Sampling:
     else:
         raise InvalidRequest("stop must be a string or a list of strings", param="stop")
     ignore_eos = _get(body, "ignore_eos", (bool,), "a boolean", False)
-    return Sampling(temperature, top_p, max(top_k, 0), seed, stop, ignore_eos)
+    speculative = _get(body, "speculative", (bool,), "a boolean", True)
+    return Sampling(temperature, top_p, max(top_k, 0), seed, stop, ignore_eos, speculative)
 
 
 def _parse_stream(body: dict) -> tuple[bool, bool]:

@@ -62,6 +62,7 @@ class OpenerAt:
         self.model, self.prompt_len, self.at, self.opener = model, prompt_len, at, opener
         self.kv_bytes_per_token, self.state_bytes = model.kv_bytes_per_token, model.state_bytes
         self.weight_bytes, self.decode_gemv, self.device = model.weight_bytes, model.decode_gemv, model.device
+        self.verifies_drafts = False  # its logits depend on the output position it is fed
 
     def new_cache(self, max_tokens):
         return self.model.new_cache(max_tokens)

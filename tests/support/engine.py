@@ -206,6 +206,7 @@ class ScriptedModel:
     state_bytes = 0
     weight_bytes = 0
     decode_gemv = ""
+    verifies_drafts = False  # each pass yields the script's next token, whatever it is fed
 
     def __init__(self, vocab_size: int, script: list[int] | None = None,
                  delay_s: float = 0.0, fail_at: int | None = None):

@@ -1,0 +1,144 @@
+"""Draft-free speculative decoding: a sequence's own context drafts its next tokens, and one
+decode step checks them.
+
+Drafting is prompt lookup: the most recent earlier occurrence of the sequence's last n tokens
+(n = 3, then 2, then 1), in the prompt and the output so far, and the tokens that followed it.
+An agent's edit re-emits the function it rewrites, a tool call repeats paths from the
+conversation: there the drafts are right.
+
+Verification is one decode_batch over the input token and its k drafts, at positions p..p+k
+of the sequence's own cache, beside the other sequences' rows. A model may offer that only
+when each such row equals a lone decode step bit for bit (Model.verifies_drafts), so the
+draws are the draws the plain decode makes: the sampler's draw at a position is a pure
+function of (logits, seed, position), and draft j+1 stands only if the draw after draft j
+equals it. Greedy or seeded, the tokens are those of decoding without speculation. Rejected
+positions need no rollback: the cache rows past the last accepted token are overwritten by
+the next step before anything reads them, and the prefix cache stores prompt chunks only.
+
+The draft length adapts per sequence. The acceptance rate a (per drafted token, decayed)
+and the step's cost model (a decode step of R rows takes fixed + per_row * R seconds, fitted
+over recent steps) pick the k in 0..K_MAX with the most tokens per unit of time,
+(1 - a^(k+1)) / (1 - a) over 1 + beta * k, beta = per_row / (fixed + per_row). When that is
+k = 0 (acceptance under the break-even), the sequence stops drafting for COOLDOWN steps, then
+probes with one draft.
+"""
+import collections
+import time
+
+K_MAX = 7  # drafts per sequence and step: with its input token, 8 rows (one GEMV pass)
+MAX_NGRAM = 3
+WINDOW = 16384  # the last tokens of a long prompt that drafts are looked up in
+COOLDOWN = 16  # steps without drafting after acceptance fell below the break-even
+DECAY = 0.8  # weight of the past in the acceptance rate, per verification
+PRIOR_ACCEPTED, PRIOR_TESTED = 1.2, 2.0  # an acceptance rate of 0.6 before any evidence
+PRIOR_BETA = 0.4  # one more row's cost relative to a one-row step, before any measurement
+
+
+class PromptLookup:
+    """The tokens that followed the most recent earlier occurrence of the last n tokens."""
+
+    def __init__(self, prompt_ids: list[int]):
+        self.tokens = list(prompt_ids)  # the prompt, then the output as it grows
+        self.num_prompt = len(self.tokens)
+        self.index: dict[tuple[int, ...], int] = {}  # n-gram -> the position right after it
+        self.indexed = max(1, self.num_prompt - WINDOW)  # positions after n-grams indexed so far
+
+    def draft(self, output_ids: list[int], k: int) -> list[int]:
+        """Up to k tokens to follow prompt + output_ids ([] when nothing matches)."""
+        self.tokens += output_ids[len(self.tokens) - self.num_prompt:]
+        end = len(self.tokens)
+        for after in range(self.indexed, end):  # the n-grams some known token followed
+            for n in range(1, min(MAX_NGRAM, after) + 1):
+                self.index[tuple(self.tokens[after - n:after])] = after
+        self.indexed = max(self.indexed, end)
+        for n in range(min(MAX_NGRAM, end), 0, -1):
+            after = self.index.get(tuple(self.tokens[end - n:]))
+            if after is not None:
+                return self.tokens[after:after + k]
+        return []
+
+
+class DraftLength:
+    """One sequence's adaptive draft length, and what it drafted and got accepted."""
+
+    def __init__(self):
+        self.accepted, self.tested = PRIOR_ACCEPTED, PRIOR_TESTED
+        self.cooldown = 0
+        self.num_drafted = self.num_accepted = 0
+
+    def choose(self, beta: float, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        if self.cooldown:
+            self.cooldown -= 1
+            return 1 if self.cooldown == 0 else 0  # the probe after a cooldown
+        rate = min(self.accepted / self.tested, 0.999)
+        best = max(range(K_MAX + 1), key=lambda k: (1 - rate ** (k + 1)) / (1 - rate) / (1 + beta * k))
+        if best == 0:
+            self.cooldown = COOLDOWN
+        return min(best, limit)
+
+    def verified(self, drafted: int, accepted: int):
+        """accepted of drafted stood; a shortfall means one was tested and rejected."""
+        self.num_drafted += drafted
+        self.num_accepted += accepted
+        self.accepted = DECAY * self.accepted + accepted
+        self.tested = DECAY * self.tested + accepted + (accepted < drafted)
+
+
+class StepCost:
+    """Decode step seconds against rows, least squares over the last steps -> beta."""
+
+    def __init__(self, size: int = 128):
+        self.samples: collections.deque[tuple[int, float]] = collections.deque(maxlen=size)
+        self.num_timed = 0
+
+    def timed(self, rows: int, started: float):
+        self.samples.append((rows, time.perf_counter() - started))
+        self.num_timed += 1
+
+    @property
+    def beta(self) -> float:
+        n = len(self.samples)
+        if n < 8:
+            return PRIOR_BETA
+        mean_r = sum(r for r, _ in self.samples) / n
+        mean_t = sum(t for _, t in self.samples) / n
+        var = sum((r - mean_r) ** 2 for r, _ in self.samples)
+        if var < 1e-9:
+            return PRIOR_BETA
+        per_row = sum((r - mean_r) * (t - mean_t) for r, t in self.samples) / var
+        fixed = mean_t - per_row * mean_r
+        if per_row <= 0 or fixed + per_row <= 0:
+            return PRIOR_BETA
+        return min(max(per_row / (fixed + per_row), 0.01), 1.0)
+
+
+class Speculator:
+    """The engine's drafting and bookkeeping: drafts for a decode step, the verdicts after."""
+
+    def __init__(self, metrics):
+        self.metrics, self.cost = metrics, StepCost()
+        self._beta, self._beta_at = PRIOR_BETA, 0
+
+    def draft(self, seq) -> list[int]:
+        """Up to K_MAX tokens for seq to verify this step ([]: decode one token). A grammar's
+        matcher advances token by token, so a constrained sequence never drafts."""
+        if seq.grammar is not None or not seq.params.speculative:
+            return []
+        if seq.spec is None:
+            seq.spec = (PromptLookup(seq.prompt_ids), DraftLength())
+        lookup, length = seq.spec
+        k = length.choose(self.beta, seq.params.max_tokens - len(seq.output_ids) - 1)
+        return lookup.draft(seq.output_ids, k) if k else []
+
+    def verified(self, seq, drafted: int, accepted: int):
+        seq.spec[1].verified(drafted, accepted)
+        self.metrics.spec_draft_tokens.inc(drafted)
+        self.metrics.spec_accepted_tokens.inc(accepted)
+
+    @property
+    def beta(self) -> float:
+        if self.cost.num_timed >= self._beta_at + 16:  # refitted every 16 steps
+            self._beta, self._beta_at = self.cost.beta, self.cost.num_timed
+        return self._beta

@@ -1,0 +1,116 @@
+"""Speculative decoding from the context (engine/speculate.py): with drafts verified, the
+default model gives exactly the tokens and logprobs of plain decoding, greedy and seeded,
+alone and batched, on both decode GEMVs; drafts are made and accepted where the text repeats;
+the drafter and the draft length behave as documented."""
+import pytest
+
+from tests.engine.batching_helpers import NullDecoder, RunningEngine
+from engined.engine import speculate
+from engined.engine.sequence import ErrorEvent, FinishEvent, SamplingParams, Sequence, TokenEvent
+
+DRAFTED = "kimi_engine_spec_draft_tokens_total"
+ACCEPTED = "kimi_engine_spec_accepted_tokens_total"
+CODE = ("def area(width, height):\n    return width * height\n\n\n"
+        "def perimeter(width, height):\n    return 2 * (width + height)\n")
+
+
+def edit_prompt(tokenizer) -> list[int]:
+    """A prompt whose answer repeats it: the model copies, so drafts from the prompt stand."""
+    text = ("Copy this code exactly, then stop.\n\n" + CODE + "\nCopy:\n\n" + CODE +
+            "\nCopy:\n\n")
+    return tokenizer.encode(text)
+
+
+def run(engine, prompt, max_tokens, **params):
+    seq = Sequence(list(prompt), SamplingParams(max_tokens, num_top_logprobs=0, **params),
+                   NullDecoder())
+    engine.engine.submit(seq)
+    return seq
+
+
+def collect(seq):
+    out = []
+    while True:
+        event = seq.events.get(timeout=300)
+        if isinstance(event, ErrorEvent):
+            raise event.error
+        if isinstance(event, TokenEvent):
+            out.append((event.token_id, event.logprob.logprob))
+        if isinstance(event, FinishEvent):
+            return out
+
+
+def both_ways(model, requests: list[tuple[list[int], int, dict]]):
+    """Each request's (token, logprob) list with speculation off and on, submitted together
+    (batched), and the on engine's drafted and accepted counts."""
+    results = []
+    for speculative in (False, True):
+        with RunningEngine(model, speculative=speculative, prefix_cache_bytes=0) as engine:
+            seqs = [run(engine, p, n, **params) for p, n, params in requests]
+            results.append([collect(s) for s in seqs])
+            counts = engine.value(DRAFTED), engine.value(ACCEPTED)
+    return results[0], results[1], counts
+
+
+@pytest.mark.parametrize("gemv", ["default", "w4a16_gemv", "w4a8_gemv"])
+def test_greedy_and_seeded_tokens_are_those_of_plain_decoding(llama, gemv):
+    model, chosen = llama.model, llama.model.decode_gemv
+    if gemv != "default":
+        model.select_decode_gemv(gemv)
+    try:
+        prompt = edit_prompt(llama.tokenizer)
+        off, on, (drafted, accepted) = both_ways(model, [(prompt, 48, {"temperature": 0})])
+    finally:
+        model.select_decode_gemv(chosen)
+    assert on == off
+    assert drafted > 0 and accepted > 0, (drafted, accepted)
+    print(f"{gemv}: {accepted:.0f} of {drafted:.0f} drafted tokens accepted")
+
+
+def test_a_batch_of_greedy_and_sampled_requests_matches_plain_decoding(llama):
+    prompt = edit_prompt(llama.tokenizer)
+    prose = llama.tokenizer.encode("Write two sentences about the sea.\n")
+    requests = [(prompt, 40, {"temperature": 0}),
+                (prompt, 40, {"temperature": 0.7, "seed": 11}),
+                (prose, 24, {"temperature": 0.9, "top_p": 0.9, "seed": 3}),
+                (prompt[:-7], 30, {"temperature": 0})]
+    off, on, (drafted, accepted) = both_ways(llama.model, requests)
+    assert on == off
+    assert accepted > 0
+
+
+def test_a_request_can_turn_speculation_off(llama):
+    prompt = edit_prompt(llama.tokenizer)
+    with RunningEngine(llama.model, prefix_cache_bytes=0) as engine:
+        collect(run(engine, prompt, 24, temperature=0, speculative=False))
+        assert engine.value(DRAFTED) == 0
+        collect(run(engine, prompt, 24, temperature=0))
+        assert engine.value(DRAFTED) > 0
+
+
+def test_lookup_takes_the_most_recent_longest_match():
+    lookup = speculate.PromptLookup([5, 1, 2, 3, 9, 1, 2, 3, 4, 7, 2, 3])
+    assert lookup.draft([], 3) == [4, 7, 2]  # "2 3" last seen before 4 (and "7 2 3" never)
+    assert lookup.draft([4, 7, 2], 2) == [3, 4]  # output joins the context: "7 2" -> 3
+    assert speculate.PromptLookup([1, 2]).draft([], 4) == []
+    assert speculate.PromptLookup([8, 8]).draft([], 4) == [8]  # a token repeated
+
+
+def test_draft_length_grows_on_acceptance_and_rests_below_break_even():
+    length = speculate.DraftLength()
+    for _ in range(6):
+        length.verified(4, 4)
+    assert length.choose(beta=0.3, limit=100) == speculate.K_MAX
+    assert length.choose(beta=0.3, limit=2) == 2
+    for _ in range(12):  # the decayed memory of the good run fades
+        length.verified(2, 0)
+    assert length.choose(beta=0.3, limit=100) == 0
+    rests = [length.choose(beta=0.3, limit=100) for _ in range(speculate.COOLDOWN)]
+    assert rests == [0] * (speculate.COOLDOWN - 1) + [1]  # then one probe
+
+
+def test_step_cost_fits_fixed_and_per_row_time():
+    cost = speculate.StepCost()
+    for rows in (1, 2, 4, 8) * 4:
+        cost.samples.append((rows, 0.006 + 0.002 * rows))
+    assert cost.beta == pytest.approx(0.002 / 0.008)
