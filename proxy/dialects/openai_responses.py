@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from proxy import canonical as c
-from proxy.dialects import common as d, responses_compact, responses_state
+from proxy.dialects import common as d, freeform, responses_compact, responses_state
 from proxy.dialects.responses_out import render_response, stream  # noqa: F401 - dialect API
 from proxy.dialects.responses_state import complete  # noqa: F401 - dialect API
 from proxy.errors import InvalidRequest, ProxyError, openai_body
@@ -200,7 +200,10 @@ def _tools(tools: list[dict]) -> list[c.ToolSpec]:
             fmt = t.get("format") if isinstance(t.get("format"), dict) else {}
             desc = (t.get("description") or "") + (f"\nInput grammar ({fmt.get('syntax')}):\n{fmt['definition']}"
                                                    if isinstance(fmt.get("definition"), str) else "")
-            out.append(c.ToolSpec(t["name"], desc, CUSTOM_SCHEMA, kind="custom"))
+            constrained = freeform.input_schema(fmt)  # the grammar as the input's pattern
+            schema = ({**CUSTOM_SCHEMA, "properties": {"input": constrained}, "additionalProperties": False}
+                      if constrained else CUSTOM_SCHEMA)
+            out.append(c.ToolSpec(t["name"], desc, schema, kind="custom"))
         elif kind in ("function", "tool_search", None):
             out.append(_function(t))
     return [t for t in out if t is not None]
