@@ -101,7 +101,7 @@ def doctor(config_path, **flags):
     cfg = _config_or_exit(config_path, flags, "x config: ")
     click.echo("ok config")
     from proxy.upstream.client import Upstream
-    is_ok, detail = Upstream(cfg["UPSTREAM"], timeout_s=5).health()
+    is_ok, detail = Upstream(cfg["UPSTREAM"], timeout_s=5, engine_uid=cfg["ENGINE_USER"]).health()
     click.echo(f"{'ok' if is_ok else 'x'} upstream {cfg['UPSTREAM']}: {detail}"
                + ("" if is_ok else "  (start kimi-engine, or pass --upstream)"))
     is_ok = _check_ledger(cfg["LEDGER"]) and is_ok

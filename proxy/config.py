@@ -8,6 +8,7 @@ with messages that name the key. Flask config keys are the upper-cased names.
 from __future__ import annotations
 
 import os
+import pwd
 import tomllib
 from ipaddress import ip_address
 
@@ -48,6 +49,7 @@ DEFAULTS = {
     "LEDGER": None,
     "API_KEY": None,
     "UPSTREAM_API_KEY": None,
+    "ENGINE_USER": None,         # the engine socket's user, trusted besides ours and root
     "LOG_FILE": None,
     "RECORD": None,
     "ALLOW_ORIGIN": [],          # browser Origins admitted (exact match)
@@ -159,6 +161,7 @@ def validate(cfg: dict, environ=None) -> dict:
     if cfg["REASONING_FIELD"] not in REASONING_FIELDS:
         raise ConfigError(f"reasoning-field must be one of {', '.join(REASONING_FIELDS)}, "
                           f"got {cfg['REASONING_FIELD']!r}")
+    cfg["ENGINE_USER"] = _engine_uid(cfg["ENGINE_USER"])
     _check_names(cfg)
     _check_exposure(cfg)
     if cfg["LEDGER"] is None:
@@ -170,6 +173,19 @@ def validate(cfg: dict, environ=None) -> dict:
     if cfg["SIDE_MAX_TOKENS"] < 0:
         raise ConfigError(f"side-max-tokens must be >= 0 (0: no cap), got {cfg['SIDE_MAX_TOKENS']}")
     return cfg
+
+
+def _engine_uid(user) -> int | None:
+    """engine-user as a uid: a user name, or a number (which need not name a user)."""
+    if user is None or user == "":
+        return None
+    if isinstance(user, int) or str(user).isdigit():
+        return int(user)
+    try:
+        return pwd.getpwnam(str(user)).pw_uid
+    except KeyError:
+        raise ConfigError(f"engine-user {user!r} is not a user on this machine "
+                          "(give the user kimi-engine runs as, by name or uid)") from None
 
 
 def _check_names(cfg: dict) -> None:

@@ -24,7 +24,8 @@ class Services:
         self.cfg = cfg
         self.metrics = Metrics()
         self.upstream = Upstream(cfg["UPSTREAM"], timeout_s=cfg["UPSTREAM_TIMEOUT_S"],
-                                 api_key=cfg.get("UPSTREAM_API_KEY"))
+                                 api_key=cfg.get("UPSTREAM_API_KEY"),
+                                 engine_uid=cfg.get("ENGINE_USER"))
         self.reasoning, self.responses = open_state(cfg, self.metrics)
         self.recorder = Recorder(cfg["RECORD"], cfg) if cfg.get("RECORD") else None
         self._served: dict = {}

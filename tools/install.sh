@@ -42,25 +42,30 @@ WRAP
   install -D -m 0644 "$root/man/kimi-local.conf.5" "$destdir$prefix/share/man/man5/kimi-local.conf.5"
   install -D -m 0644 "$root/systemd/kimi-local.logrotate" "$destdir/etc/logrotate.d/kimi-local"
   if [ -z "$destdir" ] && command -v systemd-sysusers >/dev/null; then
-    systemd-sysusers "$prefix/lib/sysusers.d/kimi.conf" || echo "warning: could not create user kimi" >&2
+    systemd-sysusers "$prefix/lib/sysusers.d/kimi.conf" ||
+      echo "warning: could not create the users kimi and kimi-proxy" >&2
   fi
   install_configs
   echo "installed into $destdir$prefix; start with: systemctl daemon-reload && systemctl start kimi-engine kimi-proxy"
 }
 
-# /etc/kimi/*.toml may hold keys: 0640 root:kimi, read by the services' group and no one else.
-# Unprivileged (a DESTDIR for packaging or tests) the mode is kept and the owner is the caller's.
+# /etc/kimi/*.toml may hold keys: 0640, owner root, group kimi (engine.toml) or kimi-proxy
+# (proxy.toml), read by that service's group and no one else: the engine's user cannot read
+# the proxy's keys. Unprivileged (a DESTDIR for packaging or tests) the mode is kept and the
+# owner is the caller's.
 install_configs() {
-  local owner=()
-  if [ "$(id -u)" = 0 ] && getent group kimi >/dev/null; then
-    owner=(-o root -g kimi)
-  elif [ -z "$destdir" ]; then
-    echo "warning: no group kimi, so the services cannot read /etc/kimi/*.toml (0640):" \
-         "create it (systemd-sysusers) and chgrp kimi them" >&2
-  fi
+  local conf group
   for conf in engine proxy; do
+    group=kimi
+    [ $conf = proxy ] && group=kimi-proxy
     install -D -m 0644 "$root/etc/$conf.toml" "$destdir$prefix/share/doc/kimi-local/$conf.toml"
-    local target=$destdir/etc/kimi/$conf.toml
+    local target=$destdir/etc/kimi/$conf.toml owner=()
+    if [ "$(id -u)" = 0 ] && getent group $group >/dev/null; then
+      owner=(-o root -g $group)
+    elif [ -z "$destdir" ]; then
+      echo "warning: no group $group, so kimi-$conf cannot read $target (0640):" \
+           "create it (systemd-sysusers) and chgrp $group it" >&2
+    fi
     if [ ! -e "$target" ]; then
       install -D -m 0640 ${owner[@]+"${owner[@]}"} "$root/etc/$conf.toml" "$target"
     elif [ $((0$(stat -c %a "$target") & 04)) != 0 ]; then

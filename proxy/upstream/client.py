@@ -28,9 +28,10 @@ __all__ = ["Cancel", "ListStream", "Stream", "Target", "Upstream"]
 class Target:
     """A parsed upstream URL: how to connect, the API prefix and the server root."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, engine_uid: int | None = None):
         parts = urlsplit(url)
         self.url = url
+        self.engine_uid = engine_uid  # trusted behind a unix:// socket, besides ours and root
         self.scheme = parts.scheme
         if parts.scheme == "unix":
             self.unix_path = parts.path
@@ -50,7 +51,7 @@ class Target:
             sock.settimeout(timeout)
             try:
                 sock.connect(self.unix_path)
-                check_peer(sock, self.unix_path)
+                check_peer(sock, self.unix_path, self.engine_uid)
             except (OSError, UntrustedUpstream):
                 sock.close()
                 raise
@@ -66,8 +67,8 @@ class Upstream:
     """A pooled client for one upstream. Thread- and greenlet-safe."""
 
     def __init__(self, url: str, *, timeout_s: float = 600.0, connect_timeout_s: float = 10.0,
-                 api_key: str | None = None, pool_size: int = 64):
-        self.target = Target(url)
+                 api_key: str | None = None, pool_size: int = 64, engine_uid: int | None = None):
+        self.target = Target(url, engine_uid)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.api_key = api_key

@@ -64,6 +64,8 @@ class ServiceRoot:
             key, value = assignment.split("=", 1)
             env[key] = self.moved(value)
         env.update(self._environment_file(service.get("EnvironmentFile", "")))
+        if env.get("KIMI_PROXY_ENGINE_USER") == "kimi":  # the engine's user: here, this one
+            env["KIMI_PROXY_ENGINE_USER"] = str(os.getuid())
         for directive, base in DIRECTORIES.items():
             if directive in service:
                 directory = self.path(f"{base}/{service[directive]}")

@@ -28,6 +28,8 @@ def test_engine_unit_directives():
     assert service["RuntimeDirectoryPreserve"] == "yes"
     for key in ("StateDirectory", "LogsDirectory", "CacheDirectory"):
         assert service[key] == "kimi"
+        assert service[key + "Mode"] == "0700"  # the proxy, in group kimi, stays out
+    assert service["RuntimeDirectoryMode"] == "0750" and service["UMask"] == "0027"
     assert "TRITON_CACHE_DIR=/var/cache/kimi/" in service["Environment"]
     assert service["EnvironmentFile"] == "-/etc/kimi/engine.env"
     assert service["ExecStart"].startswith("@BINDIR@/kimi-engine serve --config /etc/kimi/engine.toml")
@@ -37,6 +39,10 @@ def test_engine_unit_directives():
     assert service["ProtectSystem"] == "strict"
     text = (ROOT / "systemd" / "kimi-engine.service").read_text()
     assert "DeviceAllow=/dev/nvidiactl rw" in text and "SupplementaryGroups=" in text
+    assert service["RestrictAddressFamilies"] == "AF_UNIX AF_NETLINK"  # no IP: a Unix socket only
+    # CUDA and Triton JIT into writable-executable memory, and read /proc/driver/nvidia.
+    assert "MemoryDenyWriteExecute" not in service and "ProcSubset" not in service
+    assert "PrivateDevices" not in service and service["DevicePolicy"] == "closed"
 
 
 def test_proxy_unit_directives():
@@ -44,10 +50,15 @@ def test_proxy_unit_directives():
     assert parsed["Unit"]["Requires"] == parsed["Unit"]["After"] == "kimi-engine.service"
     service = parsed["Service"]
     assert service["Type"] == "notify"
-    assert service["User"] == "kimi"
+    # A user of its own, in group kimi for the socket, trusting the engine's user kimi.
+    assert (service["User"], service["Group"], service["SupplementaryGroups"]) == \
+        ("kimi-proxy", "kimi-proxy", "kimi")
+    assert service["Environment"] == "KIMI_PROXY_ENGINE_USER=kimi"
     assert "RuntimeDirectory" not in service  # the engine's unit owns /run/kimi
-    assert service["StateDirectory"] == "kimi-proxy"
-    assert service["ExecStart"].startswith("@BINDIR@/kimi-proxy serve --config /etc/kimi/proxy.toml")
+    assert service["StateDirectory"] == service["LogsDirectory"] == "kimi-proxy"
+    assert service["ExecStart"] == ("@BINDIR@/kimi-proxy serve --config /etc/kimi/proxy.toml "
+                                    "--log-file /var/log/kimi-proxy/proxy.log")
+    assert service["MemoryDenyWriteExecute"] == service["PrivateDevices"] == "yes"
     proxy_conf = (ROOT / "etc" / "proxy.toml").read_text()
     assert 'upstream = "unix:///run/kimi/engine.sock"' in proxy_conf
 
@@ -65,10 +76,31 @@ def test_units_verify(tmp_path):
     assert "kimi-" not in result.stderr, result.stderr
 
 
+EXPOSURE_LIMITS = {"kimi-engine.service": 3.0, "kimi-proxy.service": 2.0}  # issue 25 item 6
+
+
+def test_units_exposure(tmp_path):
+    """systemd-analyze's exposure score of each unit as shipped, offline (no running systemd)."""
+    if shutil.which("systemd-analyze") is None:
+        print("SKIP reason: systemd-analyze is not installed (apt-get install systemd)")
+        pytest.skip("systemd-analyze is not installed")
+    for name, limit in EXPOSURE_LIMITS.items():
+        path = tmp_path / name
+        path.write_text((ROOT / "systemd" / name).read_text().replace("@BINDIR@", str(BIN)))
+        result = subprocess.run(["systemd-analyze", "security", "--offline=true", str(path)],
+                                capture_output=True, text=True, timeout=60)
+        match = re.search(rf"Overall exposure level for {re.escape(name)}: (\d+\.\d+)", result.stdout)
+        assert match, result.stdout[-2000:] + result.stderr
+        print(f"{name}: exposure {match.group(1)} (limit {limit})")
+        assert float(match.group(1)) <= limit, result.stdout
+
+
 def test_sysusers_and_logrotate():
-    assert re.search(r"^u kimi ", (ROOT / "systemd" / "kimi.sysusers").read_text(), re.M)
+    sysusers = (ROOT / "systemd" / "kimi.sysusers").read_text()
+    for line in ("u kimi ", "u kimi-proxy ", "m kimi-proxy kimi\n"):
+        assert re.search(rf"^{line}", sysusers, re.M), line
     rotate = (ROOT / "systemd" / "kimi-local.logrotate").read_text()
-    assert rotate.startswith("/var/log/kimi/*.log {")
+    assert rotate.startswith("/var/log/kimi/*.log /var/log/kimi-proxy/*.log {")
     for word in ("daily", "compress", "delaycompress", "postrotate"):
         assert re.search(rf"^\s+{word}$", rotate, re.M), word
     assert "reload kimi-engine.service kimi-proxy.service" in rotate
@@ -192,6 +224,8 @@ def test_example_configs_show_every_key_and_load_uncommented(tmp_path):
         missing = {k.lower().replace("_", "-") for k in keys} - shown
         assert not missing, f"etc/{name} has no example for {sorted(missing)}"
         uncommented = re.sub(r"^# ([a-z-]+ = .*?)([ \t]+#.*)?$", r"\1", text, flags=re.M)
+        # engine-user must name a user: kimi exists where the package is installed.
+        uncommented = uncommented.replace('engine-user = "kimi"', 'engine-user = "root"')
         (tmp_path / name).write_text(uncommented)
     assert read_toml(tmp_path / "engine.toml")["prefix_cache_bytes"] == "256MiB"
     EngineConfig.layered({}, {}, tmp_path / "engine.toml")

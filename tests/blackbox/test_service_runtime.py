@@ -50,7 +50,7 @@ def proxy(root, engine):
     root.write_config("proxy.toml", f"port = {port}\n")
     service = Service(root, PROXY_UNIT, lambda: http_health(port))
     service.port = port
-    service.log = root.path("/var/log/kimi/proxy.log")
+    service.log = root.path("/var/log/kimi-proxy/proxy.log")
     yield service.start(timeout=60)
     service.stop()
 

@@ -270,11 +270,12 @@ def test_the_shipped_example_config_loads_with_every_key(tmp_path):
     if not example.exists():
         pytest.skip("etc/proxy.toml is not in this checkout")
     text = re.sub(r"^# ([a-z-]+ = .*?)([ \t]+#.*)?$", r"\1", example.read_text(), flags=re.M)
+    text = text.replace('engine-user = "kimi"', 'engine-user = "root"')  # kimi: where installed
     path = tmp_path / "proxy.toml"
     path.write_text(text)
     cfg = config.load({}, str(path), {})
     assert cfg["UPSTREAM"] == "unix:///run/kimi/engine.sock" and cfg["API_KEY"] == "change-me"
-    assert cfg["MODEL_ALIAS"] == {"claude-sonnet-4-5": "kimi-local"} and cfg["PORT"] == 8080
+    assert cfg["MODEL_ALIAS"] == {"claude-sonnet-4-5": "kimi-local"} and cfg["PORT"] == 8080 and cfg["ENGINE_USER"] == 0
 
 
 def test_ledger_limits_come_from_config(tmp_path):

@@ -8,10 +8,12 @@ import socket
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
 from proxy.app import create_app
+from proxy.config import ConfigError
 from proxy.upstream import peer
 from proxy.upstream.client import Upstream
 from tests.proxy.test_errors import VALID, assert_shape
@@ -87,6 +89,16 @@ def test_another_users_engine_is_a_502_and_one_log_line(stranger, tmp_path, capl
     assert len(refusals) == 1 and f"uid {uid} (pid " in refusals[0].getMessage()  # not per request
 
 
+def test_engine_user_trusts_that_users_engine(stranger, tmp_path):
+    """The packaged units: the engine runs as kimi, the proxy as kimi-proxy (here: root)."""
+    url, uid = stranger
+    for user in ("nobody", str(uid)):
+        client = create_app(proxy_config(url, tmp_path, ENGINE_USER=user)).test_client()
+        resp = client.post("/v1/chat/completions", json=VALID["/v1/chat/completions"])
+        assert resp.status_code == 200, resp.get_json()
+    assert Upstream(url, timeout_s=5, engine_uid=uid).health()[0]
+
+
 def test_another_users_engine_fails_health_and_doctor(stranger):
     url, uid = stranger
     is_ok, detail = Upstream(url, timeout_s=5).health()
@@ -101,10 +113,39 @@ def test_the_check_compares_the_listeners_uid(tmp_path, monkeypatch):
         client = app.test_client()
         assert client.post("/v1/chat/completions", json=VALID["/v1/chat/completions"]).status_code == 200
         app.extensions["kimi"].upstream.close()  # the check is per connection: none pooled
-        monkeypatch.setattr(peer, "trusted_uids", lambda: (os.geteuid() + 4242,))
+        monkeypatch.setattr(peer, "trusted_uids", lambda engine_uid: (os.geteuid() + 4242,))
         resp = client.post("/v1/messages", json=VALID["/v1/messages"])
         assert_shape(resp, "anthropic", 502)
         assert len(fake.requests) == 1  # the refused request never reached it
+
+
+def test_engine_user_without_root(tmp_path, monkeypatch):
+    """Our own fake engine, and a proxy that pretends to run as another user: refused unless
+    engine-user names the engine's user."""
+    if os.geteuid() == 0:
+        pytest.skip("as root the fake engine is root's, always trusted: see the test with nobody")
+    monkeypatch.setattr(peer, "os", SimpleNamespace(geteuid=lambda: os.geteuid() + 4242))
+    fake = FakeUpstream(Reply.text("ok"))
+    with fake.serve_unix(str(tmp_path / "engine.sock")) as url:
+        refusing = create_app(proxy_config(url, tmp_path)).test_client()
+        assert refusing.post("/v1/messages", json=VALID["/v1/messages"]).status_code == 502
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        trusting = create_app(proxy_config(url, tmp_path, ENGINE_USER=user)).test_client()
+        assert trusting.post("/v1/messages", json=VALID["/v1/messages"]).status_code == 200
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("value,expected", [(None, None), ("", None), ("0", 0), (4242, 4242),
+                                            ("nobody", "nobody")])
+def test_engine_user_config(tmp_path, value, expected):
+    cfg = proxy_config("unix:///nowhere", tmp_path, ENGINE_USER=value)
+    uid = pwd.getpwnam(expected).pw_uid if isinstance(expected, str) else expected
+    assert cfg["ENGINE_USER"] == uid
+
+
+def test_engine_user_must_be_a_user(tmp_path):
+    with pytest.raises(ConfigError, match="engine-user 'no-such-user-kimi' is not a user"):
+        proxy_config("unix:///nowhere", tmp_path, ENGINE_USER="no-such-user-kimi")
 
 
 def test_our_own_and_roots_peers_are_trusted():
