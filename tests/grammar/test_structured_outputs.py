@@ -102,3 +102,22 @@ def test_a_bad_constraint_is_a_400_naming_its_path(served, body, param):
     error = resp.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
+
+
+def test_a_plain_request_batched_with_a_constrained_one_is_unchanged(served):
+    import threading
+    plain = {"messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 24,
+             "temperature": 0, "return_token_ids": True}
+    alone = post(served.sock, "/v1/chat/completions", plain).json()["choices"][0]["token_ids"]
+    results = {}
+
+    def constrained():
+        results["json"] = chat(served, response_format={"type": "json_schema", "json_schema": {
+            "name": "a", "schema": SCHEMAS[0]}})
+
+    thread = threading.Thread(target=constrained)
+    thread.start()
+    results["plain"] = post(served.sock, "/v1/chat/completions", plain)
+    thread.join(120)
+    assert results["plain"].json()["choices"][0]["token_ids"] == alone
+    jsonschema.validate(json.loads(results["json"].json()["choices"][0]["message"]["content"]), SCHEMAS[0])
