@@ -17,7 +17,7 @@ the next step before anything reads them, and the prefix cache stores prompt chu
 
 The draft length adapts per sequence. The acceptance rate a (per drafted token, decayed)
 and the step's cost model (a decode step of R rows takes fixed + per_row * R seconds, fitted
-over recent steps) pick the k in 0..K_MAX with the most tokens per unit of time,
+through the lower quartile of recent step times per row count) pick the k in 0..K_MAX with the most tokens per unit of time,
 (1 - a^(k+1)) / (1 - a) over 1 + beta * k, beta = per_row / (fixed + per_row). When that is
 k = 0 (acceptance under the break-even), the sequence stops drafting for COOLDOWN steps, then
 probes with one draft.
@@ -87,9 +87,10 @@ class DraftLength:
 
 
 class StepCost:
-    """Decode step seconds against rows, least squares over the last steps -> beta."""
+    """Decode step seconds against rows -> beta. Per row count, the lower quartile of its
+    recent times (a busy host only adds time), then a least-squares line through those."""
 
-    def __init__(self, size: int = 128):
+    def __init__(self, size: int = 256):
         self.samples: collections.deque[tuple[int, float]] = collections.deque(maxlen=size)
         self.num_timed = 0
 
@@ -99,15 +100,16 @@ class StepCost:
 
     @property
     def beta(self) -> float:
-        n = len(self.samples)
-        if n < 8:
+        by_rows = collections.defaultdict(list)
+        for rows, seconds in self.samples:
+            by_rows[rows].append(seconds)
+        points = [(r, sorted(ts)[len(ts) // 4]) for r, ts in by_rows.items() if len(ts) >= 3]
+        if len(points) < 2:
             return PRIOR_BETA
-        mean_r = sum(r for r, _ in self.samples) / n
-        mean_t = sum(t for _, t in self.samples) / n
-        var = sum((r - mean_r) ** 2 for r, _ in self.samples)
-        if var < 1e-9:
-            return PRIOR_BETA
-        per_row = sum((r - mean_r) * (t - mean_t) for r, t in self.samples) / var
+        n = len(points)
+        mean_r, mean_t = sum(r for r, _ in points) / n, sum(t for _, t in points) / n
+        var = sum((r - mean_r) ** 2 for r, _ in points)
+        per_row = sum((r - mean_r) * (t - mean_t) for r, t in points) / var
         fixed = mean_t - per_row * mean_r
         if per_row <= 0 or fixed + per_row <= 0:
             return PRIOR_BETA

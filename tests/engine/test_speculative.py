@@ -109,8 +109,11 @@ def test_draft_length_grows_on_acceptance_and_rests_below_break_even():
     assert rests == [0] * (speculate.COOLDOWN - 1) + [1]  # then one probe
 
 
-def test_step_cost_fits_fixed_and_per_row_time():
+def test_step_cost_fits_fixed_and_per_row_time_through_a_busy_host():
     cost = speculate.StepCost()
     for rows in (1, 2, 4, 8) * 4:
         cost.samples.append((rows, 0.006 + 0.002 * rows))
+    for rows in (1, 2, 4, 8):  # one step each slowed by other work
+        cost.samples.append((rows, 0.1))
     assert cost.beta == pytest.approx(0.002 / 0.008)
+    assert speculate.StepCost().beta == speculate.PRIOR_BETA
