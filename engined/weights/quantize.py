@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from engined.weights import manifest as kimi_manifest
 from engined.weights.kimi_checkpoint import open_checkpoint
-from engined.weights.shards import INDEX, MANIFEST, ST_DTYPES
+from engined.weights.shards import INDEX, MANIFEST, ST_DTYPES, CheckpointError, Header, read_header
 from engined.weights.quant_policy import PLANS, QuantizeError, policy
 from engined.ops import int4_format
 
@@ -67,17 +67,91 @@ def _quantize_shard(src_file, decisions, group_size, bar) -> tuple[dict, dict]:
                 layouts[stem] = packed.layout
             else:
                 out[name] = t.contiguous()
-            bar.update(1)
+            if bar is not None:
+                bar.update(1)
     return out, layouts
+
+
+def check_settings(plan: str, group_size: int):
+    if plan not in PLANS:
+        raise QuantizeError(f"plan {plan!r} is not one of {', '.join(PLANS)}")
+    if group_size <= 0 or group_size % 2:
+        raise QuantizeError(f"group size {group_size} must be a positive even number")
+
+
+class ArtifactWriter:
+    """An artifact written shard by shard into DST.partial, renamed to DST when sealed: `pull`
+    quantizes each shard as it arrives, `quantize` walks a local checkpoint."""
+
+    def __init__(self, dst: pathlib.Path, plan: str, group_size: int, decisions: dict[str, str],
+                 resume: bool = False):
+        self.dst, self.plan, self.group_size, self.decisions = dst, plan, group_size, decisions
+        self.partial = dst.with_name(dst.name + ".partial")
+        if not resume:
+            shutil.rmtree(self.partial, ignore_errors=True)
+        self.partial.mkdir(parents=True, exist_ok=True)
+        self.tensors: dict[str, dict] = {}
+        self.shards: list[str] = []
+
+    def copy_support(self, src: pathlib.Path):
+        """Every non-weight file of the source directory (config, tokenizer, remote code)."""
+        for f in src.iterdir():
+            if f.is_file() and not f.name.endswith(COPY_SKIP):
+                shutil.copy2(f, self.partial / f.name)
+
+    def add_shard(self, shard: pathlib.Path, bar) -> pathlib.Path:
+        """Quantize one source shard into the artifact; returns the shard written, its header
+        re-read and checked against what was written."""
+        out, layouts = _quantize_shard(shard, self.decisions, self.group_size, bar)
+        written = self.partial / shard.name
+        save_file(out, str(written), metadata=int4_format.metadata(layouts))
+        want = {n: (_st_dtype(t.dtype), tuple(t.shape)) for n, t in out.items()}
+        if read_header(written).tensors != want:
+            raise QuantizeError(f"{written.name}: the written header differs from its tensors")
+        for name, (dtype, shape) in want.items():
+            self.tensors[name] = {"dtype": dtype, "shape": list(shape), "file": shard.name}
+        self.shards.append(shard.name)
+        return written
+
+    def adopt(self, name: str, source: Header) -> bool:
+        """Take the shard `name` an interrupted run already wrote, when it is whole and holds
+        exactly what the source header `source` plans; False means write it anew."""
+        written = self.partial / name
+        want = set()
+        for tensor in source.tensors:
+            stem = tensor.removesuffix(".weight")
+            int4 = self.decisions[tensor] == "int4"
+            want |= {stem + ".qweight", stem + ".scales"} if int4 else {tensor}
+        try:
+            header = read_header(written)
+        except (OSError, CheckpointError):
+            return False
+        end = max((span[1] for span in header.spans.values()), default=0)
+        if set(header.tensors) != want or end != written.stat().st_size:
+            return False
+        for tensor, (dtype, shape) in header.tensors.items():
+            self.tensors[tensor] = {"dtype": dtype, "shape": list(shape), "file": name}
+        self.shards.append(name)
+        return True
+
+    def seal(self) -> dict:
+        """Write the index and the manifest, then move the artifact into place."""
+        total = sum((self.partial / s).stat().st_size for s in self.shards)
+        weight_map = {name: entry["file"] for name, entry in self.tensors.items()}
+        index = {"metadata": {"total_size": total, "quantization": "kimi-packed-int4",
+                              "plan": self.plan, "group_size": self.group_size},
+                 "weight_map": weight_map}
+        (self.partial / INDEX).write_text(json.dumps(index, indent=1))
+        manifest = kimi_manifest.write_manifest(self.partial, self.plan, self.group_size,
+                                                self.tensors)
+        self.partial.rename(self.dst)
+        return manifest
 
 
 def quantize_checkpoint(src, dst, plan: str = "selective", group_size: int = 32,
                         progress: bool = True) -> dict:
     """Write the artifact into `dst` (must not exist); returns the manifest."""
-    if plan not in PLANS:
-        raise QuantizeError(f"plan {plan!r} is not one of {', '.join(PLANS)}")
-    if group_size <= 0 or group_size % 2:
-        raise QuantizeError(f"group size {group_size} must be a positive even number")
+    check_settings(plan, group_size)
     src, dst = pathlib.Path(src).expanduser(), pathlib.Path(dst).expanduser()
     ckpt = open_checkpoint(src)
     if ckpt.is_int4:
@@ -85,28 +159,12 @@ def quantize_checkpoint(src, dst, plan: str = "selective", group_size: int = 32,
     decisions = plan_tensors(ckpt.headers, plan, group_size)
     if dst.exists():
         raise QuantizeError(f"{dst} already exists; choose a new directory")
-    partial = dst.with_name(dst.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.is_file() and not f.name.endswith(COPY_SKIP):
-            shutil.copy2(f, partial / f.name)
-    tensors, weight_map = {}, {}
+    writer = ArtifactWriter(dst, plan, group_size, decisions)
+    writer.copy_support(src)
     with tqdm(total=len(decisions), desc=f"quantize ({plan})", unit="tensor", disable=not progress) as bar:
         for shard in ckpt.shards:
-            out, layouts = _quantize_shard(shard, decisions, group_size, bar)
-            save_file(out, str(partial / shard.name), metadata=int4_format.metadata(layouts))
-            for name, t in out.items():
-                tensors[name] = {"dtype": _st_dtype(t.dtype), "shape": list(t.shape), "file": shard.name}
-                weight_map[name] = shard.name
-            del out
-    total = sum((partial / s.name).stat().st_size for s in ckpt.shards)
-    index = {"metadata": {"total_size": total, "quantization": "kimi-packed-int4", "plan": plan,
-                          "group_size": group_size}, "weight_map": weight_map}
-    (partial / INDEX).write_text(json.dumps(index, indent=1))
-    manifest = kimi_manifest.write_manifest(partial, plan, group_size, tensors)
-    partial.rename(dst)
-    return manifest
+            writer.add_shard(shard, bar)
+    return writer.seal()
 
 
 def _st_dtype(dtype: torch.dtype) -> str:
