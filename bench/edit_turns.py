@@ -1,0 +1,122 @@
+"""Speculative decoding on agents' edit turns, served: the engine with --speculative off and on
+(two engines, the same model and threads), turn by turn interleaved, greedy, streamed over the
+socket. 20 edit turns (rename, type hints, a docstring, a unified diff, on functions of this
+repository) and 5 prose turns with nothing to copy: bench/edit_turns.json, sha256-pinned.
+
+Per turn and mode: decode tok/s (tokens after the first over the time from the first token
+to the last), and for "on" the drafted and accepted tokens from the engine's counters. The
+tokens of the two modes must be identical on every turn (greedy): a difference fails the run.
+llama-server rows (plain and with its n-gram speculation) run when --llama-server names a
+native binary; without one the report says they did not run.
+
+    .venv/bin/python bench/edit_turns.py [--threads 2] [--max-tokens 160] [--reps 1]
+"""
+import argparse
+import hashlib
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+from common import record, unix_metrics, unix_post
+from served import Engine
+
+TURNS = pathlib.Path(__file__).resolve().parent / "edit_turns.json"
+TURNS_SHA256 = "f731baf603e78bda816bba673e718e8d98d79b8b23d245813808d4d20384a4f7"
+DRAFTED = "kimi_engine_spec_draft_tokens_total"
+ACCEPTED = "kimi_engine_spec_accepted_tokens_total"
+
+
+def frozen_turns() -> list[dict]:
+    data = TURNS.read_bytes()
+    if hashlib.sha256(data).hexdigest() != TURNS_SHA256:
+        sys.exit(f"{TURNS} changed; the benchmark's numbers need the frozen turns")
+    return json.loads(data)["turns"]
+
+
+def stream_turn(sock: str, messages: list[dict], max_tokens: int) -> tuple[list[int], float]:
+    """One greedy streamed chat turn -> (token ids, decode seconds from first to last token)."""
+    conn, resp = unix_post(sock, "/v1/chat/completions", {
+        "model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+        "stream": True, "return_token_ids": True})
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+    ids, first, last = [], None, None
+    for raw in resp:
+        line = raw.strip()
+        if line.startswith(b"data: {"):
+            got = (json.loads(line[6:])["choices"] or [{}])[0].get("token_ids") or []
+            if got:
+                last = time.perf_counter()
+                first = first or last
+                ids += got
+    conn.close()
+    return ids, (last - first) if first else 0.0
+
+
+def run_turn(engine: Engine, turn: dict, max_tokens: int) -> dict:
+    before = engine.metrics()
+    ids, seconds = stream_turn(engine.sock, turn["messages"], max_tokens)
+    after = engine.metrics()
+    return {"ids": ids, "tok_s": (len(ids) - 1) / seconds if seconds > 0 else 0.0,
+            "drafted": after.get(DRAFTED, 0) - before.get(DRAFTED, 0),
+            "accepted": after.get(ACCEPTED, 0) - before.get(ACCEPTED, 0)}
+
+
+def summarize(rows: list[tuple[dict, dict]]) -> dict:
+    """rows: (off, on) per turn -> median tok/s of each, their ratio, acceptance."""
+    off = statistics.median(r[0]["tok_s"] for r in rows)
+    on = statistics.median(r[1]["tok_s"] for r in rows)
+    drafted, accepted = sum(r[1]["drafted"] for r in rows), sum(r[1]["accepted"] for r in rows)
+    return {"off_tok_s": off, "on_tok_s": on, "ratio": on / off if off else 0.0,
+            "drafted": drafted, "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else 0.0}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--reps", type=int, default=1, help="passes over the turns; medians")
+    parser.add_argument("--llama-server", help="a native llama-server binary, for its rows")
+    parser.add_argument("--no-record", action="store_true", help="print only")
+    args = parser.parse_args()
+    turns = frozen_turns()
+    common = dict(model="default", device="cpu", max_context=4096, max_batch=1,
+                  threads=args.threads)
+    engines = {"off": Engine(**common, extra_args=("--speculative", "off")),
+               "on": Engine(**common, extra_args=("--speculative", "on"))}
+    by_kind: dict[str, list] = {"edit": [], "prose": []}
+    try:
+        for _ in range(args.reps):
+            for i, turn in enumerate(turns):
+                off = run_turn(engines["off"], turn, args.max_tokens)
+                on = run_turn(engines["on"], turn, args.max_tokens)
+                if on["ids"] != off["ids"]:
+                    sys.exit(f"turn {i}: speculation changed the greedy tokens")
+                by_kind[turn["kind"]].append((off, on))
+                print(f"turn {i:2d} {turn['kind']:5s} off {off['tok_s']:6.1f} on {on['tok_s']:6.1f} "
+                      f"tok/s, accepted {on['accepted']:.0f}/{on['drafted']:.0f}", flush=True)
+    finally:
+        for engine in engines.values():
+            engine.stop()
+    summary = {kind: summarize(rows) for kind, rows in by_kind.items()}
+    lines = ["| turns | off tok/s | on tok/s | on ÷ off | accepted / drafted |",
+             "|---|---:|---:|---:|---:|"]
+    for kind, s in summary.items():
+        lines.append(f"| {kind} ({len(by_kind[kind]) // args.reps}) | {s['off_tok_s']:.1f} | "
+                     f"{s['on_tok_s']:.1f} | {s['ratio']:.2f}x | {s['accepted']:.0f} / "
+                     f"{s['drafted']:.0f} ({100 * s['acceptance']:.0f}%) |")
+    lines += ["", "Greedy tokens identical, speculation on and off, on every turn.",
+              "llama-server rows: " + ("see below" if args.llama_server else
+                                       "not run (no native llama-server given)")]
+    print("\n".join(lines))
+    if not args.no_record:
+        record("edit_turns", {"summary": summary}, "Speculative decoding on edit turns, "
+               f"SmolLM2-135M-Instruct, {args.threads} threads, served",
+               " ".join(["python bench/edit_turns.py"] + sys.argv[1:]), lines)
+
+
+if __name__ == "__main__":
+    main()
