@@ -71,15 +71,17 @@ def prepare(ctx, body: dict) -> c.Request:
     items = body.get("input")
     items = [{"type": "message", "role": "user", "content": items}] if isinstance(items, str) else list(items or [])
     turn.extra["input_items"] = items
+    summaries = responses_compact.opener(ctx)  # compaction items open for this request's owner
+    lead = [m for m in req.messages[:1] if m.role == "system" and body.get("instructions")]
+    new = req.messages[len(lead):]
+    if responses_compact.in_input(items):
+        new = tuple(parse_input(body.get("input"), summaries))
     if req.previous_response_id:
         history = responses_state.history(ctx.services, req.previous_response_id, ctx.owner)
-        lead = [m for m in req.messages[:1] if m.role == "system" and body.get("instructions")]
-        req = req.replace(messages=(*lead, *parse_input(history), *req.messages[len(lead):]))
-    kind = responses_compact.kind_of(ctx.route, body)
-    if kind:  # /v1/responses/compact, or Codex's compaction_trigger item: summarise instead
-        turn.extra["compaction"] = kind
-        req = responses_compact.summary_request(req, kind)
-    return req
+        new = (*parse_input(history, summaries), *new)
+    req = req.replace(messages=(*lead, *new))
+    # /v1/responses/compact, or Codex's compaction_trigger item: summarise instead
+    return responses_compact.prepare(ctx, req, body)
 
 
 def _response_format(text) -> dict:
@@ -93,7 +95,8 @@ def _response_format(text) -> dict:
     return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", **spec}}}
 
 
-def parse_input(value) -> list[c.Message]:
+def parse_input(value, summaries=None) -> list[c.Message]:
+    """`input` -> messages; summaries opens compaction items (responses_compact.opener)."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -111,7 +114,7 @@ def parse_input(value) -> list[c.Message]:
         if part is not None:
             assistant.extend(part)
             continue
-        msg = _other_item(item, i)
+        msg = _other_item(item, summaries)
         if msg is None:
             continue
         if assistant:
@@ -144,7 +147,7 @@ def _assistant_part(item: dict) -> list | None:
     return None
 
 
-def _other_item(item: dict, i: int) -> c.Message | None:
+def _other_item(item: dict, summaries) -> c.Message | None:
     kind = item.get("type") or ("message" if "role" in item else None)
     if kind == "message":
         role = item.get("role")
@@ -153,7 +156,7 @@ def _other_item(item: dict, i: int) -> c.Message | None:
     if kind in ("function_call_output", "custom_tool_call_output"):
         return c.Message("tool", (c.ToolResult(str(item.get("call_id") or ""), _output_text(item.get("output"))),))
     if kind in responses_compact.ITEM_TYPES:
-        return responses_compact.message_of(item)
+        return responses_compact.message_of(item, summaries)
     return None  # hosted-tool items and item_reference carry nothing the engine can use
 
 

@@ -14,23 +14,26 @@ Codex 0.171 (tests/fixtures/live-clients/codex-compact*.jsonl.gz) sends the trig
 provider is named "OpenAI" and needs exactly one compaction item back; for any other provider
 it summarises with an ordinary turn. Some users report builds that call the compact route.
 Either way the model is asked once, without tools, to summarise the conversation. Our
-`encrypted_content` is `kcmp1.` + urlsafe base64 of {"summary": text}; one we cannot read
-(OpenAI's own ciphertext) is left out of the prompt rather than refused.
+`encrypted_content` is `kcmp2.` + zlib JSON {"summary": text} sealed as reasoning signatures
+are (proxy.state.signatures: AES-GCM under the ledger's secret, bound to the prefix and the
+request's owner), so the summary is not readable from it and another API key's item does not
+open. One we cannot open (OpenAI's own ciphertext, another key's, a forged one, or an older
+readable `kcmp1.`) is left out of the prompt rather than refused.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import logging
-from typing import Iterator
+import zlib
+from typing import Callable, Iterator
 
 from proxy import canonical as c
 from proxy.dialects import common as d
+from proxy.state.signatures import MAX_BLOB, MAX_INFLATED, Sealer, bounded_inflate
 
 log = logging.getLogger("kimi.proxy")
 ROUTE = "responses_compact"
-PREFIX = "kcmp1."
+PREFIX = "kcmp2."
 ITEM_TYPES = ("compaction", "compaction_summary")
 INSTRUCTION = (
     "Your context window is nearly full. Write a summary of the conversation so far that lets "
@@ -40,29 +43,47 @@ INSTRUCTION = (
 SUMMARY_HEADER = "Summary of the earlier conversation (compacted):\n\n"
 
 
-def encode(summary: str) -> str:
-    raw = json.dumps({"summary": summary}, ensure_ascii=False).encode()
-    return PREFIX + base64.urlsafe_b64encode(raw).decode()
+def encode(summary: str, sealer: Sealer, owner: str = "") -> str:
+    """The summary sealed for owner; one too long for a token loses its tail."""
+    while True:
+        raw = json.dumps({"summary": summary}, ensure_ascii=False).encode()
+        blob = zlib.compress(raw, 6)
+        if len(blob) <= MAX_BLOB and len(raw) <= MAX_INFLATED:
+            return sealer.seal(blob, owner, PREFIX)
+        summary = summary[:len(summary) * 3 // 4]
 
 
-def decode(encrypted: object) -> str | None:
-    if not isinstance(encrypted, str) or not encrypted.startswith(PREFIX):
-        return None
+def decode(encrypted: object, sealer: Sealer, owner: str = "") -> str | None:
+    """The summary encode() sealed for owner, or None; never raises."""
+    blob = sealer.unseal(encrypted, owner, PREFIX)
+    raw = bounded_inflate(blob) if blob is not None else None
     try:
-        body = json.loads(base64.urlsafe_b64decode(encrypted[len(PREFIX):].encode()))
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        body = json.loads(raw) if raw is not None else None
+    except ValueError:
         return None
     summary = body.get("summary") if isinstance(body, dict) else None
     return summary if isinstance(summary, str) else None
 
 
-def message_of(item: dict) -> c.Message | None:
-    """A compaction item from `input` -> the summary as a user message (None: nothing to use)."""
-    summary = decode(item.get("encrypted_content"))
+def opener(ctx) -> Callable[[object], str | None]:
+    """decode() for this request: the ledger's sealer and the request's owner."""
+    sealer, owner = ctx.services.reasoning.sealer, ctx.owner
+    return lambda encrypted: decode(encrypted, sealer, owner)
+
+
+def in_input(items: list) -> bool:
+    return any(isinstance(i, dict) and i.get("type") in ITEM_TYPES for i in items)
+
+
+def message_of(item: dict, open_summary: Callable[[object], str | None] | None) -> c.Message | None:
+    """A compaction item from `input` -> the summary as a user message (None: nothing to use).
+    Without open_summary (parsing before the request's owner is known) sealed items wait."""
+    summary = open_summary(item.get("encrypted_content")) if open_summary else None
     if summary is None and isinstance(item.get("summary"), str):
         summary = item["summary"]
     if summary is None:
-        log.info("a compaction item we cannot read (not ours) was left out of the prompt")
+        if open_summary:
+            log.info("a compaction item we cannot open (not sealed for this key) was left out of the prompt")
         return None
     return c.Message("user", (c.Text(SUMMARY_HEADER + summary),))
 
@@ -76,6 +97,18 @@ def kind_of(route: str, body: dict) -> str | None:
     return "trigger" if isinstance(last, dict) and last.get("type") == "compaction_trigger" else None
 
 
+def prepare(ctx, req: c.Request, body: dict) -> c.Request:
+    """A compaction request (the route or a trigger) becomes the summary request, and its turn
+    learns how to seal the summary for this request's owner."""
+    kind = kind_of(ctx.route, body)
+    if not kind:
+        return req
+    sealer, owner = ctx.services.reasoning.sealer, ctx.owner
+    ctx.turn.extra["compaction"] = kind
+    ctx.turn.extra["seal_summary"] = lambda summary: encode(summary, sealer, owner)
+    return summary_request(req, kind)
+
+
 def summary_request(req: c.Request, kind: str) -> c.Request:
     """The conversation plus the instruction; no tools, nothing stored."""
     ask = c.Message("user", (c.Text(INSTRUCTION),))
@@ -85,7 +118,7 @@ def summary_request(req: c.Request, kind: str) -> c.Request:
 
 def item(turn: d.Turn, summary: str) -> dict:
     return {"type": "compaction", "id": f"cmp_{turn.id.removeprefix('resp_')}",
-            "encrypted_content": encode(summary)}
+            "encrypted_content": turn.extra["seal_summary"](summary)}
 
 
 def render(turn: d.Turn, resp: c.Response, envelope, usage_body) -> dict:

@@ -5,6 +5,7 @@ The handlers see two small interfaces:
     Reasoning: new_turn() -> ledger id;  sign(text, ledger_id, owner) -> signature | None;
                restore(message, reasoning_field, conversation, owner) -> upstream assistant dict | None;
                record(ledger_id, response, reasoning_field, conversation, owner)
+               sealer: its signatures' Sealer (Responses compaction items are sealed with it)
                (conversation: the key of the messages before the turn, proxy.state.conversation;
                for record a callable, so the hash is computed by the ledger writer)
     Responses: put(id, owner, input_items=, output_items=, previous_id=, response=);
@@ -67,6 +68,10 @@ class LedgerReasoning:
         self.metrics = metrics
         self._pending: queue.Queue = queue.Queue()
         threading.Thread(target=self._writer, daemon=True, name="kimi-ledger-writer").start()
+
+    @property
+    def sealer(self):
+        return self.ledger.sealer
 
     def new_turn(self) -> str:
         return self.ledger.new_id()

@@ -12,6 +12,9 @@ data: another API key's signature does not open, exactly like a forged one. Past
 compressed (or 8 MiB of text) the text stays out and ``{"i": id}`` restores from the row
 alone. Only authenticated payloads are inflated, and inflation is capped at 8 MiB anyway.
 
+``seal``/``unseal`` with another prefix seal other payloads under the same key, bound to
+the prefix as well as the owner (Responses compaction items: ``kcmp2.``).
+
 Older forms decode to nothing: ``klr1.``/``kll1.`` (readable zlib under an HMAC) and the
 public k3 proxy's unsigned ``k3r1.``/``k3l1.``. ``read_unverified`` reads them (and ours
 without a key) for comparisons only, as cassette replay does; nothing it returns is trusted.
@@ -86,26 +89,32 @@ class Sealer:
             blob = zlib.compress(json.dumps({"i": ledger_id}).encode())
         return self.seal(blob, owner)
 
-    def seal(self, blob: bytes, owner: str = "") -> str:
+    def seal(self, blob: bytes, owner: str = "", prefix: str = PREFIX) -> str:
+        """``prefix`` + the sealed blob; the prefix names what it is (a token sealed as one kind
+        does not open as another)."""
         nonce = os.urandom(NONCE_BYTES)
-        return PREFIX + _b64(nonce + self._aead.encrypt(nonce, blob, _associated(owner)))
+        return prefix + _b64(nonce + self._aead.encrypt(nonce, blob, _associated(owner, prefix)))
+
+    def unseal(self, token, owner: str = "", prefix: str = PREFIX) -> bytes | None:
+        """The blob seal(blob, owner, prefix) made, or None for anything else; never raises."""
+        if not isinstance(token, str) or not token.startswith(prefix) or len(token) > len(prefix) + MAX_B64:
+            return None
+        sealed = _unb64(token[len(prefix):]) if token.isascii() else None
+        if sealed is None or len(sealed) < NONCE_BYTES + GCM_TAG_BYTES:
+            return None
+        try:
+            return self._aead.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], _associated(owner, prefix))
+        except InvalidTag:
+            return None
 
     def open(self, signature, owner: str = "") -> tuple[str | None, str | None]:
         """(reasoning text or None, ledger id or None); (None, None) unless we sealed it for owner."""
-        if not isinstance(signature, str) or not signature.startswith(PREFIX) or len(signature) > len(PREFIX) + MAX_B64:
-            return None, None
-        sealed = _unb64(signature[len(PREFIX):]) if signature.isascii() else None
-        if sealed is None or len(sealed) < NONCE_BYTES + GCM_TAG_BYTES:
-            return None, None
-        try:
-            blob = self._aead.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], _associated(owner))
-        except InvalidTag:
-            return None, None
-        return _fields(bounded_inflate(blob))
+        blob = self.unseal(signature, owner)
+        return _fields(bounded_inflate(blob)) if blob is not None else (None, None)
 
 
-def _associated(owner: str) -> bytes:
-    return PREFIX.encode() + owner.encode()
+def _associated(owner: str, prefix: str = PREFIX) -> bytes:
+    return prefix.encode() + owner.encode()
 
 
 def read_unverified(signature, opener=None) -> tuple[str | None, str | None]:
