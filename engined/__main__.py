@@ -25,10 +25,12 @@ DEVICES = dict(type=click.Choice(["auto", "cpu", "cuda"]))
 # One row per option, in --help order: its declaration, its click settings, serve's help and
 # doctor's (None: doctor has no such option). Both commands read them into one EngineConfig.
 OPTIONS = [
-    (["--model"], dict(metavar="default|PATH|synthetic:NAME"),
+    (["--model"], dict(metavar="default|PATH|ORG/REPO[@REV]|synthetic:NAME"),
      "The model to serve: 'default' for the embedded SmolLM2-135M-Instruct, the path of a GGUF "
-     "file or a Kimi-Linear directory, or synthetic:tiny|small|kimi-linear-48b (random "
-     "Kimi-Linear weights, for benchmarks).  [default: default]",
+     "file or a Kimi-Linear directory, a Hugging Face model id ORG/REPO[@REVISION] (from the "
+     "cache `kimi-engine pull` fills; pulled first when missing, unless HF_HUB_OFFLINE is set, "
+     "as the systemd unit does), or synthetic:tiny|small|kimi-linear-48b (random Kimi-Linear "
+     "weights, for benchmarks).  [default: default]",
      "The model to check (as for serve)."),
     (["--socket"], dict(metavar="PATH"),
      "Unix socket to listen on (mode 0660).  [default: $RUNTIME_DIRECTORY/engine.sock, else "

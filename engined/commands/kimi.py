@@ -4,6 +4,7 @@ Attach in engined/__main__.py:  from engined.commands.kimi import COMMANDS; [mai
 Errors are CheckpointError subclasses inside; they are rendered once here as a one-line message.
 """
 import json
+import os
 
 import click
 
@@ -18,7 +19,7 @@ def _run(fn, *args, **kwargs):
 
 
 @click.command()
-@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("src", metavar="SRC")
 @click.argument("dst", type=click.Path())
 @click.option("--plan", type=click.Choice(["selective", "all", "none"]), default="selective", show_default=True,
               help="selective: experts, attention q/k/v/o, MLA q/kv_b/o, dense MLP to INT4; all: also "
@@ -26,8 +27,19 @@ def _run(fn, *args, **kwargs):
 @click.option("--group-size", type=int, default=32, show_default=True, help="INT4 group along the input axis")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def quantize(src, dst, plan, group_size, quiet):
-    """Write a packed-INT4 Kimi-Linear artifact from the BF16 checkpoint SRC into DST."""
+    """Write a packed-INT4 Kimi-Linear artifact from the BF16 checkpoint SRC into DST.
+
+    SRC is a checkpoint directory or a model id ORG/REPO[@REVISION], downloaded whole into the
+    Hugging Face cache first (`kimi-engine pull` instead quantizes into the engine's cache
+    shard by shard, without keeping the BF16)."""
+    from engined.weights.hub import ids, remote
     from engined.weights.quantize import quantize_checkpoint
+    hub_id = ids.parse(src)
+    if hub_id is not None:
+        src = _run(remote.snapshot, hub_id)
+    elif not os.path.isdir(os.path.expanduser(src)):
+        raise click.BadParameter(f"{src!r} is neither a directory nor a model id ORG/REPO",
+                                 param_hint="SRC")
     manifest = _run(quantize_checkpoint, src, dst, plan=plan, group_size=group_size, progress=not quiet)
     quantized = sum(n.endswith(".qweight") for n in manifest["tensors"])
     size = sum(f["size"] for f in manifest["files"].values())
@@ -61,4 +73,6 @@ def bench(config, int4, device, repeats, record):
     synthetic_bench.main(argv)
 
 
-COMMANDS = (quantize, verify, bench)
+from engined.commands.hub import models, pull  # noqa: E402
+
+COMMANDS = (quantize, verify, bench, pull, models)

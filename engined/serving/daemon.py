@@ -10,6 +10,7 @@ import time
 
 from engined import helper
 from engined.weights import loader
+from engined.weights.hub import ids, pull
 from engined.engine import kernels
 from engined.engine import memory as memcap
 from engined.chat import IncrementalDecoder
@@ -93,6 +94,9 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     moved = kernels.settle(device)
     if moved:
         log.write(f"kimi-engine: {kernels.describe_fallback(moved)}")
+    hub_id = ids.parse(config.model)
+    if hub_id is not None:  # ORG/REPO: held in the cache, else pulled now (never under systemd)
+        pull.ensure(hub_id, lambda line: log.write(f"kimi-engine: {line}"))
     plan = loader.plan_model(config.model, device=device)
     max_context = _max_context(config.max_context, plan.context_length)
     memory = memcap.plan_memory(plan, config, device, max_context)

