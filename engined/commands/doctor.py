@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
+from engined.commands import doctor_hub
 from engined.config import (DEFAULT_MAX_CONTEXT, EngineConfig, UnsafeSocketDir, check_socket_dir,
                             format_size)
 
@@ -39,7 +40,8 @@ class Check:
 def run_checks(config: EngineConfig) -> list[Check]:
     checks: list[Callable[[EngineConfig], Check]] = [
         check_python, check_torch, check_triton, check_helper, check_gpu, check_model,
-        check_memory_plan, check_cache_dir, check_socket]
+        check_memory_plan, check_cache_dir, doctor_hub.check_disk, doctor_hub.check_hub,
+        check_socket]
     return [_guarded(check, config) for check in checks]
 
 
@@ -107,6 +109,10 @@ def check_gpu(config: EngineConfig) -> Check:
 
 def check_model(config: EngineConfig) -> Check:
     from engined.weights import kimi_checkpoint
+    from engined.weights.hub import ids
+
+    if (hub_id := ids.parse(config.model)) is not None:
+        return doctor_hub.check_pulled(hub_id)
 
     if config.model != "default" and kimi_checkpoint.is_kimi_linear_dir(config.model):
         return _kimi_dir(pathlib.Path(config.model).expanduser())
@@ -176,7 +182,10 @@ def check_memory_plan(config: EngineConfig) -> Check:
     detail = "\n    ".join([memory.budget.describe(), *(placement.describe() if placement else [])])
     if memory.budget.is_over_cap:
         return Check("memory plan", False, detail, "lower --max-context, or raise --memory-cap")
-    return Check("memory plan", True, detail)
+    ram = doctor_hub.check_ram(config, memory, on_cuda)
+    if not ram.is_ok:
+        return Check("memory plan", False, f"{detail}\n    {ram.detail}", ram.fix)
+    return Check("memory plan", True, f"{detail}\n    {ram.detail}")
 
 
 def check_cache_dir(config: EngineConfig) -> Check:

@@ -14,7 +14,7 @@ from engined.config import EngineConfig
 from tests.blackbox.service_helpers import ROOT
 
 CHECK_NAMES = ["python", "torch", "triton", "C helper", "gpu", "model", "memory plan",
-               "cache dir", "socket"]
+               "cache dir", "disk", "hub", "socket"]
 
 
 @pytest.fixture

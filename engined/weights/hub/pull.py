@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import shutil
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
@@ -92,9 +93,18 @@ def _take_published(rev: Revision, progress: bool, log) -> store.Entry:
         rev, "published", plan=manifest.get("plan"), group_size=manifest.get("group_size")))
 
 
-def _quantize_while_downloading(rev: Revision, keep_source: bool, plan: str, group_size: int,
-                                progress: bool, log) -> store.Entry:
-    dst, partial, source = store.work_dirs(rev.hub_id, rev.commit)
+@dataclass(frozen=True)
+class PullPlan:
+    headers: dict  # shard name -> shards.Header, read over Range requests
+    decisions: dict[str, str]  # tensor -> 'int4' | 'keep'
+    need: int  # bytes of free disk the pull needs at its peak
+    what: str  # how `need` is made up, for messages
+
+
+def plan_pull(rev: Revision, keep_source: bool = False, plan: str = "selective",
+              group_size: int = 32) -> PullPlan:
+    """What a pull of a BF16 revision writes and keeps at most, from its shard headers alone
+    (doctor reports it; the 48B figures in bench/RESULTS.md come from it)."""
     headers = remote.shard_headers(rev)
     shards = [f for f in rev.shards if f.name in headers]
     decisions = plan_tensors(headers, plan, group_size)
@@ -105,9 +115,18 @@ def _quantize_while_downloading(rev: Revision, keep_source: bool, plan: str, gro
             (f"BF16 kept {format_size(bf16)}" if keep_source else
              f"one BF16 shard {format_size(kept)}, each deleted once quantized"))
     support = sum(f.size for f in rev.support)
-    _check_disk(rev, artifact + kept + 2 * support, what, log)
+    return PullPlan(headers, decisions, artifact + kept + 2 * support, what)
+
+
+def _quantize_while_downloading(rev: Revision, keep_source: bool, plan: str, group_size: int,
+                                progress: bool, log) -> store.Entry:
+    dst, partial, source = store.work_dirs(rev.hub_id, rev.commit)
+    planned = plan_pull(rev, keep_source, plan, group_size)
+    headers = planned.headers
+    shards = [f for f in rev.shards if f.name in headers]
+    _check_disk(rev, planned.need, planned.what, log)
     source.mkdir(parents=True, exist_ok=True)
-    writer = ArtifactWriter(dst, plan, group_size, decisions, resume=True)
+    writer = ArtifactWriter(dst, plan, group_size, planned.decisions, resume=True)
     with _bar(rev, rev.support + shards, progress) as bar:
         for f in rev.support:
             remote.download(rev, f, source, bar)
