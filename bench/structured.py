@@ -9,6 +9,9 @@ bench/structured_set.py.
   validates against the schema.
 - decode tok/s of streamed replies with a JSON-schema grammar and without any (same prompts),
   timed from the first to the last token chunk; the ratio is the grammar's cost.
+- apply_patch: share of Codex apply_patch calls (20 edit prompts, tool_choice required) whose
+  input llguidance's own Lark parser of the recorded grammar accepts, with the tool sent as the
+  proxy sent it before (input: any string) and as it does now (the grammar as its pattern).
 - compile ms: every tool schema of one recorded Claude Code request, cold, in this process.
 
     .venv/bin/python bench/structured.py [--max-tokens 96] [--limit N] [--no-write]
@@ -22,6 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[1]))  # engined, proxy
 from common import hardware, today, unix_post, write_json  # noqa: E402
 from served import Engine, on_sigterm  # noqa: E402
 import structured_set  # noqa: E402
@@ -106,6 +110,43 @@ def run_schemas(sock: str, max_tokens: int, limit: int | None) -> dict:
     return share(results)
 
 
+def run_apply_patch(sock: str, max_tokens: int, limit: int | None) -> dict | None:
+    from engined.chat import load_text
+    from engined.grammar.compile import ll_tokenizer
+    from engined.weights.default_model import default_gguf_path
+    from proxy.dialects.freeform import input_schema
+    import llguidance as llg
+    tool = structured_set.apply_patch()
+    if tool is None:
+        return None
+    tokenizer, chat = load_text(default_gguf_path())
+    ll, definition = ll_tokenizer(tokenizer, chat.stop_token_ids), tool["format"]["definition"]
+
+    def accepts(text: str) -> bool:
+        matcher = llg.LLMatcher(ll, llg.LLMatcher.grammar_from_lark(definition), log_level=0)
+        return matcher.consume_tokens(ll.tokenize_str(text)) and matcher.is_accepting()
+
+    out = {}
+    for label, schema in (("plain", {"type": "string"}), ("grammar", input_schema(tool["format"]))):
+        parameters = {"type": "object", "properties": {"input": schema}, "required": ["input"],
+                      "additionalProperties": False}
+        tools = [{"type": "function", "function": {"name": "apply_patch", "description": tool["description"],
+                                                   "parameters": parameters}}]
+        results = []
+        for edit in structured_set.EDITS[:limit]:
+            reply = post(sock, {"messages": [{"role": "user", "content": edit}], "tools": tools,
+                                "tool_choice": "required", "parallel_tool_calls": False,
+                                "max_tokens": max_tokens, "temperature": 0})
+            calls = reply["choices"][0]["message"].get("tool_calls") or [] if reply["status"] == 200 else []
+            try:
+                patch = json.loads(calls[0]["function"]["arguments"])["input"] if calls else None
+            except (ValueError, KeyError, TypeError):
+                patch = None
+            results.append("no call" if patch is None else "ok" if accepts(patch) else "rejected")
+        out[label] = share(results)
+    return out
+
+
 def stream_rate(sock: str, body: dict) -> tuple[int, float]:
     """(tokens after the first, seconds from the first token chunk to the last)."""
     conn, resp = unix_post(sock, "/v1/chat/completions", {**body, "stream": True, "temperature": 0,
@@ -142,23 +183,44 @@ def run_rates(sock: str, max_tokens: int) -> dict:
     return out
 
 
+def mask_metrics(metrics: dict) -> dict:
+    """Mean mask compute ms per token and the share of masks ready before the logits."""
+    ready = metrics.get('kimi_engine_grammar_masks_total{ready="yes"}', 0.0)
+    late = metrics.get('kimi_engine_grammar_masks_total{ready="no"}', 0.0)
+    count = metrics.get("kimi_engine_grammar_mask_seconds_count", 0.0)
+    total = metrics.get("kimi_engine_grammar_mask_seconds_sum", 0.0)
+    return {"masks": ready + late, "ready_share": ready / (ready + late) if ready + late else None,
+            "mean_ms": 1e3 * total / count if count else None}
+
+
 def compile_claude_request() -> dict | None:
-    """Cold compile of every tool schema in the first recorded Claude Code request with tools."""
-    try:
-        from engined.grammar import compile as grammar
-    except ImportError:  # before issue 27's grammar module
-        return None
+    """Cold compiles (fresh compilers, least of 3): every tool schema of the first recorded
+    Claude Code request with tools one by one, and its whole tool-call grammar; the same for
+    the 172-tool Claude Code request in tests/fixtures/cassettes."""
     from engined.chat import load_text
+    import engined.grammar.tools  # noqa: F401 - its imports (torch) stay outside the timing
+    from engined.grammar.compile import Compiler
     from engined.weights.default_model import default_gguf_path
-    tokenizer, _ = load_text(default_gguf_path())
+    tokenizer, chat = load_text(default_gguf_path())
     body = next(b for name, b in structured_set.recorded_bodies()
                 if name.startswith("claude-tool") and b.get("tools"))
-    schemas = [t["input_schema"] for t in body["tools"] if "input_schema" in t]
-    compiler = grammar.Compiler(tokenizer)
-    started = time.perf_counter()
-    for schema in schemas:
-        compiler.json_schema(schema)
-    return {"schemas": len(schemas), "ms": (time.perf_counter() - started) * 1e3}
+    out = {}
+    for label, tools in (("live", body["tools"]), ("cassette", structured_set.cassette_tools())):
+        chat_tools = [{"type": "function", "function": {"name": n, "description": d, "parameters": s}}
+                      for tool in tools for n, d, s in structured_set.function_tools(tool)]
+        schemas_ms, grammar_ms = [], []
+        for _ in range(3):  # each in a fresh compiler (cold); the least of 3: a busy host adds noise
+            compiler = Compiler(tokenizer, chat.stop_token_ids, log=lambda line: None)
+            started = time.perf_counter()
+            for tool in chat_tools:
+                compiler.json_schema(tool["function"]["parameters"])
+            schemas_ms.append((time.perf_counter() - started) * 1e3)
+            compiler = Compiler(tokenizer, chat.stop_token_ids, log=lambda line: None)
+            started = time.perf_counter()
+            compiler.lark(chat.tool_grammar(chat_tools, "*", True)[0])
+            grammar_ms.append((time.perf_counter() - started) * 1e3)
+        out[label] = {"tools": len(chat_tools), "schemas_ms": min(schemas_ms), "tool_grammar_ms": min(grammar_ms)}
+    return out
 
 
 def main():
@@ -176,8 +238,12 @@ def main():
         print("tools", json.dumps(tools), flush=True)
         schemas = run_schemas(engine.sock, args.max_tokens, args.limit)
         print("schemas", json.dumps(schemas), flush=True)
+        patches = run_apply_patch(engine.sock, 128, args.limit)
+        print("apply_patch", json.dumps(patches), flush=True)
         rates = run_rates(engine.sock, 48)
         print("rates", json.dumps(rates), flush=True)
+        masks = mask_metrics(engine.metrics())
+        print("masks", json.dumps(masks), flush=True)
         seconds = time.monotonic() - started
     finally:
         engine.stop()
@@ -188,7 +254,8 @@ def main():
         print("wrote", write_json("structured", {
             "hardware": hardware(), "command": command, "date": today(), "python": platform.python_version(),
             "model": "default (SmolLM2-135M-Instruct Q4_1)", "device": "cpu", "max_tokens": args.max_tokens,
-            "tool_required": tools, "json_schema": schemas, "decode": rates, "compile_claude_tools": compiled,
+            "tool_required": tools, "json_schema": schemas, "apply_patch": patches, "decode": rates,
+            "masks": masks, "compile_claude_tools": compiled,
             "seconds": seconds}))
 
 

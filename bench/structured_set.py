@@ -8,6 +8,7 @@
   tools prefix is cached after each set's first prompt); descriptions cut to one sentence
   to keep prompts short on the CPU (validation reads only the schema, not descriptions).
 - `schema_prompts()`: 30 `json_schema` requests: 24 tool schemas + 6 hand-written ones.
+- `apply_patch()` and `EDITS`: Codex's freeform tool as recorded, and 20 edit prompts.
 Everything is seeded and sorted: the same files give the same set.
 """
 import copy
@@ -38,6 +39,26 @@ HANDWRITTEN = (
 )
 
 
+EDITS = ("Add a file hello.txt that says hi.", "Delete the file old.log.", "Rename main.py to app.py.",
+         "In main.py, change `return 1` to `return 2`.", "Add a line `import os` at the top of util.py.",
+         "Create README.md with a title 'Demo'.", "Remove the line `print(x)` from debug.py.",
+         "Add a function add(a, b) to math_utils.py.", "Create .gitignore ignoring *.pyc.",
+         "In config.toml set debug = true.", "Delete tests/test_old.py.", "Add a LICENSE file with MIT.",
+         "Fix the typo 'teh' -> 'the' in docs/intro.md.", "Create src/__init__.py, empty.",
+         "Move notes.txt to docs/notes.txt.", "Add a TODO comment to main.py.",
+         "Create Makefile with a test target.", "Change the port from 80 to 8080 in server.py.",
+         "Add requirements.txt listing requests.", "Replace tabs with spaces in setup.py.")
+
+
+def apply_patch() -> dict | None:
+    """Codex's apply_patch custom tool (its Lark grammar) from the recorded traffic."""
+    for _, body in recorded_bodies():
+        for tool in body.get("tools") or ():
+            if tool.get("type") == "custom" and tool.get("name") == "apply_patch":
+                return tool
+    return None
+
+
 def function_tools(tool: dict):
     if not isinstance(tool, dict):
         return
@@ -62,6 +83,14 @@ def recorded_bodies():
                     body = json.loads(line).get("body")
                     if isinstance(body, dict):
                         yield path.name, body
+
+
+def cassette_tools() -> list[dict]:
+    """The 172 tools of the recorded Claude Code turn in tests/fixtures/cassettes."""
+    path = ROOT / "tests" / "fixtures" / "cassettes" / "claude-code-turn1-tools-stream.json.gz"
+    with gzip.open(path, "rt") as f:
+        cassette = json.load(f)
+    return cassette["request"]["body"]["tools"]
 
 
 def client_tools() -> list[tuple[str, dict]]:
