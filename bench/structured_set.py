@@ -85,12 +85,19 @@ def recorded_bodies():
                         yield path.name, body
 
 
+def cassette_bodies():
+    """(name, request body) of each recorded cassette in tests/fixtures/cassettes (not in the
+    frozen prompt set: client_tools() reads the live-client traffic only)."""
+    for path in sorted((ROOT / "tests" / "fixtures" / "cassettes").glob("*.json.gz")):
+        with gzip.open(path, "rt") as f:
+            body = json.load(f).get("request", {}).get("body")
+        if isinstance(body, dict):
+            yield path.name, body
+
+
 def cassette_tools() -> list[dict]:
     """The 172 tools of the recorded Claude Code turn in tests/fixtures/cassettes."""
-    path = ROOT / "tests" / "fixtures" / "cassettes" / "claude-code-turn1-tools-stream.json.gz"
-    with gzip.open(path, "rt") as f:
-        cassette = json.load(f)
-    return cassette["request"]["body"]["tools"]
+    return dict(cassette_bodies())["claude-code-turn1-tools-stream.json.gz"]["tools"]
 
 
 def client_tools() -> list[tuple[str, dict]]:
