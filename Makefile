@@ -25,8 +25,9 @@ $(STAMP): $(SRC_DEPS)
 	@$(TIME) helper "$(PY) -c 'import engined.helper as h; h.require()'"
 	@touch $(STAMP)
 
+# make run MODEL=ORG/REPO: kimi-engine pull, then serve that model (tools/run.py).
 run: setup
-	@$(VENV)/bin/python tools/run.py
+	@KIMI_RUN_MODEL="$(MODEL)" $(VENV)/bin/python tools/run.py
 
 test: setup
 	@$(VENV)/bin/python -m pytest -q

@@ -3,7 +3,9 @@
 
 The engine serves the embedded default model on its default socket; the proxy listens on
 127.0.0.1:8080 (override with KIMI_RUN_PORT) and prints the client set-up lines once the
-engine is ready.
+engine is ready. `make run MODEL=ORG/REPO` (KIMI_RUN_MODEL) serves a Hugging Face id instead:
+`kimi-engine pull` first, in the foreground with its progress, then serve with a context
+Claude Code fits in (KIMI_ENGINE_MAX_CONTEXT, else 65536).
 """
 import os
 import pathlib
@@ -70,12 +72,20 @@ def stop(procs: list[subprocess.Popen]):
 
 def main() -> int:
     from engined.config import default_socket_path
+    from engined.weights.hub import ids
 
     sock_path = str(default_socket_path())
     port = os.environ.get("KIMI_RUN_PORT", "8080")
+    model = os.environ.get("KIMI_RUN_MODEL") or "default"
+    serve = [BIN / "kimi-engine", "serve", "--model", model, "--socket", sock_path]
+    if ids.parse(model) is not None:
+        pulled = subprocess.run([BIN / "kimi-engine", "pull", model])
+        if pulled.returncode:
+            return pulled.returncode
+        if not os.environ.get("KIMI_ENGINE_MAX_CONTEXT"):
+            serve += ["--max-context", "65536"]
     signals = StopSignals()  # before the first child: no moment leaves one behind
-    engine = subprocess.Popen([BIN / "kimi-engine", "serve", "--model", "default",
-                               "--socket", sock_path])
+    engine = subprocess.Popen(serve)
     procs = [engine]
     try:
         if not wait_for_engine(engine, sock_path, signals):
