@@ -11,7 +11,7 @@ TIME   := bash tools/phase.sh
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-slow test-all test-clients bench bench-deps figures gpu-carry install \
+.PHONY: setup run test test-slow test-all test-clients bench bench-deps llama-native figures gpu-carry install \
 	uninstall clean
 
 setup: $(STAMP)
@@ -45,23 +45,26 @@ test-clients: setup
 	@$(TIME) clients "bash ../shared/tools/agent-clients/install.sh"
 	@$(VENV)/bin/python -m pytest -q -m realclient --durations=5 tests/e2e
 
-# llama.cpp is a bench-only baseline: its wheel compiles for ~20 min on 2 cores, so it is
-# built once into $(WHEELS) and installed from there afterwards. Its HTTP server's extra
-# (llama_cpp.server: bench/decode.py's llamacpp-server row) is installed from the same wheel.
+# The baselines are native llama.cpp: llama-server (served against our served engine) and
+# llama-bench, built by bench/llamacpp_build.sh from the llama.cpp sources vendored in the
+# pinned llama-cpp-python sdist, cached by the CPU's flags (~20 min on 2 cores the first time).
+# llama-cpp-python's own wheel (bench-deps) only adds the in-process binding row that earlier
+# runs compared against.
 WHEELS ?= $(HOME)/.cache/kimi-wheels
 LLAMA_CPP := llama-cpp-python==0.3.36
-LLAMA_CPP_SERVER := llama-cpp-python[server]==0.3.36
 
 bench-deps: setup
 	@$(PY) -c 'import llama_cpp' 2>/dev/null || { \
 	  ls $(WHEELS)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1 || \
 	    $(TIME) llama.cpp-build "$(PIP) wheel --no-deps $(CONSTRAINTS) $(LLAMA_CPP) -w $(WHEELS)"; \
 	  $(TIME) llama.cpp "$(PIP) install $(CONSTRAINTS) --find-links $(WHEELS) $(LLAMA_CPP)"; }
-	@$(PY) -c 'import llama_cpp.server.app' 2>/dev/null || \
-	  $(TIME) llama.cpp-server "$(PIP) install $(CONSTRAINTS) '$(LLAMA_CPP_SERVER)' --find-links $(WHEELS)"
 
-bench: bench-deps
+llama-native: setup
+	@$(TIME) llama-native "bash bench/llamacpp_build.sh"
+
+bench: llama-native
 	@$(PY) bench/decode.py
+	@$(PY) bench/edit_turns.py
 	@$(PY) bench/kernels.py
 	@$(PY) bench/proxy_overhead.py
 	@$(PY) bench/agent_turns.py

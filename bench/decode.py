@@ -1,18 +1,18 @@
-"""make bench: decode and prefill speed of kimi-engine on the default model, beside llama.cpp
-(llama-cpp-python) and HF transformers (fp32) on the same GGUF, same machine, same run.
-llama.cpp is timed twice: in-process, and served by its own HTTP server (llama_cpp.server,
-loopback), timed like the engine over its socket, so the served paths compare directly.
+"""make bench: decode and prefill speed of kimi-engine on the default model, served against
+served: the engine over its Unix socket beside native llama-server over loopback HTTP (built
+from the pinned llama.cpp sources by bench/llamacpp_build.sh, its default configuration), the
+same token ids, both streaming; llama-bench's tg and pp on the same GGUF as the kernels'
+ceiling; and HF transformers (fp32). llama-cpp-python's in-process binding runs too when it
+is installed (earlier runs' baseline). Ratios are against llama-server.
 
 Decode: 64 new tokens, greedy, 17-token prompt, 5 repeats after a warm-up, median tok/s.
 Prefill: a 512-token prompt, tok/s = 512 / time to first token, with the engine's prefix
 cache off (the repeats send the same prompt). Threads: 2 for everyone.
 """
 import argparse
-import http.client
 import json
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
@@ -101,114 +101,29 @@ def bench_llamacpp(gguf: pathlib.Path, tokens: list[int]) -> dict | None:
     return {**result, "default_crashed": crash} if crash else result
 
 
-def _http(port: int, method: str, path: str, body: dict | None = None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request(method, path, json.dumps(body) if body is not None else None,
-                 {"content-type": "application/json"})
-    return conn, conn.getresponse()
+def bench_llama_server(gguf: pathlib.Path, tokens: list[int]) -> dict | None:
+    """Native llama-server (bench/llamacpp_build.sh), timed like the engine behind its socket:
+    the same token ids, greedy, streamed, no early stop; and llama-bench's tg and pp on the
+    same GGUF and threads, the kernels' ceiling without HTTP."""
+    import llamacpp_native
 
-
-def server_timed(port: int, prompt: str, max_tokens: int) -> tuple[float, float, int, str]:
-    """stream_text_times/engine_timed over llama_cpp.server's HTTP: one greedy streamed
-    /v1/completions call -> (ttft s, decode tok/s after the first token, tokens, how counted).
-    Tokens are the usage's completion_tokens where the stream reports them, else text chunks."""
-    start = time.perf_counter()
-    conn, resp = _http(port, "POST", "/v1/completions", {
-        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-        # the engine runs with ignore_eos: no early stop here either
-        "min_tokens": max_tokens})
-    if resp.status != 200:
-        raise RuntimeError(f"llama_cpp.server: {resp.status} {resp.read()[:500]!r}")
-    first = last = None
-    chunks, usage = 0, None
-    for raw in resp:
-        line = raw.strip()
-        if not line.startswith(b"data: {"):
-            continue
-        event = json.loads(line[6:])
-        usage = (event.get("usage") or {}).get("completion_tokens") or usage
-        if event["choices"] and event["choices"][0].get("text"):
-            last = time.perf_counter()
-            first, chunks = first or last, chunks + 1
-    conn.close()
-    count, how = (usage, "usage") if usage else (chunks, "chunks")
-    decode = (count - 1) / (last - first) if count > 1 and last > first else float("nan")
-    return first - start, decode, count, how
-
-
-def bench_llamacpp_server(gguf: pathlib.Path, tokens: list[int]) -> dict | None:
-    """llama.cpp behind its own HTTP server (python -m llama_cpp.server, a bench-only extra),
-    timed like the engine behind its socket. The server takes text prompts only (a list is
-    a list of strings), so the same token ids go as their text, checked with /extras/tokenize."""
-    import importlib.util
-
-    from engined.chat import load_text
-
-    if importlib.util.find_spec("llama_cpp") is None or \
-            importlib.util.find_spec("sse_starlette") is None or \
-            subprocess.run([sys.executable, "-c", "import llama_cpp.server.app"],
-                           capture_output=True).returncode != 0:
-        print("llama_cpp.server not importable (llama-cpp-python[server] extra): skipping "
-              "llama.cpp served (make bench-deps installs it)", file=sys.stderr)
+    bin_dir = llamacpp_native.binaries()
+    if bin_dir is None:
+        print("native llama.cpp not built: skipping llama-server (bash bench/llamacpp_build.sh)",
+              file=sys.stderr)
         return None
-    tokenizer, _ = load_text(gguf)
-    decode_text = tokenizer.decode(tokens[:DECODE_PROMPT])
-    prefill_text = tokenizer.decode(tokens[:PREFILL_PROMPT])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tempfile.NamedTemporaryFile("w+", prefix="llamacpp-server-", suffix=".log")
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
-                             "--n_threads", "2", "--n_threads_batch", "2",
-                             "--n_ctx", str(max(2048, DECODE_PROMPT + NEW_TOKENS + 64)),
-                             "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 60
-        while True:
-            if proc.poll() is not None or time.time() > deadline:
-                log.seek(0)
-                raise RuntimeError(f"llama_cpp.server never answered /v1/models "
-                                   f"(exit {proc.poll()}): {log.read()[-2000:]}")
-            try:
-                conn, resp = _http(port, "GET", "/v1/models")
-                ok = resp.status == 200
-                conn.close()
-                if ok:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        same = {}
-        for name, text, ids in (("decode", decode_text, tokens[:DECODE_PROMPT]),
-                                ("prefill", prefill_text, tokens[:PREFILL_PROMPT])):
-            conn, resp = _http(port, "POST", "/extras/tokenize", {"input": text})
-            same[name] = json.loads(resp.read())["tokens"] == ids
-            conn.close()
-        server_timed(port, decode_text, 8)  # warm-up
-        runs = [server_timed(port, decode_text, NEW_TOKENS) for _ in range(REPEATS)]
-        prefill = []
-        for _ in range(3):
-            # llama-cpp-python reuses the previous call's longest common token prefix:
-            # a prompt that differs at its first token leaves none of the 512 to reuse
-            server_timed(port, "Hello", 1)
-            prefill.append(PREFILL_PROMPT / server_timed(port, prefill_text, 1)[0])
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-    counted = sorted({how for *_, how in runs})
-    print(f"llama_cpp.server: decode tokens counted from {'/'.join(counted)} "
-          f"({[n for _, _, n, _ in runs]} per run); prompt ids as the engine's: {same}",
-          file=sys.stderr)
+    ctx = max(2048, DECODE_PROMPT + NEW_TOKENS + 64)
+    with llamacpp_native.Server(bin_dir, gguf, threads=2, ctx=ctx) as server:
+        server.completion_timed(tokens[:DECODE_PROMPT], 8)  # warm-up
+        runs = [server.completion_timed(tokens[:DECODE_PROMPT], NEW_TOKENS)
+                for _ in range(REPEATS)]
+        prefill = [PREFILL_PROMPT / server.completion_timed(tokens[:PREFILL_PROMPT], 1)[0]
+                   for _ in range(3)]
+    ceiling = llamacpp_native.llama_bench(bin_dir, gguf, 2, PREFILL_PROMPT, NEW_TOKENS)
     return {"decode_tok_s": statistics.median(r[1] for r in runs),
             "prefill_tok_s": statistics.median(prefill),
-            "tokens_counted_from": "/".join(counted),
-            "tokens_per_run": [r[2] for r in runs], "same_prompt_ids": same}
+            "tokens_per_run": [r[2] for r in runs], "version": llamacpp_native.version(bin_dir),
+            "llama_bench": ceiling}
 
 
 def bench_transformers(gguf: pathlib.Path, tokens: list[int]) -> dict:
@@ -257,7 +172,7 @@ def main() -> int:
     global DECODE_PROMPT  # --context sets it for every runtime's decode prompt
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--skip", action="append", default=[],
-                        choices=["llamacpp", "llamacpp-server", "transformers"],
+                        choices=["llamacpp", "llama-server", "transformers"],
                         help="leave a baseline out")
     parser.add_argument("--no-record", action="store_true",
                         help="print the table only: no bench/results JSON, RESULTS.md unchanged")
@@ -274,30 +189,31 @@ def main() -> int:
     results = {"hardware": hardware(), "command": command, "engine": bench_engine(gguf, tokens)}
     if "llamacpp" not in args.skip:
         results["llamacpp"] = bench_llamacpp(gguf, tokens)
-    if "llamacpp-server" not in args.skip:
-        results["llamacpp-server"] = bench_llamacpp_server(gguf, tokens)
+    if "llama-server" not in args.skip:
+        results["llama-server"] = bench_llama_server(gguf, tokens)
     if "transformers" not in args.skip:
         results["transformers"] = bench_transformers(gguf, tokens)
-    rows = ["| runtime | decode tok/s | prefill tok/s | decode vs llama.cpp | prefill vs llama.cpp |",
+    rows = ["| runtime | decode tok/s | prefill tok/s | decode vs llama-server | prefill vs llama-server |",
             "|---|---:|---:|---:|---:|"]
-    ref = results.get("llamacpp")
-    for name in ("engine", "llamacpp", "llamacpp-server", "transformers"):
+    ref = results.get("llama-server")
+    for name in ("engine", "llama-server", "llamacpp", "transformers"):
         r = results.get(name)
         if not r:
             continue
         ratio = (lambda k: f"{r[k] / ref[k]:.2f}x" if ref else "n/a")
         rows.append(f"| {name} | {r['decode_tok_s']:.1f} | {r['prefill_tok_s']:.1f} | "
                     f"{ratio('decode_tok_s')} | {ratio('prefill_tok_s')} |")
+    e = results["engine"]
     if ref:
-        rows.append(f"\nllama.cpp configuration: {ref['config']}"
-                    + (f" (its default crashed: {ref['default_crashed']})"
-                       if ref.get("default_crashed") else " (its default, fastest one)"))
-    e, served = results["engine"], results.get("llamacpp-server")
-    if served:
-        rows.append(f"\nServer to server: engine {e['decode_tok_s']:.1f} tok/s vs "
-                    f"llama_cpp.server {served['decode_tok_s']:.1f} tok/s "
-                    f"({e['decode_tok_s'] / served['decode_tok_s']:.2f} x); decode tokens counted "
-                    f"from the stream's {served['tokens_counted_from']}.")
+        bench = ref["llama_bench"]
+        rows.append(f"\nServed against served: the engine over its socket, native llama-server "
+                    f"({ref['version']}, its default configuration) over loopback HTTP, the same "
+                    f"token ids, both streaming. llama-bench on the same GGUF and threads, no "
+                    f"HTTP: tg{NEW_TOKENS} {bench['tg_tok_s']:.1f} tok/s, pp{PREFILL_PROMPT} "
+                    f"{bench['pp_tok_s']:.1f} tok/s (the kernels' ceiling).")
+    if results.get("llamacpp"):
+        rows.append("\nllamacpp: llama-cpp-python's in-process binding "
+                    f"({results['llamacpp']['config']}), for comparison with earlier runs.")
     rows.append(f"\nEngine peak RSS at --max-context 8192: {e['peak_rss_mb']:.0f} MB "
                 f"({e['rss_above_import_mb']:.0f} MB above the post-import baseline).")
     print("\n".join(rows))

@@ -6,8 +6,9 @@ repository) and 5 prose turns with nothing to copy: bench/edit_turns.json, sha25
 Per turn and mode: decode tok/s (tokens after the first over the time from the first token
 to the last), and for "on" the drafted and accepted tokens from the engine's counters. The
 tokens of the two modes must be identical on every turn (greedy): a difference fails the run.
-llama-server rows (plain and with its n-gram speculation) run when --llama-server names a
-native binary; without one the report says they did not run.
+Native llama-server (bench/llamacpp_build.sh, the same GGUF and threads) runs the same turns
+through its own chat template, plain and with its n-gram speculation as its docs recommend for
+rewriting code (--spec-type ngram-simple --spec-draft-n-max 64); --no-llama-server leaves it out.
 
     .venv/bin/python bench/edit_turns.py [--threads 2] [--max-tokens 160] [--reps 1]
 """
@@ -19,12 +20,16 @@ import statistics
 import sys
 import time
 
-from common import record, unix_metrics, unix_post
+import llamacpp_native
+from common import record, unix_post
 from served import Engine
+
+from engined.weights.default_model import default_gguf_path
 
 TURNS = pathlib.Path(__file__).resolve().parent / "edit_turns.json"
 TURNS_SHA256 = "f731baf603e78bda816bba673e718e8d98d79b8b23d245813808d4d20384a4f7"
 DRAFTED = "kimi_engine_spec_draft_tokens_total"
+LLAMA_SPEC = ("--spec-type", "ngram-simple", "--spec-draft-n-max", "64")
 ACCEPTED = "kimi_engine_spec_accepted_tokens_total"
 
 
@@ -74,12 +79,33 @@ def summarize(rows: list[tuple[dict, dict]]) -> dict:
             "acceptance": accepted / drafted if drafted else 0.0}
 
 
+def llama_server_rows(turns: list[dict], args) -> dict:
+    """Median decode tok/s of native llama-server on the same turns, plain and with n-gram
+    speculation (its own template and numerics: its tokens are not compared)."""
+    bin_dir = llamacpp_native.binaries()
+    if bin_dir is None:
+        return {}
+    rows = {}
+    for name, extra in (("llama-server", ()), ("llama-server ngram-simple", LLAMA_SPEC)):
+        speeds: dict[str, list[float]] = {"edit": [], "prose": []}
+        with llamacpp_native.Server(bin_dir, default_gguf_path(), args.threads, 4096,
+                                    extra) as server:
+            for _ in range(args.reps):
+                for turn in turns:
+                    count, seconds = server.chat_timed(turn["messages"], args.max_tokens)
+                    if seconds > 0:
+                        speeds[turn["kind"]].append((count - 1) / seconds)
+        rows[name] = {kind: statistics.median(v) for kind, v in speeds.items()}
+        print(f"{name}: {rows[name]}", flush=True)
+    return {"version": llamacpp_native.version(bin_dir), "rows": rows}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--reps", type=int, default=1, help="passes over the turns; medians")
-    parser.add_argument("--llama-server", help="a native llama-server binary, for its rows")
+    parser.add_argument("--no-llama-server", action="store_true", help="our engine's rows only")
     parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args()
     turns = frozen_turns()
@@ -102,18 +128,21 @@ def main():
         for engine in engines.values():
             engine.stop()
     summary = {kind: summarize(rows) for kind, rows in by_kind.items()}
+    llama = {} if args.no_llama_server else llama_server_rows(turns, args)
     lines = ["| turns | off tok/s | on tok/s | on ÷ off | accepted / drafted |",
              "|---|---:|---:|---:|---:|"]
     for kind, s in summary.items():
         lines.append(f"| {kind} ({len(by_kind[kind]) // args.reps}) | {s['off_tok_s']:.1f} | "
                      f"{s['on_tok_s']:.1f} | {s['ratio']:.2f}x | {s['accepted']:.0f} / "
                      f"{s['drafted']:.0f} ({100 * s['acceptance']:.0f}%) |")
+    for name, speeds in llama.get("rows", {}).items():
+        lines.append(f"| {name}, edit | {speeds['edit']:.1f} tok/s | prose {speeds['prose']:.1f} "
+                     f"tok/s | engine on ÷ this, edit: {summary['edit']['on_tok_s'] / speeds['edit']:.2f}x | |")
     lines += ["", "Greedy tokens identical, speculation on and off, on every turn.",
-              "llama-server rows: " + ("see below" if args.llama_server else
-                                       "not run (no native llama-server given)")]
+              f"llama-server: {llama.get('version', 'not run')}"]
     print("\n".join(lines))
     if not args.no_record:
-        record("edit_turns", {"summary": summary}, "Speculative decoding on edit turns, "
+        record("edit_turns", {"summary": summary, "llama_server": llama}, "Speculative decoding on edit turns, "
                f"SmolLM2-135M-Instruct, {args.threads} threads, served",
                " ".join(["python bench/edit_turns.py"] + sys.argv[1:]), lines)
 

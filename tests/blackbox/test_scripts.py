@@ -24,8 +24,9 @@ IMPORT_ONLY = sorted(p.name for p in BENCH.glob("*.py") if p.name not in SCRIPTS
 
 def test_every_bench_script_is_either_run_or_imported():
     assert set(SCRIPTS_WITH_HELP) >= {"decode.py", "kernels.py", "proxy_overhead.py",
-                                      "agent_turns.py", "model_step.py"}
-    assert set(IMPORT_ONLY) == {"common.py", "kernel_count.py", "llamacpp_run.py", "served.py"}
+                                      "agent_turns.py", "model_step.py", "edit_turns.py"}
+    assert set(IMPORT_ONLY) == {"common.py", "kernel_count.py", "llamacpp_run.py", "served.py",
+                                "llamacpp_native.py", "structured_set.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS_WITH_HELP)
