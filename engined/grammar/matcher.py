@@ -56,6 +56,8 @@ class GrammarMatcher:
         self._seen = bytearray()  # output bytes while asleep (text trigger)
         self._pending: concurrent.futures.Future | None = None
         self.mask_ms = 0.0
+        self.num_masks = self.num_ready = 0  # masks applied; of them, ready before the logits
+        self.total_mask_ms = 0.0
         if self.is_active:
             self._compute_next()
 
@@ -79,7 +81,15 @@ class GrammarMatcher:
         ready before the logits)."""
         is_ready = self._pending is None or self._pending.done()
         self._wait()
+        self.num_masks, self.num_ready = self.num_masks + 1, self.num_ready + is_ready
+        self.total_mask_ms += self.mask_ms
         return self.bitmask, self.mask_ms, is_ready
+
+    def log_fields(self) -> list[str]:
+        """For the request's log line: masks applied, how many were ready, mean ms."""
+        mean = self.total_mask_ms / self.num_masks if self.num_masks else 0.0
+        return [f"grammar_masks={self.num_masks}", f"grammar_ready={self.num_ready}",
+                f"grammar_mask_ms={mean:.2f}"] + (["grammar_failed=1"] if self.is_failed else [])
 
     def _watch(self, token_id: int):
         trigger = self.trigger

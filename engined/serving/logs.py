@@ -54,6 +54,8 @@ def request_line(request_id: str, route: str, status: int, stats: dict, elapsed_
             end = seq.finish_time or seq.first_token_time
             if len(seq.output_ids) > 1 and end > seq.first_token_time:
                 fields.append(f"tok_s={(len(seq.output_ids) - 1) / (end - seq.first_token_time):.1f}")
+        if seq.grammar is not None:
+            fields += seq.grammar.log_fields()
         if seq.spec is not None and seq.spec[1].num_drafted:
             fields.append(f"spec={seq.spec[1].num_accepted}/{seq.spec[1].num_drafted}")
     fields.append(f"ms={elapsed_s * 1000:.1f}")

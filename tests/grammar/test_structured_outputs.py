@@ -121,3 +121,19 @@ def test_a_plain_request_batched_with_a_constrained_one_is_unchanged(served):
     thread.join(120)
     assert results["plain"].json()["choices"][0]["token_ids"] == alone
     jsonschema.validate(json.loads(results["json"].json()["choices"][0]["message"]["content"]), SCHEMAS[0])
+
+
+def test_the_request_log_line_counts_the_masks(served):
+    from tests.support.engine import eventually
+    request_id = "grammar-log-line-1"
+    resp = post(served.sock, "/v1/chat/completions", {
+        "messages": ASK, "max_tokens": 64, "temperature": 0, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMAS[0]}}},
+        headers={"x-request-id": request_id}, timeout=120)
+    tokens = resp.json()["usage"]["completion_tokens"]
+    log = served.dir / "engine.log"
+    assert eventually(lambda: f"request_id={request_id} " in log.read_text())
+    line = next(l for l in log.read_text().splitlines() if f"request_id={request_id} " in l)
+    fields = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
+    assert int(fields["grammar_masks"]) == tokens                 # one mask per drawn token
+    assert 0 <= int(fields["grammar_ready"]) <= tokens and float(fields["grammar_mask_ms"]) >= 0
