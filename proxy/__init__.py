@@ -5,8 +5,8 @@ One request through the code:
     server.py      gevent WSGIServer (TCP_NODELAY, headers + first body piece in one write)
     app.py         create_app: config, Services, guards, routes
     guards.py      request id, Host/Origin checks, API key; errors rendered by the route's dialect
-    routes.py      JSON body -> clients/policy.resolve (clients/detect.py, clients/presets.py)
-                   -> handler.run
+    routes.py      JSON body (fastjson.py) -> clients/policy.resolve (clients/detect.py,
+                   clients/presets.py) -> handler.run
     handler.py     one request's Context: dialects/<d>.parse_request -> canonical.Request
                    -> dialects/<d>.prepare -> upstream/payload.build_payload (state/ restores
                    reasoning from the ledger) -> upstream/client.py (http11.py; JSON or SSE)

@@ -9,12 +9,12 @@ another user is refused (proxy.upstream.peer).
 """
 from __future__ import annotations
 
-import json
 import socket
 import ssl
 import threading
 from urllib.parse import urlsplit
 
+from proxy import fastjson
 from proxy.errors import ClientGone, ContextTooLong, ProxyError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from proxy.upstream import context
 from proxy.upstream.http11 import Connection, Response
@@ -161,7 +161,7 @@ class Upstream:
 
     def _request(self, method: str, path: str, body: dict | None, headers: dict | None,
                  cancel: Cancel | None) -> tuple[int, object, dict]:
-        raw = None if body is None else json.dumps(body).encode()
+        raw = None if body is None else fastjson.dumps(body)
         conn, resp = self._send(method, path, raw, self._headers(headers), cancel)
         try:
             data = resp.read()
@@ -177,7 +177,7 @@ class Upstream:
         else:
             self._release(conn)
         try:
-            return resp.status, json.loads(data) if data else None, resp.headers
+            return resp.status, fastjson.loads(data) if data else None, resp.headers
         except ValueError:
             return resp.status, data.decode("utf-8", "replace"), resp.headers
 
@@ -192,7 +192,7 @@ class Upstream:
 
     def open_stream(self, payload: dict, headers: dict | None = None, cancel: Cancel | None = None) -> Stream:
         """POST a streaming request; returns once the upstream sent its status line."""
-        raw = json.dumps(payload).encode()
+        raw = fastjson.dumps(payload)
         conn, resp = self._send("POST", self.target.api_prefix + "/chat/completions", raw,
                                 self._headers(headers, stream=True), cancel)
         if resp.status >= 400:
@@ -202,7 +202,7 @@ class Upstream:
                 data = b""
             conn.close()
             try:
-                body = json.loads(data)
+                body = fastjson.loads(data)
             except ValueError:
                 body = data.decode("utf-8", "replace")
             raise self.refused(resp.status, body, resp.headers, payload)
@@ -223,7 +223,7 @@ class Upstream:
     def _json_as_stream(self, conn, resp) -> "ListStream":
         from proxy.pipeline import chunks_from_json
         try:
-            body = json.loads(resp.read())
+            body = fastjson.loads(resp.read())
         except (ValueError, OSError) as exc:
             conn.close()
             raise UpstreamError(f"upstream sent a bad JSON body: {exc}") from exc

@@ -1,9 +1,7 @@
 """An upstream call in progress: a streamed response, and the handle that cancels a call."""
 from __future__ import annotations
 
-import json
-
-from proxy import sse
+from proxy import fastjson, sse
 from proxy.errors import ClientGone, UpstreamError
 from proxy.upstream.http11 import Connection
 from proxy.upstream.status import error_of, is_overflow
@@ -113,7 +111,7 @@ def _has_finish(chunk: dict) -> bool:
 
 def _decode_chunk(payload: str, refused=None) -> dict:
     try:
-        chunk = json.loads(payload)
+        chunk = fastjson.loads(payload)
     except ValueError as exc:
         raise UpstreamError(f"upstream sent a chunk that is not JSON: {payload[:200]!r}") from exc
     if not isinstance(chunk, dict):
