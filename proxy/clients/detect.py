@@ -30,9 +30,15 @@ that names Aider; a bare ``litellm/`` agent never gets it.
 
 ``forced`` (``--client``) applies only on routes whose dialect that preset speaks; elsewhere
 detection runs as usual. Detection never raises; ``check_client_name`` validates ``forced``.
+
+Detection is a function of what it reads (``inputs``): the path, the values of the headers a
+pattern matches, the presence of the others, the first system texts and which listed body
+keys are there. Its answers are memoised on those (``_detect``), so the regexes run once per
+client and prompt, not once per request (they cost 40 us a request, issue 28).
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -141,7 +147,7 @@ def system_texts(body) -> list[str]:
     return [t.lstrip()[:PROMPT_CHARS] for t in texts[:4]]
 
 
-def _score(name: str, headers: dict[str, str], prompts: list[str], body) -> tuple[int, list[str]]:
+def _score(name: str, headers: dict[str, str], prompts, body_keys: frozenset) -> tuple[int, list[str]]:
     sig = SIGNALS[name]
     score, reasons = 0, []
     ua = headers.get("user-agent", "")
@@ -158,7 +164,7 @@ def _score(name: str, headers: dict[str, str], prompts: list[str], body) -> tupl
             break
     if not score:
         return 0, []
-    keys = [k for k in sig.body_keys if isinstance(body, dict) and k in body]
+    keys = [k for k in sig.body_keys if k in body_keys]
     if keys:
         reasons.append("body keys " + "+".join(keys))
     return score + sig.weight + BODY_KEY_POINTS * len(keys), reasons
@@ -171,8 +177,44 @@ def _hinted_client(prompts: list[str]) -> str | None:
     return None
 
 
+PRESENCE = r"."  # a header pattern that asks only whether the header has a value
+
+
+def _headers_read() -> dict[str, bool]:
+    """Lower-case header name -> whether detection reads its value (else only its presence)."""
+    patterns: dict[str, set] = {"user-agent": {"^"}, "anthropic-version": {PRESENCE}}  # route_dialect's
+    for sig in SIGNALS.values():
+        for name, pattern in sig.headers:
+            patterns.setdefault(name, set()).add(pattern)
+    return {name: found != {PRESENCE} for name, found in patterns.items()}
+
+
+_VALUE_READ = _headers_read()
+_ENVIRON = [(name, "HTTP_" + name.upper().replace("-", "_")) for name in _VALUE_READ]  # WSGI's names
+_BODY_KEYS = tuple(dict.fromkeys(k for sig in SIGNALS.values() for k in sig.body_keys))
+_HAS_VALUE = re.compile(PRESENCE)
+
+
+def inputs(path: str, headers=None, body=None) -> tuple:
+    """(path, headers read, system texts, listed body keys present): all detection reads."""
+    environ = getattr(headers, "environ", None)  # werkzeug's EnvironHeaders: no walk over them all
+    if isinstance(environ, dict):
+        found = [(name, environ[key]) for name, key in _ENVIRON if key in environ]
+    else:
+        hdrs = normalize_headers(headers)
+        found = [(name, hdrs[name]) for name in _VALUE_READ if name in hdrs]
+    read = tuple((name, value if _VALUE_READ[name] else bool(_HAS_VALUE.search(value))) for name, value in found)
+    keys = frozenset(k for k in _BODY_KEYS if k in body) if isinstance(body, dict) else frozenset()
+    return path, read, tuple(system_texts(body)), keys
+
+
 def detect(path: str, headers=None, body=None, forced: str | None = None) -> Detection:
-    hdrs = normalize_headers(headers)
+    return _detect(*inputs(path, headers, body), forced)
+
+
+@functools.lru_cache(maxsize=1024)
+def _detect(path: str, read: tuple, prompts: tuple, body_keys: frozenset, forced: str | None) -> Detection:
+    hdrs = {name: value if _VALUE_READ[name] else ("x" if value else "") for name, value in read}
     dialect = route_dialect(path, hdrs)
     if dialect is None:
         fallback = fallback_preset(CHAT)
@@ -180,12 +222,11 @@ def detect(path: str, headers=None, body=None, forced: str | None = None) -> Det
     if forced and get_preset(forced, dialect) is not None:
         return Detection(get_preset(forced, dialect), forced, dialect, FORCED_SCORE, (f"--client {forced}",),
                          is_forced=True)
-    prompts = system_texts(body)
     best, best_score, best_reasons = None, 0, []
     for name in ORDER:
         if get_preset(name, dialect) is None:
             continue
-        score, reasons = _score(name, hdrs, prompts, body)
+        score, reasons = _score(name, hdrs, prompts, body_keys)
         if score > best_score:
             best, best_score, best_reasons = name, score, reasons
     fallback = fallback_preset(dialect)

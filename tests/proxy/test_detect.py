@@ -165,3 +165,27 @@ def test_detection_never_raises(path, headers, body):
     assert detection.preset.dialect == detection.dialect
     messages = {"messages": [{"role": "system", "content": body}], "system": body, "input": [body]}
     assert detect(path, headers, messages).preset is not None
+
+
+
+@pytest.mark.parametrize("prefix,record", list(captured_requests()))
+def test_a_request_reads_as_its_header_list(prefix, record):
+    """In the app, headers are werkzeug's EnvironHeaders, read straight from the WSGI environ."""
+    from werkzeug.datastructures import EnvironHeaders
+    from werkzeug.test import EnvironBuilder
+
+    path = record["path"].split("?")[0]
+    environ = EnvironBuilder(path=path, method="POST", headers=record["headers"]).get_environ()
+    assert detect(path, EnvironHeaders(environ), record["body"]) == detect(path, record["headers"], record["body"])
+
+
+def test_detection_is_memoised_on_what_it_reads():
+    """A new session id (a header read only for its presence) or an unread header: no new work."""
+    from proxy.clients.detect import _detect
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    first = detect("/v1/messages", {"User-Agent": "claude-cli/9.9", "X-Claude-Code-Session-Id": "a"}, body)
+    misses = _detect.cache_info().misses
+    again = detect("/v1/messages", {"user-agent": "claude-cli/9.9", "x-claude-code-session-id": "b", "x-other": "1"},
+                   {**body, "temperature": 0.5})
+    assert again is first and _detect.cache_info().misses == misses
+    assert first.preset.name == "claude-code" and "header x-claude-code-session-id" in first.reasons
