@@ -64,7 +64,7 @@ class DraftLength:
     def __init__(self):
         self.accepted, self.tested = PRIOR_ACCEPTED, PRIOR_TESTED
         self.cooldown = 0
-        self.num_drafted = self.num_accepted = 0
+        self.num_drafted = self.num_accepted = self.num_steps = 0
 
     def choose(self, beta: float, limit: int) -> int:
         if limit <= 0:
@@ -82,8 +82,21 @@ class DraftLength:
         """accepted of drafted stood; a shortfall means one was tested and rejected."""
         self.num_drafted += drafted
         self.num_accepted += accepted
+        self.num_steps += 1
         self.accepted = DECAY * self.accepted + accepted
         self.tested = DECAY * self.tested + accepted + (accepted < drafted)
+
+
+def request_metrics(length: "DraftLength | None") -> dict:
+    """vLLM's per-request speculative decoding summary (its response's
+    metrics.speculative_decoding): drafts, accepted drafts, verifying steps, the acceptance
+    rate and the mean tokens a verifying step yielded."""
+    drafted, accepted, steps = ((length.num_drafted, length.num_accepted, length.num_steps)
+                                if length else (0, 0, 0))
+    return {"num_spec_steps": steps, "num_draft_tokens": drafted,
+            "num_accepted_draft_tokens": accepted,
+            "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+            "mean_acceptance_length": 1 + accepted / steps if steps else 0.0}
 
 
 class StepCost:

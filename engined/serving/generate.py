@@ -16,6 +16,7 @@ from engined.chat.output import ContentDelta, OutputParser
 from engined.errors import ContextLengthExceeded, EngineError, InvalidRequest, QueueTimeout
 from engined.serving.bodies import (DONE, LogprobFormat, Shaper, chat_finish_reason, chat_message,
                                delta_dict, merge_deltas, sse, usage)
+from engined.engine import speculate
 from engined.engine.sequence import (ErrorEvent, FinishEvent, PromptLogprobsEvent, SamplingParams,
                               Sequence, TokenEvent)
 
@@ -187,6 +188,15 @@ def chat_completions(served: Served, ex):
     if req.token_ids.is_returned:  # vLLM: prompt ids on the response, output ids per choice
         body["prompt_token_ids"] = prompt_ids
         body["choices"][0]["token_ids"] = list(event.token_ids)
+    return with_spec_metrics(body, seq, req.sampling)
+
+
+def with_spec_metrics(body: dict, seq, sampling: api.Sampling) -> dict:
+    """With "spec_decode_metrics": true, the body that carries usage also carries vLLM's
+    metrics.speculative_decoding for this request (read once the sequence has finished)."""
+    if sampling.spec_metrics:
+        body["metrics"] = {"speculative_decoding": speculate.request_metrics(
+            seq.spec[1] if seq.spec is not None else None)}
     return body
 
 
@@ -223,8 +233,9 @@ def _stream_chat(seq, ex, parser, shaper, lp, req, prompt_ids):
         last["choices"][0].update(ids.take(event))
         tail = sse(last)
         if req.include_usage:
-            tail += sse(shaper.usage_chunk("chat.completion.chunk", event.num_prompt_tokens,
-                                           event.num_completion_tokens))
+            tail += sse(with_spec_metrics(shaper.usage_chunk(
+                "chat.completion.chunk", event.num_prompt_tokens, event.num_completion_tokens),
+                seq, req.sampling))
         send_events(seq, ex, tail + DONE, last=True)
     except EngineError as exc:  # headers are gone: the error becomes an event
         send_events(seq, ex, sse(exc.body()) + DONE, last=True)
@@ -263,7 +274,8 @@ def completions(served: Served, ex):
     choice = shaper.text_choice(text, event.reason, logprobs)
     if req.token_ids.is_returned:  # vLLM: both on the choice for completions
         choice.update(prompt_token_ids=prompt_ids, token_ids=list(event.token_ids))
-    return shaper.completion(choice, usage(event.num_prompt_tokens, event.num_completion_tokens))
+    return with_spec_metrics(shaper.completion(
+        choice, usage(event.num_prompt_tokens, event.num_completion_tokens)), seq, req.sampling)
 
 
 def _stream_completion(seq, ex, shaper, lp, req, prompt_text: str, prompt_ids: list[int]):
@@ -282,8 +294,9 @@ def _stream_completion(seq, ex, shaper, lp, req, prompt_text: str, prompt_ids: l
                 last = shaper.text_choice(event.text, event.reason, None)
                 tail = sse(shaper.completion({**last, **ids.take(event)}))
                 if req.include_usage:
-                    tail += sse(shaper.usage_chunk("text_completion", event.num_prompt_tokens,
-                                                   event.num_completion_tokens))
+                    tail += sse(with_spec_metrics(shaper.usage_chunk(
+                        "text_completion", event.num_prompt_tokens,
+                        event.num_completion_tokens), seq, req.sampling))
                 return send_events(seq, ex, tail + DONE, last=True)
             if isinstance(event, PromptLogprobsEvent):  # echo: logprobs of the prompt tokens
                 text, entries, start = "", list(event.entries), prompt_offset

@@ -21,6 +21,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     speculative: bool = True  # false: no drafts for this request (engine/speculate.py)
+    spec_metrics: bool = False  # vLLM's metrics.speculative_decoding on the response
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,9 @@ def parse_sampling(body: dict) -> Sampling:
         raise InvalidRequest("stop must be a string or a list of strings", param="stop")
     ignore_eos = _get(body, "ignore_eos", (bool,), "a boolean", False)
     speculative = _get(body, "speculative", (bool,), "a boolean", True)
-    return Sampling(temperature, top_p, max(top_k, 0), seed, stop, ignore_eos, speculative)
+    spec_metrics = _get(body, "spec_decode_metrics", (bool,), "a boolean", False)
+    return Sampling(temperature, top_p, max(top_k, 0), seed, stop, ignore_eos, speculative,
+                    spec_metrics)
 
 
 def _parse_stream(body: dict) -> tuple[bool, bool]:

@@ -117,3 +117,22 @@ def test_step_cost_fits_fixed_and_per_row_time_through_a_busy_host():
         cost.samples.append((rows, 0.1))
     assert cost.beta == pytest.approx(0.002 / 0.008)
     assert speculate.StepCost().beta == speculate.PRIOR_BETA
+
+
+def test_the_response_carries_vllms_spec_metrics_when_asked(llama):
+    from tests.support.engine import InProcessEngine, metric, post
+    body = {"messages": [{"role": "user", "content": "Repeat exactly:\n" + CODE * 2}],
+            "max_tokens": 40, "temperature": 0, "spec_decode_metrics": True}
+    with InProcessEngine(llama.model, llama.tokenizer, llama.chat, max_context=4096) as engine:
+        reply = post(engine.sock, "/v1/chat/completions", body).json()
+        drafted, accepted = metric(engine.sock, DRAFTED), metric(engine.sock, ACCEPTED)
+        plain = post(engine.sock, "/v1/chat/completions", {**body, "speculative": False}).json()
+        asked_not = post(engine.sock, "/v1/chat/completions",
+                         {k: v for k, v in body.items() if k != "spec_decode_metrics"}).json()
+    spec = reply["metrics"]["speculative_decoding"]
+    assert (spec["num_draft_tokens"], spec["num_accepted_draft_tokens"]) == (drafted, accepted)
+    assert drafted > 0 and spec["num_spec_steps"] > 0
+    assert spec["mean_acceptance_length"] == 1 + accepted / spec["num_spec_steps"]
+    assert plain["metrics"]["speculative_decoding"]["num_draft_tokens"] == 0
+    assert "metrics" not in asked_not
+    assert plain["choices"][0]["message"] == reply["choices"][0]["message"]
