@@ -7,6 +7,7 @@ with messages that name the key. Flask config keys are the upper-cased names.
 """
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import tomllib
@@ -222,6 +223,7 @@ def is_loopback_address(host: str) -> bool:
         return False  # another name, or "" (every address)
 
 
+@functools.lru_cache(maxsize=256)  # every request asks; ip_address() costs 10 us
 def is_loopback_host(host_header: str) -> bool:
     host = host_header.strip()
     if host.startswith("["):

