@@ -1,6 +1,7 @@
 """Proxy overhead over real loopback sockets (a script, not a test).
 
     .venv/bin/python bench/proxy_overhead.py [--requests 600] [--clients 64] [--seconds 10]
+        [--runs 3] [--baseline-tree /tmp/wt-OLD] [--note-file profile.txt]
 
 Starts a fast fake OpenAI-Chat upstream (gevent WSGI, its own process) and `kimi-proxy
 serve` (its own process) in front of it. Then, interleaved and over keep-alive
@@ -11,6 +12,13 @@ concurrent keep-alive clients hammer the proxy for throughput. Every number prin
 to bench/results/proxy_overhead-DATE[-N].json (never overwriting an earlier run; `make figures`
 draws it), with the hardware, command, date, commit and this table, and bench/RESULTS.md is
 regenerated from it.
+
+--baseline-tree PATH (a `git worktree add PATH COMMIT`) starts a second proxy from that
+tree, with this venv, in front of the same upstream; every request then goes direct, then
+to both proxies in an order that alternates, so both see the same moment of a shared
+machine. --runs N repeats the whole measurement and reports each number's median over the
+runs (the per-run added p50s are in the JSON). --note-file adds its lines (a profile, a
+session note) to the record.
 """
 import argparse
 import asyncio
@@ -110,26 +118,38 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] * 1000
 
 
-def latency(up_port: int, proxy_port: int, n: int) -> list[tuple[str, float, float, float, float]]:
-    direct, proxied = Client(up_port), Client(proxy_port)
-    cases = [("chat non-stream", "/v1/chat/completions", CHAT, {}, 1),
-             ("chat stream TTFB", "/v1/chat/completions", {**CHAT, "stream": True}, {}, 0),
-             ("anthropic non-stream", "/v1/messages", ANTHROPIC, {"anthropic-version": "2023-06-01"}, 1),
-             ("anthropic stream TTFB", "/v1/messages", {**ANTHROPIC, "stream": True},
-              {"anthropic-version": "2023-06-01"}, 0)]
-    rows = []
-    for name, path, body, headers, which in cases:
+CASES = [("chat non-stream", "/v1/chat/completions", CHAT, {}, 1),
+         ("chat stream TTFB", "/v1/chat/completions", {**CHAT, "stream": True}, {}, 0),
+         ("anthropic non-stream", "/v1/messages", ANTHROPIC, {"anthropic-version": "2023-06-01"}, 1),
+         ("anthropic stream TTFB", "/v1/messages", {**ANTHROPIC, "stream": True},
+          {"anthropic-version": "2023-06-01"}, 0)]
+
+
+def latency(up_port: int, proxy_ports: list[int], n: int) -> list[list[tuple]]:
+    """Per proxy, a row per case: (case, direct p50, proxied p50, added p50, added p99) in ms.
+    Each request goes direct, then to every proxy, their order alternating between requests."""
+    direct, proxies = Client(up_port), [Client(port) for port in proxy_ports]
+    rows = [[] for _ in proxies]
+    for name, path, body, headers, which in CASES:
         upstream_body = {**CHAT, "stream": body.get("stream", False)}
         for _ in range(20):  # warm-up
             direct.time("/v1/chat/completions", upstream_body)
-            proxied.time(path, body, headers)
-        d, p = [], []
-        for _ in range(n):
+            for proxied in proxies:
+                proxied.time(path, body, headers)
+        d, p = [], [[] for _ in proxies]
+        for i in range(n):
             d.append(direct.time("/v1/chat/completions", upstream_body)[which])
-            p.append(proxied.time(path, body, headers)[which])
-        added = [b - a for a, b in zip(d, p)]
-        rows.append((name, pct(d, 50), pct(p, 50), pct(p, 50) - pct(d, 50), pct(added, 99)))
+            for k in (range(len(proxies)) if i % 2 == 0 else reversed(range(len(proxies)))):
+                p[k].append(proxies[k].time(path, body, headers)[which])
+        for k, samples in enumerate(p):
+            added = [b - a for a, b in zip(d, samples)]
+            rows[k].append((name, pct(d, 50), pct(samples, 50), pct(samples, 50) - pct(d, 50), pct(added, 99)))
     return rows
+
+
+def median_rows(runs: list[list[tuple]]) -> list[tuple]:
+    """Each number's median over the runs (so added p50 need not be proxied minus direct)."""
+    return [(cases[0][0], *(statistics.median(col) for col in list(zip(*cases))[1:])) for cases in zip(*runs)]
 
 
 async def _worker(port: int, path: str, body: bytes, stop_at: float, counts: list) -> None:
@@ -161,15 +181,16 @@ def throughput(port: int, clients: int, seconds: float) -> tuple[float, int]:
     return counts[0] / (time.monotonic() - start), counts[1]
 
 
-def report(args, rows, rps, errors) -> str:
+def report(args, rows, rps, errors, baseline=None) -> str:
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
                platform.processor())
     lines = [f"\n## Proxy overhead ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)\n",
              f"- Hardware: {cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}; loopback TCP, "
              "keep-alive, TCP_NODELAY; proxy = `kimi-proxy serve` (gevent), upstream = gevent fake engine.",
              f"- Command: `.venv/bin/python bench/proxy_overhead.py --requests {args.requests} "
-             f"--clients {args.clients} --seconds {args.seconds}`",
-             f"- {args.requests} interleaved requests per path after 20 warm-up each; 1-minute load average "
+             f"--clients {args.clients} --seconds {args.seconds}{extra_args(args)}`",
+             f"- {args.requests} interleaved requests per path after 20 warm-up each{runs_text(args)}; "
+             f"1-minute load average "
              f"at the end {os.getloadavg()[0]:.2f} (other jobs share this host).",
              "- Goals (issue #3): added p50 <= 0.5 ms; >= 1,000 req/s at 64 clients with 0 errors. "
              "The public k3 proxy adds 3.1 ms p50 in such a harness.\n",
@@ -178,7 +199,45 @@ def report(args, rows, rps, errors) -> str:
     lines += [f"| {n} | {d:.3f} | {p:.3f} | {a:.3f} | {a99:.3f} |" for n, d, p, a, a99 in rows]
     lines.append(f"\nThroughput, {args.clients} concurrent keep-alive clients, chat non-stream through the proxy: "
                  f"**{rps:.0f} req/s**, {errors} errors ({args.seconds:.0f} s).\n")
+    if baseline:
+        lines += baseline_lines(rows, baseline)
+    if args.note_file:
+        lines += ["", *pathlib.Path(args.note_file).read_text().rstrip("\n").split("\n")]
     return "\n".join(lines)
+
+
+def extra_args(args) -> str:
+    return ((f" --runs {args.runs}" if args.runs != 1 else "")
+            + (f" --baseline-tree {args.baseline_tree}" if args.baseline_tree else ""))
+
+
+def runs_text(args) -> str:
+    return f", {args.runs} runs, each number the median of the runs" if args.runs > 1 else ""
+
+
+def baseline_lines(rows, baseline: dict) -> list[str]:
+    lines = [f"Baseline in the same run: the proxy of commit {baseline['commit']} ({baseline['tree']}), "
+             "requests interleaved with this tree's.\n",
+             f"| case | added p50 ms, this tree | added p50 ms, {baseline['commit']} | change ms |",
+             "|---|---|---|---|"]
+    lines += [f"| {r[0]} | {r[3]:.3f} | {b[3]:.3f} | {r[3] - b[3]:+.3f} |" for r, b in zip(rows, baseline["rows"])]
+    lines.append(f"\nThroughput of {baseline['commit']}, measured after this tree's: **{baseline['req_s']:.0f} req/s**, "
+                 f"{baseline['errors']} errors.\n")
+    return lines
+
+
+def tree_commit(tree: pathlib.Path) -> str:
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def start_proxy(tree: pathlib.Path, up_port: int, port: int) -> subprocess.Popen:
+    """`kimi-proxy serve` from a source tree (its proxy package, this venv)."""
+    env = {**os.environ, "XDG_STATE_HOME": os.environ.get("TMPDIR", "/tmp") + f"/kimi-bench-{os.getpid()}-{port}",
+           "PYTHONPATH": str(tree)}
+    return subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream",
+                             f"http://127.0.0.1:{up_port}/v1", "--model", "k"], cwd=tree, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main():
@@ -189,35 +248,51 @@ def main():
     ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--no-write", action="store_true",
                     help="print only: no bench/results JSON, bench/RESULTS.md unchanged")
+    ap.add_argument("--runs", type=int, default=1, help="repeat the latency measurement; report medians")
+    ap.add_argument("--baseline-tree", type=pathlib.Path,
+                    help="a source tree (git worktree) whose proxy is measured interleaved with this one")
+    ap.add_argument("--note-file", help="lines to add to the record (a profile, a session note)")
     args = ap.parse_args()
     if args.serve_upstream:
         return serve_upstream(args.serve_upstream)
-    up_port, proxy_port = free_port(), free_port()
-    env = {**os.environ, "XDG_STATE_HOME": os.environ.get("TMPDIR", "/tmp") + f"/kimi-bench-{os.getpid()}"}
-    procs = [subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port)]),
-             subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(proxy_port), "--upstream",
-                               f"http://127.0.0.1:{up_port}/v1", "--model", "k"], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    trees = [ROOT] + ([args.baseline_tree.resolve()] if args.baseline_tree else [])
+    up_port, ports = free_port(), [free_port() for _ in trees]
+    procs = [subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port)])]
+    procs += [start_proxy(tree, up_port, port) for tree, port in zip(trees, ports)]
     try:
-        wait_port(up_port)
-        wait_port(proxy_port)
-        rows = latency(up_port, proxy_port, args.requests)
-        rps, errors = throughput(proxy_port, args.clients, args.seconds)
+        for port in [up_port, *ports]:
+            wait_port(port)
+        runs = [latency(up_port, ports, args.requests) for _ in range(args.runs)]
+        done = [throughput(port, args.clients, args.seconds) for port in ports]
     finally:
         for p in procs:
             p.terminate()
             p.wait(10)
-    text = report(args, rows, rps, errors)
+    rows, (rps, errors) = median_rows([run[0] for run in runs]), done[0]
+    baseline = None
+    if args.baseline_tree:
+        baseline = {"tree": str(args.baseline_tree), "commit": tree_commit(args.baseline_tree),
+                    "rows": median_rows([run[1] for run in runs]), "req_s": done[1][0], "errors": done[1][1]}
+    text = report(args, rows, rps, errors, baseline)
     print(text)
     if not args.no_write:
-        command = " ".join(["bench/proxy_overhead.py", *sys.argv[1:]])
-        columns = ("case", "direct_p50_ms", "proxied_p50_ms", "added_p50_ms", "added_p99_ms")
-        title, *lines = text.strip("\n").split("\n")
-        print("wrote", record("proxy_overhead", {
-            "command": command, "python": platform.python_version(), "requests": args.requests,
-            "loadavg_1min": os.getloadavg()[0], "rows": [dict(zip(columns, r)) for r in rows],
-            "throughput": {"clients": args.clients, "seconds": args.seconds, "req_s": rps,
-                           "errors": errors}}, title.removeprefix("## "), command, lines))
+        write(args, rows, rps, errors, baseline, runs, text)
+
+
+def write(args, rows, rps, errors, baseline, runs, text) -> None:
+    command = " ".join(["bench/proxy_overhead.py", *sys.argv[1:]])
+    columns = ("case", "direct_p50_ms", "proxied_p50_ms", "added_p50_ms", "added_p99_ms")
+    payload = {"command": command, "python": platform.python_version(), "requests": args.requests,
+               "loadavg_1min": os.getloadavg()[0], "rows": [dict(zip(columns, r)) for r in rows],
+               "throughput": {"clients": args.clients, "seconds": args.seconds, "req_s": rps, "errors": errors}}
+    if args.runs > 1:
+        payload["runs_added_p50_ms"] = {r[0]: [run[0][i][3] for run in runs] for i, r in enumerate(rows)}
+    if baseline:
+        payload["baseline"] = {**baseline, "rows": [dict(zip(columns, r)) for r in baseline["rows"]],
+                               "runs_added_p50_ms": {r[0]: [run[1][i][3] for run in runs]
+                                                     for i, r in enumerate(rows)}}
+    title, *lines = text.strip("\n").split("\n")
+    print("wrote", record("proxy_overhead", payload, title.removeprefix("## "), command, lines))
 
 
 if __name__ == "__main__":
