@@ -42,6 +42,7 @@ class ModelParts:
     routed: tuple[tuple[int, int], ...]  # (layer index, routed-expert bytes), in layer order
     state_bytes_per_sequence: int        # KDA state (conv windows + S) of one sequence
     kv_bytes_per_token: int              # MLA latent + rope of one token, every MLA layer
+    routed_int4: bool = True             # the routed experts are packed INT4 (RAM needs that)
 
     @property
     def num_moe_layers(self) -> int:
@@ -60,19 +61,21 @@ class ModelParts:
 def model_parts(model) -> ModelParts:
     """A KimiLinearModel (on any device, meta included) -> its ModelParts. `attention` is what
     remains of model.weight_bytes once the experts are taken out, so the parts add up exactly."""
-    shared, routed = 0, []
+    shared, routed, int4 = 0, [], True
     for i, layer in enumerate(model.layers):
         moe = getattr(layer, "block_sparse_moe", None)
         if moe is None:
             continue
         routed.append((i, moe.w1.nbytes + moe.w3.nbytes + moe.w2.nbytes))
+        int4 = int4 and moe.w1.group_size is not None
         if moe.shared_experts is not None:
             shared += _swiglu_bytes(moe.shared_experts)
     attention = model.weight_bytes - shared - sum(nbytes for _, nbytes in routed)
     if attention <= 0:
         raise PlacementError(f"the experts ({format_size(model.weight_bytes - attention)}) come to "
                              f"more than the model's {format_size(model.weight_bytes)} of weights")
-    return ModelParts(attention, shared, tuple(routed), model.state_bytes, model.kv_bytes_per_token)
+    return ModelParts(attention, shared, tuple(routed), model.state_bytes, model.kv_bytes_per_token,
+                      int4)
 
 
 def _swiglu_bytes(mlp) -> int:
@@ -145,7 +148,9 @@ def plan_placement(parts: ModelParts, device: str, max_context: int, max_batch: 
     first N) is checked against gpu_budget; without them, the fewest first layers are offloaded
     that let the GPU part fit. cpu_moe wins over n_cpu_moe when both are given. cpu: every byte
     is in RAM; an explicit flag still sets `offloaded` (the hybrid path then runs with CPU on
-    both sides), and the budget plays no part. Raises PlacementError with the numbers."""
+    both sides; BF16 experts have no hybrid step, so there it changes nothing), and the budget
+    plays no part. Raises PlacementError with the numbers, and for BF16 routed experts that
+    must leave the GPU, with the quantize command (before anything is loaded)."""
     num = parts.num_moe_layers
     if n_cpu_moe < 0 or n_cpu_moe > num:
         raise PlacementError(f"--n-cpu-moe {n_cpu_moe}: this model has {num} MoE layers, "
@@ -154,7 +159,8 @@ def plan_placement(parts: ModelParts, device: str, max_context: int, max_batch: 
     flag = "--cpu-moe" if cpu_moe else f"--n-cpu-moe {n_cpu_moe}"
     cache = parts.cache_bytes(max_context, max_batch)
     if device == "cpu":
-        return _on_cpu(parts, cache, explicit or 0, flag if explicit is not None else "")
+        count = (explicit or 0) if parts.routed_int4 else 0
+        return _on_cpu(parts, cache, count, flag if explicit is not None else "")
     if device != "cuda" and not device.startswith("cuda:"):
         raise PlacementError(f"device {device!r}: placement plans for 'cuda' or 'cpu'")
     if gpu_budget <= 0:
@@ -183,6 +189,12 @@ def _on_cuda(parts: ModelParts, cache: int, gpu_budget: int, explicit: int | Non
             "to the planner)")
     count = fits if explicit is None else explicit
     reason = flag if explicit is not None else f"planned for a {format_size(gpu_budget)} GPU budget"
+    if count and not parts.routed_int4:
+        raise PlacementError(
+            f"{reason}: the routed experts of {count} MoE layers must live in RAM, and routed "
+            "experts in RAM need the INT4 artifact; this checkpoint's are BF16. Run `kimi-engine "
+            "quantize CHECKPOINT ARTIFACT` (or `kimi-engine pull ORG/REPO`) and serve the "
+            f"artifact, or give the GPU {format_size(need + parts.routed_bytes)} to hold every expert")
     offloaded = frozenset(i for i, _ in parts.routed[:count])
     on_gpu = _routed_from(parts, count)
     gpu = {"attention": parts.attention, "shared experts": parts.shared_experts,
@@ -213,6 +225,8 @@ def _itemize(sizes: dict[str, int]) -> str:
 def _on_cpu(parts: ModelParts, cache: int, count: int, flag: str) -> Placement:
     ram = {"attention": parts.attention, "shared experts": parts.shared_experts,
            "routed experts": parts.routed_bytes, "cache": cache}
-    reason = f"--device cpu, {flag}: the hybrid path, CPU on both sides" if flag else "--device cpu"
+    reason = ("--device cpu" if not flag else
+              f"--device cpu, {flag}: the hybrid path, CPU on both sides" if count else
+              f"--device cpu, {flag}: BF16 routed experts, already in RAM; nothing changes")
     return Placement("cpu", frozenset(i for i, _ in parts.routed[:count]), {}, ram, 0, reason,
                      parts.num_moe_layers)

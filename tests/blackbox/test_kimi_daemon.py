@@ -22,10 +22,13 @@ def checkpoints(tmp_path_factory):
     return bf16, int4
 
 
-@pytest.mark.parametrize("kind", ["bf16", "int4"])
+@pytest.mark.parametrize("kind", ["bf16", "int4", "bf16-cpu-moe"])
 def test_serves_tiny_checkpoint_over_socket(checkpoints, kind, tmp_path):
-    path = checkpoints[0] if kind == "bf16" else checkpoints[1]
-    daemon = Daemon(tmp_path / "cache", "--model", str(path), "--max-context", "256").start()
+    """bf16-cpu-moe: a new user's --cpu-moe on the BF16 checkpoint and the CPU, the no-op
+    that serve --help describes (issue 30 item 5)."""
+    path = checkpoints[1] if kind == "int4" else checkpoints[0]
+    flags = ("--cpu-moe",) if kind.endswith("cpu-moe") else ()
+    daemon = Daemon(tmp_path / "cache", "--model", str(path), "--max-context", "256", *flags).start()
     try:
         whole = post(daemon.sock, "/v1/chat/completions", CHAT)
         assert whole.status == 200, whole.text()
@@ -38,6 +41,8 @@ def test_serves_tiny_checkpoint_over_socket(checkpoints, kind, tmp_path):
         assert streamed == (body["choices"][0]["message"]["content"] or "")
     finally:
         assert daemon.stop() == 0
+    if flags:
+        assert "BF16 routed experts, already in RAM; nothing changes" in daemon.stderr()
 
 
 def test_tampered_artifact_is_refused_at_start(checkpoints, tmp_path):
