@@ -55,13 +55,19 @@ def valid_against(schema: dict, value) -> bool:
         return False
 
 
+def cut_note(reply: dict) -> str:
+    """Why a reply holds no call or no JSON, when the reason is max_tokens."""
+    is_cut = reply.get("choices") and reply["choices"][0]["finish_reason"] == "length"
+    return " (cut at max_tokens)" if is_cut else ""
+
+
 def check_tool_reply(body: dict, reply: dict) -> str:
     """'ok' or why not."""
     if reply["status"] != 200:
         return f"status {reply['status']}"
     calls = reply["choices"][0]["message"].get("tool_calls") or []
     if not calls:
-        return "no tool call"
+        return "no tool call" + cut_note(reply)
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in body["tools"]}
     for call in calls:
         name = call["function"]["name"]
@@ -82,7 +88,7 @@ def check_schema_reply(schema: dict, reply: dict) -> str:
     try:
         value = json.loads(reply["choices"][0]["message"].get("content") or "")
     except ValueError:
-        return "not JSON"
+        return "not JSON" + cut_note(reply)
     return "ok" if valid_against(schema, value) else "invalid"
 
 
@@ -142,7 +148,7 @@ def run_apply_patch(sock: str, max_tokens: int, limit: int | None) -> dict | Non
                 patch = json.loads(calls[0]["function"]["arguments"])["input"] if calls else None
             except (ValueError, KeyError, TypeError):
                 patch = None
-            results.append("no call" if patch is None else "ok" if accepts(patch) else "rejected")
+            results.append(f"no call{cut_note(reply)}" if patch is None else "ok" if accepts(patch) else "rejected")
         out[label] = share(results)
     return out
 

@@ -9,8 +9,8 @@ the model's raw distribution.
 
 A lazy grammar (tool_choice auto) sleeps until its trigger shows up in the output: a text
 trigger (hermes "<tool_call>") is looked for in the output bytes, then the bytes from the
-trigger on are fed to the grammar; a token trigger (Kimi's section-begin token) wakes it on
-that token. Before the trigger nothing is masked, so free text is exactly what an
+trigger on are fed to the grammar; token triggers (Kimi's section-begin and call-begin
+tokens) wake it on that token. Before the trigger nothing is masked, so free text is exactly what an
 unconstrained run writes. A grammar that errors (it cannot happen with masks applied, but a
 lazy grammar may meet a malformed opener) stops masking and is logged.
 """
@@ -40,9 +40,9 @@ def worker() -> concurrent.futures.ThreadPoolExecutor:
 
 @dataclass(frozen=True)
 class Trigger:
-    """What wakes a lazy grammar: `text` in the output bytes, or the token `token_id`."""
+    """What wakes a lazy grammar: `text` in the output bytes, or one of `token_ids`."""
     text: bytes = b""
-    token_id: int | None = None
+    token_ids: frozenset[int] = frozenset()
 
 
 class GrammarMatcher:
@@ -93,8 +93,8 @@ class GrammarMatcher:
 
     def _watch(self, token_id: int):
         trigger = self.trigger
-        if trigger.token_id is not None:
-            if token_id == trigger.token_id:
+        if trigger.token_ids:
+            if token_id in trigger.token_ids:
                 self._wake([token_id])
             return
         self._seen += self.ll.decode_bytes([token_id])

@@ -64,7 +64,9 @@ def kimi_grammar(tools: list[dict], forced: str, is_parallel: bool,
                  token_id) -> tuple[str, Trigger | None]:
     """token_id: marker -> its special token id (the markers are single tokens)."""
     tok = {m: f"<[{token_id(m)}]>" for m in (SECTION_OPEN, SECTION_CLOSE, CALL_OPEN, ARGS_OPEN, CALL_CLOSE)}
-    lines = [f"start: {tok[SECTION_OPEN]} {_repeat('call', is_parallel)} {tok[SECTION_CLOSE]}"]
+    section = f"{tok[SECTION_OPEN]} {_repeat('call', is_parallel)} {tok[SECTION_CLOSE]}"
+    # woken lazily, a bare call (no section, which kimi_output.py also reads) is followed too
+    lines = [f"start: {section}" + (f" | {_repeat('call', is_parallel)}" if forced == "" else "")]
     allowed = _allowed(tools, forced)
     lines.append(f"call: {tok[CALL_OPEN]} (" + " | ".join(f"call{k}" for k in range(len(allowed)))
                  + f") {tok[CALL_CLOSE]}")
@@ -73,5 +75,5 @@ def kimi_grammar(tools: list[dict], forced: str, is_parallel: bool,
         lines.append(f"call{k}: {prefix} INDEX {tok[ARGS_OPEN]} args{k}")
         lines.append(_arguments_rule(k, tool))
     lines.append("INDEX: /[0-9]{1,3}/")
-    trigger = Trigger(token_id=token_id(SECTION_OPEN)) if forced == "" else None
+    trigger = Trigger(token_ids=frozenset({token_id(SECTION_OPEN), token_id(CALL_OPEN)})) if forced == "" else None
     return "\n".join(lines) + "\n", trigger

@@ -139,3 +139,22 @@ def test_kimi_linear_calls_through_its_own_tokens(kimi_served, tool_choice):
     assert call["function"]["name"] == "get_weather" and call["id"].startswith("functions.get_weather:")
     jsonschema.validate(json.loads(call["function"]["arguments"]), KIMI_TOOLS[0]["function"]["parameters"])
     assert choice["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("opener", ["<|tool_calls_section_begin|>", "<|tool_call_begin|>"])
+def test_kimi_auto_wakes_at_its_section_or_a_bare_call(kimi_served, opener):
+    _, loaded = kimi_served
+    tok, chat = loaded.tokenizer, loaded.chat
+    prompt_ids = tok.encode(chat.render(ASK, KIMI_TOOLS, True, "auto"))
+    model = OpenerAt(loaded.model, len(prompt_ids), 3, [tok.token_to_id(opener)])
+    with InProcessEngine(model, tok, chat) as engine:
+        free = post(engine.sock, "/v1/completions", {"prompt": prompt_ids, "max_tokens": 80,
+                                                     "temperature": 0, "return_token_ids": True}).json()
+        lazy = post(engine.sock, "/v1/chat/completions", {
+            "messages": ASK, "tools": KIMI_TOOLS, "max_tokens": 80, "temperature": 0,
+            "parallel_tool_calls": False, "return_token_ids": True}, timeout=120).json()
+    free_ids, lazy_ids = free["choices"][0]["token_ids"], lazy["choices"][0]["token_ids"]
+    assert lazy_ids[:4] == free_ids[:4] and lazy_ids[3] == tok.token_to_id(opener)
+    (call,) = lazy["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), KIMI_TOOLS[0]["function"]["parameters"])
