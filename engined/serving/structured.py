@@ -8,7 +8,6 @@ A source that does not compile is a 400 naming the field path that failed.
 """
 from __future__ import annotations
 
-import sys
 import threading
 
 from engined.errors import InvalidRequest
@@ -19,15 +18,11 @@ from engined.serving.parse import Constraint
 _lock = threading.Lock()
 
 
-def _stderr(line: str):
-    print(line, file=sys.stderr, flush=True)
-
-
 def compiler_for(served) -> Compiler:
     """The loaded model's grammar compiler, built on first use (its token table: ~0.2 s)."""
     with _lock:
         if served.grammar_compiler is None:
-            compiler = Compiler(served.tokenizer, served.chat.stop_token_ids, log=_stderr)
+            compiler = Compiler(served.tokenizer, served.chat.stop_token_ids, log=served.engine.log)
             compiler.on_compile = served.engine.metrics.grammar_compile.observe
             served.grammar_compiler = compiler
         return served.grammar_compiler
@@ -54,7 +49,7 @@ def request_grammar(served, constraint: Constraint | None, tools: list[dict] | N
         where = exc.path or constraint.where
         raise InvalidRequest(f"{constraint.where} does not compile: {exc.message}",
                              param=where) from None
-    return GrammarMatcher(compiled, compiler.ll, log=_stderr)
+    return GrammarMatcher(compiled, compiler.ll, log=served.engine.log)
 
 
 def _tool_matcher(served, tools: list[dict], forced: str, is_parallel: bool) -> GrammarMatcher:
@@ -71,4 +66,4 @@ def _tool_matcher(served, tools: list[dict], forced: str, is_parallel: bool) -> 
                 raise InvalidRequest(f"{where} does not compile: {bad.message}",
                                      param=bad.path or where) from None
         raise InvalidRequest(f"tools do not compile: {exc.message}", param="tools") from None
-    return GrammarMatcher(compiled, compiler.ll, trigger, log=_stderr)
+    return GrammarMatcher(compiled, compiler.ll, trigger, log=served.engine.log)
