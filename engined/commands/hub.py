@@ -34,7 +34,8 @@ def pull(model, keep_source, plan, group_size, quiet):
 
     \b
     - progress bar: bytes, rate and ETA for the whole pull;
-    - resumes an interrupted download where it stopped (shards already quantized are kept);
+    - a transfer the network cuts resumes where it stopped (HTTP Range); a pull stopped by
+      Ctrl-C or an error keeps the shards it quantized, and the next pull fetches the rest;
     - checks free disk for the plan first, and says how much it needs;
     - verifies every file against the hub's sha256 (git blob id for small files);
     - a repository that already holds our INT4 artifact (kimi-int4.json) is verified, not

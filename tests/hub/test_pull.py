@@ -3,17 +3,21 @@ second pull that does nothing, sha256 refusal and resume, disk checks and peak d
 revisions, `models` / `models rm`, published INT4 artifacts, HF_HUB_OFFLINE."""
 import json
 import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
 
 from tests.hub.conftest import REPO, artifact_dirs, hub_env, kimi
 from tests.support import kimi_tiny
+from tests.support.hub_server import HubServer
 from tests.weights.test_kimi_quantize import assert_artifact_hand_quantized
 
 SHARDS = [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
 
 
 def _probe(env, *args) -> dict:
-    import subprocess
-    import sys
     out = subprocess.run([sys.executable, "-m", "tests.support.pull_probe", *args], env=env,
                          text=True, capture_output=True, timeout=300, cwd=env["PYTHONPATH"])
     assert out.returncode == 0, out.stderr
@@ -59,20 +63,66 @@ def test_sha256_mismatch_is_refused_naming_the_file_and_the_next_pull_resumes(hu
         == [SHARDS[2]]
 
 
-def test_a_transfer_cut_half_way_resumes_with_a_range_request(tmp_path):
-    # huggingface_hub writes in 10 MiB blocks, so the resumed shard must be larger than 20 MiB
-    from tests.support.hub_server import HubServer
-    src = kimi_tiny.write_tiny_checkpoint(tmp_path / "wide", num_shards=3, hidden_size=6144)
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A repo whose first shard is over 20 MiB: huggingface_hub writes in 10 MiB blocks, so
+    only such a shard shows a resume that starts past zero."""
+    src = kimi_tiny.write_tiny_checkpoint(tmp_path_factory.mktemp("wide") / "bf16", num_shards=3,
+                                          hidden_size=6144)
+    assert (src / SHARDS[0]).stat().st_size > 20 * 2**20
     with HubServer() as hub:
         hub.push_dir(REPO, src)
-        hub.cut.add(SHARDS[0])
-        env = hub_env(hub, tmp_path)
-        pulled = kimi(env, "pull", REPO, "--quiet")
-        assert pulled.returncode == 0, pulled.stderr
-        whole = (src / SHARDS[0]).stat().st_size
-        assert whole > 20 * 2**20
-        assert hub.served_bytes(SHARDS[0])[-2:] == [None, f"bytes={10 * 2**20}-"]  # after headers
+        yield hub
+
+
+def test_a_transfer_cut_half_way_resumes_with_a_range_request(wide, tmp_path):
+    env = hub_env(wide, tmp_path)
+    wide.cut.add(SHARDS[0])
+    pulled = kimi(env, "pull", REPO, "--quiet")
+    assert pulled.returncode == 0, pulled.stderr
+    assert wide.served_bytes(SHARDS[0])[-2:] == [None, f"bytes={10 * 2**20}-"]  # after headers
     assert kimi(env, "verify", str(artifact_dirs(tmp_path)[0])).returncode == 0
+
+
+def test_an_interrupted_pull_keeps_the_shards_it_quantized(hub, tmp_path):
+    """Ctrl-C in the middle of the second shard: the next pull takes the first shard's INT4 as
+    it is and fetches only the rest (huggingface_hub 2.x keeps no partial file of the shard
+    in flight, so that one starts over)."""
+    env = hub_env(hub, tmp_path)
+    hub.stall.add(SHARDS[1])
+    hub.stalled.clear()
+    hub.release.clear()
+    first = subprocess.Popen([sys.executable, "-m", "engined", "pull", REPO], env=env,
+                             cwd=env["PYTHONPATH"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert hub.stalled.wait(120), "the transfer never reached the stall"
+        first.send_signal(signal.SIGINT)
+        assert first.wait(60) != 0
+    finally:
+        hub.release.set()
+        if first.poll() is None:
+            first.kill()
+    assert f"{SHARDS[0]}: quantized (selective)" in first.stderr.read()
+    assert artifact_dirs(tmp_path) == []
+    gets = len(hub.requests)
+    again = kimi(env, "pull", REPO)
+    assert again.returncode == 0, again.stderr
+    assert f"{SHARDS[0]}: quantized by an earlier pull, kept" in again.stderr
+    fetched = [f for m, f, r in hub.requests[gets:] if m == "GET" and f in SHARDS and r is None]
+    assert fetched == SHARDS[1:]
+    assert kimi(env, "verify", str(artifact_dirs(tmp_path)[0])).returncode == 0
+
+
+def test_a_repository_that_is_not_kimi_linear_is_refused_before_any_shard(hub, tmp_path):
+    other = tmp_path / "llama"
+    shutil.copytree(hub.source, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    hub.push_dir("someone/Llama", other)
+    gets = len(hub.requests)
+    refused = kimi(hub_env(hub, tmp_path), "pull", "someone/Llama")
+    assert refused.returncode == 1 and "model_type 'llama' is not kimi_linear" in refused.stderr
+    assert [r for r in hub.requests[gets:] if r[1] in SHARDS] == []
 
 
 def test_disk_space_is_checked_first_and_says_what_it_needs(hub, tmp_path):

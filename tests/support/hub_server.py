@@ -8,7 +8,9 @@ revision, list its files and download them, served from memory on 127.0.0.1.
     GET  /ORG/REPO/resolve/REV/FILE            the bytes; Range: bytes=A-[B] -> 206
 
 Faults a test can arm: `cut` (send half a file, then drop the connection, once per arming),
-`corrupt` (serve the file with one byte flipped while the metadata keeps the true sha256).
+`stall` (send half a file, set `stalled`, and hold the connection until `release` is set, so a
+test can interrupt the client mid-transfer), `corrupt` (serve the file with one byte flipped
+while the metadata keeps the true sha256).
 Point huggingface_hub at it with HF_ENDPOINT=server.url; nothing of huggingface_hub is patched.
 """
 import hashlib
@@ -47,6 +49,8 @@ class HubServer:
         self.repos: dict[str, Repo] = {}
         self.cut: set[str] = set()
         self.corrupt: set[str] = set()
+        self.stall: set[str] = set()
+        self.stalled, self.release = threading.Event(), threading.Event()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, file or route, Range)
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -167,9 +171,14 @@ def _handler(hub: HubServer):
                 status, data = 206, data[begin:end]
             if not body:
                 return self._send(status, b"", headers, length=len(data))
-            if name in hub.cut and not wanted:
+            if name in (hub.cut | hub.stall) and not wanted:
+                stall = name in hub.stall
                 hub.cut.discard(name)
+                hub.stall.discard(name)
                 self._send(status, data[:len(data) // 2], headers, length=len(data))
+                if stall:
+                    hub.stalled.set()
+                    hub.release.wait(120)
                 self.close_connection = True
                 return
             self._send(status, data, headers)

@@ -2,10 +2,11 @@
 engine's cache, one BF16 shard at a time.
 
     resolve the revision (commit, file list with sha256s) -> already held? done
-    read every shard's header over Range requests -> plan (the same INT4 plan as `quantize`)
-    check free disk for the plan -> support files -> for each shard: download (resumable),
-    verify sha256, quantize into COMMIT.partial, re-read its header, delete the BF16 shard
-    -> index + manifest -> COMMIT/ and its origin record
+    config.json is Kimi-Linear? -> every shard's header over Range requests -> plan (the same
+    INT4 plan as `quantize`) -> free disk for the plan? -> support files -> for each shard:
+    already in COMMIT.partial from an interrupted pull? keep it : download (huggingface_hub
+    resumes a cut transfer with Range), verify sha256, quantize into COMMIT.partial, re-read
+    its header, delete the BF16 shard -> index + manifest -> COMMIT/ and its origin record
 
 Peak disk is the artifact plus one BF16 shard (all of the BF16 with keep_source). A repository
 whose files are already our INT4 artifact (kimi-int4.json) is downloaded and verified as is."""
@@ -121,16 +122,15 @@ def plan_pull(rev: Revision, keep_source: bool = False, plan: str = "selective",
 def _quantize_while_downloading(rev: Revision, keep_source: bool, plan: str, group_size: int,
                                 progress: bool, log) -> store.Entry:
     dst, partial, source = store.work_dirs(rev.hub_id, rev.commit)
+    _check_config(rev, source)
     planned = plan_pull(rev, keep_source, plan, group_size)
     headers = planned.headers
     shards = [f for f in rev.shards if f.name in headers]
     _check_disk(rev, planned.need, planned.what, log)
-    source.mkdir(parents=True, exist_ok=True)
     writer = ArtifactWriter(dst, plan, group_size, planned.decisions, resume=True)
     with _bar(rev, rev.support + shards, progress) as bar:
         for f in rev.support:
             remote.download(rev, f, source, bar)
-        _check_config(rev, source)
         writer.copy_support(source)
         if not keep_source:  # the artifact holds them now; the staging keeps only shards
             for f in rev.support:
@@ -158,11 +158,17 @@ def _quantize_while_downloading(rev: Revision, keep_source: bool, plan: str, gro
 
 
 def _check_config(rev: Revision, source: pathlib.Path):
-    """Fail before any shard moves when the repository is not a Kimi-Linear checkpoint."""
+    """Fail before any shard moves (config.json alone is fetched) when the repository is not
+    a Kimi-Linear checkpoint."""
+    if "config.json" not in rev.files:
+        raise PullError(f"{rev.hub_id}: no config.json (not a transformers checkpoint)")
+    source.mkdir(parents=True, exist_ok=True)
+    with tqdm(disable=True) as quiet:
+        path = remote.download(rev, rev.files["config.json"], source, quiet)
     try:
-        raw = json.loads((source / "config.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError) as exc:
-        raise PullError(f"{rev.hub_id}: no readable config.json ({exc})") from None
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise PullError(f"{rev.hub_id}: config.json is not JSON ({exc})") from None
     if raw.get("model_type") != "kimi_linear":
         raise PullError(f"{rev.hub_id}: model_type {raw.get('model_type')!r} is not kimi_linear "
                         "(pull takes Kimi-Linear checkpoints and our INT4 artifacts)")
@@ -170,7 +176,7 @@ def _check_config(rev: Revision, source: pathlib.Path):
         parse_config(raw)
     except ConfigError as exc:
         raise PullError(f"{rev.hub_id}: config.json: {exc}") from None
-    if not (source / INDEX).is_file() and len(rev.shards) > 1:
+    if INDEX not in rev.files and len(rev.shards) > 1:
         raise PullError(f"{rev.hub_id}: several shards but no {INDEX}")
 
 

@@ -144,6 +144,6 @@ def require(hub_id: HubId, env=os.environ) -> Entry:
     """The held artifact, or NotPulled naming the command to run."""
     entry = find(hub_id, env)
     if entry is None:
-        raise NotPulled(f"model {hub_id} is not in the cache {root(env)}; run: "
-                        f"{pull_hint(hub_id, env)}")
+        raise NotPulled(f"model {hub_id} is not in the cache {root(env)} (nor a local path); "
+                        f"run: {pull_hint(hub_id, env)}")
     return entry
