@@ -53,9 +53,11 @@ def test_chunked_prefill_matches_fla_chunk_form_with_small_chunks():
     torch.testing.assert_close(S, want_s, atol=2e-5, rtol=1e-4)
 
 
-def test_strong_decay_stays_finite():
-    """Γ differences are only exponentiated inside a chunk and masked before exp (no inf*0)."""
-    q, k, v, g, beta, s0 = _inputs(64, seed=4)
+@pytest.mark.parametrize("t", [64, 90])
+def test_strong_decay_stays_finite(t):
+    """Γ differences are only exponentiated inside a chunk and masked before exp (no inf*0);
+    90 tokens end in a padded sub-block."""
+    q, k, v, g, beta, s0 = _inputs(t, seed=4)
     g = g * 60                                          # exp(Γ) underflows to 0 within the chunk
     S = s0.clone()
     o = chunked_kda(q, k, v, g, beta, S, 0.25)
