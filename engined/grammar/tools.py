@@ -63,7 +63,8 @@ def hermes_grammar(tools: list[dict], forced: str, is_parallel: bool) -> tuple[s
 def kimi_grammar(tools: list[dict], forced: str, is_parallel: bool,
                  token_id) -> tuple[str, Trigger | None]:
     """token_id: marker -> its special token id (the markers are single tokens)."""
-    tok = {m: f"<[{token_id(m)}]>" for m in (SECTION_OPEN, SECTION_CLOSE, CALL_OPEN, ARGS_OPEN, CALL_CLOSE)}
+    markers = (SECTION_OPEN, SECTION_CLOSE, CALL_OPEN, ARGS_OPEN, CALL_CLOSE)
+    tok = {m: f"<[{token_id(m)}]>" for m in markers}
     section = f"{tok[SECTION_OPEN]} {_repeat('call', is_parallel)} {tok[SECTION_CLOSE]}"
     # woken lazily, a bare call (no section, which kimi_output.py also reads) is followed too
     lines = [f"start: {section}" + (f" | {_repeat('call', is_parallel)}" if forced == "" else "")]
@@ -75,5 +76,6 @@ def kimi_grammar(tools: list[dict], forced: str, is_parallel: bool,
         lines.append(f"call{k}: {prefix} INDEX {tok[ARGS_OPEN]} args{k}")
         lines.append(_arguments_rule(k, tool))
     lines.append("INDEX: /[0-9]{1,3}/")
-    trigger = Trigger(token_ids=frozenset({token_id(SECTION_OPEN), token_id(CALL_OPEN)})) if forced == "" else None
+    openers = frozenset({token_id(SECTION_OPEN), token_id(CALL_OPEN)})
+    trigger = Trigger(token_ids=openers) if forced == "" else None
     return "\n".join(lines) + "\n", trigger

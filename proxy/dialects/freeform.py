@@ -28,7 +28,7 @@ class NotRegular(ValueError):
 
 
 def input_schema(fmt) -> dict | None:
-    """A custom tool's `format` -> the JSON schema of its `input` string, or None to keep the plain one."""
+    """A custom tool's `format` -> the JSON schema of its `input` string (None: keep the plain one)."""
     if not isinstance(fmt, dict) or fmt.get("type") != "grammar":
         return None
     definition, syntax = fmt.get("definition"), fmt.get("syntax")
@@ -92,9 +92,10 @@ class _Inliner:
         if name in self.active:
             raise NotRegular(f"{name} is recursive")
         self.active.add(name)
-        tokens = [(m.lastgroup, m.group(m.lastgroup)) for m in _TOKEN.finditer(self.rules[name]) if m.lastgroup]
-        if "".join(m.group(0) for m in _TOKEN.finditer(self.rules[name])) != self.rules[name]:
+        matches = list(_TOKEN.finditer(self.rules[name]))
+        if "".join(m.group(0) for m in matches) != self.rules[name]:
             raise NotRegular(f"cannot read rule {name}")
+        tokens = [(m.lastgroup, m.group(m.lastgroup)) for m in matches if m.lastgroup]
         out, rest = self._alternatives(tokens)
         if rest:
             raise NotRegular(f"unbalanced rule {name}")
