@@ -152,6 +152,14 @@ def _forward_to(parent: tqdm):
         def update(self, n=1):
             parent.update(n)
 
+        # With these, an hf-xet download feeds one bar with the bytes written to disk and its
+        # network bytes (fewer: dedup, compression) are not counted a second time.
+        def update_transfer(self, n=1):
+            pass
+
+        def set_transfer_postfix_str(self, *args, **kwargs):
+            pass
+
     return Forward
 
 
