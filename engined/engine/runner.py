@@ -6,9 +6,12 @@ up to the first bucket that holds `--max-batch`) in a CUDA graph, after a warm-u
 compilation, MLA's absorbed weights); a batch then runs padded up to its bucket by one
 replay, every per-step value living in the bucket's static device tensors (the model's
 graph step: token ids, positions, state slots, block tables; a padded row reads and writes
-only scratch: models/kimi_graph_step.py). A model without a capturable step (`graph_step`
-returns None: Llama, which serves the CPU) and a bucket whose capture fails run eagerly;
-failures are logged and counted, never fatal.
+only scratch: models/kimi_graph_step.py). A step is one or more GPU segments: a model with
+routed experts in RAM has a segment before each offloaded MoE layer's CPU part and one after
+the last (models/kimi_piecewise.py), each captured in its own graph, all of a bucket in one
+memory pool, replayed in order with the CPU experts between the replays.
+A model without a capturable step (`graph_step` returns None: Llama, which serves the CPU)
+and a bucket whose capture fails run eagerly; failures are logged and counted, never fatal.
 The anchor is nano-vllm's ModelRunner.capture_cudagraph.
 """
 import time
@@ -69,8 +72,9 @@ class Runner:
                          f"runs eagerly: {exc!r}")
                 continue
             used = (free_before - torch.cuda.mem_get_info()[0]) / 2**20
+            pieces = f", {len(step.segments)} segments around the CPU experts" if step.crossings else ""
             self.log(f"kimi-engine: captured the decode step for {bucket} rows in "
-                     f"{time.monotonic() - started:.2f} s, {used:.0f} MiB")
+                     f"{time.monotonic() - started:.2f} s, {used:.0f} MiB{pieces}")
 
     def decode(self, tokens: list[int], caches: list, positions: list[int]) -> torch.Tensor:
         """One token for each of B sequences -> logits fp32 [B, V] on the model's device."""
@@ -93,16 +97,39 @@ class Runner:
         return step.logits[:rows]
 
 
-def _capture(step, warmup: int) -> "torch.cuda.CUDAGraph":
-    """Warm up on a side stream, then record one replay of step.run() (on scratch rows)."""
+class _Pieces:
+    """A captured step: replay() runs its graphs in order, the CPU parts between them."""
+
+    def __init__(self, step, replays: dict):
+        self.step, self.replays = step, replays
+
+    def replay(self):
+        self.step.run(self.replays)
+
+
+def _capture(step, warmup: int) -> _Pieces:
+    """Warm up, then record each GPU piece of step.run() (on scratch rows) in a graph of its
+    own, in the order a step runs them, all in one memory pool: a piece's outputs are the
+    step's attributes the next piece reads, at the same addresses."""
     step.load_scratch()
+    _warm_up(step, warmup)
+    pool = torch.cuda.graph_pool_handle()
+    return _Pieces(step, {piece: _record(piece, pool) for piece in step.pieces()})
+
+
+def _warm_up(step, warmup: int):
+    """Run the step eagerly on a side stream (kernel compilation, lazy buffers)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):
             step.run()
     torch.cuda.current_stream().wait_stream(side)
+
+
+def _record(piece, pool):
+    """piece() captured in a CUDA graph in `pool` -> the graph's replay."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step.run()
-    return graph
+    with torch.cuda.graph(graph, pool=pool):
+        piece()
+    return graph.replay

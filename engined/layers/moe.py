@@ -121,8 +121,7 @@ class MoE:
                 f, logits, self.e_score_correction_bias, self.top_k, self.renormalize,
                 self.scaling, self.w1.packed, self.w3.packed, self.w2.packed,
                 *((shared.gate_up.packed, shared.down_proj.packed) if shared else (None, None)))
-        experts, weights = route(logits, self.e_score_correction_bias, self.top_k,
-                                 self.renormalize, self.scaling)
+        experts, weights = self._route(logits)
         if self.host_experts is not None:                       # routed experts in RAM
             return self.host_experts(f, experts, weights, (self.w1, self.w3, self.w2),
                                      self.shared_experts)
@@ -135,6 +134,13 @@ class MoE:
             routed = self._dense(f, experts, weights)
         routed = routed.to(f.dtype)
         return routed + self.shared_experts(f) if self.shared_experts is not None else routed
+
+    def route_rows(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """f: [T, D] -> the router's choice: experts [T, k] int64, weights [T, k] fp32."""
+        return self._route(f.float() @ self.gate.t())
+
+    def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return route(logits, self.e_score_correction_bias, self.top_k, self.renormalize, self.scaling)
 
     def _dense(self, f, experts, weights) -> torch.Tensor:
         """Dense banks: Σ_k w_k Expert_{e_k}(f), summed in fp32, one pass per chosen expert."""

@@ -9,11 +9,13 @@ cross the bus. The buffers are pinned when the model is on CUDA, so the copies a
 the shared expert's kernels run on the GPU while the CPU computes. On a CPU-only machine the
 "device" half runs on the CPU through the same code and the same buffers.
 
-CUDA graphs cannot contain the CPU part: a model with offloaded layers decodes eagerly
-(KimiLinearModel.graph_step returns None; kimi_engine_decode_steps_total{mode="eager"}).
+A CUDA graph cannot contain the CPU part, so the decode step of a model with offloaded
+layers is captured piecewise (models/kimi_piecewise.py): the step's parts are `send` (in the
+graph before the CPU), `compute` (between the replays) and `receive` (in the graph after).
 Letters: t token, k choice, d hidden.
 """
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -26,6 +28,15 @@ class OffloadCounters:
     moe_calls: int = 0        # MoE layer calls whose routed experts ran on the CPU
     bytes_to_host: int = 0    # hidden rows, top-k ids and weights copied into host buffers
     bytes_to_device: int = 0  # routed outputs copied back
+
+
+class HostRows(NamedTuple):
+    """Views of `rows` rows of a HostBuffers: x, out [T, D] fp32; ids [T, k] int64; weights
+    [T, k] fp32."""
+    x: torch.Tensor
+    ids: torch.Tensor
+    weights: torch.Tensor
+    out: torch.Tensor
 
 
 class HostBuffers:
@@ -48,15 +59,15 @@ class HostBuffers:
         self.weights = new(rows, self.top_k)
         self.num_rows = rows
 
-    def take(self, rows: int):
-        """-> (x, ids, weights, out) views of `rows` rows, free to overwrite: the previous
-        call's copy back to the device has finished."""
+    def take(self, rows: int) -> HostRows:
+        """-> views of `rows` rows, free to overwrite: the previous call's copy back to the
+        device has finished."""
         if self._copied_back is not None:
             self._copied_back.synchronize()
             self._copied_back = None
         if rows > self.num_rows:
             self._grow(max(rows, 2 * self.num_rows))
-        return self.x[:rows], self.ids[:rows], self.weights[:rows], self.out[:rows]
+        return HostRows(self.x[:rows], self.ids[:rows], self.weights[:rows], self.out[:rows])
 
     def to_device(self, out: torch.Tensor, dtype) -> torch.Tensor:
         """out [T, D] fp32 (host) -> [T, D] in dtype on the device, asynchronously on CUDA."""
@@ -76,22 +87,37 @@ class HostExperts:
 
     def __call__(self, f: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                  banks, shared) -> torch.Tensor:
-        """f: [T, D] on the device; experts, weights: [T, k] from the router on the device;
-        banks: (w1, w3, w2) ExpertBanks in RAM; shared: the shared expert or None
-        -> routed + shared [T, D] in f.dtype on the device."""
-        t = f.shape[0]
-        x, ids, w, out = self.buffers.take(t)
-        x.copy_(f, non_blocking=self.buffers.is_pinned)
-        ids.copy_(experts, non_blocking=self.buffers.is_pinned)
-        w.copy_(weights, non_blocking=self.buffers.is_pinned)
-        ready = _event_after_copies(self.buffers.is_pinned)
+        """The eager hybrid step. f: [T, D] on the device; experts, weights: [T, k] from the
+        router on the device; banks: (w1, w3, w2) ExpertBanks in RAM; shared: the shared
+        expert or None -> routed + shared [T, D] in f.dtype on the device."""
+        rows = self.buffers.take(f.shape[0])
+        self.send(f, experts, weights, rows)
+        ready = event_after_copies(self.buffers.is_pinned)
         shared_out = shared(f) if shared is not None else None  # queued on the GPU meanwhile
         if ready is not None:
             ready.synchronize()
+        self.compute(rows, banks)
+        routed = self.buffers.to_device(rows.out, f.dtype)
+        return routed if shared_out is None else routed + shared_out
+
+    def send(self, f: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, rows: HostRows):
+        """The hidden rows and their routing into host rows (asynchronous from the GPU: the
+        CPU waits for an event after them before `compute`)."""
+        pinned = self.buffers.is_pinned
+        rows.x.copy_(f, non_blocking=pinned)
+        rows.ids.copy_(experts, non_blocking=pinned)
+        rows.weights.copy_(weights, non_blocking=pinned)
+
+    def compute(self, rows: HostRows, banks):
+        """The routed experts on the CPU threads: rows.out = Σ_k weight_k Expert_k(x)."""
         w1, w3, w2 = (bank.packed for bank in banks)
-        self._grouped(x, w1, w3, w2, ids, w, out=out)
-        routed = self.buffers.to_device(out, f.dtype)
-        self._count(x, ids, w, out)
+        self._grouped(rows.x, w1, w3, w2, rows.ids, rows.weights, out=rows.out)
+        self._count(*rows)
+
+    def receive(self, rows: HostRows, shared_out: torch.Tensor | None, dtype) -> torch.Tensor:
+        """rows.out back on the device in dtype, plus the shared expert's output: what a CUDA
+        graph replays after the CPU part (a copy from pinned memory, no event)."""
+        routed = rows.out.to(self.buffers.device, non_blocking=self.buffers.is_pinned).to(dtype)
         return routed if shared_out is None else routed + shared_out
 
     def _count(self, *rows: torch.Tensor):
@@ -101,7 +127,9 @@ class HostExperts:
         self.counters.bytes_to_device += back
 
 
-def _event_after_copies(is_cuda: bool):
+def event_after_copies(is_cuda: bool):
+    """An event recorded on the current stream after the copies queued so far (None on the
+    CPU, where they are done)."""
     if not is_cuda:
         return None
     event = torch.cuda.Event()

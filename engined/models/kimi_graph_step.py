@@ -6,10 +6,27 @@ and block, position 0), so a padded row reads and writes only scratch. `run` is
 model.decode_rows on those tensors: the work a graph captures, and on the CPU the same step
 run eagerly. The pools are reserved before the first capture and must not move afterwards:
 `load` refuses a step whose pools were reallocated (the runner then decodes eagerly).
+
+A step is a list of GPU `segments`, each but the last followed by a `Crossing` to the CPU:
+this step has one segment (model.decode_rows) and no crossing; a model with experts in RAM
+has one segment per offloaded MoE layer plus one (models/kimi_piecewise.py). The runner
+captures each segment (and each crossing's `overlap`) in a graph of its own and replays them
+in order through `run(replays)`; on the CPU `run()` calls them directly.
 """
+from typing import Callable, NamedTuple
+
 import torch
 
+from engined.layers.moe_offload import event_after_copies
 from engined.models.kimi_cache import DecodeRows
+
+
+class Crossing(NamedTuple):
+    """The CPU part between two segments: after the segment's copies to host memory have
+    landed, `compute` runs on the CPU threads; `overlap` (GPU work that needs nothing from
+    the CPU, such as the shared expert; None: none) is queued first, so it runs meanwhile."""
+    overlap: Callable[[], None] | None
+    compute: Callable[[], None]
 
 
 class PoolsMoved(RuntimeError):
@@ -27,7 +44,15 @@ class KimiGraphStep:
                                  torch.zeros(rows, dtype=torch.int64, device=device))     # positions
         self.addresses = model.pool_addresses()
         self.logits: torch.Tensor | None = None
+        self.segments: list[Callable[[], None]] = [self._whole]
+        self.crossings: list[Crossing] = []
         self.load_scratch()
+
+    def pieces(self) -> list[Callable[[], None]]:
+        """The GPU pieces in the order a step runs them (and the runner captures them):
+        each segment, then its crossing's overlap."""
+        overlaps = [c.overlap for c in self.crossings] + [None]
+        return [p for segment, o in zip(self.segments, overlaps) for p in (segment, o) if p]
 
     def load_scratch(self):
         """Every row on the scratch sequence (warm-up and capture)."""
@@ -50,10 +75,24 @@ class KimiGraphStep:
         for target, values in zip(self.inputs, ([c.slot for c in caches], tables, positions)):
             target.copy_(torch.tensor(values, dtype=torch.int64), non_blocking=True)
 
-    def run(self) -> torch.Tensor:
-        """logits fp32 [rows, V]: a graph replay refills this same tensor."""
-        self.logits = self.model.decode_rows(self.tokens, self.inputs)
+    def run(self, replays: dict | None = None) -> torch.Tensor:
+        """One decode step -> logits fp32 [rows, V] (a graph replay refills this same tensor).
+        replays: piece -> its graph's replay (engine/runner.py); None: every piece runs."""
+        play = (lambda piece: replays[piece]()) if replays else (lambda piece: piece())
+        for segment, crossing in zip(self.segments, self.crossings + [None]):
+            play(segment)
+            if crossing is None:
+                break
+            copied = event_after_copies(self.tokens.is_cuda)    # the segment's copies out
+            if crossing.overlap is not None:
+                play(crossing.overlap)
+            if copied is not None:
+                copied.synchronize()
+            crossing.compute()
         return self.logits
+
+    def _whole(self):
+        self.logits = self.model.decode_rows(self.tokens, self.inputs)
 
     def finish(self, caches: list, positions: list[int]):
         for cache, pos in zip(caches, positions):

@@ -16,6 +16,7 @@ from engined.layers.moe_offload import HostBuffers, HostExperts, OffloadCounters
 from engined.layers.rmsnorm import RMSNorm
 from engined.models.kimi_cache import DecodeRows, KimiCache, StatePool
 from engined.models.kimi_graph_step import KimiGraphStep
+from engined.models.kimi_piecewise import KimiPiecewiseStep
 from engined.models.latent_pool import LatentPool, num_blocks_for
 from engined.models.kimi_linear_config import KimiLinearConfig
 from engined.models.protocol import check_span
@@ -89,6 +90,11 @@ class DecoderLayer:
         (None before layer 0) is added by the norm that reads it (add_rmsnorm) -> this layer's
         FFN output, for the next norm to add. Row b is one token at rows.positions[b] of the
         sequence on slot rows.slots[b]."""
+        return self.ffn(self.decode_attention(h, delta, i, pools, rows))  # MoE: one moe_decode
+
+    def decode_attention(self, h: torch.Tensor, delta: torch.Tensor | None, i: int,
+                         pools: tuple[StatePool, LatentPool], rows: DecodeRows) -> torch.Tensor:
+        """decode_batch up to the FFN: h updated in place as there -> the FFN's input [B, D]."""
         norm = registry.resolve("add_rmsnorm", h.device.type).fn
         a = norm(h, delta, self.input_layernorm.weight, self.input_layernorm.eps)
         states, latents = pools
@@ -97,8 +103,7 @@ class DecoderLayer:
                                                rows.positions, rows.lengths)
         else:
             attn = self.self_attn.decode_batch(a, states.conv[i], states.S[i], rows.slots)
-        f = norm(h, attn, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
-        return self.ffn(f)                       # MoE: one moe_decode for the B rows
+        return norm(h, attn, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
 
 
 class KimiLinearModel:
@@ -138,6 +143,7 @@ class KimiLinearModel:
     def _host_experts(self, c: KimiLinearConfig, int4, offload) -> dict[int, HostExperts]:
         """Layer -> the hybrid step of its routed experts, for the layers in `offload`."""
         self.offload_counters = OffloadCounters() if offload else None
+        self.offloaded = tuple(sorted(offload))     # MoE layers whose routed experts are in RAM
         not_moe = sorted(i for i in offload if not c.is_moe(i))
         if not_moe:
             raise ValueError(f"layers {not_moe} have no routed experts to keep in RAM")
@@ -216,24 +222,39 @@ class KimiLinearModel:
         projection, the short conv and KDA step (on the rows' state slots, in place), the MLA
         attention (paged_mla_decode over each row's own blocks), the routed experts
         (moe_grouped) and the LM head run once for all rows."""
-        h = self.embed_tokens[tokens].to(self.dtype)             # [B, D], a new tensor
-        pools, delta = (self.state_pool, self.latent_pool), None
-        rows = rows._replace(lengths=rows.positions + 1)         # the keys each MLA row sees
-        for i, layer in enumerate(self.layers):
-            delta = layer.decode_batch(h, delta, i, pools, rows)
+        h, rows = self.decode_embed(tokens, rows)
+        delta = self.decode_layers(h, None, rows, 0, len(self.layers))
+        return self.decode_head(h, delta)
+
+    def decode_embed(self, tokens: torch.Tensor, rows: DecodeRows) -> tuple[torch.Tensor, DecodeRows]:
+        """tokens: [B] -> the residual stream h [B, D] (a new tensor) and rows with lengths,
+        the keys each MLA row sees."""
+        return self.embed_tokens[tokens].to(self.dtype), rows._replace(lengths=rows.positions + 1)
+
+    def decode_layers(self, h: torch.Tensor, delta: torch.Tensor | None, rows: DecodeRows,
+                      first: int, end: int) -> torch.Tensor | None:
+        """Layers first..end-1 of the decode step on h (in place) -> the last one's FFN output."""
+        pools = (self.state_pool, self.latent_pool)
+        for i in range(first, end):
+            delta = self.layers[i].decode_batch(h, delta, i, pools, rows)
+        return delta
+
+    def decode_head(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """The last layer's output added, the final norm and the LM head -> logits fp32 [B, V]."""
         x = registry.resolve("add_rmsnorm", h.device.type).fn(h, delta, self.norm.weight, self.norm.eps)
-        return self.lm_head(x).float()                          # [B, V]
+        return self.lm_head(x).float()
 
     def graph_step(self, rows: int, max_context: int):
         """The decode step of `rows` rows for a CUDA graph (models/kimi_graph_step.py), the
         pools reserved first: a state slot per row plus scratch, and the blocks of max_context
-        tokens (the scheduler's budget across sequences) plus a rounding block per row.
-        None with offloaded experts: a graph cannot hold the CPU part, so decode runs eagerly."""
-        if self.offload_counters is not None:
-            return None
+        tokens (the scheduler's budget across sequences) plus a rounding block per row. With
+        offloaded experts the step is piecewise (models/kimi_piecewise.py): a graph segment
+        before each offloaded MoE layer's CPU part and one after the last."""
         max_blocks = num_blocks_for(max_context)
         self.state_pool.reserve(self.state_pool.num_used + rows + 1)
         self.latent_pool.reserve(self.latent_pool.num_used + max_blocks + rows + 1)
+        if self.offloaded:
+            return KimiPiecewiseStep(self, rows, max_blocks)
         return KimiGraphStep(self, rows, max_blocks)
 
     def scratch_cache(self) -> KimiCache:

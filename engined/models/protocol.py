@@ -52,10 +52,10 @@ class Model(Protocol):
         positions[i] of caches[i] -> logits fp32 [B, V], each row equal to a lone forward."""
 
     def graph_step(self, rows: int, max_context: int) -> Any:
-        """The decode step of `rows` rows in static device tensors, for a CUDA graph
-        (engine/runner.py: load, load_scratch, run, finish, logits), its caches' memory
-        reserved for sequences of up to max_context tokens in all; or None: this model
-        decodes eagerly."""
+        """The decode step of `rows` rows in static device tensors, for CUDA graphs
+        (engine/runner.py: load, load_scratch, segments, crossings, pieces, run, finish,
+        logits; models/kimi_graph_step.py), its caches' memory reserved for sequences of up
+        to max_context tokens in all; or None: this model decodes eagerly."""
 
 
 def check_span(tokens: torch.Tensor, cache: Cache, start: int) -> int:

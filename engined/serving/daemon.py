@@ -150,8 +150,8 @@ def _log_placement(placement, config: EngineConfig, device: str, log) -> frozens
     for line in placement.describe():
         log.write(f"kimi-engine: {line}")
     if placement.offloaded and device.startswith("cuda"):
-        log.write("kimi-engine: decode runs eagerly: a CUDA graph cannot hold the CPU part of "
-                  "the offloaded MoE layers")
+        log.write(f"kimi-engine: decode is captured piecewise: {len(placement.offloaded) + 1} "
+                  "graph segments, the offloaded MoE layers' CPU experts between them")
     return placement.offloaded
 
 

@@ -67,6 +67,7 @@ class FakeStep:
 
     def __init__(self, model, rows, fail_load=False):
         self.model, self.rows, self.fail_load, self.loaded = model, rows, fail_load, None
+        self.segments, self.crossings = [self.run], []
 
     def load_scratch(self):
         self.loaded = ("scratch",)
