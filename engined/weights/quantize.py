@@ -117,17 +117,20 @@ class ArtifactWriter:
         """Take the shard `name` an interrupted run already wrote, when it is whole and holds
         exactly what the source header `source` plans; False means write it anew."""
         written = self.partial / name
-        want = set()
+        want, stems = set(), []
         for tensor in source.tensors:
             stem = tensor.removesuffix(".weight")
             int4 = self.decisions[tensor] == "int4"
             want |= {stem + ".qweight", stem + ".scales"} if int4 else {tensor}
+            stems += [stem] if int4 else []
         try:
             header = read_header(written)
-        except (OSError, CheckpointError):
+            layouts = {int4_format.layout(stem, header.meta) for stem in stems}
+        except (OSError, CheckpointError, int4_format.FormatError):
             return False
         end = max((span[1] for span in header.spans.values()), default=0)
-        if set(header.tensors) != want or end != written.stat().st_size:
+        same_layout = layouts <= {int4_format.Int4Layout(self.group_size, True)}
+        if set(header.tensors) != want or end != written.stat().st_size or not same_layout:
             return False
         for tensor, (dtype, shape) in header.tensors.items():
             self.tensors[tensor] = {"dtype": dtype, "shape": list(shape), "file": name}

@@ -45,14 +45,15 @@ def pull(hub_id: HubId, keep_source: bool = False, plan: str = "selective", grou
         return store.require(hub_id)
     rev = remote.resolve(hub_id)
     log(f"{hub_id}: revision {hub_id.revision} is commit {rev.commit} at {remote.endpoint()}")
-    held = store.find(HubId(hub_id.repo, rev.commit))
-    if held is not None:
-        store.record(hub_id, rev.commit, {})
-        log(f"{hub_id}: already pulled, {held.path}")
-        return held
-    if MANIFEST in rev.files:
-        return _take_published(rev, progress, log)
-    return _quantize_while_downloading(rev, keep_source, plan, group_size, progress, log)
+    with store.pull_lock(hub_id, rev.commit):
+        held = store.find(HubId(hub_id.repo, rev.commit))
+        if held is not None:
+            store.record(hub_id, rev.commit, {})
+            log(f"{hub_id}: already pulled, {held.path}")
+            return held
+        if MANIFEST in rev.files:
+            return _take_published(rev, progress, log)
+        return _quantize_while_downloading(rev, keep_source, plan, group_size, progress, log)
 
 
 def _origin(rev: Revision, kind: str, **extra) -> dict:

@@ -5,9 +5,12 @@
     $CACHE/models/ORG--REPO/COMMIT.origin.json   where it came from and how it was made
     $CACHE/models/ORG--REPO/COMMIT.partial/      an artifact being written (never served)
     $CACHE/models/ORG--REPO/COMMIT.source/       BF16 files being downloaded, or kept
+    $CACHE/models/ORG--REPO/COMMIT.lock          held (flock) while a pull of COMMIT runs
 
 $CACHE is config.cache_dir(). An artifact counts as held once its origin record exists: the
 record is written last, after the artifact directory is complete and verified."""
+import contextlib
+import fcntl
 import json
 import os
 import pathlib
@@ -92,6 +95,20 @@ def work_dirs(hub_id: HubId, commit: str, env=os.environ) -> tuple[pathlib.Path,
     return base / commit, base / (commit + ".partial"), base / (commit + ".source")
 
 
+@contextlib.contextmanager
+def pull_lock(hub_id: HubId, commit: str, env=os.environ):
+    """One pull of a commit at a time: a second one (another shell, a serve) is refused."""
+    base = repo_dir(hub_id.repo, env)
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / (commit + ".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CheckpointError(f"{hub_id}: another kimi-engine pull of commit {commit[:12]} "
+                                  "is running; wait for it") from None
+        yield
+
+
 def record(hub_id: HubId, commit: str, origin: dict, env=os.environ) -> Entry:
     """Mark the complete artifact of `commit` as held, and point the id's revision at it."""
     base = repo_dir(hub_id.repo, env)
@@ -128,6 +145,7 @@ def remove(spec: str, env=os.environ) -> list[Entry]:
         for suffix in ("", ".partial", ".source"):
             shutil.rmtree(base / (entry.commit + suffix), ignore_errors=True)
         (base / (entry.commit + ORIGIN)).unlink()
+        (base / (entry.commit + ".lock")).unlink(missing_ok=True)
     return held
 
 
