@@ -209,3 +209,14 @@ def test_quantize_takes_a_model_id_through_the_hf_cache(hub, tmp_path):
     assert len(hub.requests) == gets
     missing = kimi(dict(env, HF_HUB_OFFLINE="1"), "quantize", "org/absent", str(tmp_path / "x"))
     assert missing.returncode == 1 and "org/absent" in missing.stderr
+
+
+def test_a_pull_with_the_hub_unreachable_reports_what_the_cache_holds(hub, tmp_path):
+    env = hub_env(hub, tmp_path)
+    assert kimi(env, "pull", REPO, "--quiet").returncode == 0
+    gone = dict(env, HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens on the discard port
+    held = kimi(gone, "pull", REPO)
+    assert held.returncode == 0 and hub.commit[:12] in held.stdout
+    assert "the cache holds" in held.stderr
+    missing = kimi(gone, "pull", "org/absent")
+    assert missing.returncode == 1 and "org/absent" in missing.stderr

@@ -43,7 +43,14 @@ def pull(hub_id: HubId, keep_source: bool = False, plan: str = "selective", grou
     check_settings(plan, group_size)
     if remote.is_offline():
         return store.require(hub_id)
-    rev = remote.resolve(hub_id)
+    try:
+        rev = remote.resolve(hub_id)
+    except PullError as exc:  # the hub is unreachable, or the repo gone: what the cache holds
+        held = store.find(hub_id)
+        if held is None:
+            raise
+        log(f"{exc}; the cache holds {held.id}, pulled {held.origin.get('pulled_at')}")
+        return held
     log(f"{hub_id}: revision {hub_id.revision} is commit {rev.commit} at {remote.endpoint()}")
     with store.pull_lock(hub_id, rev.commit):
         held = store.find(HubId(hub_id.repo, rev.commit))
@@ -106,7 +113,7 @@ class PullPlan:
 def plan_pull(rev: Revision, keep_source: bool = False, plan: str = "selective",
               group_size: int = 32) -> PullPlan:
     """What a pull of a BF16 revision writes and keeps at most, from its shard headers alone
-    (doctor reports it; the 48B figures in bench/RESULTS.md come from it)."""
+    (doctor reports it before any pull)."""
     headers = remote.shard_headers(rev)
     shards = [f for f in rev.shards if f.name in headers]
     decisions = plan_tensors(headers, plan, group_size)
