@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engined.grammar.compile import Compiled
@@ -134,14 +135,20 @@ _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 def unpack(bitmask: torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
     """bitmask: [R, W] int32 (bit j of word w allows token 32w+j) -> allowed [R, vocab] bool
-    on `device`; ids past 32W (a model's padded vocabulary) are never allowed."""
-    shifts = _SHIFTS.get(device)
-    if shifts is None:
-        shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
-    words = bitmask.to(device, non_blocking=True)
-    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)  # [R, 32W]
-    if allowed.shape[1] >= vocab:
-        return allowed[:, :vocab]
+    on `device`; ids past 32W (a model's padded vocabulary) are never allowed. On the CPU by
+    numpy, single-threaded: a parallel torch op on a busy host can wait milliseconds for its
+    second thread, longer than the work."""
+    if device.type == "cpu":
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+        allowed = torch.from_numpy(bits[:, :vocab].astype(bool))        # [R, min(32W, vocab)]
+    else:
+        shifts = _SHIFTS.get(device)
+        if shifts is None:
+            shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
+        words = bitmask.to(device, non_blocking=True)
+        allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab]  # [R, 32W]
+    if allowed.shape[1] == vocab:
+        return allowed
     pad = torch.zeros(allowed.shape[0], vocab - allowed.shape[1], dtype=torch.bool, device=device)
     return torch.cat([allowed, pad], dim=1)
 
@@ -158,6 +165,12 @@ def masked(rows: torch.Tensor, grammars: list, observe=lambda ms, is_ready: None
         observe(ms, is_ready)
         masks.append(bitmask)
     allowed = unpack(torch.cat(masks), rows.shape[1], rows.device)  # [R', V]
+    if rows.device.type == "cpu":  # numpy again: no torch thread pool for 200 KB
+        out = rows.numpy().copy()
+        view = out[index]
+        view[~allowed.numpy()] = -np.inf
+        out[index] = view
+        return torch.from_numpy(out)
     out = rows.clone()
     picked = torch.tensor(index, device=rows.device)
     out[picked] = rows[picked].masked_fill(~allowed, float("-inf"))
