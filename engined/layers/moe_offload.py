@@ -12,6 +12,9 @@ the shared expert's kernels run on the GPU while the CPU computes. On a CPU-only
 A CUDA graph cannot contain the CPU part, so the decode step of a model with offloaded
 layers is captured piecewise (models/kimi_piecewise.py): the step's parts are `send` (in the
 graph before the CPU), `compute` (between the replays) and `receive` (in the graph after).
+With a VRAM cache of hot experts (layers/expert_cache.py, --moe-cache), `decide` splits a
+call's routes between the cache and the CPU, `run_cached` runs the cached ones on the device
+(queued before the CPU part, so both work at once) and `receive` adds them in.
 Letters: t token, k choice, d hidden.
 """
 from dataclasses import dataclass
@@ -19,6 +22,7 @@ from typing import NamedTuple
 
 import torch
 
+from engined.layers.expert_cache import ExpertCache, Split
 from engined.ops import registry
 
 
@@ -32,11 +36,13 @@ class OffloadCounters:
 
 class HostRows(NamedTuple):
     """Views of `rows` rows of a HostBuffers: x, out [T, D] fp32; ids [T, k] int64; weights
-    [T, k] fp32."""
+    [T, k] fp32; slots, device_weights [T, k]: the routes the expert cache runs."""
     x: torch.Tensor
     ids: torch.Tensor
     weights: torch.Tensor
     out: torch.Tensor
+    slots: torch.Tensor
+    device_weights: torch.Tensor
 
 
 class HostBuffers:
@@ -56,7 +62,8 @@ class HostBuffers:
             shape, dtype=dtype, pin_memory=self.is_pinned)
         self.x, self.out = new(rows, self.hidden), new(rows, self.hidden)
         self.ids = new(rows, self.top_k, dtype=torch.int64)
-        self.weights = new(rows, self.top_k)
+        self.weights, self.device_weights = new(rows, self.top_k), new(rows, self.top_k)
+        self.slots = new(rows, self.top_k, dtype=torch.int64)
         self.num_rows = rows
 
     def take(self, rows: int) -> HostRows:
@@ -67,23 +74,28 @@ class HostBuffers:
             self._copied_back = None
         if rows > self.num_rows:
             self._grow(max(rows, 2 * self.num_rows))
-        return HostRows(self.x[:rows], self.ids[:rows], self.weights[:rows], self.out[:rows])
+        return HostRows(*(t[:rows] for t in (self.x, self.ids, self.weights, self.out,
+                                              self.slots, self.device_weights)))
 
-    def to_device(self, out: torch.Tensor, dtype) -> torch.Tensor:
-        """out [T, D] fp32 (host) -> [T, D] in dtype on the device, asynchronously on CUDA."""
+    def to_device(self, out: torch.Tensor) -> torch.Tensor:
+        """out [T, D] fp32 (host) -> on the device, asynchronously on CUDA; the next `take`
+        waits for the copies queued so far."""
         moved = out.to(self.device, non_blocking=self.is_pinned)
         if self.is_pinned:
             self._copied_back = torch.cuda.Event()
             self._copied_back.record()
-        return moved.to(dtype)
+        return moved
 
 
 class HostExperts:
     """The routed experts of one MoE layer, held in RAM and computed by the CPU threads."""
 
-    def __init__(self, buffers: HostBuffers, counters: OffloadCounters):
-        self.buffers, self.counters = buffers, counters
+    def __init__(self, buffers: HostBuffers, counters: OffloadCounters, layer: int = 0):
+        self.buffers, self.counters, self.layer = buffers, counters, layer
+        self.cache: ExpertCache | None = None    # set by the model when it has one
         self._grouped = registry.resolve("moe_grouped", "cpu").fn
+        self._split: Split | None = None
+        self._found: dict[int, int] = {}
 
     def __call__(self, f: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                  banks, shared) -> torch.Tensor:
@@ -96,9 +108,12 @@ class HostExperts:
         shared_out = shared(f) if shared is not None else None  # queued on the GPU meanwhile
         if ready is not None:
             ready.synchronize()
+        cached_out = None
+        if self.cache is not None:
+            self.decide(rows)
+            cached_out = self.run_cached(f, rows)               # queued before the CPU part
         self.compute(rows, banks)
-        routed = self.buffers.to_device(rows.out, f.dtype)
-        return routed if shared_out is None else routed + shared_out
+        return _sum(self.buffers.to_device(rows.out), cached_out, shared_out, f.dtype)
 
     def send(self, f: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, rows: HostRows):
         """The hidden rows and their routing into host rows (asynchronous from the GPU: the
@@ -108,23 +123,55 @@ class HostExperts:
         rows.ids.copy_(experts, non_blocking=pinned)
         rows.weights.copy_(weights, non_blocking=pinned)
 
+    def decide(self, rows: HostRows):
+        """With the cache, once the routing is in host rows: which chosen experts it holds,
+        and each side's routes (rows.slots and rows.device_weights for run_cached)."""
+        chosen = torch.unique(rows.ids).tolist()
+        self._found = self.cache.lookup(self.layer, chosen)
+        self._split = Split(rows.ids, rows.weights, self._found, self.cache.num_experts)
+        rows.slots.copy_(self._split.slots)
+        rows.device_weights.copy_(self._split.device_weights)
+
+    def run_cached(self, f: torch.Tensor, rows: HostRows) -> torch.Tensor:
+        """The cached experts' routes on the device (weight 0 elsewhere) -> [T, D] fp32."""
+        move = dict(device=self.buffers.device, non_blocking=self.buffers.is_pinned)
+        return registry.resolve("moe_grouped", f.device.type).fn(
+            f, *self.cache.pool, rows.slots.to(**move), rows.device_weights.to(**move))
+
     def compute(self, rows: HostRows, banks):
-        """The routed experts on the CPU threads: rows.out = Σ_k weight_k Expert_k(x)."""
-        w1, w3, w2 = (bank.packed for bank in banks)
-        self._grouped(rows.x, w1, w3, w2, rows.ids, rows.weights, out=rows.out)
-        self._count(*rows)
+        """The routed experts on the CPU threads: rows.out = Σ_k weight_k Expert_k(x), over
+        the routes the cache does not run; then the cache's misses are uploaded."""
+        packed = tuple(bank.packed for bank in banks)
+        split, self._split = self._split, None
+        if split is None:
+            self._grouped(rows.x, *packed, rows.ids, rows.weights, out=rows.out)
+        elif split.has_cpu:
+            self._grouped(rows.x, *packed, split.cpu_ids, split.cpu_weights, out=rows.out)
+        else:
+            rows.out.zero_()
+        if split is not None:
+            missed = [e for e in torch.unique(rows.ids).tolist() if e not in self._found]
+            self.cache.admit(self.layer, missed, packed, set(self._found.values()))
+        self._count(rows)
 
-    def receive(self, rows: HostRows, shared_out: torch.Tensor | None, dtype) -> torch.Tensor:
-        """rows.out back on the device in dtype, plus the shared expert's output: what a CUDA
-        graph replays after the CPU part (a copy from pinned memory, no event)."""
-        routed = rows.out.to(self.buffers.device, non_blocking=self.buffers.is_pinned).to(dtype)
-        return routed if shared_out is None else routed + shared_out
+    def receive(self, rows: HostRows, shared_out: torch.Tensor | None, dtype,
+                cached_out: torch.Tensor | None = None) -> torch.Tensor:
+        """rows.out back on the device, plus the cached experts' and the shared expert's
+        outputs, in dtype: what a CUDA graph replays after the CPU part (a copy from pinned
+        memory, no event)."""
+        routed = rows.out.to(self.buffers.device, non_blocking=self.buffers.is_pinned)
+        return _sum(routed, cached_out, shared_out, dtype)
 
-    def _count(self, *rows: torch.Tensor):
-        *sent, back = (r.numel() * r.element_size() for r in rows)
+    def _count(self, rows: HostRows):
         self.counters.moe_calls += 1
-        self.counters.bytes_to_host += sum(sent)
-        self.counters.bytes_to_device += back
+        self.counters.bytes_to_host += sum(t.nbytes for t in (rows.x, rows.ids, rows.weights))
+        self.counters.bytes_to_device += rows.out.nbytes
+
+
+def _sum(routed: torch.Tensor, cached_out, shared_out, dtype) -> torch.Tensor:
+    """routed (+ cached, in fp32) in dtype (+ shared)."""
+    routed = (routed if cached_out is None else routed + cached_out).to(dtype)
+    return routed if shared_out is None else routed + shared_out
 
 
 def event_after_copies(is_cuda: bool):

@@ -24,9 +24,13 @@ from engined.models.kimi_cache import DecodeRows
 class Crossing(NamedTuple):
     """The CPU part between two segments: after the segment's copies to host memory have
     landed, `compute` runs on the CPU threads; `overlap` (GPU work that needs nothing from
-    the CPU, such as the shared expert; None: none) is queued first, so it runs meanwhile."""
+    the CPU, such as the shared expert; None: none) is queued first, so it runs meanwhile.
+    With an expert cache, `decide` (host) first splits the routes and `cached` (GPU) runs
+    the cached experts' share, queued before `compute`."""
     overlap: Callable[[], None] | None
     compute: Callable[[], None]
+    decide: Callable[[], None] | None = None
+    cached: Callable[[], None] | None = None
 
 
 class PoolsMoved(RuntimeError):
@@ -51,8 +55,8 @@ class KimiGraphStep:
     def pieces(self) -> list[Callable[[], None]]:
         """The GPU pieces in the order a step runs them (and the runner captures them):
         each segment, then its crossing's overlap."""
-        overlaps = [c.overlap for c in self.crossings] + [None]
-        return [p for segment, o in zip(self.segments, overlaps) for p in (segment, o) if p]
+        after = [(c.overlap, c.cached) for c in self.crossings] + [(None, None)]
+        return [p for segment, gpu in zip(self.segments, after) for p in (segment, *gpu) if p]
 
     def load_scratch(self):
         """Every row on the scratch sequence (warm-up and capture)."""
@@ -88,6 +92,9 @@ class KimiGraphStep:
                 play(crossing.overlap)
             if copied is not None:
                 copied.synchronize()
+            if crossing.decide is not None:
+                crossing.decide()
+                play(crossing.cached)
             crossing.compute()
         return self.logits
 

@@ -7,6 +7,7 @@ import contextlib
 
 import torch
 
+from engined.layers.expert_cache import ExpertCache
 from engined.layers.kda import KDA
 from engined.layers.linear import Linear
 from engined.layers.mla import MLA
@@ -26,7 +27,7 @@ from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 
 def members(obj):
     """Every value held by `obj` and the engined objects and lists under it, each object once
-    (host expert buffers are working memory, not part of the model: not entered)."""
+    (host expert buffers and the expert cache are working memory, not weights: not entered)."""
     seen = set()
 
     def walk(o):
@@ -36,7 +37,7 @@ def members(obj):
             seen.add(id(v))
             yield v
             if isinstance(v, list) or (type(v).__module__.startswith("engined.")
-                                       and not isinstance(v, HostExperts)):
+                                       and not isinstance(v, (HostExperts, ExpertCache))):
                 yield from walk(v)
     return walk(obj)
 
@@ -112,10 +113,11 @@ class KimiLinearModel:
     #                          of one sequence in one step, and a rollback, are not built yet
     def __init__(self, config: KimiLinearConfig, dtype=torch.float32, device="cpu",
                  int4: dict[str, int] | None = None, weight_dtype: torch.dtype | None = None,
-                 offload: frozenset[int] = frozenset()):
+                 offload: frozenset[int] = frozenset(), cache_slots: int = 0):
         """`dtype`: activations and caches; `weight_dtype` (default `dtype`): dense weights.
         offload: MoE layers whose routed experts live in RAM and run on the CPU threads
         (layers/moe_offload.py); their activity is counted in `offload_counters`.
+        cache_slots: experts the device caches for those layers (layers/expert_cache.py).
         Allocates every weight empty on `device` (a loader fills them through the table).
         int4: model path -> group size for packed-INT4 projections, e.g.
         {'layers.1.self_attn.q_proj': 32, 'layers.1.block_sparse_moe.w1': 32, 'lm_head': 32}."""
@@ -126,6 +128,7 @@ class KimiLinearModel:
         hosts = self._host_experts(c, int4, offload)
         self.layers = [DecoderLayer(c, i, wd, device, scope(int4, f"layers.{i}"), hosts.get(i))
                        for i in range(c.num_hidden_layers)]
+        self.expert_cache = self._expert_cache(cache_slots)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, wd, device)
         self.lm_head = Linear(c.vocab_size, c.hidden_size, wd, device, int4.get("lm_head"))
         if c.tie_word_embeddings and not self.lm_head.is_int4:
@@ -154,7 +157,20 @@ class KimiLinearModel:
         if not offload:
             return {}
         buffers = HostBuffers(c.hidden_size, c.num_experts_per_token, self.device)
-        return {i: HostExperts(buffers, self.offload_counters) for i in offload}
+        return {i: HostExperts(buffers, self.offload_counters, i) for i in offload}
+
+    def _expert_cache(self, slots: int) -> ExpertCache | None:
+        """One pool of `slots` expert slots on the device for every offloaded layer."""
+        if not slots:
+            return None
+        if not self.offloaded:
+            raise ValueError("an expert cache serves MoE layers whose experts are in RAM; none are")
+        moes = [self.layers[i].block_sparse_moe for i in self.offloaded]
+        cache = ExpertCache(slots, (moes[0].w1.packed, moes[0].w3.packed, moes[0].w2.packed),
+                            self.device)
+        for moe in moes:
+            moe.host_experts.cache = cache
+        return cache
 
     def tensors(self) -> list[torch.Tensor]:
         return weight_tensors(self)

@@ -6,7 +6,8 @@ pinned host rows plus its shared expert's output, then the layers up to offloade
 whose attention, norm and router run and whose hidden rows and top-k go out to the pinned
 rows; the last segment runs the remaining layers and the LM head. Between segments the
 crossing queues the shared expert (its own graph, run while the CPU computes), waits for
-the copies out, and runs moe_grouped on the CPU threads. Every tensor a segment hands to
+the copies out, and runs moe_grouped on the CPU threads; with an expert cache it first
+splits the routes and queues the cached experts' graph (reading the split from pinned rows). Every tensor a segment hands to
 the next is an attribute of the step, so a replay refills the tensors the next one reads.
 With the CPU as the device the same pieces run eagerly: the hybrid step's ops in its order,
 so the tokens are the plain model's bit for bit (tests/models/test_kimi_piecewise.py).
@@ -29,9 +30,13 @@ class KimiPiecewiseStep(KimiGraphStep):
         self.h = self.step_rows = None         # the residual stream [B, D]; rows with lengths
         self.f: list[torch.Tensor | None] = [None] * n           # offloaded layer k's FFN input
         self.shared_out: list[torch.Tensor | None] = [None] * n  # its shared expert's output
+        self.cached_out: list[torch.Tensor | None] = [None] * n  # its cached experts' output
         self.segments = [partial(self._segment, k) for k in range(n + 1)]
+        cached = model.expert_cache is not None
         self.crossings = [Crossing(partial(self._overlap, k) if self._moe(k).shared_experts else None,
-                                   partial(self._compute, k)) for k in range(n)]
+                                   partial(self._compute, k),
+                                   partial(self._decide, k) if cached else None,
+                                   partial(self._cached, k) if cached else None) for k in range(n)]
 
     def _moe(self, k: int):
         return self.model.layers[self.offloaded[k]].block_sparse_moe
@@ -44,7 +49,8 @@ class KimiPiecewiseStep(KimiGraphStep):
             delta, first = None, 0
         else:
             moe = self._moe(k - 1)
-            delta = moe.host_experts.receive(self.host, self.shared_out[k - 1], self.f[k - 1].dtype)
+            delta = moe.host_experts.receive(self.host, self.shared_out[k - 1], self.f[k - 1].dtype,
+                                             self.cached_out[k - 1])
             first = self.offloaded[k - 1] + 1
         end = self.offloaded[k] if k < n else len(m.layers)
         delta = m.decode_layers(self.h, delta, self.step_rows, first, end)
@@ -60,6 +66,13 @@ class KimiPiecewiseStep(KimiGraphStep):
     @torch.inference_mode()
     def _overlap(self, k: int):
         self.shared_out[k] = self._moe(k).shared_experts(self.f[k])
+
+    def _decide(self, k: int):
+        self._moe(k).host_experts.decide(self.host)
+
+    @torch.inference_mode()
+    def _cached(self, k: int):
+        self.cached_out[k] = self._moe(k).host_experts.run_cached(self.f[k], self.host)
 
     def _compute(self, k: int):
         moe = self._moe(k)

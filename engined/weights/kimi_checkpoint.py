@@ -117,14 +117,15 @@ def open_checkpoint(path, rehash: bool = False) -> Checkpoint:
 
 def build_empty(ckpt: Checkpoint, device="cpu", dtype: torch.dtype | None = None,
                 weight_dtype: torch.dtype | None = None,
-                offload: frozenset[int] = frozenset()) -> KimiLinearModel:
+                offload: frozenset[int] = frozenset(), cache_slots: int = 0) -> KimiLinearModel:
     """The model with every weight allocated (untouched) on `device`, the routed experts of
-    the `offload` layers in RAM. dtype: activations (default bf16 on CUDA, fp32 elsewhere);
+    the `offload` layers in RAM (cache_slots of them cached on the device). dtype: activations (default bf16 on CUDA, fp32 elsewhere);
     dense weights keep the checkpoint dtype unless weight_dtype says otherwise."""
     act = dtype or act_dtype(device)
     wd = weight_dtype or DTYPES[ckpt.config.torch_dtype]
     try:
-        return KimiLinearModel(ckpt.config, act, torch.device(device), ckpt.int4, wd, offload)
+        return KimiLinearModel(ckpt.config, act, torch.device(device), ckpt.int4, wd, offload,
+                               cache_slots)
     except ValueError as exc:  # experts in RAM asked of a BF16 checkpoint
         raise CheckpointError(f"{ckpt.path}: {exc}") from None
 
@@ -232,16 +233,17 @@ def load_weights(ckpt: Checkpoint, model: KimiLinearModel, progress: bool = True
 
 
 def load_kimi_linear(path, device="cpu", threads=None, progress=True, dtype=None, rehash=True,
-                     offload: frozenset[int] = frozenset()):
+                     offload: frozenset[int] = frozenset(), cache_slots: int = 0):
     """-> LoadedModel(model_id, model, tokenizer, chat, context_length, source, counters).
     rehash: re-hash an INT4 artifact's files against its manifest before loading; offload:
-    MoE layers whose routed experts are read into RAM (read straight into their banks)."""
+    MoE layers whose routed experts are read into RAM (read straight into their banks);
+    cache_slots: experts of those the device caches (--moe-cache)."""
     from engined.chat.kimi_template import KimiChatFormat
     from engined.chat.kimi_tokenizer import KimiTokenizer
     if threads is not None:
         torch.set_num_threads(threads)
     ckpt = open_checkpoint(path, rehash=rehash)
-    model = build_empty(ckpt, device, dtype, offload=offload)
+    model = build_empty(ckpt, device, dtype, offload=offload, cache_slots=cache_slots)
     check_contract(ckpt, model)
     tokenizer = KimiTokenizer.from_dir(ckpt.path)
     if tokenizer.vocab_size > ckpt.config.vocab_size:

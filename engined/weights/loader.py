@@ -147,21 +147,23 @@ def _check_plan(hparams, specs, path, embed_dtype: torch.dtype) -> LoadPlan:
 
 def load_model(spec: str, device: str = "cpu", threads: int | None = None,
                progress: bool = True, embed_dtype: torch.dtype | None = None,
-               kv_dtype: torch.dtype = KV_DTYPE, offload: frozenset[int] = frozenset()) -> LoadedModel:
+               kv_dtype: torch.dtype = KV_DTYPE, offload: frozenset[int] = frozenset(),
+               cache_slots: int = 0) -> LoadedModel:
     """Load weights from the cached artifact (repacking first if needed) plus tokenizer and chat.
     embed_dtype: the tied embedding's form (EMBED_Q8 keeps Q8_0; default_embed_dtype when None).
     offload: the MoE layers whose routed experts stay in RAM (weights/placement.py); a model
-    without routed experts has none."""
+    without routed experts has none; cache_slots: experts of those the device caches."""
     if synthetic.is_synthetic(spec):
-        return _kimi(synthetic.load, spec, device=device, threads=threads, offload=offload)
+        return _kimi(synthetic.load, spec, device=device, threads=threads, offload=offload,
+                     cache_slots=cache_slots)
     if (held := _held(spec)) is not None:
         loaded = _kimi(kimi_checkpoint.load_kimi_linear, held, device=device, threads=threads,
-                       progress=progress, offload=offload)
+                       progress=progress, offload=offload, cache_slots=cache_slots)
         loaded.model_id = ids.parse(spec).repo
         return loaded
     if _kimi_dir(spec):
         return _kimi(kimi_checkpoint.load_kimi_linear, spec, device=device, threads=threads,
-                     progress=progress, offload=offload)
+                     progress=progress, offload=offload, cache_slots=cache_slots)
     if offload:
         raise ModelLoadError(f"model {spec!r} has no routed experts to keep in RAM")
     from engined.weights import gguf_repack

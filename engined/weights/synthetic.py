@@ -143,14 +143,15 @@ def config_of(spec: str) -> dict:
 
 
 def build(cfg: dict, device, int4: bool = True, seed: int = 0, fill: bool = True,
-          offload: frozenset[int] = frozenset()) -> KimiLinearModel:
+          offload: frozenset[int] = frozenset(), cache_slots: int = 0) -> KimiLinearModel:
     """The model with random weights on `device`: bf16 activations on CUDA, fp32 elsewhere;
     int4: the selective plan (routed and shared experts packed), else dense bf16; offload:
-    MoE layers whose routed experts are made in RAM (the same values, seed for seed)."""
+    MoE layers whose routed experts are made in RAM (the same values, seed for seed);
+    cache_slots: the device's expert cache for them (layers/expert_cache.py)."""
     config = parse_config(cfg)
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     model = KimiLinearModel(config, dtype, device, selective_int4(config) if int4 else {},
-                            torch.bfloat16, offload)
+                            torch.bfloat16, offload, cache_slots)
     if fill:
         fill_random(model, seed)
         if model.device.type == "cuda":
@@ -189,13 +190,13 @@ def byte_tokenizer(vocab_size: int):
 
 
 def load(spec: str, device="cpu", threads: int | None = None,
-         offload: frozenset[int] = frozenset()) -> LoadedModel:
+         offload: frozenset[int] = frozenset(), cache_slots: int = 0) -> LoadedModel:
     from engined.chat.kimi_template import KimiChatFormat
 
     if threads is not None:
         torch.set_num_threads(threads)
     cfg = config_of(spec)
     tokenizer = byte_tokenizer(cfg["vocab_size"])
-    model = build(cfg, device, offload=offload)
+    model = build(cfg, device, offload=offload, cache_slots=cache_slots)
     return LoadedModel(spec, model, tokenizer, KimiChatFormat(None, tokenizer),
                        model.config.context_length, pathlib.Path(spec), model.offload_counters)

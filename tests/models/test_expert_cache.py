@@ -1,0 +1,119 @@
+"""The VRAM cache of hot experts (issue 30 item 2), checked on the CPU with the "device" pool
+in CPU memory: an LRU pinned on a scripted route sequence, and outputs bit for bit those of
+the same model without the cache, eager and piecewise. synthetic:tiny routes top-2: the
+cache's share and the CPU's share of a token's two routes add in either order to the same
+bits (with top-8, the GPU's sum order differs anyway)."""
+import pytest
+import torch
+
+from engined.layers.expert_cache import ExpertCache, Split
+from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
+from engined.weights import synthetic
+
+TINY = synthetic.CONFIGS["tiny"]  # layer 0 dense, layers 1..3 MoE (8 experts, top-2)
+MOE_LAYERS = frozenset({1, 2, 3})
+
+
+def _model(offload=MOE_LAYERS, cache_slots=0):
+    return synthetic.build(TINY, "cpu", seed=7, offload=offload, cache_slots=cache_slots)
+
+
+def _banks(model, layer):
+    moe = model.layers[layer].block_sparse_moe
+    return tuple(bank.packed for bank in (moe.w1, moe.w3, moe.w2))
+
+
+def test_lru_hits_misses_and_evictions_on_a_scripted_route_sequence():
+    model = _model()
+    cache = ExpertCache(3, _banks(model, 1), "cpu", max_uploads=2)
+    script = [  # (layer, chosen experts, found {expert: slot}); LRU order after the call
+        (1, [0, 1], {}),               # cold: both uploaded, slots 0 and 1     1.0 1.1
+        (1, [0, 1], {0: 0, 1: 1}),     #                                        1.0 1.1
+        (2, [0, 5, 6], {}),            # 2.0 to free slot 2; 2.5 evicts 1.0; 6 not uploaded
+        #                                (two uploads a call)                    1.1 2.0 2.5
+        (1, [1, 4], {1: 1}),           # 4 evicts the least recent, 2.0         2.5 1.1 1.4
+        (1, [0], {}),                  # 0 evicts 2.5                           1.1 1.4 1.0
+        (2, [5, 0], {}),               # 2.5 evicts 1.1, 2.0 evicts 1.4         1.0 2.5 2.0
+        (1, [0, 4], {0: 0}),           # 4 evicts 2.5, never 1.0 that it uses   2.0 1.0 1.4
+    ]
+    for layer, chosen, found in script:
+        assert cache.lookup(layer, chosen) == found, (layer, chosen)
+        cache.admit(layer, [e for e in chosen if e not in found], _banks(model, layer),
+                    set(found.values()))
+    assert cache.counters.hits == {1: 4, 2: 0}
+    assert cache.counters.misses == {1: 5, 2: 5}
+    assert cache.counters.uploads == 9
+    assert cache.counters.upload_bytes == 9 * cache.slot_bytes
+    assert list(cache._slots.items()) == [((2, 0), 2), ((1, 0), 0), ((1, 4), 1)]
+
+
+def test_an_uploaded_slot_holds_the_experts_bytes():
+    model = _model()
+    banks = _banks(model, 2)
+    cache = ExpertCache(2, banks, "cpu")
+    cache.admit(2, [6], banks, set())
+    slot = cache.lookup(2, [6])[6]
+    for pool, bank in zip(cache.pool, banks):
+        assert torch.equal(pool.qweight[slot], bank.qweight[6])
+        assert torch.equal(pool.scales[slot], bank.scales[6])
+
+
+def test_a_split_gives_each_side_only_experts_it_runs():
+    ids = torch.tensor([[3, 5], [5, 1], [3, 3]])
+    weights = torch.tensor([[.5, .25], [.75, .125], [.5, .5]])
+    split = Split(ids, weights, {5: 0}, 8)
+    assert split.has_cpu and split.has_device
+    assert torch.equal(split.cpu_weights, torch.tensor([[.5, 0], [0, .125], [.5, .5]]))
+    assert set(split.cpu_ids.flatten().tolist()) == {1, 3}          # never 5
+    assert torch.equal(split.device_weights, torch.tensor([[0, .25], [.75, 0], [0, 0]]))
+    assert set(split.slots.flatten().tolist()) == {0}
+    assert not Split(ids, weights, {}, 8).has_device
+
+
+def _greedy(model, prompt, steps):
+    cache = model.new_cache(64)
+    rows = [model.forward(torch.tensor(prompt), cache, 0)]
+    tokens = []
+    for _ in range(steps):
+        tokens.append(int(rows[-1][-1].argmax()))
+        rows.append(model.decode_batch(torch.tensor(tokens[-1:]), [cache], [cache.num_tokens]))
+    return tokens, torch.cat(rows)
+
+
+@pytest.mark.parametrize("slots", [8, 24], ids=["a-third", "every-expert"])
+def test_outputs_are_bit_identical_with_the_cache_on_and_off(slots):
+    prompt = [5, 17, 300, 41, 9, 77, 123]
+    tokens, logits = _greedy(_model(), prompt, 8)
+    cached = _model(cache_slots=slots)
+    tokens_c, logits_c = _greedy(cached, prompt, 8)
+    assert tokens_c == tokens
+    assert torch.equal(logits_c, logits)
+    counted = cached.expert_cache.counters
+    assert sum(counted.hits.values()) > 0 and sum(counted.misses.values()) > 0
+    assert set(counted.hits) == MOE_LAYERS
+
+
+def test_the_piecewise_step_with_the_cache_gives_the_same_logits():
+    prompts = [[3, 5, 7, 11], [2, 9], [40, 41, 42]]
+    out = []
+    for model in (_model(), _model(cache_slots=6)):
+        caches = [model.new_cache(32) for _ in prompts]
+        tokens = [int(model.forward(torch.tensor(p), c, 0)[-1].argmax()) for p, c in zip(prompts, caches)]
+        step, rows = model.graph_step(4, 256), []
+        for _ in range(5):
+            positions = [c.num_tokens for c in caches]
+            step.load(tokens, caches, positions)
+            with torch_single_threaded():
+                rows.append(step.run()[:3].clone())
+            step.finish(caches, positions)
+            tokens = rows[-1].argmax(-1).tolist()
+        out.append(torch.cat(rows))
+        if model.expert_cache is not None:
+            assert len(step.pieces()) == 3 * 3 + 1     # segment, shared expert, cached experts
+            assert sum(model.expert_cache.counters.hits.values()) > 0
+    assert torch.equal(out[0], out[1])
+
+
+def test_a_cache_without_offloaded_layers_is_refused():
+    with pytest.raises(ValueError, match="experts are in RAM"):
+        _model(offload=frozenset(), cache_slots=4)
