@@ -13,6 +13,8 @@
 # and only the bundle of them (BUNDLE, see Output) to the lease's $OUT. The device call:
 #   command: BUNDLE=$OUT/gpu-run.tar.gz OUT=/tmp/gpu-run bash bench/gpu_run.sh quick kernels serve
 #   timeout_s: 540          (BUNDLE first: it takes the lease's $OUT before OUT is set anew)
+#   carry:   [".gpu-carry/wheels"]   (`make gpu-carry` first: fla-core, whose chunk_kda is
+#                           the KDA prefill on CUDA, is not on the image)
 #   quick    120 s  the environment (nvidia-smi, torch, CUDA and triton versions), then
 #                   bench/gpu_quick.py: synthetic:kimi-linear-48b INT4, batch-1 decode in
 #                   process under the engine's CUDA graph runner (3 runs of 32 tokens, vs the
@@ -55,7 +57,8 @@
 # once and says this): the image cannot build it (no cffi, no network), so it is carried
 # there. `make gpu-carry` on the build machine fetches the cp312 wheels of what the built
 # helper imports: cffi (its _cffi_backend, the version that built the helper) and numpy
-# (engined/helper/ imports it beside the helper), ~17 MB in .gpu-carry/wheels. Then the
+# (engined/helper/ imports it beside the helper), and fla-core with einops (pure Python, the
+# CUDA KDA prefill), ~18 MB in .gpu-carry/wheels. Then the
 # session's device tool runs, as one call (its carry takes ignored paths, 64 MiB in all):
 #   command: BUNDLE=$OUT/gpu-run-offload.tar.gz OUT=/tmp/gpu-run bash bench/gpu_run.sh offload
 #   timeout_s: 360
@@ -179,11 +182,12 @@ section_offload() {  # offload.py exits 2 at once, saying how to carry it, witho
 use_carried_wheels() {  # `make gpu-carry`'s wheels for this python, unless it has them already
   local tag wheel module
   tag=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])') || return 1
-  for wheel in .gpu-carry/wheels/*-"$tag"-"$tag"-*.whl; do
+  for wheel in .gpu-carry/wheels/*-"$tag"-"$tag"-*.whl .gpu-carry/wheels/*-py3-none-any.whl; do
     [ -f "$wheel" ] || continue
     module=${wheel##*/}
     module=${module%%-*}
     [ "$module" = cffi ] && module=_cffi_backend  # all the built helper imports of cffi
+    [ "$module" = fla_core ] && module=fla        # KDA prefill's chunk_kda (pure Python)
     "$PY" -c "import $module" 2>/dev/null && continue
     "$PY" -m zipfile -e "$wheel" ".gpu-carry/$tag" || return 1
     echo "gpu_run.sh: $module from the carried ${wheel##*/}"

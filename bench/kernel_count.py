@@ -82,10 +82,12 @@ def triton_launches(counts: Counts, execute: bool = True):
     work inside a launch is not a kernel of the step, so aten counting pauses there.
     execute=False counts without running the kernel (its outputs keep whatever they held:
     a prefill chunk's count, where interpreting 256 rows of experts would take minutes, and
-    no launch count depends on a kernel's values)."""
+    no launch count depends on a kernel's values). An autotuned kernel (fla's) launches its
+    first config without timing the others: a GPU times them once, not per step."""
+    from triton.runtime.autotuner import Autotuner
     from triton.runtime.interpreter import InterpretedFunction
 
-    original = InterpretedFunction.run
+    original, bench = InterpretedFunction.run, Autotuner._bench
 
     def run(self, *args, **kwargs):
         counts.add(f"triton.{self.fn.__name__}")
@@ -98,10 +100,11 @@ def triton_launches(counts: Counts, execute: bool = True):
             counts.paused -= 1
 
     InterpretedFunction.run = run
+    Autotuner._bench = lambda self, *args, config, **meta: [0.0, 0.0, 0.0]
     try:
         yield
     finally:
-        InterpretedFunction.run = original
+        InterpretedFunction.run, Autotuner._bench = original, bench
 
 
 @contextlib.contextmanager

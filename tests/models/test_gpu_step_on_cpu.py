@@ -12,7 +12,9 @@ from engined.models.kimi_linear import KimiLinearModel  # noqa: E402
 from engined.models.kimi_linear_config import parse_config  # noqa: E402
 from engined.ops import registry  # noqa: E402
 from engined.weights import synthetic  # noqa: E402
+from engined.ops.kda_prefill import fla as fla_prefill  # noqa: E402
 from tests.ops.helpers import interpreter_ready, run_fresh  # noqa: E402
+from tests.ops.prefill_cases import fla_naive_chunk_kda  # noqa: E402
 
 PROMPTS = ([5, 9, 300, 7, 11], [42, 17])
 STEPS = 4
@@ -58,10 +60,11 @@ def test_the_gpu_step_decodes_what_the_cpu_path_decodes():
 
 
 @in_process
-def test_the_gpu_step_reads_the_codes_repacked_for_it():
+def test_the_gpu_step_reads_the_codes_repacked_for_it(monkeypatch):
     """A GPU holds its INT4 codes in its kernels' order (to_gpu_order_ at load): prefilled and
     decoded by the GPU's ops from them, the model decodes what its disk-order twin decodes on
-    the CPU's path."""
+    the CPU's path (KDA's prefill through the fla variant, fla's naive functions its kernel)."""
+    monkeypatch.setattr(fla_prefill, "chunk_kda", fla_naive_chunk_kda)
     model, repacked = tiny_model(), tiny_model()
     repacked.to_gpu_order_()
     assert repacked.layers[1].self_attn.q_proj.packed.gpu_order         # a view of qkv's rows

@@ -357,6 +357,7 @@ CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "q8_gemv": Q
          "moe_swiglu": routed("moe_swiglu")}
 
 import tests.ops.decode_cases  # noqa: E402,F401  (adds the decode step's fused ops to CASES)
+import tests.ops.prefill_cases  # noqa: E402,F401  (adds the prefill ops to CASES)
 
 
 def SMALL_ENOUGH_FOR_INTERPRETER(case: Case) -> bool:  # noqa: N802 (reads as a constant rule)

@@ -21,6 +21,7 @@ SHIPPED = {
     ("paged_mla_decode", "cpu"): "cpu_batched",
     ("paged_mla_decode", "cuda"): "triton",
     ("kda_decode", "cuda"): "triton",
+    ("kda_prefill", "cuda"): "fla",
     ("add_rmsnorm", "cuda"): "triton",
     ("moe_decode", "cuda"): "triton",
     ("moe_decode", "cpu"): "composed",
