@@ -80,9 +80,13 @@ figures: setup
 # The GPU machine's image (python 3.12, torch; no cffi, numpy or network) cannot build or
 # import the C helper, so it is carried there (bench/gpu_run.sh's header has the `run` call):
 # this fetches the cp312 wheels of what the built helper imports, cffi at the version that
-# built it and numpy, into .gpu-carry/wheels (~17 MB); gpu_run.sh unpacks them on that image.
+# built it and numpy, and the pure-Python fla-core (KDA prefill's chunk_kda on CUDA) with its
+# one dependency einops, at the versions the tests ran, into .gpu-carry/wheels (~18 MB);
+# gpu_run.sh unpacks them on that image.
 GPU_CARRY := .gpu-carry/wheels
-GPU_PINS = $(shell $(PY) -c 'import cffi, numpy; print(f"cffi=={cffi.__version__} numpy=={numpy.__version__}")')
+GPU_PINS = $(shell $(PY) -c 'import cffi, numpy; from importlib.metadata import version as v; \
+  print("cffi==" + cffi.__version__, "numpy==" + numpy.__version__, "fla-core==" + v("fla-core"), \
+        "einops==" + v("einops"))')
 
 gpu-carry: setup
 	@rm -rf .gpu-carry && mkdir -p $(GPU_CARRY)
