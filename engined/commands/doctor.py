@@ -13,28 +13,15 @@ import os
 import pathlib
 import sys
 import tempfile
-from dataclasses import dataclass
 from typing import Callable
 
 from engined.commands import doctor_hub
+from engined.commands.doctor_hub import Check
 from engined.config import (DEFAULT_MAX_CONTEXT, EngineConfig, UnsafeSocketDir, check_socket_dir,
                             format_size)
 
 PINS = {"torch": "2.13.0", "triton": "3.9.0"}  # constraints.txt (a test keeps them equal)
 MIN_PYTHON = (3, 11)
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    is_ok: bool
-    detail: str
-    fix: str = ""
-
-    def line(self) -> str:
-        mark = "ok" if self.is_ok else "x "
-        fix = f"  (fix: {self.fix})" if self.fix and not self.is_ok else ""
-        return f"{mark} {self.name}: {self.detail}{fix}"
 
 
 def run_checks(config: EngineConfig) -> list[Check]:
