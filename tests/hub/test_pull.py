@@ -162,6 +162,8 @@ def test_a_new_revision_quantizes_anew_and_rm_removes(hub, tmp_path):
         pulled = kimi(env, "pull", REPO)
         assert pulled.returncode == 0 and "quantized (selective)" in pulled.stderr
         assert [p.name for p in artifact_dirs(tmp_path)] == sorted([hub.commit, second])
+        listed = kimi(env, "models").stdout
+        assert f"{REPO}@{second[:12]}  main  " in listed and f"{REPO}@{hub.commit[:12]}  -  " in listed
         gone = kimi(env, "models", "rm", f"{REPO}@{hub.commit[:12]}")
         assert gone.returncode == 0 and hub.commit[:12] in gone.stdout
         assert [p.name for p in artifact_dirs(tmp_path)] == [second]

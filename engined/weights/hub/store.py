@@ -38,7 +38,10 @@ class Entry:
 
     @property
     def revisions(self) -> list[str]:
-        return self.origin.get("revisions", [])
+        """The branches and tags that resolve to this commit now (a moved branch drops it)."""
+        refs = self.path.parent / "refs"
+        return sorted(r.name.replace("%2F", "/") for r in refs.glob("*")
+                      if r.read_text().strip() == self.commit)
 
     @property
     def size(self) -> int:
