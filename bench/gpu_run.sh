@@ -8,7 +8,7 @@
 #
 # Sections, with their limits, cheapest and most decisive first. One command of a GPU lease
 # runs at most 600 s: `quick kernels serve` (120 + 150 + 240 = 510 s, under a 540-s budget
-# with the start-up checks) is one command and `offload` (300 s) another. A lease brings back
+# with the start-up checks) is one command and `offload` (380 s) another. A lease brings back
 # at most 8 files of its $OUT, and a run writes more: the results go to a folder of their own
 # and only the bundle of them (BUNDLE, see Output) to the lease's $OUT. The device call:
 #   command: BUNDLE=$OUT/gpu-run.tar.gz OUT=/tmp/gpu-run bash bench/gpu_run.sh quick kernels serve
@@ -36,7 +36,9 @@
 #                   device memory (saved at once); decode at 1 and 8 streams of 256 tokens,
 #                   over the window where every stream decodes; TTFT at 8k, then at 32k
 #                   prompt tokens (last); graph capture failures and peak memory again.
-#   offload  300 s  bench/offload.py: synthetic:kimi-linear-48b served twice, with
+#   offload  380 s  tests/models/test_gpu_offload.py (the piecewise decode step captured
+#                   around the CPU experts, and the expert cache in it: 60 s), then
+#                   bench/offload.py: synthetic:kimi-linear-48b served twice, with
 #                   `--gpu-memory 24GiB` and with `--cpu-moe` (routed experts in RAM, run by
 #                   the C helper on all 16 CPU threads): batch-1 decode, 8k-token prefill TTFT,
 #                   peak device memory (CUDA context included), the placement the engine
@@ -61,7 +63,7 @@
 # CUDA KDA prefill), ~18 MB in .gpu-carry/wheels. Then the
 # session's device tool runs, as one call (its carry takes ignored paths, 64 MiB in all):
 #   command: BUNDLE=$OUT/gpu-run-offload.tar.gz OUT=/tmp/gpu-run bash bench/gpu_run.sh offload
-#   timeout_s: 360
+#   timeout_s: 420
 #   carry:   ["engined/_kimi_helper.abi3.so", ".gpu-carry/wheels"]
 # Here the wheels that match the running python (cp312 there; none on the build machine's
 # 3.11) are unpacked into .gpu-carry/cpXY unless that python imports them already, and that
@@ -86,7 +88,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-declare -A LIMIT=([quick]=120 [kernels]=150 [serve]=240 [offload]=300)
+declare -A LIMIT=([quick]=120 [kernels]=150 [serve]=240 [offload]=380)
 SKIPPED=77  # a section's exit status for "not run here", as automake's test harness reads it
 export PYTHONUNBUFFERED=1
 
@@ -168,6 +170,13 @@ section_serve() {
 }
 
 section_offload() {  # offload.py exits 2 at once, saying how to carry it, without the helper
+  if ! "$PY" -c 'import pytest' 2>/dev/null; then
+    echo "pytest is not on this image: the offload GPU tests not run"
+  elif [ "$DRY" = 1 ]; then
+    step 60 "$PY" -m pytest -q --collect-only -m gpu -p no:cacheprovider tests/models/test_gpu_offload.py
+  else
+    step 75 "$PY" -m pytest -v -m gpu -p no:cacheprovider tests/models/test_gpu_offload.py
+  fi
   if [ "$DRY" = 1 ]; then
     step 90 "$PY" bench/offload.py --model synthetic:small --device cpu --threads 2 \
       --placements cpu-moe,n-cpu-moe=1 --new-tokens 8 --runs 1 --prefill 256 --probe-mib 64 \

@@ -94,6 +94,13 @@ OPTIONS = [
      "GPU, the rest go to RAM. Ignored with --device cpu.  [default: the GPU's free memory "
      "minus 1 GiB]",
      "The GPU budget to plan for (as for serve)."),
+    (["--moe-cache"], dict(metavar="SIZE|auto"),
+     "GPU memory for a cache of the routed experts that the MoE layers in RAM use most "
+     "recently (as llama.cpp's forks have): a chosen expert found there runs on the "
+     "GPU, the rest on the CPU threads, misses are uploaded beside the decode; 0 turns it "
+     "off. Ignored with --device cpu or when no experts are in RAM.  [default: auto, what "
+     "the --gpu-memory budget leaves after the placement]",
+     "The expert cache to plan for (as for serve)."),
     (["--log-file"], dict(metavar="PATH"),
      "Append status and request lines here instead of standard error; SIGHUP reopens it.", None),
     (["--config", "config_file"], dict(metavar="PATH"),

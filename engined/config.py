@@ -15,6 +15,7 @@ from typing import Any, Mapping
 ENV_PREFIX = "KIMI_ENGINE_"
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_MAX_CONTEXT = 8192  # used when the model allows more; bounds the planned KV cache
+MOE_CACHE_AUTO = -1  # --moe-cache auto: what the GPU budget leaves after the plan
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -145,6 +146,7 @@ class EngineConfig:
     cpu_moe: bool = False  # every MoE layer's routed experts in RAM (llama.cpp's name)
     n_cpu_moe: int = 0  # the routed experts of the first N MoE layers in RAM
     gpu_memory: int = 0  # bytes the GPU may hold; 0 = its free memory minus a margin
+    moe_cache: int | str = "auto"  # bytes of GPU expert cache for experts in RAM; 0 = off
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -167,6 +169,8 @@ class EngineConfig:
         set_("cpu_moe", _bool(self.cpu_moe, "cpu-moe"))
         set_("n_cpu_moe", _non_negative_int(self.n_cpu_moe, "n-cpu-moe"))
         set_("gpu_memory", parse_size(self.gpu_memory, "gpu-memory"))
+        set_("moe_cache", MOE_CACHE_AUTO if str(self.moe_cache).strip().lower() in ("auto", "-1")
+             else parse_size(self.moe_cache, "moe-cache"))
         if self.log_file:
             set_("log_file", pathlib.Path(self.log_file))
 

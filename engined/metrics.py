@@ -128,4 +128,27 @@ class _OffloadCollector:
             "step: hidden rows and routing to the host, routed outputs back", labels=["direction"])
         moved.add_metric(["to_host"], self.counters.bytes_to_host)
         moved.add_metric(["to_device"], self.counters.bytes_to_device)
-        return [calls, moved]
+        cache = self.counters.cache
+        if cache is None:
+            return [calls, moved]
+        return [calls, moved, *_cache_families(cache)]
+
+
+def _cache_families(cache) -> list:
+    """The GPU expert cache (layers/expert_cache.CacheCounters): lookups per offloaded
+    layer by result, and the uploads from RAM."""
+    lookups = CounterMetricFamily(
+        "kimi_engine_moe_cache_lookups", "Chosen experts of the MoE layers in RAM looked up "
+        "in the GPU expert cache, by layer and result (hit: ran on the GPU)",
+        labels=["layer", "result"])
+    for layer in sorted(cache.hits):
+        lookups.add_metric([str(layer), "hit"], cache.hits[layer])
+        lookups.add_metric([str(layer), "miss"], cache.misses.get(layer, 0))
+    uploads = CounterMetricFamily(
+        "kimi_engine_moe_cache_uploads", "Experts uploaded from RAM into the GPU expert cache "
+        "(on a side stream)")
+    uploads.add_metric([], cache.uploads)
+    moved = CounterMetricFamily(
+        "kimi_engine_moe_cache_upload_bytes", "Bytes uploaded into the GPU expert cache")
+    moved.add_metric([], cache.upload_bytes)
+    return [lookups, uploads, moved]

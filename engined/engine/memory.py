@@ -150,13 +150,14 @@ def cuda_cap(requested: int, device: str = "cuda") -> tuple[int, str]:
 
 
 def plan_budget(plan, max_context: int, requested_cap: int, device: str = "cpu",
-                in_ram: int = 0) -> Budget:
+                in_ram: int = 0, expert_cache: int = 0) -> Budget:
     """plan: loader.LoadPlan (weight_bytes, kv_bytes_per_token) on `device`. On CUDA,
-    requested_cap is --gpu-memory and `in_ram` (routed experts kept in RAM) is not the
-    device's; on the CPU it is --memory-cap and every weight counts."""
+    requested_cap is --gpu-memory, `in_ram` (routed experts kept in RAM) is not the
+    device's and `expert_cache` (its copies of hot ones) is; on the CPU it is --memory-cap
+    and every weight counts."""
     if device.startswith("cuda"):
         cap, source = cuda_cap(requested_cap, device)
-        weights = int(plan.weight_bytes) - in_ram
+        weights = int(plan.weight_bytes) - in_ram + expert_cache
     else:
         (cap, source), weights = effective_cap(requested_cap), int(plan.weight_bytes)
     return Budget(weights, int(plan.kv_bytes_per_token), max_context, cap, source)
@@ -164,7 +165,8 @@ def plan_budget(plan, max_context: int, requested_cap: int, device: str = "cpu",
 
 def place(plan, config, device: str, max_context: int):
     """-> where a MoE model's routed experts live (weights/placement.Placement), from the plan's
-    parts and --cpu-moe / --n-cpu-moe / --gpu-memory (default: the free memory less a margin);
+    parts and --cpu-moe / --n-cpu-moe / --gpu-memory (default: the free memory less a margin)
+    / --moe-cache;
     None for a model without routed experts."""
     from engined.weights import placement
 
@@ -175,7 +177,8 @@ def place(plan, config, device: str, max_context: int):
         import torch
         budget = config.gpu_memory or placement.default_gpu_budget(torch.cuda.mem_get_info(device)[0])
     return placement.plan_placement(plan.parts, "cuda" if on_cuda else "cpu", max_context,
-                                    config.max_batch, budget, config.cpu_moe, config.n_cpu_moe)
+                                    config.max_batch, budget, config.cpu_moe, config.n_cpu_moe,
+                                    config.moe_cache)
 
 
 @dataclass(frozen=True)
@@ -191,8 +194,10 @@ def plan_memory(plan, config, device: str, max_context: int) -> MemoryPlan:
     placement = place(plan, config, device, max_context)
     on_cuda = device.startswith("cuda")
     in_ram = placement.ram.get("routed experts", 0) if placement and on_cuda else 0
+    cached = placement.gpu.get("expert cache", 0) if placement else 0
     cap = config.gpu_memory if on_cuda else config.memory_cap
-    return MemoryPlan(placement, plan_budget(plan, max_context, cap, device, in_ram), in_ram)
+    return MemoryPlan(placement, plan_budget(plan, max_context, cap, device, in_ram, cached),
+                      in_ram)
 
 
 def check_host(in_ram: int, requested_cap: int):

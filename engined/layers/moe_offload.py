@@ -18,7 +18,7 @@ call's routes between the cache and the CPU, `run_cached` runs the cached ones o
 Letters: t token, k choice, d hidden.
 """
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,6 +32,7 @@ class OffloadCounters:
     moe_calls: int = 0        # MoE layer calls whose routed experts ran on the CPU
     bytes_to_host: int = 0    # hidden rows, top-k ids and weights copied into host buffers
     bytes_to_device: int = 0  # routed outputs copied back
+    cache: Any = None         # layers/expert_cache.CacheCounters with an expert cache
 
 
 class HostRows(NamedTuple):

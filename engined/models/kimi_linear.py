@@ -170,6 +170,7 @@ class KimiLinearModel:
                             self.device)
         for moe in moes:
             moe.host_experts.cache = cache
+        self.offload_counters.cache = cache.counters
         return cache
 
     def tensors(self) -> list[torch.Tensor]:

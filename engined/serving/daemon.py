@@ -112,8 +112,9 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     sd_notify(f"STATUS=loading {config.model} on {device}")
     log.write(f"kimi-engine: loading model {config.model!r} on {device}")
     start = time.monotonic()
+    slots = memory.placement.cache_slots if memory.placement else 0
     loaded = loader.load_model(config.model, device=device, threads=config.threads or None,
-                               offload=offload)
+                               offload=offload, cache_slots=slots)
     seconds = time.monotonic() - start
     log.write(f"kimi-engine: loaded {loaded.model_id} from {loaded.source} in {seconds:.1f} s")
     if device == "cpu" and helper.available():

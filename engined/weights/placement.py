@@ -9,10 +9,12 @@ GPU. A plan is all-or-nothing per MoE layer: a layer's w1/w3/w2 banks are in RAM
 
 Layers are offloaded first-to-last, as --n-cpu-moe counts them (llama.cpp's convention), so
 the automatic plan is "the smallest --n-cpu-moe that fits" and can be written back as a flag.
+What the budget leaves then goes, by default, to a cache of the offloaded layers' hot experts
+on the GPU (--moe-cache; layers/expert_cache.py), in whole experts.
 """
 from dataclasses import dataclass
 
-from engined.config import format_size
+from engined.config import MOE_CACHE_AUTO, format_size
 
 GiB, MiB = 1024**3, 1024**2
 
@@ -43,6 +45,12 @@ class ModelParts:
     state_bytes_per_sequence: int        # KDA state (conv windows + S) of one sequence
     kv_bytes_per_token: int              # MLA latent + rope of one token, every MLA layer
     routed_int4: bool = True             # the routed experts are packed INT4 (RAM needs that)
+    num_experts: int = 0                 # routed experts per MoE layer
+
+    @property
+    def expert_bytes(self) -> int:
+        """One routed expert's w1, w3 and w2: an expert cache slot."""
+        return self.routed[0][1] // self.num_experts if self.num_experts else 0
 
     @property
     def num_moe_layers(self) -> int:
@@ -61,13 +69,14 @@ class ModelParts:
 def model_parts(model) -> ModelParts:
     """A KimiLinearModel (on any device, meta included) -> its ModelParts. `attention` is what
     remains of model.weight_bytes once the experts are taken out, so the parts add up exactly."""
-    shared, routed, int4 = 0, [], True
+    shared, routed, int4, num_experts = 0, [], True, 0
     for i, layer in enumerate(model.layers):
         moe = getattr(layer, "block_sparse_moe", None)
         if moe is None:
             continue
         routed.append((i, moe.w1.nbytes + moe.w3.nbytes + moe.w2.nbytes))
         int4 = int4 and moe.w1.group_size is not None
+        num_experts = moe.gate.shape[0]
         if moe.shared_experts is not None:
             shared += _swiglu_bytes(moe.shared_experts)
     attention = model.weight_bytes - shared - sum(nbytes for _, nbytes in routed)
@@ -75,7 +84,7 @@ def model_parts(model) -> ModelParts:
         raise PlacementError(f"the experts ({format_size(model.weight_bytes - attention)}) come to "
                              f"more than the model's {format_size(model.weight_bytes)} of weights")
     return ModelParts(attention, shared, tuple(routed), model.state_bytes, model.kv_bytes_per_token,
-                      int4)
+                      int4, num_experts)
 
 
 def _swiglu_bytes(mlp) -> int:
@@ -99,6 +108,7 @@ class Placement:
     gpu_budget: int              # 0 on cpu
     reason: str                  # why this placement: the flag, the budget, or the device
     num_moe_layers: int = 0
+    cache_slots: int = 0         # experts the GPU caches for the offloaded layers
 
     @property
     def gpu_total(self) -> int:
@@ -128,6 +138,10 @@ class Placement:
         where = f" (layers {_ranges(sorted(self.offloaded))})" if self.offloaded else ""
         lines.append(f"  routed experts of {len(self.offloaded)} of {self.num_moe_layers} "
                      f"MoE layers in RAM{where}")
+        if self.device == "cuda" and self.offloaded:
+            size = self.gpu.get("expert cache", 0)
+            lines.append(f"  expert cache: {self.cache_slots} experts, {format_size(size)} "
+                         "(--moe-cache)" if self.cache_slots else "  expert cache: off")
         return lines
 
 
@@ -143,14 +157,17 @@ def _ranges(layers: list[int]) -> str:
 
 
 def plan_placement(parts: ModelParts, device: str, max_context: int, max_batch: int,
-                   gpu_budget: int = 0, cpu_moe: bool = False, n_cpu_moe: int = 0) -> Placement:
+                   gpu_budget: int = 0, cpu_moe: bool = False, n_cpu_moe: int = 0,
+                   moe_cache: int = 0) -> Placement:
     """Where every part lives. cuda: explicit --cpu-moe (all MoE layers) or --n-cpu-moe N (the
     first N) is checked against gpu_budget; without them, the fewest first layers are offloaded
     that let the GPU part fit. cpu_moe wins over n_cpu_moe when both are given. cpu: every byte
     is in RAM; an explicit flag still sets `offloaded` (the hybrid path then runs with CPU on
     both sides; BF16 experts have no hybrid step, so there it changes nothing), and the budget
     plays no part. Raises PlacementError with the numbers, and for BF16 routed experts that
-    must leave the GPU, with the quantize command (before anything is loaded)."""
+    must leave the GPU, with the quantize command (before anything is loaded). moe_cache:
+    bytes of expert cache for the offloaded layers on cuda (MOE_CACHE_AUTO: what the budget
+    leaves; 0: none), refused when it does not fit."""
     num = parts.num_moe_layers
     if n_cpu_moe < 0 or n_cpu_moe > num:
         raise PlacementError(f"--n-cpu-moe {n_cpu_moe}: this model has {num} MoE layers, "
@@ -166,11 +183,11 @@ def plan_placement(parts: ModelParts, device: str, max_context: int, max_batch: 
     if gpu_budget <= 0:
         raise PlacementError(f"a GPU budget of {format_size(gpu_budget)}: the caller passes "
                              "--gpu-memory, or default_gpu_budget(free memory)")
-    return _on_cuda(parts, cache, gpu_budget, explicit, flag)
+    return _on_cuda(parts, cache, gpu_budget, explicit, flag, moe_cache)
 
 
 def _on_cuda(parts: ModelParts, cache: int, gpu_budget: int, explicit: int | None,
-             flag: str) -> Placement:
+             flag: str, moe_cache: int = 0) -> Placement:
     """explicit: the number of first MoE layers a flag put in RAM, or None to plan."""
     fixed = {"attention": parts.attention, "shared experts": parts.shared_experts,
              "cache": cache, "workspace": WORKSPACE_BYTES, "CUDA context": CUDA_CONTEXT_BYTES}
@@ -200,8 +217,31 @@ def _on_cuda(parts: ModelParts, cache: int, gpu_budget: int, explicit: int | Non
     gpu = {"attention": parts.attention, "shared experts": parts.shared_experts,
            "routed experts": on_gpu, "cache": cache, "workspace": WORKSPACE_BYTES,
            "CUDA context": CUDA_CONTEXT_BYTES}
+    slots = cache_slots(parts, count, gpu_budget - sum(gpu.values()), moe_cache)
+    if slots:
+        gpu["expert cache"] = slots * parts.expert_bytes
     return Placement("cuda", offloaded, gpu, {"routed experts": parts.routed_bytes - on_gpu},
-                     gpu_budget, reason, parts.num_moe_layers)
+                     gpu_budget, reason, parts.num_moe_layers, slots)
+
+
+def cache_slots(parts: ModelParts, count: int, room: int, moe_cache: int) -> int:
+    """Experts the GPU caches for the first `count` MoE layers in RAM, in the `room` the plan
+    leaves: --moe-cache SIZE in whole experts (refused past the room), or auto: as many as
+    fit; never more than the offloaded layers' experts."""
+    per = parts.expert_bytes
+    if not count or not moe_cache or not per:
+        return 0
+    most = count * parts.num_experts
+    if moe_cache == MOE_CACHE_AUTO:
+        return min(max(room, 0) // per, most)
+    slots = min(moe_cache // per, most)
+    if slots * per > room:
+        raise PlacementError(
+            f"--moe-cache {format_size(moe_cache)} does not fit: {slots} experts of "
+            f"{format_size(per)} need {format_size(slots * per)}, and the plan leaves "
+            f"{format_size(max(room, 0))} of the GPU budget: lower --moe-cache (or auto), or "
+            "raise --gpu-memory")
+    return slots
 
 
 def smallest_offload(parts: ModelParts, room: int) -> int:

@@ -55,3 +55,14 @@ def test_config_validation_messages():
         EngineConfig(threads="many")
     assert EngineConfig(memory_cap="1KiB").memory_cap == 1024
 
+
+
+def test_moe_cache_is_a_size_or_auto():
+    from engined.config import MOE_CACHE_AUTO
+    assert EngineConfig().moe_cache == MOE_CACHE_AUTO
+    assert EngineConfig(moe_cache="512MiB").moe_cache == 512 * 2**20
+    assert EngineConfig(moe_cache=0).moe_cache == 0
+    assert EngineConfig.layered({}, {"KIMI_ENGINE_MOE_CACHE": "auto"}).moe_cache == MOE_CACHE_AUTO
+    assert EngineConfig.layered({"moe-cache": "1GiB"}, {}).moe_cache == 2**30
+    with pytest.raises(ConfigError, match="moe-cache: expected a size"):
+        EngineConfig(moe_cache="lots")

@@ -117,3 +117,17 @@ def test_the_piecewise_step_with_the_cache_gives_the_same_logits():
 def test_a_cache_without_offloaded_layers_is_refused():
     with pytest.raises(ValueError, match="experts are in RAM"):
         _model(offload=frozenset(), cache_slots=4)
+
+
+def test_metrics_give_each_offloaded_layers_hits_and_misses():
+    from engined.metrics import EngineMetrics
+    model, metrics = _model(cache_slots=8), EngineMetrics()
+    metrics.watch_offload(model.offload_counters)
+    _greedy(model, [5, 17, 300], 4)
+    counted, sample = model.expert_cache.counters, metrics.registry.get_sample_value
+    for layer in MOE_LAYERS:
+        for result, want in (("hit", counted.hits[layer]), ("miss", counted.misses[layer])):
+            got = sample("kimi_engine_moe_cache_lookups_total", {"layer": str(layer), "result": result})
+            assert got == want
+    assert sample("kimi_engine_moe_cache_uploads_total", {}) == counted.uploads > 0
+    assert sample("kimi_engine_moe_cache_upload_bytes_total", {}) == counted.upload_bytes

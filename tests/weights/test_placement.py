@@ -6,6 +6,7 @@ import itertools
 import pytest
 import torch
 
+from engined.config import MOE_CACHE_AUTO
 from engined.weights.placement import (
     CUDA_CONTEXT_BYTES, DEFAULT_MARGIN_BYTES, WORKSPACE_BYTES, GiB, PlacementError, default_gpu_budget,
     model_parts, plan_placement)
@@ -144,3 +145,38 @@ def test_describe_names_each_part_and_both_totals(parts):
 def test_default_budget_leaves_the_margin():
     assert default_gpu_budget(80 * GiB) == 80 * GiB - DEFAULT_MARGIN_BYTES
     assert default_gpu_budget(DEFAULT_MARGIN_BYTES // 2) == 0
+
+
+EXPERT = ROUTED_PER_LAYER // 256                                      # 3,981,312 B: one cache slot
+
+
+def test_the_expert_cache_takes_what_the_24_gib_plan_leaves_in_whole_experts(parts):
+    """The 24 GiB plan at 32k above leaves 25,769,803,776 - 4,868,410,368 - 20 x 1,019,215,872
+    = 517,075,968 B: 129 experts of 3,981,312 B (513,589,248 B)."""
+    assert parts.expert_bytes == EXPERT and parts.num_experts == 256
+    placement = plan_placement(parts, "cuda", 32768, 8, 24 * GiB, moe_cache=MOE_CACHE_AUTO)
+    assert placement.cache_slots == 129 and placement.gpu["expert cache"] == 129 * EXPERT
+    assert placement.gpu_total <= 24 * GiB < placement.gpu_total + EXPERT
+    assert "expert cache: 129 experts, 489.8 MiB (--moe-cache)" in placement.describe()[-1]
+    sized = plan_placement(parts, "cuda", 32768, 8, 24 * GiB, moe_cache=256 * 2**20)
+    assert sized.cache_slots == 67                                     # 268,435,456 // EXPERT
+    off = plan_placement(parts, "cuda", 32768, 8, 24 * GiB)
+    assert off.cache_slots == 0 and "expert cache" not in off.gpu
+    assert off.describe()[-1] == "  expert cache: off"
+
+
+def test_a_cache_that_does_not_fit_is_refused_with_the_numbers(parts):
+    with pytest.raises(PlacementError) as err:
+        plan_placement(parts, "cuda", 32768, 8, 24 * GiB, moe_cache=1 * GiB)
+    assert "--moe-cache 1.0 GiB does not fit: 269 experts of 3.8 MiB need 1021.4 MiB" in str(err.value)
+    assert "leaves 493.1 MiB of the GPU budget" in str(err.value)
+
+
+def test_the_cache_is_for_experts_in_ram_and_never_larger_than_they_are(parts):
+    every = plan_placement(parts, "cuda", 32768, 8, 80 * GiB, moe_cache=MOE_CACHE_AUTO)
+    assert not every.offloaded and every.cache_slots == 0           # nothing in RAM to cache
+    assert plan_placement(parts, "cuda", 32768, 8, 80 * GiB, moe_cache=1 * GiB).cache_slots == 0
+    capped = plan_placement(parts, "cuda", 32768, 8, 80 * GiB, cpu_moe=True, moe_cache=MOE_CACHE_AUTO)
+    assert capped.cache_slots == 26 * 256                            # every offloaded expert
+    cpu = plan_placement(parts, "cpu", 32768, 8, cpu_moe=True, moe_cache=MOE_CACHE_AUTO)
+    assert cpu.cache_slots == 0 and "expert cache" not in cpu.ram
