@@ -172,12 +172,12 @@ def stream_rate(sock: str, body: dict) -> tuple[int, float]:
     return max(0, tokens - 1), (last - first) if first else 0.0
 
 
-def run_rates(sock: str, max_tokens: int) -> dict:
+def run_rates(sock: str, max_tokens: int, rounds: int = 2) -> dict:
     """Plain and constrained requests interleaved, so a busy host slows both alike."""
     constrained = {"type": "json_schema", "json_schema": {"name": "plan", "schema": RATE_SCHEMA}}
     cases = (("plain", {}), ("json_schema", {"response_format": constrained}))
     totals = {label: [0, 0.0] for label, _ in cases}
-    for prompt in RATE_PROMPTS * 2:
+    for prompt in RATE_PROMPTS * rounds:
         for label, extra in cases:
             n, s = stream_rate(sock, {"messages": [{"role": "user", "content": prompt}],
                                       "max_tokens": max_tokens, **extra})
@@ -229,15 +229,32 @@ def compile_claude_request() -> dict | None:
     return out
 
 
+def rates_only(engine, args):
+    try:
+        rates = run_rates(engine.sock, 96, args.rates_only)
+        masks = mask_metrics(engine.metrics())
+    finally:
+        engine.stop()
+    print("rates", json.dumps(rates), "\nmasks", json.dumps(masks))
+    if not args.no_write:
+        print("wrote", write_json("structured_rates", {
+            "hardware": hardware(), "command": " ".join(["bench/structured.py", *sys.argv[1:]]),
+            "date": today(), "python": platform.python_version(), "decode": rates, "masks": masks}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--limit", type=int, default=None, help="first N prompts of each set (a quick look)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-write", action="store_true", help="print only, no bench/results JSON")
+    ap.add_argument("--rates-only", type=int, metavar="ROUNDS", default=0,
+                    help="only the decode rates, ROUNDS x 3 prompts a side, 96 tokens each")
     args = ap.parse_args()
     on_sigterm()
     engine = Engine("default", "cpu", max_context=4096, max_batch=1, threads=args.threads)
+    if args.rates_only:
+        return rates_only(engine, args)
     try:
         started = time.monotonic()
         tools = run_tools(engine.sock, args.max_tokens, args.limit)
