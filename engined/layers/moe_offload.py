@@ -17,6 +17,7 @@ call's routes between the cache and the CPU, `run_cached` runs the cached ones o
 (queued before the CPU part, so both work at once) and `receive` adds them in.
 Letters: t token, k choice, d hidden.
 """
+import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -51,16 +52,21 @@ class HostBuffers:
     another), grown to the largest T seen. x, out: [T, D] fp32; ids: [T, k] int64;
     weights: [T, k] fp32."""
 
-    def __init__(self, hidden: int, top_k: int, device: torch.device):
+    def __init__(self, hidden: int, top_k: int, device: torch.device, for_graphs: bool = False):
+        """for_graphs: rows that CUDA graphs copy to and from: page-locked by registering
+        plain memory with CUDA (cudaHostRegister), not from torch's pinned-memory cache, whose
+        copies record events that a capture must not make and later allocations query."""
         self.hidden, self.top_k, self.device = hidden, top_k, torch.device(device)
-        self.is_pinned = self.device.type == "cuda"
+        self.is_pinned, self.for_graphs = self.device.type == "cuda", for_graphs
         self.num_rows = 0
         self._copied_back = None  # the event after the last copy out of `out` (CUDA)
         self._grow(1)
 
     def _grow(self, rows: int):
-        new = lambda *shape, dtype=torch.float32: torch.empty(  # noqa: E731
-            shape, dtype=dtype, pin_memory=self.is_pinned)
+        def new(*shape, dtype=torch.float32):
+            if self.is_pinned and self.for_graphs:
+                return _registered(torch.empty(shape, dtype=dtype))
+            return torch.empty(shape, dtype=dtype, pin_memory=self.is_pinned)
         self.x, self.out = new(rows, self.hidden), new(rows, self.hidden)
         self.ids = new(rows, self.top_k, dtype=torch.int64)
         self.weights, self.device_weights = new(rows, self.top_k), new(rows, self.top_k)
@@ -173,6 +179,16 @@ def _sum(routed: torch.Tensor, cached_out, shared_out, dtype) -> torch.Tensor:
     """routed (+ cached, in fp32) in dtype (+ shared)."""
     routed = (routed if cached_out is None else routed + cached_out).to(dtype)
     return routed if shared_out is None else routed + shared_out
+
+
+def _registered(t: torch.Tensor) -> torch.Tensor:
+    """t's memory page-locked while t lives."""
+    cudart = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(t.data_ptr(), t.nbytes, 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of {t.nbytes} B failed: CUDA error {int(err)}")
+    weakref.finalize(t, cudart.cudaHostUnregister, t.data_ptr())
+    return t
 
 
 def event_after_copies(is_cuda: bool):

@@ -26,7 +26,8 @@ class KimiPiecewiseStep(KimiGraphStep):
         c, self.offloaded = model.config, model.offloaded
         n = len(self.offloaded)
         # rows of this bucket, never grown: a graph reads and writes these very addresses
-        self.host = HostBuffers(c.hidden_size, c.num_experts_per_token, model.device).take(rows)
+        self.host = HostBuffers(c.hidden_size, c.num_experts_per_token, model.device,
+                                for_graphs=True).take(rows)
         self.h = self.step_rows = None         # the residual stream [B, D]; rows with lengths
         self.f: list[torch.Tensor | None] = [None] * n           # offloaded layer k's FFN input
         self.shared_out: list[torch.Tensor | None] = [None] * n  # its shared expert's output
