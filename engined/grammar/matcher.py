@@ -82,6 +82,8 @@ class GrammarMatcher:
         ready before the logits)."""
         is_ready = self._pending is None or self._pending.done()
         self._wait()
+        if self.matcher.is_error():  # e.g. a parser limit met while computing this mask
+            self._fail(f"no mask: {self.matcher.get_error()}")
         self.num_masks, self.num_ready = self.num_masks + 1, self.num_ready + is_ready
         self.total_mask_ms += self.mask_ms
         return self.bitmask, self.mask_ms, is_ready
@@ -164,6 +166,12 @@ def masked(rows: torch.Tensor, grammars: list, observe=lambda ms, is_ready: None
         bitmask, ms, is_ready = grammars[r].mask()
         observe(ms, is_ready)
         masks.append(bitmask)
+    failed = [k for k, r in enumerate(index) if grammars[r].is_failed]
+    if failed:  # a grammar that failed now draws freely (logged), never from an empty mask
+        index = [r for k, r in enumerate(index) if k not in failed]
+        masks = [m for k, m in enumerate(masks) if k not in failed]
+        if not index:
+            return rows
     allowed = unpack(torch.cat(masks), rows.shape[1], rows.device)  # [R', V]
     if rows.device.type == "cpu":  # numpy again: no torch thread pool for 200 KB
         out = rows.numpy().copy()

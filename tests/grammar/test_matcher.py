@@ -22,7 +22,7 @@ def test_unpack_matches_a_plain_loop_on_awkward_widths():
 
 class Fixed:
     """A stand-in matcher whose mask allows exactly `allowed`."""
-    is_masking = True
+    is_masking, is_failed = True, False
 
     def __init__(self, allowed: list[int], vocab: int):
         self.bitmask = torch.zeros(1, (vocab + 31) // 32, dtype=torch.int32)
@@ -72,3 +72,14 @@ def test_the_next_mask_is_computed_on_the_grammar_thread(compiler, smol_text):
     for token in allowed:
         text = tokenizer.decode([token])
         assert (text and rest.startswith(text)) or (not rest and token in chat.stop_token_ids)
+
+
+def test_a_grammar_in_error_draws_freely_instead_of_from_an_empty_mask(compiler, smol_text):
+    tokenizer, _ = smol_text
+    lines = []
+    matcher = GrammarMatcher(compiler.choice(["yes", "no"]), compiler.ll, log=lines.append)
+    matcher.mask()
+    matcher.matcher.consume_token(tokenizer.encode("maybe")[0])   # the matcher errs (a limit, say)
+    logits = torch.randn(1, tokenizer.vocab_size)
+    assert masked(logits, [matcher]) is logits
+    assert matcher.is_failed and not matcher.is_masking and lines
