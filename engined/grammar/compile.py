@@ -31,8 +31,8 @@ class GrammarError(ValueError):
     """A grammar source that does not compile; `path` locates it inside a JSON schema."""
 
     def __init__(self, message: str, path: str = ""):
-        super().__init__(message)
-        self.message, self.path = message, path
+        super().__init__(f"{path}: {message}" if path else message)
+        self.message, self.path = message, path  # llguidance's reason; where it failed
 
 
 @dataclass(frozen=True)
@@ -84,16 +84,16 @@ class Compiler:
         if isinstance(schema, bool):
             schema = {} if schema else {"not": {}}
         if not isinstance(schema, dict):
-            raise GrammarError(f"{where} must be a JSON object", where)
+            raise GrammarError("a schema must be a JSON object", where)
         try:
             source = llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         except ValueError as exc:
-            raise GrammarError(f"{where}: {exc}", where) from None
+            raise GrammarError(str(exc), where) from None
         try:
             return self.grammar(source)
         except GrammarError as exc:
             path = failing_path(schema, self._schema_error, where)
-            raise GrammarError(f"{path}: {exc.message}", path) from None
+            raise GrammarError(exc.message, path) from None
 
     def regex(self, pattern: str) -> Compiled:
         return self.grammar(llg.LLMatcher.grammar_from_regex(pattern))

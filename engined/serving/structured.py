@@ -47,8 +47,7 @@ def request_grammar(served, constraint: Constraint | None, tools: list[dict] | N
             compiled = compiler.lark(constraint.source)
     except GrammarError as exc:
         where = exc.path or constraint.where
-        raise InvalidRequest(f"{constraint.where} does not compile: {exc.message}",
-                             param=where) from None
+        raise InvalidRequest(f"{where} does not compile: {exc.message}", param=where) from None
     return GrammarMatcher(compiled, compiler.ll, log=served.engine.log)
 
 
@@ -63,7 +62,7 @@ def _tool_matcher(served, tools: list[dict], forced: str, is_parallel: bool) -> 
             try:
                 compiler.json_schema(tool["function"].get("parameters") or {"type": "object"}, where)
             except GrammarError as bad:
-                raise InvalidRequest(f"{where} does not compile: {bad.message}",
-                                     param=bad.path or where) from None
+                where = bad.path or where
+                raise InvalidRequest(f"{where} does not compile: {bad.message}", param=where) from None
         raise InvalidRequest(f"tools do not compile: {exc.message}", param="tools") from None
     return GrammarMatcher(compiled, compiler.ll, trigger, log=served.engine.log)

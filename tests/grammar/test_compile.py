@@ -60,7 +60,7 @@ def test_a_bad_schema_names_the_failing_path(compiler, schema, path):
     with pytest.raises(GrammarError) as info:
         compiler.json_schema(schema, "schema")
     assert info.value.path == path
-    assert info.value.message.startswith(path)
+    assert str(info.value).startswith(f"{path}: ") and info.value.message
 
 
 def test_a_ref_to_defs_compiles_and_only_a_bad_def_is_blamed(compiler):
