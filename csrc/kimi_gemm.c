@@ -21,7 +21,7 @@ typedef struct {
     const float *x;
     const uint8_t *q;
     const uint16_t *s, *m;
-    int64_t rows, n, k, group, per_chunk;
+    int64_t rows, n, k, group;
     KhGemmDecode decode;
     KhGemmRows run_rows;
     float *out;
@@ -70,20 +70,17 @@ static void rows_c(const float *tile, int64_t kc, const float *x, int64_t x_stri
         }
 }
 
-static void gemm_chunk(void *ctx, int64_t chunk)
+static void gemm_rows(void *ctx, int64_t i0, int64_t end)
 {
     const GemmJob *job = ctx;
     float buf[KH_GEMM_NB * KH_GEMM_KC + 16];
     float *tile = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* cache-line aligned */
-    int64_t i0 = chunk * job->per_chunk, end = i0 + job->per_chunk, m0, k0, i, r;
-    int64_t groups = job->k / job->group;
-    if (end > job->n) end = job->n;
+    int64_t m0, k0, i, r;
     for (m0 = 0; m0 < job->rows; m0 += KH_GEMM_MC) {
         int64_t mc = job->rows - m0 < KH_GEMM_MC ? job->rows - m0 : KH_GEMM_MC;
         for (i = i0; i < end; i += KH_GEMM_NB) {
             int64_t nb = end - i < KH_GEMM_NB ? end - i : KH_GEMM_NB;
-            KhRow w = {job->q + i * (job->k / 2), job->s + i * groups,
-                       job->m ? job->m + i * groups : NULL, job->k, job->group};
+            KhRow w = kh_row(job->q, job->s, job->m, i, job->k, job->group);
             for (k0 = 0; k0 < job->k; k0 += KH_GEMM_KC) {
                 int64_t kc = job->k - k0 < KH_GEMM_KC ? job->k - k0 : KH_GEMM_KC;
                 job->decode(&w, job->k / 2, nb, k0, kc, tile);
@@ -100,27 +97,17 @@ int gemm_w4a16(const float *x, int64_t rows, const uint8_t *qweight, const uint1
                const uint16_t *mins, int64_t n, int64_t k, int64_t group, float *out,
                int nthreads)
 {
-    GemmJob job = {0};
+    GemmJob job = {.x = x, .q = qweight, .s = scales, .m = mins, .rows = rows, .n = n, .k = k,
+                   .group = group, .out = out, .decode = decode_c, .run_rows = rows_c};
     if (!x || !qweight || !scales || !out || rows <= 0 || n <= 0 || k <= 0 || nthreads <= 0
         || group <= 0 || group % 2 || k % group)
         return KH_EINVAL;
-    job.x = x;
-    job.q = qweight;
-    job.s = scales;
-    job.m = mins;
-    job.rows = rows;
-    job.n = n;
-    job.k = k;
-    job.group = group;
-    job.out = out;
-    job.decode = decode_c;
-    job.run_rows = rows_c;
 #if KH_HAVE_X86_SIMD
     if (gemv_simd(-1) >= 1) { /* AVX-512 machines run the AVX2 kernels too, for now */
         job.decode = group % 8 ? decode_c : kh_gemm_decode_avx2;
         job.run_rows = kh_gemm_rows_avx2;
     }
 #endif
-    kh_parallel_rows(gemm_chunk, &job, n, rows * n * k, nthreads, KH_GEMM_NB, &job.per_chunk);
+    kh_parallel_rows(gemm_rows, &job, n, rows * n * k, nthreads, KH_GEMM_NB);
     return KH_OK;
 }

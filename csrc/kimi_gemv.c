@@ -151,7 +151,7 @@ typedef struct {
     const uint16_t *s[2], *m[2];
     const int64_t *expert_ids; /* NULL: dense */
     int swiglu;
-    int64_t x_rows, n, k, group, total, per_chunk;
+    int64_t x_rows, n, k, group, total;
     const float *xperm, *xsum;
     float *out;
 } GemvJob;
@@ -165,25 +165,21 @@ static void routed_row(const GemvJob *job, int64_t i)
     float v[2];
     int t;
     for (t = 0; t <= job->swiglu; t++) {
-        KhRow w = {job->q[t] + wrow * (k / 2), job->s[t] + wrow * groups,
-                   job->m[t] ? job->m[t] + wrow * groups : NULL, k, job->group};
+        KhRow w = kh_row(job->q[t], job->s[t], job->m[t], wrow, k, job->group);
         job->row_fn(&w, xp, xs, 1, &v[t], 1);
     }
     job->out[i] = job->swiglu ? v[0] / (1.0f + expf(-v[0])) * v[1] : v[0];
 }
 
-static void gemv_chunk(void *ctx, int64_t chunk)
+static void gemv_rows(void *ctx, int64_t i, int64_t end)
 {
     const GemvJob *job = ctx;
-    int64_t i = chunk * job->per_chunk, end = i + job->per_chunk;
-    int64_t k = job->k, groups = k / job->group;
-    if (end > job->total) end = job->total;
+    int64_t k = job->k, group = job->group; /* locals: k / group is computed once */
     for (; i < end; i++) {
         if (job->expert_ids) {
             routed_row(job, i);
         } else {
-            KhRow w = {job->q[0] + i * (k / 2), job->s[0] + i * groups,
-                       job->m[0] ? job->m[0] + i * groups : NULL, k, job->group};
+            KhRow w = kh_row(job->q[0], job->s[0], job->m[0], i, k, group);
             job->row_fn(&w, job->xperm, job->xsum, job->x_rows, job->out + i, job->n);
         }
     }
@@ -197,8 +193,8 @@ static int run_job(GemvJob *job, const float *x, float *work, int nthreads)
     job->xperm = xperm;
     job->xsum = xsum;
     job->row_fn = kh_pick_row_fn(job->group);
-    kh_parallel_rows(gemv_chunk, job, job->total, job->total * job->k * (job->swiglu + 1),
-                     nthreads, 1, &job->per_chunk);
+    kh_parallel_rows(gemv_rows, job, job->total, job->total * job->k * (job->swiglu + 1),
+                     nthreads, 1);
     return KH_OK;
 }
 
@@ -206,18 +202,11 @@ int gemv_w4a16(const float *x, int64_t rows, const uint8_t *qweight,
                const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,
                int64_t group, float *work, float *out, int nthreads)
 {
-    GemvJob job = {0};
+    GemvJob job = {.q = {qweight}, .s = {scales}, .m = {mins}, .x_rows = rows, .n = n,
+                   .k = k, .group = group, .total = n, .out = out};
     int status = check_shape(rows, n, k, group, nthreads);
     if (status) return status;
     if (!x || !qweight || !scales || !work || !out) return KH_EINVAL;
-    job.q[0] = qweight;
-    job.s[0] = scales;
-    job.m[0] = mins;
-    job.x_rows = rows;
-    job.n = job.total = n;
-    job.k = k;
-    job.group = group;
-    job.out = out;
     return run_job(&job, x, work, nthreads);
 }
 
@@ -233,18 +222,18 @@ static int check_routes(const float *x, int64_t x_rows, const int64_t *expert_id
     return KH_OK;
 }
 
-static GemvJob routed_job(const int64_t *expert_ids, int64_t x_rows, int64_t routes,
-                          int64_t n, int64_t k, int64_t group, float *out)
+/* The MoE GEMVs' job (1 stack, or 2 with the SwiGLU epilogue), checked, then run. */
+static int run_routed(GemvJob *job, const float *x, int64_t routes, int64_t num_experts,
+                      float *work, int nthreads)
 {
-    GemvJob job = {0};
-    job.expert_ids = expert_ids;
-    job.x_rows = x_rows;
-    job.n = n;
-    job.total = routes * n;
-    job.k = k;
-    job.group = group;
-    job.out = out;
-    return job;
+    int t, status = check_shape(1, job->n, job->k, job->group, nthreads);
+    if (!status) status = check_routes(x, job->x_rows, job->expert_ids, routes, num_experts);
+    if (status) return status;
+    for (t = 0; t <= job->swiglu; t++)
+        if (!job->q[t] || !job->s[t]) return KH_EINVAL;
+    if (!work || !job->out) return KH_EINVAL;
+    job->total = routes * job->n;
+    return run_job(job, x, work, nthreads);
 }
 
 int grouped_gemv_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
@@ -252,16 +241,9 @@ int grouped_gemv_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids
                        const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t k,
                        int64_t group, float *work, float *out, int nthreads)
 {
-    GemvJob job;
-    int status = check_shape(1, n, k, group, nthreads);
-    if (!status) status = check_routes(x, x_rows, expert_ids, routes, num_experts);
-    if (status) return status;
-    if (!qweight || !scales || !work || !out) return KH_EINVAL;
-    job = routed_job(expert_ids, x_rows, routes, n, k, group, out);
-    job.q[0] = qweight;
-    job.s[0] = scales;
-    job.m[0] = mins;
-    return run_job(&job, x, work, nthreads);
+    GemvJob job = {.q = {qweight}, .s = {scales}, .m = {mins}, .expert_ids = expert_ids,
+                   .x_rows = x_rows, .n = n, .k = k, .group = group, .out = out};
+    return run_routed(&job, x, routes, num_experts, work, nthreads);
 }
 
 int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
@@ -270,20 +252,10 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
                      const uint16_t *up_s, const uint16_t *up_m, int64_t n, int64_t k,
                      int64_t group, float *work, float *out, int nthreads)
 {
-    GemvJob job;
-    int status = check_shape(1, n, k, group, nthreads);
-    if (!status) status = check_routes(x, x_rows, expert_ids, routes, num_experts);
-    if (status) return status;
-    if (!gate_q || !gate_s || !up_q || !up_s || !work || !out) return KH_EINVAL;
-    job = routed_job(expert_ids, x_rows, routes, n, k, group, out);
-    job.swiglu = 1;
-    job.q[0] = gate_q;
-    job.s[0] = gate_s;
-    job.m[0] = gate_m;
-    job.q[1] = up_q;
-    job.s[1] = up_s;
-    job.m[1] = up_m;
-    return run_job(&job, x, work, nthreads);
+    GemvJob job = {.q = {gate_q, up_q}, .s = {gate_s, up_s}, .m = {gate_m, up_m}, .swiglu = 1,
+                   .expert_ids = expert_ids, .x_rows = x_rows, .n = n, .k = k, .group = group,
+                   .out = out};
+    return run_routed(&job, x, routes, num_experts, work, nthreads);
 }
 
 /* Portable 16-bit-weight kernels (fp16, bf16): one weight row against every x row, 16
@@ -310,17 +282,16 @@ KH_H16_ROW_C(bf16_row_c, kh_bf16_to_float)
 typedef struct {
     const float *x;
     const uint16_t *w;
-    int64_t rows, n, k, per_chunk;
+    int64_t rows, n, k;
     int level; /* gemv_simd(-1): 2 AVX-512, 1 AVX2, 0 portable */
     int is_bf16;
     float *out;
 } F16Job;
 
-static void f16_chunk(void *ctx, int64_t chunk)
+static void f16_rows(void *ctx, int64_t i, int64_t end)
 {
     const F16Job *job = ctx;
-    int64_t i = chunk * job->per_chunk, end = i + job->per_chunk, k = job->k;
-    if (end > job->n) end = job->n;
+    int64_t k = job->k;
     if (job->is_bf16) { /* AVX2 also on AVX-512 machines */
 #if KH_HAVE_X86_SIMD
         if (job->level >= 1)
@@ -348,18 +319,11 @@ static void f16_chunk(void *ctx, int64_t chunk)
 static int gemv_h16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
                     float *out, int nthreads, int is_bf16)
 {
-    F16Job job;
+    F16Job job = {.x = x, .w = w, .rows = rows, .n = n, .k = k, .level = gemv_simd(-1),
+                  .is_bf16 = is_bf16, .out = out};
     if (!x || !w || !out || rows <= 0 || n <= 0 || k <= 0 || nthreads <= 0) return KH_EINVAL;
-    job.x = x;
-    job.w = w;
-    job.rows = rows;
-    job.n = n;
-    job.k = k;
-    job.out = out;
-    job.level = gemv_simd(-1);
-    job.is_bf16 = is_bf16;
     /* chunks of whole pairs of weight rows for the SIMD kernels */
-    kh_parallel_rows(f16_chunk, &job, n, n * k, nthreads, 2, &job.per_chunk);
+    kh_parallel_rows(f16_rows, &job, n, n * k, nthreads, 2);
     return KH_OK;
 }
 

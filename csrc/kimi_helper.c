@@ -7,16 +7,14 @@
 typedef struct {
     const uint8_t *qweight;
     const uint16_t *scales, *mins;
-    int64_t n, k, group, per_chunk;
+    int64_t n, k, group;
     float *out;
 } UnpackJob;
 
-static void unpack_rows(void *ctx, int64_t chunk)
+static void unpack_rows(void *ctx, int64_t row, int64_t end)
 {
     const UnpackJob *job = ctx;
-    int64_t row = chunk * job->per_chunk, end = row + job->per_chunk;
     int64_t k = job->k, group = job->group, groups = k / group, g, j;
-    if (end > job->n) end = job->n;
     for (; row < end; row++) {
         for (g = 0; g < groups; g++) {
             const uint8_t *q = job->qweight + row * (k / 2) + g * (group / 2);
@@ -36,12 +34,12 @@ int unpack_int4(const uint8_t *qweight, const uint16_t *scales,
                 const uint16_t *mins, int64_t n, int64_t k, int64_t group,
                 float *out, int nthreads)
 {
-    UnpackJob job = {qweight, scales, mins, n, k, group, 0, out};
+    UnpackJob job = {qweight, scales, mins, n, k, group, out};
     if (!qweight || !scales || !out || nthreads <= 0) return KH_EINVAL;
     if (n <= 0 || k <= 0 || group <= 0 || group % 2 || k % group) return KH_EINVAL;
-    job.per_chunk = (n * k < (1 << 18)) ? n : 16; /* prefill: whole matrices, many chunks */
-    kh_parallel(unpack_rows, &job, (n + job.per_chunk - 1) / job.per_chunk, nthreads,
-                n * k >= KH_WAKE_WORTH);
+    /* prefill: whole matrices, many chunks */
+    kh_parallel_split(unpack_rows, &job, n, n * k < (1 << 18) ? n : 16, nthreads,
+                      n * k >= KH_WAKE_WORTH);
     return KH_OK;
 }
 

@@ -85,20 +85,31 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
                      const uint16_t *up_s, const uint16_t *up_m, int64_t n, int64_t k,
                      int64_t group, float *work, float *out, int nthreads);
 
-/* Multi-row grouped MoE, SwiGLU experts, for T tokens with top_k picks each:
+/* One packed INT4 linear [n, k] (mins NULL: symmetric), as the layer call takes it. */
+typedef struct {
+    const uint8_t *q;
+    const uint16_t *s;
+    const uint16_t *m;
+    int64_t n, k, group;
+} KhInt4;
+
+/* A grouped MoE's SwiGLU experts, one group size: gate and up stacks [num_experts, inner,
+ * d/2] (n = inner, k = d), down [num_experts, d, inner/2] (n = d, k = inner); scales/mins
+ * [num_experts, n, k/group] as above. */
+typedef struct {
+    KhInt4 gate, up, down;
+    int64_t num_experts;
+} KhExperts;
+
+/* Multi-row grouped MoE for T tokens with top_k picks each:
  * out[t] = sum_c weights[t, c] * (silu(x_t G_e^T) * (x_t U_e^T)) D_e^T, e = experts[t, c]
  * (the sum in choice order). x: [T, d] fp32; experts: [T, top_k] int64 in 0..num_experts-1;
- * weights: [T, top_k] fp32; gate/up stacks [num_experts, inner, d/2], down [num_experts, d,
- * inner/2] (scales/mins as above, one group size); out: [T, d] fp32. The routes are sorted
- * by expert, so each chosen expert's weights are read once for all the rows that chose it.
- * work: moe_grouped_work_floats(T * top_k, d, inner, group) floats, 8-byte aligned. */
+ * weights: [T, top_k] fp32; out: [T, d] fp32. The routes are sorted by expert, so each
+ * chosen expert's weights are read once for all the rows that chose it. work:
+ * moe_grouped_work_floats(T * top_k, d, inner, group) floats, 8-byte aligned. */
 int64_t moe_grouped_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group);
-int moe_grouped_w4a16(const float *x, int64_t tokens, int64_t top_k, const int64_t *experts,
-                      const float *weights, int64_t num_experts,
-                      const uint8_t *gate_q, const uint16_t *gate_s, const uint16_t *gate_m,
-                      const uint8_t *up_q, const uint16_t *up_s, const uint16_t *up_m,
-                      const uint8_t *down_q, const uint16_t *down_s, const uint16_t *down_m,
-                      int64_t d, int64_t inner, int64_t group, float *work, float *out,
+int moe_grouped_w4a16(const KhExperts *bank, const float *x, int64_t tokens, int64_t top_k,
+                      const int64_t *experts, const float *weights, float *work, float *out,
                       int nthreads);
 
 /* The same with W4A8 projections: each route's x row and each row of h quantized to int8 per
@@ -107,12 +118,8 @@ int moe_grouped_w4a16(const float *x, int64_t tokens, int64_t top_k, const int64
  * tokens batched with it. work: moe_grouped_w4a8_work_floats(T * top_k, d, inner, group)
  * floats, 8-byte aligned (-1 for a refused shape). */
 int64_t moe_grouped_w4a8_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group);
-int moe_grouped_w4a8(const float *x, int64_t tokens, int64_t top_k, const int64_t *experts,
-                     const float *weights, int64_t num_experts,
-                     const uint8_t *gate_q, const uint16_t *gate_s, const uint16_t *gate_m,
-                     const uint8_t *up_q, const uint16_t *up_s, const uint16_t *up_m,
-                     const uint8_t *down_q, const uint16_t *down_s, const uint16_t *down_m,
-                     int64_t d, int64_t inner, int64_t group, float *work, float *out,
+int moe_grouped_w4a8(const KhExperts *bank, const float *x, int64_t tokens, int64_t top_k,
+                     const int64_t *experts, const float *weights, float *work, float *out,
                      int nthreads);
 
 /* Dense fp16-weight GEMV: out[r, i] = sum_j x[r, j] * w[i, j] for r < rows (>= 1),
@@ -124,14 +131,6 @@ int gemv_f16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t
 /* The same with bfloat16 weights (the high 16 bits of an fp32); AVX2 or portable C. */
 int gemv_bf16(const float *x, int64_t rows, const uint16_t *w, int64_t n, int64_t k,
               float *out, int nthreads);
-
-/* One packed INT4 linear [n, k] (mins NULL: symmetric), as the layer call takes it. */
-typedef struct {
-    const uint8_t *q;
-    const uint16_t *s;
-    const uint16_t *m;
-    int64_t n, k, group;
-} KhInt4;
 
 /* One Llama decoder layer's weights (kimi_llama.c): fp32 norm weights [dim]; qkv
  * [(heads + 2 kv_heads) * head_dim, dim] (q rows, then k, then v), o [dim, heads * head_dim],

@@ -56,7 +56,25 @@ static const int32_t kh_i8_pair_lanes[4][8] = {
     _mm256_loadu_si256((const __m256i *)((xp) + 64 + (half))), 1)
 /* The high 8 floats of a 512-bit vector (AVX-512F only: no DQ needed). */
 #define KH_I8_HIGH8(f) _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1))
+/* acc += pairs p and p+1 at once: the 512-bit dots of codes (lo, hi) with x (even, odd), pair
+ * p in the low 8 lanes and p+1 in the high ones, each times its lanes of sd: two FMAs. */
+#define KH_I8_WIDE_FMA(acc, sd, p, lo, hi, even, odd)                                       \
+    do {                                                                                    \
+        __m512 dots = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(                               \
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, even), hi, odd));               \
+        acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd, KH_I8_PAIR_LANES(p)),            \
+                              _mm512_castps512_ps256(dots), acc);                           \
+        acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd, KH_I8_PAIR_LANES((p) + 1)),      \
+                              KH_I8_HIGH8(dots), acc);                                      \
+    } while (0)
 #endif
+/* acc += pair p's int32 dots (block 2p in lanes 0-3, 2p+1 in 4-7) times its lanes of sd. */
+#define KH_I8_PAIR_FMA(acc, sd, p, dot) acc = _mm256_fmadd_ps(                              \
+    _mm256_permutevar8x32_ps(sd, KH_I8_PAIR_LANES(p)), _mm256_cvtepi32_ps(dot), acc)
+/* The low and high nibbles of the code bytes raw (256 or 512 bits: BITS). */
+#define KH_I8_NIBBLES(BITS, raw, mask, lo, hi)                                              \
+    __m##BITS##i lo = _mm##BITS##_and_si##BITS(raw, mask);                                  \
+    __m##BITS##i hi = _mm##BITS##_and_si##BITS(_mm##BITS##_srli_epi16(raw, 4), mask)
 
 /* One x row against 4 weight rows at once (decode at B = 1), two blocks per step: 32 code
  * bytes (blocks j, j+1) give the even elements of both by one mask and the odd ones by one
@@ -115,14 +133,8 @@ KH_I8_TARGET void KH_I8_FN(kh_q8_rows4)(const KhRow *w, const KhQ8 *x, float *y)
                 __m512i even = KH_I8_X512(xp, 0), odd = KH_I8_X512(xp, 32);
                 for (i = 0; i < 4; i++) {
                     __m512i raw = _mm512_loadu_si512((const void *)(w[i].q + (b0 + 2 * p) * 16));
-                    __m512i lo = _mm512_and_si512(raw, mask512);
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask512);
-                    __m512 dots = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, even), hi, odd));
-                    acc[i] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd[i], KH_I8_PAIR_LANES(p)),
-                                             _mm512_castps512_ps256(dots), acc[i]);
-                    acc[i] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd[i], KH_I8_PAIR_LANES(p + 1)),
-                                             KH_I8_HIGH8(dots), acc[i]);
+                    KH_I8_NIBBLES(512, raw, mask512, lo, hi);
+                    KH_I8_WIDE_FMA(acc[i], sd[i], p, lo, hi, even, odd);
                 }
                 p++;
                 continue;
@@ -133,11 +145,8 @@ KH_I8_TARGET void KH_I8_FN(kh_q8_rows4)(const KhRow *w, const KhQ8 *x, float *y)
                 __m256i odd = _mm256_loadu_si256((const __m256i *)(xp + 32));
                 for (i = 0; i < 4; i++) {
                     __m256i raw = _mm256_loadu_si256((const __m256i *)(w[i].q + (b0 + 2 * p) * 16));
-                    __m256i lo = _mm256_and_si256(raw, mask);
-                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-                    __m256i dot = KH_I8_DOT4(lo, hi, even, odd);
-                    acc[i] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd[i], KH_I8_PAIR_LANES(p)),
-                                             _mm256_cvtepi32_ps(dot), acc[i]);
+                    KH_I8_NIBBLES(256, raw, mask, lo, hi);
+                    KH_I8_PAIR_FMA(acc[i], sd[i], p, KH_I8_DOT4(lo, hi, even, odd));
                 }
             }
         }
@@ -205,17 +214,10 @@ KH_I8_TARGET void KH_I8_FN(kh_q8_pairs)(const KhRow *w, const KhQ8 *x, int64_t r
             if (p + 1 < count / 2) { /* pairs p and p+1 in 512 bits, then AVX2's two FMAs */
                 const __m512i mask512 = _mm512_set1_epi8(0x0f);
                 __m512i raw = _mm512_loadu_si512((const void *)(w->q + (b0 + 2 * p) * 16));
-                __m512i lo = _mm512_and_si512(raw, mask512);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask512);
+                KH_I8_NIBBLES(512, raw, mask512, lo, hi);
                 for (r = 0; r < rows; r++) {
                     const int8_t *xp = x->q + r * k + (b0 + 2 * p) * 32;
-                    __m512 dots = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, KH_I8_X512(xp, 0)), hi,
-                        KH_I8_X512(xp, 32)));
-                    acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd[r], KH_I8_PAIR_LANES(p)),
-                                             _mm512_castps512_ps256(dots), acc[r]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd[r], KH_I8_PAIR_LANES(p + 1)),
-                                             KH_I8_HIGH8(dots), acc[r]);
+                    KH_I8_WIDE_FMA(acc[r], sd[r], p, lo, hi, KH_I8_X512(xp, 0), KH_I8_X512(xp, 32));
                 }
                 p++;
                 continue;
@@ -223,14 +225,12 @@ KH_I8_TARGET void KH_I8_FN(kh_q8_pairs)(const KhRow *w, const KhQ8 *x, int64_t r
 #endif
             {
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(w->q + (b0 + 2 * p) * 16));
-                __m256i lo = _mm256_and_si256(raw, mask);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                KH_I8_NIBBLES(256, raw, mask, lo, hi);
                 for (r = 0; r < rows; r++) {
                     const int8_t *xp = x->q + r * k + (b0 + 2 * p) * 32;
-                    __m256i dot = KH_I8_DOT4(lo, hi, _mm256_loadu_si256((const __m256i *)xp),
-                                             _mm256_loadu_si256((const __m256i *)(xp + 32)));
-                    acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sd[r], KH_I8_PAIR_LANES(p)),
-                                             _mm256_cvtepi32_ps(dot), acc[r]);
+                    KH_I8_PAIR_FMA(acc[r], sd[r], p,
+                                   KH_I8_DOT4(lo, hi, _mm256_loadu_si256((const __m256i *)xp),
+                                              _mm256_loadu_si256((const __m256i *)(xp + 32))));
                 }
             }
         }
@@ -291,3 +291,6 @@ KH_I8_TARGET void KH_I8_FN(kh_q8q8_row)(const int8_t *w, const uint16_t *s, int6
 #undef KH_I8_PAIR_LANES
 #undef KH_I8_X512
 #undef KH_I8_HIGH8
+#undef KH_I8_WIDE_FMA
+#undef KH_I8_PAIR_FMA
+#undef KH_I8_NIBBLES

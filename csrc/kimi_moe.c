@@ -1,83 +1,77 @@
-/* kimi_moe.c: the multi-row grouped MoE (see kimi_helper.h, moe_grouped_w4a16).
+/* kimi_moe.c: the multi-row grouped MoE (see kimi_helper.h, moe_grouped_w4a16 and _w4a8).
  *
  * The T*top_k routes are sorted by expert (a counting sort): segment s is the sorted routes
- * [seg_start[s], seg_start[s+1]), every one of which chose expert seg_expert[s]. Each weight row of a selected expert is read
- * once and met by all of the segment's rows, KH_MAX_ROWS at a time, so T tokens that share an
- * expert cost one pass over it, not T. Two phases, each one kh_parallel job over (segment,
- * output row): h = silu(x W1^T) * (x W3^T) [R, inner], then y = h W2^T [R, d]. Last, each
- * token's outputs are summed in choice order, so a token's result does not depend on the
- * tokens batched with it (the row kernels compute each row alike whatever their count). */
-#include "kimi_helper.h"
-#include "kimi_simd.h"
+ * [seg_start[s], seg_start[s+1]), every one of which chose expert seg_expert[s]. Each weight
+ * row of a selected expert is read once and met by all of the segment's rows, KH_MAX_ROWS at a
+ * time, so T tokens that share an expert cost one pass over it, not T. Two phases, each one
+ * kh_parallel_rows job over (segment, `quad` output rows): h = silu(x W1^T) * (x W3^T)
+ * [R, inner], then y = h W2^T [R, d]. Last, each token's outputs are summed in choice order.
+ * The dot (KhMoeDot) says how the rows are prepared and met: W4A16 here, W4A8 in
+ * kimi_moe_w4a8.c. Its kernels compute each row alike whatever their count, so a token's
+ * result does not depend on the tokens batched with it. */
+#include "kimi_moe.h"
 
 #include <math.h>
 
 typedef struct {
-    KhRowFn row_fn;
-    const uint8_t *q[2];
-    const uint16_t *s[2], *m[2];
-    int swiglu;                          /* phase 1: gate and up; phase 2: down */
+    const KhMoeDot *dot;
+    const KhMoeRows *op;                 /* the prepared rows of this phase */
+    const KhInt4 *w[2];                  /* phase 1: gate and up (swiglu); phase 2: down */
+    int swiglu;
     const int64_t *seg_expert, *seg_start;
-    int64_t n, k, group, total, per_chunk;
-    const float *xperm, *xsum;           /* [R, k], [R, k/group] */
+    int64_t n, items;                    /* output rows; job items per segment */
     float *out;                          /* [R, n] */
 } SegJob;
 
-static void seg_row(const SegJob *job, int64_t i)
+static void seg_item(const SegJob *job, int64_t item)
 {
-    int64_t k = job->k, groups = k / job->group, seg = i / job->n, row = i % job->n;
-    int64_t wrow = job->seg_expert[seg] * job->n + row, r0, j, t;
-    KhRow w[2];
-    for (t = 0; t <= job->swiglu; t++) {
-        KhRow one = {job->q[t] + wrow * (k / 2), job->s[t] + wrow * groups,
-                     job->m[t] ? job->m[t] + wrow * groups : NULL, k, job->group};
-        w[t] = one;
-    }
+    int quad = job->dot->quad, count, t, u;
+    int64_t n = job->n, k = job->op->k, group = job->op->group, r0;
+    int64_t seg = item / job->items, row0 = (item % job->items) * quad;
+    KhRow w[2][4];
+    count = n - row0 < quad ? (int)(n - row0) : quad;
+    for (u = 0; u <= job->swiglu; u++)
+        for (t = 0; t < count; t++)
+            w[u][t] = kh_row(job->w[u]->q, job->w[u]->s, job->w[u]->m,
+                             job->seg_expert[seg] * n + row0 + t, k, group);
     for (r0 = job->seg_start[seg]; r0 < job->seg_start[seg + 1]; r0 += KH_MAX_ROWS) {
-        int64_t rows = job->seg_start[seg + 1] - r0;
-        const float *xp = job->xperm + r0 * k, *xs = job->xsum + r0 * groups;
-        float gate[KH_MAX_ROWS], up[KH_MAX_ROWS];
+        int64_t rows = job->seg_start[seg + 1] - r0, j;
+        float gate[KH_MAX_ROWS * 4], up[KH_MAX_ROWS * 4]; /* [rows, 4] */
         if (rows > KH_MAX_ROWS) rows = KH_MAX_ROWS;
         if (!job->swiglu) {
-            job->row_fn(&w[0], xp, xs, rows, job->out + r0 * job->n + row, job->n);
+            job->dot->dots(job->op, w[0], count, r0, rows, job->out + r0 * n + row0, n);
             continue;
         }
-        job->row_fn(&w[0], xp, xs, rows, gate, 1);
-        job->row_fn(&w[1], xp, xs, rows, up, 1);
+        job->dot->dots(job->op, w[0], count, r0, rows, gate, 4);
+        job->dot->dots(job->op, w[1], count, r0, rows, up, 4);
         for (j = 0; j < rows; j++)
-            job->out[(r0 + j) * job->n + row] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
+            for (t = 0; t < count; t++) {
+                float g = gate[j * 4 + t];
+                job->out[(r0 + j) * n + row0 + t] = g / (1.0f + expf(-g)) * up[j * 4 + t];
+            }
     }
 }
 
-static void seg_chunk(void *ctx, int64_t chunk)
+static void seg_items(void *ctx, int64_t i, int64_t end)
 {
-    const SegJob *job = ctx;
-    int64_t i = chunk * job->per_chunk, end = i + job->per_chunk;
-    if (end > job->total) end = job->total;
-    for (; i < end; i++) seg_row(job, i);
+    for (; i < end; i++) seg_item(ctx, i);
 }
 
-/* Runs the job's (segment, output row) pairs on the pool; xperm/xsum already prepared. */
+/* One phase: every (segment, quad of output rows) of `segments` on the pool. */
 static void run_segments(SegJob *job, int64_t segments, int nthreads)
 {
-    int64_t cost;
-    job->row_fn = kh_pick_row_fn(job->group);
-    job->total = segments * job->n;
-    cost = job->total * job->k * (job->swiglu + 1);
-    kh_parallel_rows(seg_chunk, job, job->total, cost, nthreads, 1, &job->per_chunk);
+    int64_t total;
+    job->n = job->w[0]->n;
+    job->items = (job->n + job->dot->quad - 1) / job->dot->quad;
+    total = segments * job->items;
+    kh_parallel_rows(seg_items, job, total,
+                     total * job->dot->quad * job->w[0]->k * (job->swiglu + 1), nthreads, 1);
 }
 
-/* Work layout, in floats: int64 order [R], seg_expert [R], seg_start [R+1] (2 floats each);
- * xperm [R, d] + xsum [R, d/group]; h [R, inner]; hperm [R, inner] + hsum [R, inner/group];
- * y [R, d]. */
-int64_t moe_grouped_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group)
-{
-    if (routes <= 0 || d <= 0 || inner <= 0 || group <= 0 || d % group || inner % group) return -1;
-    return 2 * (3 * routes + 1) + routes * (d + d / group) + routes * inner
-           + routes * (inner + inner / group) + routes * d;
-}
-
-int64_t kh_sort_routes(const int64_t *experts, int64_t routes, int64_t num_experts,
+/* A stable counting sort of experts [routes] by id into order [routes] (route indices,
+ * expert-major), seg_expert and seg_start [segments + 1]; returns the segment count, or -1
+ * for an id outside 0..num_experts-1. */
+static int64_t sort_routes(const int64_t *experts, int64_t routes, int64_t num_experts,
                            int64_t *order, int64_t *seg_expert, int64_t *seg_start)
 {
     int64_t r, e, segments = 0, *next = seg_start; /* seg_start doubles as the counters */
@@ -110,57 +104,10 @@ int64_t kh_sort_routes(const int64_t *experts, int64_t routes, int64_t num_exper
     return segments;
 }
 
-int moe_grouped_w4a16(const float *x, int64_t tokens, int64_t top_k, const int64_t *experts,
-                      const float *weights, int64_t num_experts,
-                      const uint8_t *gate_q, const uint16_t *gate_s, const uint16_t *gate_m,
-                      const uint8_t *up_q, const uint16_t *up_s, const uint16_t *up_m,
-                      const uint8_t *down_q, const uint16_t *down_s, const uint16_t *down_m,
-                      int64_t d, int64_t inner, int64_t group, float *work, float *out,
-                      int nthreads)
-{
-    SegJob job = {0};
-    int64_t routes = tokens * top_k, segments, r;
-    int64_t *order, *seg_expert, *seg_start;
-    float *xperm, *xsum, *h, *hperm, *hsum, *y;
-    if (!x || !experts || !weights || !gate_q || !gate_s || !up_q || !up_s || !down_q
-        || !down_s || !work || !out || tokens <= 0 || top_k <= 0 || num_experts <= 0
-        || group % 2 || nthreads <= 0 || moe_grouped_work_floats(routes, d, inner, group) < 0)
-        return KH_EINVAL;
-    order = (int64_t *)work;
-    seg_expert = order + routes;
-    seg_start = seg_expert + routes;
-    xperm = work + 2 * (3 * routes + 1);
-    xsum = xperm + routes * d;
-    h = xsum + routes * (d / group);
-    hperm = h + routes * inner;
-    hsum = hperm + routes * inner;
-    y = hsum + routes * (inner / group);
-    segments = kh_sort_routes(experts, routes, num_experts, order, seg_expert, seg_start);
-    if (segments < 0) return KH_EINVAL;
-    for (r = 0; r < routes; r++)             /* x row of each route, in expert order */
-        kh_prepare_x(x + (order[r] / top_k) * d, 1, d, group, xperm + r * d,
-                     xsum + r * (d / group));
-    job.seg_expert = seg_expert;
-    job.seg_start = seg_start;
-    job.group = group;
-    /* phase 1: h [routes, inner] = silu(x W1^T) * (x W3^T) */
-    job.swiglu = 1;
-    job.q[0] = gate_q, job.s[0] = gate_s, job.m[0] = gate_m;
-    job.q[1] = up_q, job.s[1] = up_s, job.m[1] = up_m;
-    job.n = inner, job.k = d, job.xperm = xperm, job.xsum = xsum, job.out = h;
-    run_segments(&job, segments, nthreads);
-    /* phase 2: y [routes, d] = h W2^T */
-    kh_prepare_x(h, routes, inner, group, hperm, hsum);
-    job.swiglu = 0;
-    job.q[0] = down_q, job.s[0] = down_s, job.m[0] = down_m;
-    job.n = d, job.k = inner, job.xperm = hperm, job.xsum = hsum, job.out = y;
-    run_segments(&job, segments, nthreads);
-    kh_combine_routes(y, order, seg_expert, tokens, top_k, weights, d, out);
-    return KH_OK;
-}
-
-void kh_combine_routes(const float *y, const int64_t *order, int64_t *pos, int64_t tokens,
-                       int64_t top_k, const float *weights, int64_t d, float *out)
+/* out[t] = sum over choices c, in order, of weights[t, c] * y[sorted position of route
+ * t * top_k + c]; y [routes, d] in sorted order, pos [routes] scratch. */
+static void combine_routes(const float *y, const int64_t *order, int64_t *pos, int64_t tokens,
+                           int64_t top_k, const float *weights, int64_t d, float *out)
 {
     int64_t routes = tokens * top_k, r, t, c, j;
     for (r = 0; r < routes; r++) pos[order[r]] = r;
@@ -173,4 +120,119 @@ void kh_combine_routes(const float *y, const int64_t *order, int64_t *pos, int64
             for (j = 0; j < d; j++) o[j] += wt * yr[j];
         }
     }
+}
+
+/* Work layout, in floats: int64 order [R], seg_expert [R], seg_start [R+1] (2 floats each);
+ * x prepared [R, d]; h [R, inner]; h prepared [R, inner]; y [R, d]. */
+int64_t kh_moe_work_floats(const KhMoeDot *dot, int64_t routes, int64_t d, int64_t inner,
+                           int64_t group)
+{
+    int64_t xs, hs;
+    if (routes <= 0 || d <= 0 || inner <= 0 || group <= 0 || d % group || inner % group) return -1;
+    xs = dot->floats(routes, d, group);
+    hs = dot->floats(routes, inner, group);
+    if (xs < 0 || hs < 0) return -1;
+    return 2 * (3 * routes + 1) + xs + routes * inner + hs + routes * d;
+}
+
+static int bank_ok(const KhExperts *bank)
+{
+    const KhInt4 *g = &bank->gate, *u = &bank->up, *dn = &bank->down;
+    return g->q && g->s && u->q && u->s && dn->q && dn->s && bank->num_experts > 0
+           && u->n == g->n && u->k == g->k && u->group == g->group
+           && dn->n == g->k && dn->k == g->n && dn->group == g->group;
+}
+
+int kh_moe_grouped(const KhMoeDot *dot, const KhExperts *bank, const float *x, int64_t tokens,
+                   int64_t top_k, const int64_t *experts, const float *weights, float *work,
+                   float *out, int nthreads)
+{
+    SegJob job = {.dot = dot};
+    int64_t routes = tokens * top_k, segments, r, d, inner, group;
+    int64_t *order, *seg_expert, *seg_start;
+    float *h, *y;
+    KhMoeRows xs, hs;
+    if (!bank || !bank_ok(bank) || !x || !experts || !weights || !work || !out || tokens <= 0
+        || top_k <= 0 || nthreads <= 0)
+        return KH_EINVAL;
+    d = bank->gate.k, inner = bank->gate.n, group = bank->gate.group;
+    if (kh_moe_work_floats(dot, routes, d, inner, group) < 0) return KH_EINVAL;
+    order = (int64_t *)work;
+    seg_expert = order + routes;
+    seg_start = seg_expert + routes;
+    xs = dot->at(work + 2 * (3 * routes + 1), routes, d, group);
+    h = work + 2 * (3 * routes + 1) + dot->floats(routes, d, group);
+    hs = dot->at(h + routes * inner, routes, inner, group);
+    y = h + routes * inner + dot->floats(routes, inner, group);
+    segments = sort_routes(experts, routes, bank->num_experts, order, seg_expert, seg_start);
+    if (segments < 0) return KH_EINVAL;
+    for (r = 0; r < routes; r++)             /* x row of each route, in expert order */
+        dot->prepare(&xs, x + (order[r] / top_k) * d, r, 1);
+    job.seg_expert = seg_expert;
+    job.seg_start = seg_start;
+    /* phase 1: h [routes, inner] = silu(x W1^T) * (x W3^T) */
+    job.swiglu = 1, job.w[0] = &bank->gate, job.w[1] = &bank->up, job.op = &xs, job.out = h;
+    run_segments(&job, segments, nthreads);
+    /* phase 2: y [routes, d] = h W2^T */
+    dot->prepare(&hs, h, 0, routes);
+    job.swiglu = 0, job.w[0] = &bank->down, job.op = &hs, job.out = y;
+    run_segments(&job, segments, nthreads);
+    combine_routes(y, order, seg_expert, tokens, top_k, weights, d, out);
+    return KH_OK;
+}
+
+/* W4A16: rows de-interleaved with their group sums (kh_prepare_x), one weight row an item. */
+static int64_t w4a16_floats(int64_t rows, int64_t k, int64_t group)
+{
+    return rows * (k + k / group);
+}
+
+static KhMoeRows w4a16_at(float *base, int64_t rows, int64_t k, int64_t group)
+{
+    KhMoeRows op = {.k = k, .group = group, .row_fn = kh_pick_row_fn(group),
+                    .xperm = base, .xsum = base + rows * k};
+    return op;
+}
+
+static void w4a16_prepare(const KhMoeRows *op, const float *src, int64_t row, int64_t count)
+{
+    int64_t groups = op->k / op->group;
+    kh_prepare_x(src, count, op->k, op->group, op->xperm + row * op->k, op->xsum + row * groups);
+}
+
+static void w4a16_dots(const KhMoeRows *op, const KhRow *w, int count, int64_t r0, int64_t rows,
+                       float *y, int64_t y_stride)
+{
+    int64_t groups = op->k / op->group;
+    int t;
+    for (t = 0; t < count; t++)
+        op->row_fn(&w[t], op->xperm + r0 * op->k, op->xsum + r0 * groups, rows, y + t, y_stride);
+}
+
+static const KhMoeDot w4a16 = {1, w4a16_floats, w4a16_at, w4a16_prepare, w4a16_dots};
+
+int64_t moe_grouped_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group)
+{
+    return kh_moe_work_floats(&w4a16, routes, d, inner, group);
+}
+
+int64_t moe_grouped_w4a8_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group)
+{
+    return kh_moe_work_floats(&kh_moe_w4a8, routes, d, inner, group);
+}
+
+int moe_grouped_w4a16(const KhExperts *bank, const float *x, int64_t tokens, int64_t top_k,
+                      const int64_t *experts, const float *weights, float *work, float *out,
+                      int nthreads)
+{
+    if (!bank || bank->gate.group % 2) return KH_EINVAL;
+    return kh_moe_grouped(&w4a16, bank, x, tokens, top_k, experts, weights, work, out, nthreads);
+}
+
+int moe_grouped_w4a8(const KhExperts *bank, const float *x, int64_t tokens, int64_t top_k,
+                     const int64_t *experts, const float *weights, float *work, float *out,
+                     int nthreads)
+{
+    return kh_moe_grouped(&kh_moe_w4a8, bank, x, tokens, top_k, experts, weights, work, out,
+                          nthreads);
 }

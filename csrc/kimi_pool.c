@@ -192,19 +192,38 @@ int kh_wake_all(int on)
     return was;
 }
 
-void kh_parallel_rows(KhTask fn, void *ctx, int64_t total, int64_t cost, int nthreads,
-                      int64_t multiple, int64_t *per_chunk)
+typedef struct {
+    KhRowsTask fn;
+    void *ctx;
+    int64_t total, per_chunk;
+} SplitJob;
+
+static void split_chunk(void *ctx, int64_t chunk)
 {
-    int64_t per_thread;
+    const SplitJob *job = ctx;
+    int64_t begin = chunk * job->per_chunk, end = begin + job->per_chunk;
+    job->fn(job->ctx, begin, end < job->total ? end : job->total);
+}
+
+void kh_parallel_split(KhRowsTask fn, void *ctx, int64_t total, int64_t per_chunk, int nthreads,
+                       int worth_waking)
+{
+    SplitJob job = {fn, ctx, total, per_chunk};
+    kh_parallel(split_chunk, &job, (total + per_chunk - 1) / per_chunk, nthreads, worth_waking);
+}
+
+void kh_parallel_rows(KhRowsTask fn, void *ctx, int64_t total, int64_t cost, int nthreads,
+                      int64_t multiple)
+{
+    int64_t per_thread, per_chunk;
     if (cost < KH_SERIAL_BELOW) nthreads = 1;
     per_thread = (total + nthreads - 1) / nthreads;
     /* About 8 chunks a thread, so that a helper that starts late still finds work; 2 in a
      * layer call, whose helpers are awake from job to job: each chunk is a contended claim
      * and count, and with 8 a SmolLM2 decode layer spent ~14% of its time on them (6.3 ->
      * 5.4 ms for 30 layers, AMD EPYC Zen 2, 2 threads; 1 chunk a thread measured alike). */
-    *per_chunk = nthreads == 1 ? total : (per_thread + (wake_all ? 1 : 7)) / (wake_all ? 2 : 8);
-    if (*per_chunk < 8) *per_chunk = 8;
-    *per_chunk += (multiple - *per_chunk % multiple) % multiple;
-    kh_parallel(fn, ctx, (total + *per_chunk - 1) / *per_chunk, nthreads,
-                cost >= KH_WAKE_WORTH || wake_all);
+    per_chunk = nthreads == 1 ? total : (per_thread + (wake_all ? 1 : 7)) / (wake_all ? 2 : 8);
+    if (per_chunk < 8) per_chunk = 8;
+    per_chunk += (multiple - per_chunk % multiple) % multiple;
+    kh_parallel_split(fn, ctx, total, per_chunk, nthreads, cost >= KH_WAKE_WORTH || wake_all);
 }

@@ -36,24 +36,22 @@ int q8_simd(void)
 int64_t gemv_q8_work_floats(int64_t rows, int64_t k)
 {
     if (rows <= 0 || k <= 0 || k % KH_Q8_BLOCK) return -1;
-    /* d, one gsum per row (unused: no min term), then the int8 codes (k / 4 floats a row) */
-    return rows * (k / KH_Q8_BLOCK) + rows + rows * (k / 4);
+    return kh_q8_floats(rows, k, k); /* one gsum per row, unused: no min term */
 }
 
 typedef struct {
     const int8_t *q;
     const uint16_t *s;
     KhQ8 x;
-    int64_t rows, n, k, per_chunk;
+    int64_t rows, n, k;
     const KhInt8Kernels *kernels; /* NULL: portable C */
     float *out;
 } Q8Job;
 
-static void q8_chunk(void *ctx, int64_t chunk)
+static void q8_rows(void *ctx, int64_t i, int64_t end)
 {
     const Q8Job *job = ctx;
-    int64_t i = chunk * job->per_chunk, end = i + job->per_chunk, k = job->k;
-    if (end > job->n) end = job->n;
+    int64_t k = job->k;
     for (; i < end; i++) {
         const int8_t *w = job->q + i * k;
         const uint16_t *s = job->s + i * (k / KH_Q8_BLOCK);
@@ -68,22 +66,13 @@ static void q8_chunk(void *ctx, int64_t chunk)
 int gemv_q8(const float *x, int64_t rows, const int8_t *qweight, const uint16_t *scales,
             int64_t n, int64_t k, float *work, float *out, int nthreads)
 {
-    Q8Job job;
-    int64_t nb = k / KH_Q8_BLOCK;
+    Q8Job job = {.q = qweight, .s = scales, .rows = rows, .n = n, .k = k, .out = out};
     if (rows <= 0 || rows > KH_MAX_ROWS || n <= 0 || nthreads <= 0) return KH_EINVAL;
     if (gemv_q8_work_floats(rows, k) < 0) return KH_EINVAL;
     if (!x || !qweight || !scales || !work || !out) return KH_EINVAL;
-    job.q = qweight;
-    job.s = scales;
-    job.rows = rows;
-    job.n = n;
-    job.k = k;
-    job.out = out;
-    job.x.d = work;
-    job.x.gsum = work + rows * nb;
-    job.x.q = (int8_t *)(work + rows * nb + rows);
+    job.x = kh_q8_at(work, rows, k, k);
     kh_quantize_q8(x, rows, k, k, 0, &job.x);
     job.kernels = kh_int8_kernels();
-    kh_parallel_rows(q8_chunk, &job, n, n * k, nthreads, 1, &job.per_chunk);
+    kh_parallel_rows(q8_rows, &job, n, n * k, nthreads, 1);
     return KH_OK;
 }

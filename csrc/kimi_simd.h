@@ -25,6 +25,17 @@
 #define KH_HAVE_X86_SIMD 0
 #endif
 
+/* KERNEL(1) .. KERNEL(8): one row kernel per row count of x (a constant in each, so its row
+ * loops unroll and the accumulators live in registers); KH_BY_ROWS(NAME) is the table of
+ * NAME_1 .. NAME_8 by row count (entry 0 unused). */
+#define KH_FOR_ROWS(KERNEL) \
+    KERNEL(1) KERNEL(2) KERNEL(3) KERNEL(4) KERNEL(5) KERNEL(6) KERNEL(7) KERNEL(8)
+#define KH_BY_ROWS(NAME) \
+    {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6, NAME##_7, NAME##_8}
+#if KH_MAX_ROWS != 8
+#error "KH_FOR_ROWS and KH_BY_ROWS list the row counts 1..8: KH_MAX_ROWS changed"
+#endif
+
 /* A symmetric group (no mins) is w = s*(q - 8) = s*q + (-8 s): its min, exactly. */
 #define KH_SYMMETRIC_MIN(s) (-8.0f * (s))
 
@@ -37,6 +48,17 @@ typedef struct {
     int64_t k;
     int64_t group;
 } KhRow;
+
+/* Row `row` of a packed matrix [rows, k/2] (an expert stack counts rows across experts). A
+ * loop over rows keeps k and group in locals, so that k / group is divided once. */
+static inline KhRow kh_row(const uint8_t *q, const uint16_t *scales, const uint16_t *mins,
+                           int64_t row, int64_t k, int64_t group)
+{
+    int64_t groups = k / group;
+    KhRow w = {q + row * (k / 2), scales + row * groups, mins ? mins + row * groups : NULL, k,
+               group};
+    return w;
+}
 
 /* y[r * y_stride] = dot(w, x_r) for r < rows; xperm/xsum as prepared by the GEMV. */
 typedef void (*KhRowFn)(const KhRow *w, const float *xperm, const float *xsum,
@@ -80,16 +102,10 @@ const KhInt8Kernels *kh_int8_kernels(void);
 void kh_prepare_x(const float *x, int64_t rows, int64_t k, int64_t group,
                   float *xperm, float *xsum);
 
-/* The grouped MoE's routes (kimi_moe.c): a stable counting sort of experts [routes] by id
- * into order [routes] (route indices, expert-major), seg_expert and seg_start [segments + 1]
- * (segment s: sorted routes seg_start[s]..seg_start[s+1]-1, all of expert seg_expert[s]);
- * returns the segment count, or -1 for an id outside 0..num_experts-1. */
-int64_t kh_sort_routes(const int64_t *experts, int64_t routes, int64_t num_experts,
-                       int64_t *order, int64_t *seg_expert, int64_t *seg_start);
-/* out[t] = sum over choices c, in order, of weights[t, c] * y[sorted position of route
- * t * top_k + c]; y [routes, d] in sorted order, pos [routes] scratch. */
-void kh_combine_routes(const float *y, const int64_t *order, int64_t *pos, int64_t tokens,
-                       int64_t top_k, const float *weights, int64_t d, float *out);
+/* The floats of x [rows, k] quantized: d, gsum, then the int8 codes (k / 4 floats a row);
+ * kh_q8_at lays them out from base. */
+int64_t kh_q8_floats(int64_t rows, int64_t k, int64_t group);
+KhQ8 kh_q8_at(float *base, int64_t rows, int64_t k, int64_t group);
 
 /* How gemv_w4a8 met its x (kimi_w4a8.c), shared with the grouped W4A8 MoE. */
 typedef struct {
@@ -112,14 +128,20 @@ void kh_q8_dots(const KhQ8Plan *plan, const KhRow *w, int count, const KhQ8 *x, 
 typedef void (*KhTask)(void *ctx, int64_t chunk);
 void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads, int worth_waking);
 
-/* The GEMVs' split of `total` output rows: *per_chunk is set, then fn(ctx, c) runs over the
- * chunks. One thread when `cost` (weights touched) is below KH_SERIAL_BELOW, else chunks of
- * at least 8 rows, about 8 per thread so a helper that starts late still finds work (2 under
- * kh_wake_all: fewer contended claims), rounded up to a multiple of `multiple` (kernels that
- * take weight rows in groups); sleeping helpers
- * are woken from KH_WAKE_WORTH on. */
-void kh_parallel_rows(KhTask fn, void *ctx, int64_t total, int64_t cost, int nthreads,
-                      int64_t multiple, int64_t *per_chunk);
+/* fn(ctx, begin, end) for one share [begin, end) of a job's `total` output rows. */
+typedef void (*KhRowsTask)(void *ctx, int64_t begin, int64_t end);
+
+/* Runs fn over [0, total) in shares of per_chunk rows (the last one shorter) on the pool. */
+void kh_parallel_split(KhRowsTask fn, void *ctx, int64_t total, int64_t per_chunk, int nthreads,
+                       int worth_waking);
+
+/* The GEMVs' split of `total` output rows: one thread when `cost` (weights touched) is below
+ * KH_SERIAL_BELOW, else shares of at least 8 rows, about 8 per thread so a helper that starts
+ * late still finds work (2 under kh_wake_all: fewer contended claims), rounded up to a
+ * multiple of `multiple` (kernels that take weight rows in groups); sleeping helpers are
+ * woken from KH_WAKE_WORTH on. */
+void kh_parallel_rows(KhRowsTask fn, void *ctx, int64_t total, int64_t cost, int nthreads,
+                      int64_t multiple);
 
 /* While on (per calling thread), every job of kh_parallel_rows wakes sleeping helpers, as
  * one that is part of a larger unit of work (a whole decoder layer) should; returns the
@@ -217,6 +239,7 @@ void kh_f16_rows_avx512(const uint16_t *w0, const uint16_t *w1, int64_t k, const
                         int64_t rows, float *y0, float *y1, int64_t y_stride);
 void kh_row_blocks_avx512(const KhRow *w, const float *xperm, const float *xsum,
                           int64_t rows, float *y, int64_t y_stride);
+float kh_halves_dot_avx512(const uint16_t *h, const float *v, int64_t n);
 #endif
 
 /* IEEE 754 binary16 bits -> float, exact for every input (incl. subnormals). */

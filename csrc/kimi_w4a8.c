@@ -144,8 +144,21 @@ const KhInt8Kernels *kh_int8_kernels(void)
 int64_t gemv_w4a8_work_floats(int64_t rows, int64_t k, int64_t group)
 {
     if (rows <= 0 || k <= 0 || group <= 0 || group % KH_Q8_BLOCK || k % group) return -1;
-    /* d and gsum (floats), then the int8 codes (k / 4 floats a row) */
+    return kh_q8_floats(rows, k, group);
+}
+
+int64_t kh_q8_floats(int64_t rows, int64_t k, int64_t group)
+{
     return rows * (k / KH_Q8_BLOCK) + rows * (k / group) + rows * (k / 4);
+}
+
+KhQ8 kh_q8_at(float *base, int64_t rows, int64_t k, int64_t group)
+{
+    KhQ8 q8;
+    q8.d = base;
+    q8.gsum = base + rows * (k / KH_Q8_BLOCK);
+    q8.q = (int8_t *)(q8.gsum + rows * (k / group));
+    return q8;
 }
 
 KhQ8Plan kh_q8_plan(int64_t k)
@@ -194,25 +207,18 @@ typedef struct {
     const uint8_t *q;
     const uint16_t *s, *m;
     KhQ8 x;
-    int64_t rows, n, k, group, per_chunk;
+    int64_t rows, n, k, group;
     float *out;
 } W4a8Job;
 
-static void w4a8_chunk(void *ctx, int64_t chunk)
+static void w4a8_rows(void *ctx, int64_t i, int64_t end)
 {
     const W4a8Job *job = ctx;
-    int64_t i = chunk * job->per_chunk, end = i + job->per_chunk;
-    int64_t k = job->k, groups = k / job->group;
-    if (end > job->n) end = job->n;
+    int64_t k = job->k, group = job->group; /* locals: k / group is computed once */
     for (; i < end; i += 4) {
         KhRow w[4];
         int t, count = end - i < 4 ? (int)(end - i) : 4;
-        for (t = 0; t < count; t++) {
-            int64_t r = i + t;
-            KhRow one = {job->q + r * (k / 2), job->s + r * groups,
-                         job->m ? job->m + r * groups : NULL, k, job->group};
-            w[t] = one;
-        }
+        for (t = 0; t < count; t++) w[t] = kh_row(job->q, job->s, job->m, i + t, k, group);
         kh_q8_dots(&job->plan, w, count, &job->x, job->rows, job->out + i, job->n);
     }
 }
@@ -221,25 +227,14 @@ int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16
               const uint16_t *mins, int64_t n, int64_t k, int64_t group, float *work,
               float *out, int nthreads)
 {
-    W4a8Job job;
-    int64_t nb = k / KH_Q8_BLOCK;
+    W4a8Job job = {.q = qweight, .s = scales, .m = mins, .rows = rows, .n = n, .k = k,
+                   .group = group, .out = out};
     if (rows <= 0 || rows > KH_MAX_ROWS || n <= 0 || nthreads <= 0) return KH_EINVAL;
     if (gemv_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
     if (!x || !qweight || !scales || !work || !out) return KH_EINVAL;
-    job.q = qweight;
-    job.s = scales;
-    job.m = mins;
-    job.rows = rows;
-    job.n = n;
-    job.k = k;
-    job.group = group;
-    job.out = out;
-    job.x.d = work;
-    job.x.gsum = work + rows * nb;
-    job.x.q = (int8_t *)(work + rows * nb + rows * (k / group));
+    job.x = kh_q8_at(work, rows, k, group);
     job.plan = kh_q8_plan(k);
     kh_q8_prepare(&job.plan, x, rows, k, group, &job.x);
-    kh_parallel_rows(w4a8_chunk, &job, n, n * k, nthreads, job.plan.paired && rows == 1 ? 4 : 1,
-                     &job.per_chunk);
+    kh_parallel_rows(w4a8_rows, &job, n, n * k, nthreads, job.plan.paired && rows == 1 ? 4 : 1);
     return KH_OK;
 }

@@ -43,8 +43,8 @@
  * time: their s_g * d_rb products are formed in one vector multiply per row. This kernel
  * serves k % 64 == 32; other shapes take the paired ones. */
 #define KH_Q8_ROW_KERNEL(ROWS)                                                             \
-    static KH_TARGET void q8_avx2_##ROWS(const KhRow *w, const KhQ8 *x, float *y,          \
-                                         int64_t y_stride)                                 \
+    static KH_TARGET void q8_##ROWS(const KhRow *w, const KhQ8 *x, float *y,               \
+                                    int64_t y_stride)                                      \
     {                                                                                      \
         const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);          \
         int64_t groups = w->k / w->group, nb = w->k / 32, b0;                              \
@@ -79,18 +79,10 @@
         }                                                                                  \
     }
 
-KH_Q8_ROW_KERNEL(1)
-KH_Q8_ROW_KERNEL(2)
-KH_Q8_ROW_KERNEL(3)
-KH_Q8_ROW_KERNEL(4)
-KH_Q8_ROW_KERNEL(5)
-KH_Q8_ROW_KERNEL(6)
-KH_Q8_ROW_KERNEL(7)
-KH_Q8_ROW_KERNEL(8)
+KH_FOR_ROWS(KH_Q8_ROW_KERNEL)
 
 typedef void (*RowQ8)(const KhRow *, const KhQ8 *, float *, int64_t);
-static const RowQ8 by_rows[KH_MAX_ROWS + 1] = {
-    0, q8_avx2_1, q8_avx2_2, q8_avx2_3, q8_avx2_4, q8_avx2_5, q8_avx2_6, q8_avx2_7, q8_avx2_8};
+static const RowQ8 by_rows[KH_MAX_ROWS + 1] = KH_BY_ROWS(q8);
 
 void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride)
 {

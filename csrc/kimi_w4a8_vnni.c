@@ -66,30 +66,29 @@ int kh_cpu_has_avxvnni(void)
 #endif
 }
 
+/* Both sets' integer steps, by their vpdpbusd (KH_DPBUSD(acc, unsigned, signed)). */
+#define KH_I8_DOT4(lo, hi, even, odd) \
+    KH_DPBUSD(KH_DPBUSD(_mm256_setzero_si256(), lo, even), hi, odd)
+#define KH_I8_SDOT(w, x) \
+    KH_DPBUSD(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
+
 /* AVX-512 VNNI: kh_q8_rows4_vnni512, kh_q8_pairs_vnni512, kh_q8q8_row_vnni512. */
 #define KH_I8_FN(name) name##_vnni512
 #define KH_I8_TARGET KH_TARGET_VNNI512
 #define KH_I8_WIDE 1
-#define KH_I8_DOT4(lo, hi, even, odd) \
-    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, even), hi, odd)
-#define KH_I8_SDOT(w, x) \
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
+#define KH_DPBUSD _mm256_dpbusd_epi32
 #include "kimi_int8_body.h"
 #undef KH_I8_FN
 #undef KH_I8_TARGET
 #undef KH_I8_WIDE
-#undef KH_I8_DOT4
-#undef KH_I8_SDOT
+#undef KH_DPBUSD
 
 #if KH_HAVE_AVXVNNI
 /* AVX-VNNI: kh_q8_rows4_avxvnni, kh_q8_pairs_avxvnni, kh_q8q8_row_avxvnni. */
 #define KH_I8_FN(name) name##_avxvnni
 #define KH_I8_TARGET KH_TARGET_AVXVNNI
 #define KH_I8_WIDE 0
-#define KH_I8_DOT4(lo, hi, even, odd) \
-    _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, even), hi, odd)
-#define KH_I8_SDOT(w, x) \
-    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
+#define KH_DPBUSD _mm256_dpbusd_avx_epi32
 #include "kimi_int8_body.h"
 #else
 /* A compiler without AVX-VNNI: kh_cpu_has_avxvnni() is 0, so these never run. */

@@ -138,14 +138,17 @@ def moe_grouped(gate: Int4Weight, up: Int4Weight, down: Int4Weight, x, experts, 
     weights = weights.to(F32).contiguous()
     top_k = experts.shape[1]
     out = _out(out, (tokens, d))
+    bank = ffi.new("KhExperts *")
+    for part, w in ((bank.gate, gate), (bank.up, up), (bank.down, down)):
+        part.q, part.s, part.m, part.n, part.k, part.group = w.q, w.s, w.m, w.n, w.k, w.group
+    bank.num_experts = e
     cast = ffi.cast
     what = "moe_grouped_w4a8" if w4a8 else "moe_grouped_w4a16"
     sizer = lib.moe_grouped_w4a8_work_floats if w4a8 else lib.moe_grouped_work_floats
     _owner, work = _workspace(sizer(tokens * top_k, d, inner, group))
     status = (lib.moe_grouped_w4a8 if w4a8 else lib.moe_grouped_w4a16)(
-        cast("float *", x.data_ptr()), tokens, top_k, cast("int64_t *", experts.data_ptr()),
-        cast("float *", weights.data_ptr()), e, gate.q, gate.s, gate.m, up.q, up.s, up.m,
-        down.q, down.s, down.m, d, inner, group, work, cast("float *", out.data_ptr()), threads)
+        bank, cast("float *", x.data_ptr()), tokens, top_k, cast("int64_t *", experts.data_ptr()),
+        cast("float *", weights.data_ptr()), work, cast("float *", out.data_ptr()), threads)
     if status:
         check(status, what)
     return out

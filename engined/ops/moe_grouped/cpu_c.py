@@ -6,20 +6,19 @@ import torch
 from engined import helper
 from engined.ops import registry
 from engined.ops.moe_grouped.routes import check_inputs
-from engined.ops.w4a16_gemv.cpu_c import c_weight, num_threads
+from engined.ops.w4a16_gemv.cpu_c import launch
+
+
+def grouped(op: str, x, w1, w3, w2, experts, weights, out, w4a8: bool) -> torch.Tensor:
+    """The launch both moe_grouped variants share (w4a8: moe_grouped_w4a8's dots)."""
+    return launch(op, helper.moe_grouped, (w1, w3, w2), x, experts, weights, out, w4a8=w4a8,
+                  explain=lambda: check_inputs(x, w1, w3, w2, experts, weights))
 
 
 @registry.register("moe_grouped", "cpu_c", devices=("cpu",),
                    description="C helper: each chosen expert read once for all its rows")
 def moe_grouped(x, w1, w3, w2, experts, weights, out=None) -> torch.Tensor:
-    try:
-        return helper.moe_grouped(c_weight(w1), c_weight(w3), c_weight(w2), x, experts, weights,
-                                  out, num_threads())
-    except (ValueError, helper.HelperError) as exc:
-        check_inputs(x, w1, w3, w2, experts, weights)  # names what is wrong, if it can
-        if isinstance(exc, ValueError):
-            raise registry.KernelError(f"moe_grouped: {exc}") from None
-        raise
+    return grouped("moe_grouped", x, w1, w3, w2, experts, weights, out, w4a8=False)
 
 
 registry.set_default("moe_grouped", "cpu", "cpu_c")

@@ -8,7 +8,7 @@ import torch
 
 from engined import helper
 from engined.ops import int4_format, registry
-from engined.ops.w4a16_gemv.cpu_c import c_weight, num_threads
+from engined.ops.w4a16_gemv.cpu_c import launch
 
 
 @registry.register("w4a16_gemm", "cpu_c", devices=("cpu",),
@@ -16,8 +16,4 @@ from engined.ops.w4a16_gemv.cpu_c import c_weight, num_threads
 def w4a16_gemm(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | None = None
                ) -> torch.Tensor:
     """x: [M, K] -> [M, N] fp32, written into `out` when given (contiguous fp32 [M, N])."""
-    cw = c_weight(w)
-    try:
-        return helper.gemm(cw, x, out, num_threads())
-    except ValueError as exc:
-        raise registry.KernelError(f"w4a16_gemm: {exc}") from None
+    return launch("w4a16_gemm", helper.gemm, (w,), x, out)

@@ -68,18 +68,29 @@ def c_weight(w) -> helper.Int4Weight:
     return found
 
 
+def launch(op: str, call, weights: tuple, *args, explain=None, **kwargs):
+    """The cpu_c variants' one launcher: helper `call` on the C handles of `weights` (packed
+    INT4 linears or expert stacks), then args, the thread count and kwargs. A weight or shape
+    the helper refuses (ValueError) becomes a registry.KernelError naming op; on any refusal,
+    `explain()`, when given, first raises a clearer error naming the bad input, if it can."""
+    try:
+        return call(*[c_weight(w) for w in weights], *args, num_threads(), **kwargs)
+    except (ValueError, helper.HelperError) as exc:
+        if explain is not None:
+            explain()
+        if isinstance(exc, ValueError):
+            raise registry.KernelError(f"{op}: {exc}") from None
+        raise
+
+
 @registry.register("w4a16_gemv", "cpu_c", devices=("cpu",),
                    description="C helper: fused unpack+dot, one pass over W for up to 8 rows")
 def w4a16_gemv(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | None = None
                ) -> torch.Tensor:
     """x: [M, K] -> [M, N] in x's dtype, written into `out` when given (contiguous [M, N]).
     The helper sums and writes fp32; another dtype (bf16 rows, rare on the CPU) is cast after."""
-    cw = c_weight(w)
     wide = x.dtype == torch.float32
-    try:
-        y = helper.gemv(cw, x, out if wide else None, num_threads())
-    except ValueError as exc:
-        raise registry.KernelError(f"w4a16_gemv: {exc}") from None
+    y = launch("w4a16_gemv", helper.gemv, (w,), x, out if wide else None)
     if wide:
         return y
     return y.to(x.dtype) if out is None else out.copy_(y)

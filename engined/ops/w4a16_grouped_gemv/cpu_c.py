@@ -7,7 +7,7 @@ import torch
 
 from engined import helper
 from engined.ops import registry
-from engined.ops.w4a16_gemv.cpu_c import c_weight, num_threads
+from engined.ops.w4a16_gemv.cpu_c import launch
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts, check_routes
 
 
@@ -15,14 +15,8 @@ def routed(call, stacks: list[PackedInt4Experts], x: torch.Tensor, expert_ids: t
            out: torch.Tensor | None) -> torch.Tensor:
     """helper `call` (grouped_gemv or moe_swiglu) on the stacks: x [1 or R, K] any float,
     expert_ids [R] integers in 0..E-1 -> out [R, N] fp32."""
-    handles = [c_weight(s) for s in stacks]
-    try:
-        return call(*handles, x, expert_ids, out, num_threads())
-    except (ValueError, helper.HelperError) as exc:
-        check_routes(x, stacks[0], expert_ids)  # names a bad route, if that was it
-        if isinstance(exc, ValueError):
-            raise registry.KernelError(f"{call.__name__}: {exc}") from None
-        raise
+    return launch(call.__name__, call, tuple(stacks), x, expert_ids, out,
+                  explain=lambda: check_routes(x, stacks[0], expert_ids))  # names a bad route
 
 
 @registry.register("w4a16_grouped_gemv", "cpu_c", devices=("cpu",),

@@ -8,7 +8,7 @@ import torch
 
 from engined import helper
 from engined.ops import int4_format, registry
-from engined.ops.w4a16_gemv.cpu_c import c_weight, num_threads
+from engined.ops.w4a16_gemv.cpu_c import launch
 from engined.ops.w4a8_gemv.reference import check_group
 
 
@@ -18,11 +18,7 @@ def w4a8_gemv(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | No
               ) -> torch.Tensor:
     """x: [M, K] -> [M, N] fp32, written into `out` when given (contiguous fp32 [M, N])."""
     check_group(w)
-    cw = c_weight(w)
-    try:
-        return helper.gemv_w4a8(cw, x, out, num_threads())
-    except ValueError as exc:
-        raise registry.KernelError(f"w4a8_gemv: {exc}") from None
+    return launch("w4a8_gemv", helper.gemv_w4a8, (w,), x, out)
 
 
 registry.set_default("w4a8_gemv", "cpu", "cpu_c")

@@ -1,0 +1,164 @@
+/* kimi_gemv_body.h: the float GEMV row kernels (INT4 blocks for group % 32 == 0, fp16 and
+ * bf16 rows), written once and compiled per vector width by the file that includes it:
+ * kimi_gemv_avx2.c (8 lanes), kimi_gemv_avx512.c (16). Not a header of its own: the includer
+ * defines
+ *   KH_G_FN(name)     this width's name of an exported function (name ## _avx2, ...);
+ *   KH_G_TARGET       the function attribute;
+ *   KH_G_VEC, KH_G_LANES            the float vector and its lanes;
+ *   KH_G_ZERO(), KH_G_SET1(f), KH_G_LOAD(p), KH_G_STORE(p, v), KH_G_ADD(a, b),
+ *   KH_G_MUL(a, b), KH_G_FMA(a, b, c) (a * b + c), KH_G_SUM(v) (the sum of the lanes);
+ *   KH_G_HALVES(p)    KH_G_LANES fp16 values at p as floats;
+ *   KH_G_UNPACK(raw, mask, c)       16 code bytes (raw) -> c[0 .. 32/KH_G_LANES - 1]: the low
+ *                     nibbles (the block's even elements), then the high ones, as floats;
+ *   KH_G_BF16         (AVX2 only) KH_G_BF16(p): KH_G_LANES bfloat16 values at p as floats.
+ * x comes de-interleaved per block of 32 (kh_prepare_x), so c[v] meets x lanes v * KH_G_LANES
+ * on. Memory traffic: 16 code bytes + 4 bytes of scale/min per 32 weights, read once for all
+ * rows of x; x stays in L1/L2. */
+
+#define KH_G_PER_BLOCK (32 / KH_G_LANES)  /* vectors per block of 32 elements */
+#define KH_G_PER_16 (16 / KH_G_LANES)     /* vectors per 16 elements of a 16-bit row */
+
+/* sum_g h[g] * v[g] for fp16 h: the m*sum(x_g) half of the dot product (given the scales, -8
+ * times it is a symmetric row's half). Static, so the row kernels inline it (an exported
+ * function is not inlined under -fPIC: a call per weight row cost the AVX-512 kernel 10%). */
+static KH_G_TARGET inline float halves_dot(const uint16_t *h, const float *v, int64_t n)
+{
+    KH_G_VEC acc = KH_G_ZERO();
+    float tail = 0.0f;
+    int64_t g = 0;
+    for (; g + KH_G_LANES <= n; g += KH_G_LANES)
+        acc = KH_G_FMA(KH_G_HALVES(h + g), KH_G_LOAD(v + g), acc);
+    for (; g < n; g++) tail += _cvtsh_ss(h[g]) * v[g];
+    return KH_G_SUM(acc) + tail;
+}
+
+KH_G_TARGET float KH_G_FN(kh_halves_dot)(const uint16_t *h, const float *v, int64_t n)
+{
+    return halves_dot(h, v, n);
+}
+
+/* n fp16 scales -> fp32 (n <= KH_SCALE_CHUNK), KH_G_LANES at a time. */
+static KH_G_TARGET void halves_to_floats(const uint16_t *h, int64_t n, float *out)
+{
+    int64_t i = 0;
+    for (; i + KH_G_LANES <= n; i += KH_G_LANES) KH_G_STORE(out + i, KH_G_HALVES(h + i));
+    for (; i < n; i++) out[i] = _cvtsh_ss(h[i]);
+}
+
+/* acc[r] += (sc * codes) . x_r block for every row r: the codes are scaled once, then
+ * KH_G_PER_BLOCK FMAs per row. One row runs the same operations as many (no dot-then-scale
+ * shortcut), so a row's result does not depend on the rows batched with it. */
+#define KH_G_BLOCK(ROWS, BLK, SC, ACC)                                                     \
+    do {                                                                                   \
+        KH_G_VEC c[KH_G_PER_BLOCK];                                                        \
+        int v;                                                                             \
+        KH_G_UNPACK(_mm_loadu_si128((const __m128i *)(w->q + (BLK) * 16)), mask, c);       \
+        for (v = 0; v < KH_G_PER_BLOCK; v++) c[v] = KH_G_MUL(c[v], SC);                    \
+        for (r = 0; r < ROWS; r++) {                                                       \
+            const float *xe = xperm + r * w->k + (BLK) * 32;                               \
+            for (v = 0; v < KH_G_PER_BLOCK; v++)                                           \
+                ACC[r] = KH_G_FMA(c[v], KH_G_LOAD(xe + v * KH_G_LANES), ACC[r]);           \
+        }                                                                                  \
+    } while (0)
+
+/* ROWS is a constant in each instance (KH_FOR_ROWS). Two accumulator sets break the FMA
+ * chain. A group of one block takes its scales KH_SCALE_CHUNK at a time, converted at once. */
+#define KH_G_ROW_KERNEL(ROWS)                                                              \
+    static KH_G_TARGET void row_##ROWS(const KhRow *w, const float *xperm, const float *xsum, \
+                                       float *y, int64_t y_stride)                         \
+    {                                                                                      \
+        const __m128i mask = _mm_set1_epi8(0x0f);                                          \
+        int64_t groups = w->k / w->group, blocks = w->group / 32, g, b;                    \
+        KH_G_VEC acc0[ROWS], acc1[ROWS];                                                   \
+        int r;                                                                             \
+        for (r = 0; r < ROWS; r++) acc0[r] = acc1[r] = KH_G_ZERO();                        \
+        if (blocks == 1) {                                                                 \
+            int64_t g0;                                                                    \
+            for (g0 = 0; g0 < groups; g0 += KH_SCALE_CHUNK) {                              \
+                int64_t gend = g0 + KH_SCALE_CHUNK;                                        \
+                float scf[KH_SCALE_CHUNK];                                                 \
+                if (gend > groups) gend = groups;                                          \
+                halves_to_floats(w->scales + g0, gend - g0, scf);                          \
+                for (g = g0; g + 1 < gend; g += 2) {                                       \
+                    KH_G_VEC sc0 = KH_G_SET1(scf[g - g0]), sc1 = KH_G_SET1(scf[g + 1 - g0]); \
+                    _mm_prefetch((const char *)(w->q + g * 16 + KH_PREFETCH), _MM_HINT_T0); \
+                    KH_G_BLOCK(ROWS, g, sc0, acc0);                                        \
+                    KH_G_BLOCK(ROWS, g + 1, sc1, acc1);                                    \
+                }                                                                          \
+                if (g < gend) KH_G_BLOCK(ROWS, g, KH_G_SET1(scf[g - g0]), acc0);           \
+            }                                                                              \
+        } else {                                                                           \
+            for (g = 0; g < groups; g++) {                                                 \
+                KH_G_VEC sc0 = KH_G_SET1(_cvtsh_ss(w->scales[g]));                         \
+                for (b = 0; b + 1 < blocks; b += 2) {                                      \
+                    KH_G_BLOCK(ROWS, g * blocks + b, sc0, acc0);                           \
+                    KH_G_BLOCK(ROWS, g * blocks + b + 1, sc0, acc1);                       \
+                }                                                                          \
+                if (b < blocks) KH_G_BLOCK(ROWS, g * blocks + b, sc0, acc0);               \
+            }                                                                              \
+        }                                                                                  \
+        for (r = 0; r < ROWS; r++) {                                                       \
+            const float *xs = xsum + r * groups; /* symmetric: min = -8 s */               \
+            float mins_term = w->mins ? halves_dot(w->mins, xs, groups)                    \
+                                      : KH_SYMMETRIC_MIN(halves_dot(w->scales, xs, groups)); \
+            y[r * y_stride] = KH_G_SUM(KH_G_ADD(acc0[r], acc1[r])) + mins_term;            \
+        }                                                                                  \
+    }
+
+KH_FOR_ROWS(KH_G_ROW_KERNEL)
+
+typedef void (*RowKernel)(const KhRow *, const float *, const float *, float *, int64_t);
+static const RowKernel by_rows[KH_MAX_ROWS + 1] = KH_BY_ROWS(row);
+
+void KH_G_FN(kh_row_blocks)(const KhRow *w, const float *xperm, const float *xsum,
+                            int64_t rows, float *y, int64_t y_stride)
+{
+    by_rows[rows](w, xperm, xsum, y, y_stride);
+}
+
+/* Two 16-bit weight rows against every x row, 16 elements a step, one FMA chain per
+ * KH_G_LANES of them per weight row (FMA latency); each (row, weight row) pair runs the same
+ * operations whatever `rows` is. Memory traffic: 2 bytes per weight, read once per call (the
+ * two rows stay in L1 across the x rows). The LM head: fp16 converts KH_G_LANES halves in one
+ * instruction where the portable loop converts them one by one. */
+#define KH_G_H16_ROWS(NAME, CVT, CVT1)                                                     \
+    KH_G_TARGET void NAME(const uint16_t *w0, const uint16_t *w1, int64_t k, const float *x, \
+                          int64_t rows, float *y0, float *y1, int64_t y_stride)            \
+    {                                                                                      \
+        int64_t r, j, main = k - k % 16;                                                   \
+        int v;                                                                             \
+        for (r = 0; r < rows; r++) {                                                       \
+            const float *xr = x + r * k;                                                   \
+            KH_G_VEC a0[KH_G_PER_16], a1[KH_G_PER_16], s0, s1;                             \
+            float t0, t1;                                                                  \
+            for (v = 0; v < KH_G_PER_16; v++) a0[v] = a1[v] = KH_G_ZERO();                 \
+            for (j = 0; j < main; j += 16)                                                 \
+                for (v = 0; v < KH_G_PER_16; v++) {                                        \
+                    KH_G_VEC xv = KH_G_LOAD(xr + j + v * KH_G_LANES);                      \
+                    a0[v] = KH_G_FMA(CVT(w0 + j + v * KH_G_LANES), xv, a0[v]);             \
+                    a1[v] = KH_G_FMA(CVT(w1 + j + v * KH_G_LANES), xv, a1[v]);             \
+                }                                                                          \
+            s0 = a0[0], s1 = a1[0];                                                        \
+            for (v = 1; v < KH_G_PER_16; v++) s0 = KH_G_ADD(s0, a0[v]), s1 = KH_G_ADD(s1, a1[v]); \
+            t0 = KH_G_SUM(s0);                                                             \
+            t1 = KH_G_SUM(s1);                                                             \
+            for (; j < k; j++) {                                                           \
+                t0 += CVT1(w0[j]) * xr[j];                                                 \
+                t1 += CVT1(w1[j]) * xr[j];                                                 \
+            }                                                                              \
+            y0[r * y_stride] = t0;                                                         \
+            y1[r * y_stride] = t1;                                                         \
+        }                                                                                  \
+    }
+
+KH_G_H16_ROWS(KH_G_FN(kh_f16_rows), KH_G_HALVES, _cvtsh_ss)
+#ifdef KH_G_BF16
+/* bfloat16 weights (Kimi-Linear's kept projections and LM head on the CPU): the same loop. */
+KH_G_H16_ROWS(KH_G_FN(kh_bf16_rows), KH_G_BF16, kh_bf16_to_float)
+#endif
+
+#undef KH_G_PER_BLOCK
+#undef KH_G_PER_16
+#undef KH_G_BLOCK
+#undef KH_G_ROW_KERNEL
+#undef KH_G_H16_ROWS

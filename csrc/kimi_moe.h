@@ -1,0 +1,42 @@
+/* Internal to the C helper (not exported): the grouped MoE's one loop (kimi_moe.c), and the
+ * dots it is run with: W4A16 (kimi_moe.c) and W4A8 (kimi_moe_w4a8.c). */
+#ifndef KIMI_MOE_H
+#define KIMI_MOE_H
+
+#include "kimi_helper.h"
+#include "kimi_simd.h"
+
+/* The rows one phase's weights meet (x, then h), one per sorted route, as a dot prepared
+ * them: de-interleaved with group sums (W4A16), or quantized per block of 32 (W4A8). */
+typedef struct {
+    int64_t k, group;
+    KhRowFn row_fn;
+    float *xperm, *xsum;    /* W4A16: [rows, k], [rows, k/group] */
+    KhQ8Plan plan;
+    KhQ8 q8;                /* W4A8 */
+} KhMoeRows;
+
+typedef struct {
+    int quad;               /* weight rows a job item takes: 1, or 4 (kh_q8_dots's 4-row kernel) */
+    /* floats of `rows` prepared rows of width k in the work buffer; -1: a refused shape */
+    int64_t (*floats)(int64_t rows, int64_t k, int64_t group);
+    /* lays `rows` prepared rows out from base, for rows of width k */
+    KhMoeRows (*at)(float *base, int64_t rows, int64_t k, int64_t group);
+    /* src [count, k] -> prepared rows row..row+count-1 */
+    void (*prepare)(const KhMoeRows *op, const float *src, int64_t row, int64_t count);
+    /* y[r * y_stride + t] = dot(w[t], prepared row r0 + r) for t < count, r < rows */
+    void (*dots)(const KhMoeRows *op, const KhRow *w, int count, int64_t r0, int64_t rows,
+                 float *y, int64_t y_stride);
+} KhMoeDot;
+
+/* W4A8's dot (kimi_moe_w4a8.c): x and h quantized per block of 32, integer dots. */
+extern const KhMoeDot kh_moe_w4a8;
+
+int64_t kh_moe_work_floats(const KhMoeDot *dot, int64_t routes, int64_t d, int64_t inner,
+                           int64_t group);
+/* moe_grouped_w4a16 / moe_grouped_w4a8 (kimi_helper.h) with the given dot. */
+int kh_moe_grouped(const KhMoeDot *dot, const KhExperts *e, const float *x, int64_t tokens,
+                   int64_t top_k, const int64_t *experts, const float *weights, float *work,
+                   float *out, int nthreads);
+
+#endif
