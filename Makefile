@@ -11,7 +11,7 @@ TIME   := bash tools/phase.sh
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-slow test-all test-clients bench bench-deps llama-native figures gpu-carry install \
+.PHONY: setup run test test-slow test-all test-asan test-clients bench bench-deps llama-native figures gpu-carry install \
 	uninstall clean
 
 setup: $(STAMP)
@@ -37,6 +37,11 @@ test-slow: setup
 
 test-all: setup
 	@$(VENV)/bin/python -m pytest -q -m "not realclient"
+
+# tests/ops and tests/engine against the C helper built with AddressSanitizer and UBSan, in a
+# copy of the tree (the normal helper is untouched): tests/asan.sh says how.
+test-asan: setup
+	@bash tests/asan.sh
 
 # Every tests/e2e module: the five clients through kimi-proxy in front of a scripted upstream
 # (text, tool, Codex compaction), then aider/Cline/opencode in front of kimi-engine's default
