@@ -6,7 +6,8 @@ RAM-bandwidth cap of the CPU part (issue 17).
         --placements cpu-moe,n-cpu-moe=1 --new-tokens 8 --prefill 256 --probe-mib 64 --out DIR
 
 For each placement (default: `--gpu-memory 24GiB`, then `--cpu-moe`; NAME[=VALUE] is the
-serve flag --NAME [VALUE]) it starts `python -m engined serve` with that flag and measures,
+serve flag --NAME [VALUE], and + joins flags: `gpu-memory=24GiB+moe-cache=0` is that budget
+without the expert cache, judged against the same budget with it) it starts `python -m engined serve` with that flag and measures,
 through the socket, as bench/serve_streams.py does (its functions, reused): served greedy
 decode tok/s at --streams, TTFT of a --prefill-token prompt (after a 256-token warm-up),
 peak device memory with its source (nvidia-smi's row of the engine process, CUDA context
@@ -52,11 +53,15 @@ CARRY_HINT = (
 
 def placements(text: str) -> list[tuple[str, tuple[str, ...]]]:
     """'gpu-memory=24GiB,cpu-moe' -> [('gpu-memory=24GiB', ('--gpu-memory', '24GiB')),
-    ('cpu-moe', ('--cpu-moe',))]."""
+    ('cpu-moe', ('--cpu-moe',))]; '+' joins flags of one placement:
+    'gpu-memory=24GiB+moe-cache=0' -> ('--gpu-memory', '24GiB', '--moe-cache', '0')."""
     rows = []
     for item in text.split(","):
-        name, _, value = item.partition("=")
-        rows.append((item, (f"--{name}", value) if value else (f"--{name}",)))
+        flags = []
+        for part in item.split("+"):
+            name, _, value = part.partition("=")
+            flags += [f"--{name}", value] if value else [f"--{name}"]
+        rows.append((item, tuple(flags)))
     return rows
 
 
@@ -162,7 +167,12 @@ def goals(r: dict) -> dict[str, bool]:
     if cap.get("pct") is not None:
         verdicts["--cpu-moe decode >= 50% of the RAM-bandwidth cap"] = cap["pct"] >= 50
     for name, row in rows.items():
-        if not name.startswith("gpu-memory="):
+        uncached = rows.get(f"{name}+moe-cache=0", {}).get("decode_tok_s", {}).get(1)
+        rate = row.get("decode_tok_s", {}).get(1)
+        if uncached and rate:  # issue 30: the expert cache at its planned default, this routing
+            verdicts[f"--{name.replace('=', ' ')} decode >= 1.25x with --moe-cache 0"] = (
+                rate >= 1.25 * uncached)
+        if not name.startswith("gpu-memory=") or "+" in name:
             continue
         budget, rate = name.partition("=")[2], row.get("decode_tok_s", {}).get(1)
         if rate and cpu.get("decode_tok_s", {}).get(1):
@@ -208,7 +218,7 @@ def parse_args(argv=None):
     ap.add_argument("--model", default="synthetic:kimi-linear-48b")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     ap.add_argument("--placements", type=placements, default="gpu-memory=24GiB,cpu-moe",
-                    help="serve flags to compare, NAME[=VALUE] each, comma-separated")
+                    help="serve flags to compare, NAME[=VALUE] each (+ joins flags), comma-separated")
     ap.add_argument("--streams", type=sizes, default=(1,), help="concurrent decode streams")
     ap.add_argument("--prefill", type=sizes, default=(8192,), help="prompt tokens")
     ap.add_argument("--new-tokens", type=int, default=64)

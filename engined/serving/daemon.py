@@ -150,7 +150,7 @@ def _log_placement(placement, config: EngineConfig, device: str, log) -> frozens
         return frozenset()
     for line in placement.describe():
         log.write(f"kimi-engine: {line}")
-    if placement.offloaded and device.startswith("cuda"):
+    if placement.offloaded and device.startswith("cuda") and not config.enforce_eager:
         log.write(f"kimi-engine: decode is captured piecewise: {len(placement.offloaded) + 1} "
                   "graph segments, the offloaded MoE layers' CPU experts between them")
     return placement.offloaded

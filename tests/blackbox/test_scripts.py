@@ -158,6 +158,20 @@ def test_offload_bench_stops_before_any_engine_without_the_helper(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_offload_placements_join_flags_and_judge_the_expert_cache(monkeypatch):
+    """bench/offload.py: '+' joins flags of one placement, and a budget measured with and
+    without the expert cache is judged against issue 30's 1.25x."""
+    offload = bench_module("offload", monkeypatch)
+    rows = offload.placements("gpu-memory=24GiB,gpu-memory=24GiB+moe-cache=0,cpu-moe")
+    assert rows == [("gpu-memory=24GiB", ("--gpu-memory", "24GiB")),
+                    ("gpu-memory=24GiB+moe-cache=0", ("--gpu-memory", "24GiB", "--moe-cache", "0")),
+                    ("cpu-moe", ("--cpu-moe",))]
+    rates = {"gpu-memory=24GiB": 12.0, "gpu-memory=24GiB+moe-cache=0": 10.0, "cpu-moe": 5.0}
+    verdicts = offload.goals({"placements": {n: {"decode_tok_s": {1: r}} for n, r in rates.items()}})
+    assert verdicts == {"--gpu-memory 24GiB decode >= 1.25x with --moe-cache 0": False,
+                        "--gpu-memory 24GiB decode >= 2x --cpu-moe": True}
+
+
 def bench_module(name: str, monkeypatch):
     """bench/NAME.py imported. The scripts put bench/ first on sys.path, where
     bench/kernels.py would shadow the `kernels` package transformers probes for in later
