@@ -76,12 +76,15 @@ class KDA:
 
     def __call__(self, a: torch.Tensor, state: KDAState) -> torch.Tensor:
         # a: [T, D] -> [T, D]
-        t, h = a.shape[0], self.num_heads
+        t, h, width = a.shape[0], self.num_heads, self.conv_w.shape[1]
         heads = lambda x: x.view(t, h, -1)  # noqa: E731  [T, H*K] -> [T, H, K]
-        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-        q, k, v = (heads(short_conv(p(a), w, state.conv[i]))
-                   for i, (p, w) in enumerate(zip((self.q_proj, self.k_proj, self.v_proj), convs)))
-        r, b = heads(self.f_b_proj(self.f_a_proj(a))), self.b_proj(a)     # [T, H, K], [T, H]
+        # q/k/v: one GEMM and one depthwise conv over their W channels side by side
+        qkv = run_split(self.qkv, [self.q_proj, self.k_proj, self.v_proj], a)      # [T, 3W]
+        qkv = short_conv(qkv, self.conv_w.view(3 * width, 1, -1), state.conv.view(3 * width, -1))
+        q, k, v = (heads(x) for x in qkv.split(width, dim=-1))
+        f_a, g_a, b = run_split(self.low, [self.f_a_proj, self.g_a_proj, self.b_proj], a).split(
+            (self.head_dim, self.head_dim, h), dim=-1)                               # [T, K], [T, K], [T, H]
+        r = heads(self.f_b_proj(f_a))                                                # [T, H, K]
         if t == 1:
             g, beta = kda_gate(r, self.A_log, self.dt_bias), torch.sigmoid(b.float())
             o = recurrent_kda_step(l2norm(q[0].float()), l2norm(k[0].float()), v[0].float(), g[0],
@@ -89,7 +92,7 @@ class KDA:
         else:
             o = registry.resolve("kda_prefill", a.device.type).fn(
                 q, k, v, r, b, self.A_log.view(-1), self.dt_bias, state.S, self.scale)
-        y = self.o_norm(o.to(a.dtype), heads(self.g_b_proj(self.g_a_proj(a))))
+        y = self.o_norm(o.to(a.dtype), heads(self.g_b_proj(g_a)))
         return self.o_proj(y.reshape(t, -1).to(a.dtype))
 
     def decode_batch(self, a: torch.Tensor, conv: torch.Tensor, S: torch.Tensor,

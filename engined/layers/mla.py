@@ -7,6 +7,8 @@ block table (ops/paged_mla_decode).
 Letters: t query, s key position, h head, r latent dim, n nope dim, p rope-slice dim, v value dim.
 """
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from engined.layers.linear import Linear
 from engined.layers.rmsnorm import RMSNorm
@@ -55,13 +57,15 @@ class MLA:
         latent = self._latent(a).to(latents.dtype)              # [T, R+P]
         if rows is None:
             latents[start:start + t] = latent
-            seen = latents[:start + t].float()                  # [S, R+P]
+            seen = latents[:start + t]                          # [S, R+P]
         else:
             latents.index_copy_(0, rows[start:start + t], latent)
-            seen = latents.index_select(0, rows).float()
-        q = self.q_proj(a).float().view(t, h, self.nope + self.rope)
-        attend = self._absorbed if t <= ABSORB_MAX_T else self._expanded
-        o = attend(q, seen, start)                              # [T, H, V] fp32
+            seen = latents.index_select(0, rows)
+        # fp32 on the CPU; the activations' dtype on a GPU (flash attention, fp32 inside)
+        dtype = torch.float32 if a.device.type == "cpu" else a.dtype
+        q = self.q_proj(a).to(dtype).view(t, h, self.nope + self.rope)
+        path = self._absorbed if t <= ABSORB_MAX_T else self._expanded
+        o = path(q, seen, start)                                # [T, H, V]
         return self.o_proj(o.reshape(t, -1).to(a.dtype))
 
     def decode_batch(self, a: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor,
@@ -106,26 +110,43 @@ class MLA:
                                      w[:, self.nope:].to(dtype).contiguous())
         return self._uk_uv[dtype]
 
-    def _probs(self, scores: torch.Tensor, start: int) -> torch.Tensor:
-        # scores: [H, T, S] -> causal softmax (query t sees s <= start + t), fp32
-        t, s = scores.shape[1:]
-        pos = torch.arange(s, device=scores.device)
-        mask = pos[None, :] > (start + torch.arange(t, device=scores.device))[:, None]
-        return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-
     def _expanded(self, q, seen, start):
+        """K/V expanded from the latents, one SDPA call (flash on Hopper): no [H, T, S] scores.
+        Flash wants V as wide as Q/K (HF pads it too), so V is zero-padded and cut after."""
         c, kr = seen.split((self.rank, self.rope), dim=-1)      # [S, R], [S, P]
-        kv = self.kv_b_proj(c).float().view(-1, self.num_heads, self.nope + self.vdim)
+        kv = self.kv_b_proj(c.to(q.dtype)).view(-1, self.num_heads, self.nope + self.vdim)
         kn, v = kv.split((self.nope, self.vdim), dim=-1)        # [S, H, N], [S, H, V]
-        qn, qr = q.split((self.nope, self.rope), dim=-1)        # [T, H, N], [T, H, P]
-        scores = torch.einsum("thn,shn->hts", qn, kn) + torch.einsum("thp,sp->hts", qr, kr)
-        return torch.einsum("hts,shv->thv", self._probs(scores * self.scale, start), v)
+        h, width = self.num_heads, self.nope + self.rope
+        keys = torch.cat((kn, kr.to(q.dtype)[:, None].expand(-1, h, -1)), -1)    # [S, H, N+P]
+        values = F.pad(v, (0, max(0, width - self.vdim)))       # [S, H, max(V, N+P)]
+        o = attend(q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), start,
+                   self.scale)                                  # [H, T, ·]
+        return o[..., :self.vdim].transpose(0, 1)               # [T, H, V]
 
     def _absorbed(self, q, seen, start):
-        w_uk, w_uv = self._kv_b()
-        c, kr = seen.split((self.rank, self.rope), dim=-1)
+        """Scores against the latents themselves (kv_b folded into the query and the output),
+        one SDPA call with the latent row [ĉ ; kr] as every head's key and value (the value's
+        ĉ part kept: SDPA's fused kernels want the widths equal)."""
+        w_uk, w_uv = self._kv_b(q.dtype)
         qn, qr = q.split((self.nope, self.rope), dim=-1)
-        q_lat = torch.einsum("thn,hnr->thr", qn, w_uk)          # query folded into latent space
-        scores = torch.einsum("thr,sr->hts", q_lat, c) + torch.einsum("thp,sp->hts", qr, kr)
-        mixed = torch.einsum("hts,sr->thr", self._probs(scores * self.scale, start), c)
-        return torch.einsum("thr,hvr->thv", mixed, w_uv)
+        q_lat = torch.bmm(qn.transpose(0, 1), w_uk)             # [H, T, R]: query in latent space
+        rows = seen.to(q.dtype)[None].expand(self.num_heads, -1, -1)   # [H, S, R+P], a view
+        mixed = attend(torch.cat((q_lat, qr.transpose(0, 1)), -1), rows, rows, start, self.scale)
+        return torch.bmm(mixed[..., :self.rank], w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, V]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+    """Causal attention of queries at positions start..start+T-1 over keys 0..S-1 (S = start+T):
+    q [H, T, E], k [H, S, E], v [H, S, Ev] -> [H, T, Ev] in q's dtype, through SDPA (flash on
+    Hopper when E = Ev <= 256, else memory-efficient): no [H, T, S] scores. From position 0 the
+    mask is SDPA's own causal one; after a prefix it is lower-right aligned, which CUDA's
+    kernels apply themselves (causal_lower_right) and the CPU from a [T, S] bool mask."""
+    t, s = q.shape[1], k.shape[1]
+    q, k, v = q[None], k[None], v[None]                         # [1, H, ·, ·]: SDPA's fused kernels
+    if start == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=scale)[0]
+    if q.is_cuda:
+        mask = causal_lower_right(t, s)
+    else:
+        mask = torch.arange(s)[None, :] <= start + torch.arange(t)[:, None]   # [T, S] bool
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)[0]

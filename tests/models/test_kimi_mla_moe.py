@@ -139,3 +139,42 @@ def test_int4_moe_matches_loop_on_dequantized_experts(t):
         getattr(packed.shared_experts, name).weight.copy_(getattr(dense.shared_experts, name).weight)
     f = torch.randn(t, D, generator=torch.Generator().manual_seed(11))
     torch.testing.assert_close(packed(f), moe_loop(dense, f), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("absorb_max_t", [0, 128])   # expanded and absorbed prefill
+def test_mla_prefill_after_a_prefix_matches_loop_with_no_float_score_matrix(monkeypatch, absorb_max_t):
+    """Two prefill chunks (a prefix cache's resume): the second attends over the first's
+    latents. Neither builds a floating [H, T, S] score matrix: SDPA holds the scores (the
+    CPU's SDPA turns the second chunk's [T, S] bool mask into one float mask for all heads)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestFloat(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(o, torch.Tensor) and o.is_floating_point():
+                    LargestFloat.numel = max(LargestFloat.numel, o.numel())
+            return out
+
+    monkeypatch.setattr(mla_module, "ABSORB_MAX_T", absorb_max_t)
+    m, a = _mla(4), torch.randn(150, D, generator=torch.Generator().manual_seed(5))
+    cache = torch.zeros(160, R + P)
+    with LargestFloat():
+        got = torch.cat([m(a[:90], cache, 0), m(a[90:], cache, 90)])
+    torch.testing.assert_close(got, mla_loop(m, a), atol=1e-5, rtol=1e-4)
+    assert LargestFloat.numel <= 60 * 150               # [T, S] once, never [H, T, S]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("e,ev", [(192, 192), (576, 576)])    # expanded (flash), absorbed widths
+def test_cuda_attention_after_a_prefix_is_lower_right_causal(e, ev):
+    """CUDA's causal_lower_right (no mask tensor) attends as the CPU's [T, S] bool mask."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v = torch.randn(32, 300, e, generator=g), torch.randn(32, 1000, e, generator=g), \
+        torch.randn(32, 1000, ev, generator=g)
+    want = mla_module.attend(q, k, v, 700, e ** -0.5)
+    got = mla_module.attend(*(x.cuda().bfloat16() for x in (q, k, v)), 700, e ** -0.5)
+    assert (got.float().cpu() - want).norm() / want.norm() < 2e-2
