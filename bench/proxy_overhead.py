@@ -1,7 +1,7 @@
 """Proxy overhead over real loopback sockets (a script, not a test).
 
     .venv/bin/python bench/proxy_overhead.py [--requests 600] [--clients 64] [--seconds 10]
-        [--runs 3] [--baseline-tree /tmp/wt-OLD] [--note-file profile.txt]
+        [--runs 3] [--baseline-tree /tmp/wt-OLD ...] [--note-file profile.txt]
 
 Starts a fast fake OpenAI-Chat upstream (gevent WSGI, its own process) and `kimi-proxy
 serve` (its own process) in front of it. Then, interleaved and over keep-alive
@@ -13,10 +13,10 @@ to bench/results/proxy_overhead-DATE[-N].json (never overwriting an earlier run;
 draws it), with the hardware, command, date, commit and this table, and bench/RESULTS.md is
 regenerated from it.
 
---baseline-tree PATH (a `git worktree add PATH COMMIT`) starts a second proxy from that
-tree, with this venv, in front of the same upstream; every request then goes direct, then
-to both proxies in an order that alternates, so both see the same moment of a shared
-machine. --runs N repeats the whole measurement and reports each number's median over the
+--baseline-tree PATH (a `git worktree add PATH COMMIT`; repeatable) starts another proxy
+from that tree, with this venv, in front of the same upstream; every request then goes
+direct, then to every proxy in an order that alternates, so all see the same moment of a
+shared machine. --runs N repeats the whole measurement and reports each number's median over the
 runs (the per-run added p50s are in the JSON). --note-file adds its lines (a profile, a
 session note) to the record.
 """
@@ -181,7 +181,7 @@ def throughput(port: int, clients: int, seconds: float) -> tuple[float, int]:
     return counts[0] / (time.monotonic() - start), counts[1]
 
 
-def report(args, rows, rps, errors, baseline=None) -> str:
+def report(args, rows, rps, errors, baselines=()) -> str:
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
                platform.processor())
     lines = [f"\n## Proxy overhead ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)\n",
@@ -199,7 +199,7 @@ def report(args, rows, rps, errors, baseline=None) -> str:
     lines += [f"| {n} | {d:.3f} | {p:.3f} | {a:.3f} | {a99:.3f} |" for n, d, p, a, a99 in rows]
     lines.append(f"\nThroughput, {args.clients} concurrent keep-alive clients, chat non-stream through the proxy: "
                  f"**{rps:.0f} req/s**, {errors} errors ({args.seconds:.0f} s).\n")
-    if baseline:
+    for baseline in baselines:
         lines += baseline_lines(rows, baseline)
     if args.note_file:
         lines += ["", *pathlib.Path(args.note_file).read_text().rstrip("\n").split("\n")]
@@ -208,7 +208,7 @@ def report(args, rows, rps, errors, baseline=None) -> str:
 
 def extra_args(args) -> str:
     return ((f" --runs {args.runs}" if args.runs != 1 else "")
-            + (f" --baseline-tree {args.baseline_tree}" if args.baseline_tree else ""))
+            + "".join(f" --baseline-tree {tree}" for tree in args.baseline_tree))
 
 
 def runs_text(args) -> str:
@@ -249,13 +249,13 @@ def main():
     ap.add_argument("--no-write", action="store_true",
                     help="print only: no bench/results JSON, bench/RESULTS.md unchanged")
     ap.add_argument("--runs", type=int, default=1, help="repeat the latency measurement; report medians")
-    ap.add_argument("--baseline-tree", type=pathlib.Path,
+    ap.add_argument("--baseline-tree", type=pathlib.Path, action="append", default=[],
                     help="a source tree (git worktree) whose proxy is measured interleaved with this one")
     ap.add_argument("--note-file", help="lines to add to the record (a profile, a session note)")
     args = ap.parse_args()
     if args.serve_upstream:
         return serve_upstream(args.serve_upstream)
-    trees = [ROOT] + ([args.baseline_tree.resolve()] if args.baseline_tree else [])
+    trees = [ROOT] + [tree.resolve() for tree in args.baseline_tree]
     up_port, ports = free_port(), [free_port() for _ in trees]
     procs = [subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port)])]
     procs += [start_proxy(tree, up_port, port) for tree, port in zip(trees, ports)]
@@ -269,17 +269,17 @@ def main():
             p.terminate()
             p.wait(10)
     rows, (rps, errors) = median_rows([run[0] for run in runs]), done[0]
-    baseline = None
-    if args.baseline_tree:
-        baseline = {"tree": str(args.baseline_tree), "commit": tree_commit(args.baseline_tree),
-                    "rows": median_rows([run[1] for run in runs]), "req_s": done[1][0], "errors": done[1][1]}
-    text = report(args, rows, rps, errors, baseline)
+    baselines = [{"tree": str(tree), "commit": tree_commit(tree), "rows": median_rows([run[k] for run in runs]),
+                  "req_s": done[k][0], "errors": done[k][1],
+                  "runs_added_p50_ms": {r[0]: [run[k][i][3] for run in runs] for i, r in enumerate(rows)}}
+                 for k, tree in enumerate(args.baseline_tree, start=1)]
+    text = report(args, rows, rps, errors, baselines)
     print(text)
     if not args.no_write:
-        write(args, rows, rps, errors, baseline, runs, text)
+        write(args, rows, rps, errors, baselines, runs, text)
 
 
-def write(args, rows, rps, errors, baseline, runs, text) -> None:
+def write(args, rows, rps, errors, baselines, runs, text) -> None:
     command = " ".join(["bench/proxy_overhead.py", *sys.argv[1:]])
     columns = ("case", "direct_p50_ms", "proxied_p50_ms", "added_p50_ms", "added_p99_ms")
     payload = {"command": command, "python": platform.python_version(), "requests": args.requests,
@@ -287,10 +287,8 @@ def write(args, rows, rps, errors, baseline, runs, text) -> None:
                "throughput": {"clients": args.clients, "seconds": args.seconds, "req_s": rps, "errors": errors}}
     if args.runs > 1:
         payload["runs_added_p50_ms"] = {r[0]: [run[0][i][3] for run in runs] for i, r in enumerate(rows)}
-    if baseline:
-        payload["baseline"] = {**baseline, "rows": [dict(zip(columns, r)) for r in baseline["rows"]],
-                               "runs_added_p50_ms": {r[0]: [run[1][i][3] for run in runs]
-                                                     for i, r in enumerate(rows)}}
+    if baselines:
+        payload["baselines"] = [{**b, "rows": [dict(zip(columns, r)) for r in b["rows"]]} for b in baselines]
     title, *lines = text.strip("\n").split("\n")
     print("wrote", record("proxy_overhead", payload, title.removeprefix("## "), command, lines))
 
