@@ -23,6 +23,7 @@ class Case:
     seed: int = 0
     updates: tuple[int, ...] = ()   # positions of arguments the op updates in place
     gpu_order: bool = False         # INT4 codes in the GPU kernels' order: GPU variants only
+    group: int = 0                  # an INT4 weight's group size (0: none or not one weight)
 
 
 def random_int4(gen: torch.Generator, n: int, k: int, group: int, lead=(),
@@ -46,7 +47,7 @@ def gemv_case(m: int, n: int, k: int, group: int, dtype=torch.float32, seed=0,
         return torch.randn((m, k), generator=gen).to(dtype), in_gpu_order(w) if gpu_order else w
     tag = ("" if dtype == torch.float32 else f"-{str(dtype).split('.')[-1]}") + kind_tag(symmetric)
     return Case(f"M{m}-N{n}-K{k}-G{group}{tag}{'-gpu-order' if gpu_order else ''}", make, n * k,
-                atol=2e-5 * k, seed=seed, gpu_order=gpu_order)
+                atol=2e-5 * k, seed=seed, gpu_order=gpu_order, group=group)
 
 
 def in_gpu_order(w):
@@ -105,6 +106,11 @@ GEMM = [  # prefill rows: the C GEMM's register blocks (6 rows x 16 outputs), ti
     gemv_case(10, 20, 30, 6, seed=15, symmetric=True),
     gemv_case(300, 48, 320, 32, seed=16, symmetric=True),
     gemv_case(33, 576, 1536, 32, seed=17, symmetric=True),
+    # the GPU's code order (the Triton tiles), rows past one BLOCK_M, N past one BLOCK_N
+    gemv_case(70, 80, 128, 32, seed=18, gpu_order=True),
+    gemv_case(20, 40, 96, 16, torch.bfloat16, seed=19, gpu_order=True, symmetric=True),
+    gemv_case(9, 65, 256, 64, torch.bfloat16, seed=20, gpu_order=True),
+    gemv_case(17, 24, 64, 8, seed=21, symmetric=True),         # group 8: one word a group
 ]
 
 

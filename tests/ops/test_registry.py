@@ -9,7 +9,7 @@ from engined.ops import registry
 SHIPPED = {
     ("w4a16_gemv", "cpu"): "cpu_c",
     ("w4a16_gemm", "cpu"): "cpu_c",
-    ("w4a16_gemm", "cuda"): "dequantized",
+    ("w4a16_gemm", "cuda"): "triton",
     ("w4a16_grouped_gemv", "cpu"): "cpu_c",
     ("w4a8_gemv", "cpu"): "cpu_c",
     ("q8_gemv", "cpu"): "cpu_c",

@@ -26,6 +26,7 @@ from engined.ops.kda_decode.triton import NUM_WARPS, kda_decode_kernel
 from engined.ops.paged_mla_decode.triton import (paged_mla_decode_kernel, paged_mla_merge_kernel,
                                                  pick_config, pick_merge_config)
 from engined.ops.mla_latent.triton import mla_latent_kernel
+from engined.ops.w4a16_gemm.triton import pick_config as gemm_config, w4a16_gemm_kernel
 
 GEMV = {"GROUP": 32, "HAS_MINS": False}
 W = {"c_ptr": "*i32", "s_ptr": "*fp16", "m_ptr": "*fp16"}
@@ -99,6 +100,14 @@ latent = {"kv_ptr": "*bf16", "w_ptr": "*bf16", "pool_ptr": "*bf16", "tables_ptr"
           "positions_ptr": "*i64", "o_ptr": "*bf16", "eps": "fp32", "MB": "i32"}
 cases.append((mla_latent_kernel, latent, {"R": 512, "P": 64, "BLOCK": 64, "SCALE_IN_ACT": True,
                                           "BLOCK_R": 512, "BLOCK_P": 64}))  # Kimi-Linear, bf16
+gemm = {"x_ptr": "*bf16", "c_ptr": "*i32", "s_ptr": "*fp16", "m_ptr": "*fp16", "y_ptr": "*fp32",
+        "M": "i32", "N": "i32", "K": "i32"}   # prefill rows: a 256-token chunk, bf16 activations
+cfg = gemm_config(256, 32)                    # (the tile does not depend on N or K)
+OPTIONS[w4a16_gemm_kernel] = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
+for has_mins in (True, False):
+    for gpu_order in (True, False):
+        cases.append((w4a16_gemm_kernel, gemm, {"GROUP": 32, "HAS_MINS": has_mins, "IEEE": False,
+                                                "GPU_ORDER": gpu_order, "INTERPRETED": False, **cfg}))
 for fn, sig, meta in cases:
     # as a launch specializes them: pointers and K 16-byte aligned (vector loads)
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(sig.items())
