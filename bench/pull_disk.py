@@ -68,6 +68,10 @@ def planned_48b() -> dict:
 
 
 def main():
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-record", action="store_true", help="print only")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tiny = measured_tiny(pathlib.Path(tmp))
     big = planned_48b()
@@ -89,6 +93,8 @@ def main():
         "after each quantize, before the BF16 shard is deleted), under the engine cache.",
     ]
     print("\n".join(lines))
+    if args.no_record:
+        return
     record("pull_disk", {"tiny": tiny, "kimi_linear_48b": {**big, "peak_disk": peak_48b}},
            "kimi-engine pull: peak disk and RAM (tiny measured, 48B planned)",
            "python bench/pull_disk.py", lines)

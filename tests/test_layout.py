@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENGINED = ROOT / "engined"
 TOP_LEVEL = {"__init__.py", "__main__.py", "_helper_build.py", "config.py", "errors.py",
              "metrics.py"}
-ROLES = {"chat", "commands", "engine", "layers", "models", "ops", "serving", "weights"}
+ROLES = {"chat", "commands", "engine", "grammar", "layers", "models", "ops", "serving", "weights"}
 
 
 def module_name(path: pathlib.Path) -> str:
