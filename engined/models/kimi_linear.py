@@ -76,14 +76,17 @@ class DecoderLayer:
             self.mlp = self.ffn = SwiGLU.empty(d, cfg.intermediate_size, dtype, device, scope(int4, "mlp"))
 
     def __call__(self, h: torch.Tensor, cache: KimiCache, i: int, start: int) -> torch.Tensor:
-        # h: [T, D] at positions start..start+T-1
-        a = self.input_layernorm(h)
+        """h: [T, D] at positions start..start+T-1, the residual stream, updated in place (the
+        attention's output added by the norm that reads it, add_rmsnorm, as in decode) -> h."""
+        norm = registry.resolve("add_rmsnorm", h.device.type).fn
+        a = norm(h, None, self.input_layernorm.weight, self.input_layernorm.eps)
         if self.is_mla:
             rows = cache.rows(0, start + h.shape[0])                # [S] its latent rows
-            h = h + self.self_attn(a, cache.latent_pool.flat(i), start, rows)
+            attn = self.self_attn(a, cache.latent_pool.flat(i), start, rows)
         else:
-            h = h + self.self_attn(a, cache.state(i))   # one layer's views, not every layer's
-        return h + self.ffn(self.post_attention_layernorm(h))
+            attn = self.self_attn(a, cache.state(i))    # one layer's views, not every layer's
+        f = norm(h, attn, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return h.add_(self.ffn(f))
 
     def decode_batch(self, h: torch.Tensor, delta: torch.Tensor | None, i: int,
                      pools: tuple[StatePool, LatentPool], rows: DecodeRows) -> torch.Tensor:
