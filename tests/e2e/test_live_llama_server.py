@@ -1,0 +1,154 @@
+"""kimi-proxy live in front of native llama-server (issue 28): the llama.cpp build the
+benchmarks use (bench/llamacpp_build.sh, cached by CPU flags), serving the default GGUF with
+its own defaults and a 2,048-token context, and the official SDKs of all three dialects
+talking to the proxy, streamed and not: text, a tool-result turn, an echoed reasoning block,
+and a context overflow that each dialect gets as its own overflow error."""
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from engined.weights.default_model import default_gguf_path
+from tests.blackbox.service_helpers import free_port
+from tests.support.engine import eventually, stop_process
+
+pytestmark = pytest.mark.realclient
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = pathlib.Path(sys.executable).parent
+CONTEXT = 2048
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+def native():
+    spec = importlib.util.spec_from_file_location("llamacpp_native",
+                                                  ROOT / "bench" / "llamacpp_native.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def proxy_url(tmp_path_factory):
+    llama = native()
+    bin_dir = llama.binaries(build=True)  # ~20 min the first time on 2 cores, then cached
+    if bin_dir is None:
+        pytest.fail("bench/llamacpp_build.sh could not build llama-server (cmake, a C++ compiler)")
+    tmp = tmp_path_factory.mktemp("live-llama")
+    with llama.Server(bin_dir, default_gguf_path(), threads=2, ctx=CONTEXT) as server:
+        port = free_port()
+        proxy = subprocess.Popen(
+            [str(BIN / "kimi-proxy"), "serve", "--port", str(port), "--upstream",
+             f"http://127.0.0.1:{server.port}/v1", "--ledger", str(tmp / "ledger.sqlite"),
+             "--log-file", str(tmp / "proxy.log")],
+            stdout=subprocess.DEVNULL, stderr=open(tmp / "proxy.err", "w"))
+        try:
+            assert eventually(lambda: _healthy(port), timeout=60), (tmp / "proxy.err").read_text()
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            stop_process(proxy)
+
+
+def _healthy(port: int) -> bool:
+    import http.client
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn.request("GET", "/health")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+
+
+def openai_client(url):
+    import openai
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def anthropic_client(url):
+    import anthropic
+    return anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=300)
+
+
+LONG = "The quick brown fox jumps over the lazy dog. " * 400  # about 4,000 tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_completions_text_and_tool_result_turn(proxy_url, stream):
+    client = openai_client(proxy_url)
+    messages = [{"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [{
+                    "id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"}]
+    for turn in ([messages[0]], messages):
+        if stream:
+            chunks = list(client.chat.completions.create(
+                model="kimi-local", messages=turn, tools=TOOLS, max_tokens=24, temperature=0,
+                stream=True))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            calls = [c for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+            assert text or calls
+        else:
+            reply = client.chat.completions.create(model="kimi-local", messages=turn,
+                                                   tools=TOOLS, max_tokens=24, temperature=0)
+            assert reply.choices[0].message.content or reply.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages_with_an_echoed_thinking_block(proxy_url, stream):
+    client = anthropic_client(proxy_url)
+    messages = [{"role": "user", "content": "Say hello."},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "A greeting is asked for.",
+                     "signature": "unsigned"},
+                    {"type": "text", "text": "Hello!"}]},
+                {"role": "user", "content": "Again, in French."}]
+    if stream:
+        with client.messages.stream(model="kimi-local", max_tokens=24, messages=messages) as s:
+            message = s.get_final_message()
+    else:
+        message = client.messages.create(model="kimi-local", max_tokens=24, messages=messages)
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    assert "".join(b.text for b in message.content if b.type == "text")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_text(proxy_url, stream):
+    client = openai_client(proxy_url)
+    if stream:
+        events = list(client.responses.create(model="kimi-local", input="Say hello.",
+                                              max_output_tokens=24, stream=True))
+        assert events[-1].type in ("response.completed", "response.incomplete")  # 24 tokens
+        text = events[-1].response.output_text
+    else:
+        text = client.responses.create(model="kimi-local", input="Say hello.",
+                                       max_output_tokens=24).output_text
+    assert text
+
+
+def test_an_overflow_is_each_dialects_own_error(proxy_url):
+    import anthropic
+    import openai
+    with pytest.raises(openai.BadRequestError) as chat:
+        openai_client(proxy_url).chat.completions.create(
+            model="kimi-local", messages=[{"role": "user", "content": LONG}], max_tokens=16)
+    assert chat.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as responses:
+        openai_client(proxy_url).responses.create(model="kimi-local", input=LONG,
+                                                  max_output_tokens=16)
+    assert responses.value.code == "context_length_exceeded"
+    with pytest.raises(anthropic.BadRequestError) as first:  # a first turn cannot compact
+        anthropic_client(proxy_url).messages.create(
+            model="kimi-local", max_tokens=16, messages=[{"role": "user", "content": LONG}])
+    assert "does not fit" in str(first.value) and f"context is {CONTEXT} tokens" in str(first.value)
+    with pytest.raises(anthropic.BadRequestError) as later:  # Claude Code compacts on this
+        anthropic_client(proxy_url).messages.create(
+            model="kimi-local", max_tokens=16, messages=[
+                {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": LONG}])
+    assert "prompt is too long: " in str(later.value) and f"> {CONTEXT} maximum" in str(later.value)
