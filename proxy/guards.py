@@ -102,7 +102,7 @@ def _host_and_origin():
     host = request.host or ""
     if not config_mod.is_loopback_host(host) and host.split(":")[0] not in cfg["ALLOW_HOST"] \
             and not cfg.get("API_KEY"):
-        raise Forbidden(f"Host {host!r} is not a loopback name; allow it with the allow-host config key or set --api-key")
+        raise Forbidden(f"Host {host!r} is not a loopback name; allow it with the allow-host config key, or require a key (KIMI_PROXY_API_KEY)")
     origin = request.headers.get("Origin")
     if origin and origin not in cfg["ALLOW_ORIGIN"]:
         raise Forbidden(f"requests from browser origin {origin!r} are refused; allow it with the allow-origin config key")
