@@ -83,13 +83,20 @@ def check_call(names: frozenset[str] | None, name: str, arguments: str) -> str |
 
 
 def held_suffix_len(buf: str, tokens: Iterable[str]) -> int:
-    """Length of the longest suffix of buf that is a proper prefix of some token."""
+    """Length of the longest suffix of buf that is a proper prefix of some token.
+
+    Runs on every text delta: a held suffix starts where buf holds the token's first
+    character, so only those places are tried (str.find), not every length."""
     best = 0
     for token in tokens:
-        for k in range(min(len(buf), len(token) - 1), best, -1):
-            if buf.endswith(token[:k]):
-                best = k
+        if len(token) < 2:
+            continue
+        start = buf.find(token[0], max(0, len(buf) - len(token) + 1))
+        while 0 <= start < len(buf) - best:
+            if token.startswith(buf[start:]):
+                best = len(buf) - start
                 break
+            start = buf.find(token[0], start + 1)
     return best
 
 

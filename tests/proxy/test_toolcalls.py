@@ -275,3 +275,21 @@ def test_k3_parallel_calls_keep_order_and_unescape_attributes():
     assert [e.index for e in events if isinstance(e, ToolCallStart)] == [0, 1]
     escaped = K3_CALL.format(name="a&amp;b", body="")
     assert calls(run("kimi_k3", [escaped], tools=tools)) == [("a&b", "{}")]
+
+
+def _held_suffix_len_naive(buf: str, tokens) -> int:
+    """The reference: every suffix length, longest first."""
+    best = 0
+    for token in tokens:
+        for k in range(min(len(buf), len(token) - 1), best, -1):
+            if buf.endswith(token[:k]):
+                best = k
+                break
+    return best
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text("<|>ab_ ", max_size=14), st.lists(st.text("<|>ab_ ", max_size=8), max_size=5))
+def test_held_suffix_len_is_the_naive_one(buf, tokens):
+    from proxy.toolcalls.base import held_suffix_len
+    assert held_suffix_len(buf, tokens) == _held_suffix_len_naive(buf, tokens)
