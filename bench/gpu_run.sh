@@ -4,7 +4,7 @@
 # gevent, numpy or gguf; no network): every script it runs needs only the standard library,
 # torch, and engined (plus pytest for the tests, when the image has it).
 #
-#   bash bench/gpu_run.sh [--dry-run] [quick] [kernels] [serve] [offload]   # default: all four
+#   bash bench/gpu_run.sh [--dry-run] [quick] [kernels] [prefill] [serve] [offload]   # default: all
 #
 # Sections, with their limits, cheapest and most decisive first. One command of a GPU lease
 # runs at most 600 s: `quick kernels serve` (120 + 150 + 240 = 510 s, under a 540-s budget
@@ -30,6 +30,11 @@
 #                   random 256-expert banks, which the module now makes once). BF16=1 adds
 #                   `python -m engined.commands.bench` BF16 decode (beyond the limit unless
 #                   kernels runs alone).
+#   prefill  150 s  the prefill path's gpu-marked tests (issue 29), its own command
+#                   (`bash bench/gpu_run.sh prefill`, timeout_s 200, carry .gpu-carry/wheels):
+#                   fla-core's chunk_kda against our chunk form (T = 1000, 64, 7 at 48B head
+#                   sizes, from a nonzero state), the Triton W4A16 GEMM at q/k/v, o_proj and
+#                   expert shapes (M = 9, 256, 2048), MLA's lower-right causal SDPA.
 #   serve    240 s  bench/serve_streams.py: `python -m engined serve --model
 #                   synthetic:kimi-linear-48b`, through its socket: at start, before any
 #                   request, the batch-1 roofline, the decode graphs captured and the peak
@@ -88,7 +93,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-declare -A LIMIT=([quick]=120 [kernels]=150 [serve]=240 [offload]=380)
+declare -A LIMIT=([quick]=120 [kernels]=150 [prefill]=150 [serve]=240 [offload]=380)
 SKIPPED=77  # a section's exit status for "not run here", as automake's test harness reads it
 export PYTHONUNBUFFERED=1
 
@@ -156,6 +161,18 @@ section_kernels() {
   if [ "$DRY" != 1 ] && [ "${BF16:-0}" = 1 ]; then  # beyond the section's limit unless alone
     step 120 "$PY" -m engined.commands.bench --synthetic kimi-linear-48b --device cuda \
       --record "$OUT/RESULTS.add.md"
+  fi
+}
+
+section_prefill() {  # needs fla-core: `make gpu-carry`'s wheels, carried
+  local tests=(tests/ops/test_kda_prefill.py tests/ops/test_w4a16_gemm_triton.py
+               tests/models/test_kimi_mla_moe.py)
+  if ! "$PY" -c 'import pytest' 2>/dev/null; then
+    echo "pytest is not on this image: the prefill tests not run (pip install pytest, then rerun)"
+  elif [ "$DRY" = 1 ]; then
+    step 60 "$PY" -m pytest -q --collect-only -m gpu -p no:cacheprovider "${tests[@]}"
+  else
+    step 145 "$PY" -m pytest -v --durations=10 -m gpu -p no:cacheprovider "${tests[@]}"
   fi
 }
 
@@ -244,13 +261,13 @@ while [ $# -gt 0 ]; do
       rc=$?
       [ "$rc" = "$SKIPPED" ] && exit "$rc"
       exit "$FAILED" ;;
-    quick|kernels|serve|offload) SECTIONS+=("$1") ;;
-    *) echo "usage: bash bench/gpu_run.sh [--dry-run] [quick] [kernels] [serve] [offload]" >&2
+    quick|kernels|prefill|serve|offload) SECTIONS+=("$1") ;;
+    *) echo "usage: bash bench/gpu_run.sh [--dry-run] [quick] [kernels] [prefill] [serve] [offload]" >&2
        exit 2 ;;
   esac
   shift
 done
-[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(quick kernels serve offload)
+[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(quick kernels prefill serve offload)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # engined for the bench scripts, uninstalled
 use_carried_wheels || exit 1
 if [ "$DRY" = 1 ]; then

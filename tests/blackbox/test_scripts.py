@@ -78,12 +78,13 @@ def test_gpu_run_dry_run_measures_every_section(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     summary = (out / "summary.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in summary] == ["quick", "kernels", "serve", "offload"]
+    assert [line.split(":")[0] for line in summary] == ["quick", "kernels", "prefill", "serve", "offload"]
     assert all(line.split(":")[1].startswith(" ok,") for line in summary), summary
     check_quick_dry_run(out)
     kernels = (out / "kernels.log").read_text()
     assert "| Kimi o_proj | 2304x4096 | cpu_c | asym |" in kernels
     assert "| Kimi o_proj | 2304x4096 | cpu_c | sym |" in kernels and "tests collected" in kernels
+    assert "tests collected" in (out / "prefill.log").read_text()
     serve = json.loads((out / "serve.json").read_text())
     assert set(serve["decode_tok_s"]) == {"1", "2"}
     assert all(rate > 0 for rate in serve["decode_tok_s"].values())
