@@ -34,7 +34,8 @@
 #                   (`bash bench/gpu_run.sh prefill`, timeout_s 200, carry .gpu-carry/wheels):
 #                   fla-core's chunk_kda against our chunk form (T = 1000, 64, 7 at 48B head
 #                   sizes, from a nonzero state), the Triton W4A16 GEMM at q/k/v, o_proj and
-#                   expert shapes (M = 9, 256, 2048), MLA's lower-right causal SDPA.
+#                   expert shapes (M = 9, 256, 2048), moe_grouped's tl.dot variant on a
+#                   256-token chunk at expert shapes, MLA's lower-right causal SDPA.
 #   serve    240 s  bench/serve_streams.py: `python -m engined serve --model
 #                   synthetic:kimi-linear-48b`, through its socket: at start, before any
 #                   request, the batch-1 roofline, the decode graphs captured and the peak
@@ -166,7 +167,7 @@ section_kernels() {
 
 section_prefill() {  # needs fla-core: `make gpu-carry`'s wheels, carried
   local tests=(tests/ops/test_kda_prefill.py tests/ops/test_w4a16_gemm_triton.py
-               tests/models/test_kimi_mla_moe.py)
+               tests/ops/test_moe_grouped_dot.py tests/models/test_kimi_mla_moe.py)
   if ! "$PY" -c 'import pytest' 2>/dev/null; then
     echo "pytest is not on this image: the prefill tests not run (pip install pytest, then rerun)"
   elif [ "$DRY" = 1 ]; then

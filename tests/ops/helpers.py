@@ -202,19 +202,21 @@ def routed(op: str) -> list[Case]:
 
 
 def moe_case(e: int, t: int, k: int, d: int, inner: int, group: int, seed=0, symmetric=False,
-             dtype=torch.float32, ids=None) -> Case:
+             dtype=torch.float32, ids=None, gpu_order=False) -> Case:
     """moe_grouped: T tokens with k picks each among E experts (ids: fixed picks [T][k])."""
+    order = in_gpu_order if gpu_order else (lambda w: w)
     def make(gen):
-        w1, w3 = (experts(gen, e, inner, d, group, symmetric) for _ in range(2))
-        w2 = experts(gen, e, d, inner, group, symmetric)
+        w1, w3 = (order(experts(gen, e, inner, d, group, symmetric)) for _ in range(2))
+        w2 = order(experts(gen, e, d, inner, group, symmetric))
         x = torch.randn((t, d), generator=gen).to(dtype)
         picks = (torch.tensor(ids) if ids is not None else
                  torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)]))
         weights = torch.rand((t, k), generator=gen)
         return x, w1, w3, w2, picks, weights
     tag = "" if dtype == torch.float32 else f"-{str(dtype).split('.')[-1]}"
-    return Case(f"E{e}-T{t}-k{k}-D{d}-I{inner}-G{group}{tag}{kind_tag(symmetric)}", make,
-                e * 3 * d * inner, atol=2e-5 * (d + inner) * k, rtol=2e-4, seed=seed)
+    return Case(f"E{e}-T{t}-k{k}-D{d}-I{inner}-G{group}{tag}{kind_tag(symmetric)}"
+                f"{'-gpu-order' if gpu_order else ''}", make, e * 3 * d * inner,
+                atol=2e-5 * (d + inner) * k, rtol=2e-4, seed=seed, gpu_order=gpu_order, group=group)
 
 
 MOE = [
@@ -228,6 +230,10 @@ MOE = [
     moe_case(5, 3, 2, 96, 64, 32, seed=7, symmetric=True),
     moe_case(3, 11, 2, 64, 32, 32, seed=8, symmetric=True),
     moe_case(4, 4, 2, 64, 32, 32, seed=9, dtype=torch.bfloat16),
+    # prefill chunks: more routes an expert than one BLOCK_M of the tl.dot variant, GPU order
+    moe_case(2, 20, 2, 64, 96, 32, seed=10),
+    moe_case(3, 24, 2, 64, 32, 16, seed=11, dtype=torch.bfloat16, gpu_order=True),
+    moe_case(2, 18, 2, 96, 64, 32, seed=12, symmetric=True, gpu_order=True),
 ]
 
 

@@ -27,6 +27,8 @@ from engined.ops.paged_mla_decode.triton import (paged_mla_decode_kernel, paged_
                                                  pick_config, pick_merge_config)
 from engined.ops.mla_latent.triton import mla_latent_kernel
 from engined.ops.w4a16_gemm.triton import pick_config as gemm_config, w4a16_gemm_kernel
+from engined.ops.moe_grouped.triton_dot import moe_grouped_dot_kernel, pick_config as moe_dot_config
+import triton.language as tl
 
 GEMV = {"GROUP": 32, "HAS_MINS": False}
 W = {"c_ptr": "*i32", "s_ptr": "*fp16", "m_ptr": "*fp16"}
@@ -108,6 +110,16 @@ for has_mins in (True, False):
     for gpu_order in (True, False):
         cases.append((w4a16_gemm_kernel, gemm, {"GROUP": 32, "HAS_MINS": has_mins, "IEEE": False,
                                                 "GPU_ORDER": gpu_order, "INTERPRETED": False, **cfg}))
+cfg = moe_dot_config(32)                      # prefill MoE: bf16 rows, then fp32 SwiGLU rows
+OPTIONS[moe_grouped_dot_kernel] = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
+for gather, x_type in ((True, "*bf16"), (False, "*fp32")):   # gate/up, then down
+    moe_dot = {"x_ptr": x_type, "token_ptr": "*i64", "offsets_ptr": "*i64", "aq_ptr": "*i32",
+               "as_ptr": "*fp16", "am_ptr": "*fp16", "bq_ptr": "*i32", "bs_ptr": "*fp16",
+               "bm_ptr": "*fp16", "y_ptr": "*fp32", "N": "i32", "K": "i32"}
+    for has_mins in (True, False):
+        cases.append((moe_grouped_dot_kernel, moe_dot, {
+            "GATHER": gather, "SWIGLU": gather, "GROUP": 32, "HAS_MINS": has_mins, "GPU_ORDER": True,
+            "IEEE": False, "A_EXACT": gather, "DTYPE": tl.bfloat16, "INTERPRETED": False, **cfg}))
 for fn, sig, meta in cases:
     # as a launch specializes them: pointers and K 16-byte aligned (vector loads)
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(sig.items())

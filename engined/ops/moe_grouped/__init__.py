@@ -8,4 +8,8 @@ from engined.ops.moe_grouped import cpu_c, reference  # noqa: F401  (registers v
 registry.register("moe_grouped", "triton", devices=("cuda",), description=(
     "Triton: per (expert, BLOCK_N outputs) program over the expert's rows, two launches"))(
     registry.lazy("engined.ops.moe_grouped.triton:moe_grouped"))
+registry.register("moe_grouped", "triton_dot", devices=("cuda",), description=(
+    "Triton: per (expert, BLOCK_N outputs) program, BLOCK_M routes a tl.dot, W tiles "
+    "dequantized once per BLOCK_M routes (prefill chunks)"))(
+    registry.lazy("engined.ops.moe_grouped.triton_dot:moe_grouped"))
 registry.set_default("moe_grouped", "cuda", "triton")
