@@ -17,7 +17,6 @@ instead of a reset, and a 1 GiB body is not read to its end.
 """
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import sys
@@ -27,6 +26,7 @@ from gevent.event import Event
 from gevent.pool import Pool
 from gevent.pywsgi import Input, WSGIHandler, WSGIServer
 
+from kimi_common.notify import sd_notify
 from proxy import __version__
 from proxy.errors import UpstreamUnavailable
 
@@ -205,24 +205,6 @@ def make_server(cfg: dict, app=None) -> NoDelayServer:
     app = app or create_app(cfg)
     return NoDelayServer((cfg["HOST"], cfg["PORT"]), app, handler_class=QuietHandler, log=None,
                          max_connections=cfg["MAX_CONNECTIONS"], idle_timeout_s=cfg["IDLE_TIMEOUT_S"])
-
-
-def sd_notify(state: str, env=os.environ) -> bool:
-    """Send e.g. "READY=1" to systemd (Type=notify); returns whether $NOTIFY_SOCKET was there
-    to send to. kimi-engine's copy (engined.serving.notify), pinned equal by
-    tests/proxy/test_boundary.py."""
-    address = env.get("NOTIFY_SOCKET")
-    if not address:
-        return False
-    if address.startswith("@"):  # abstract namespace
-        address = "\0" + address[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-            sock.connect(address)
-            sock.sendall(state.encode())
-        return True
-    except OSError:
-        return False
 
 
 def serve_forever(cfg: dict) -> int:

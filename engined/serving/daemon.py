@@ -21,8 +21,8 @@ from engined.serving.http_server import UnixHTTPServer
 from engined.serving.listen import Listener, SocketInUse, check_socket_path
 from engined.serving.logs import LogSink
 from engined.metrics import EngineMetrics
-from engined.serving.notify import sd_notify
 from engined.serving.routes import App
+from kimi_common.notify import sd_notify
 
 
 class StartupError(RuntimeError):

@@ -52,11 +52,9 @@ def require_object(body, what: str = "request body") -> dict:
 
 
 def opt_int(body: dict, key: str) -> int | None:
-    value = body.get(key)
+    value = _typed(body, key, (int, float, str), "an integer")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise InvalidRequest(f"`{key}` must be an integer", param=key)
     try:
         number = int(float(value)) if isinstance(value, str) else int(value)
     except (ValueError, OverflowError):
@@ -67,31 +65,30 @@ def opt_int(body: dict, key: str) -> int | None:
 
 
 def opt_float(body: dict, key: str) -> float | None:
-    value = body.get(key)
+    value = _typed(body, key, (int, float), "a number")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(f"`{key}` must be a number", param=key)
     if value != value or value in (float("inf"), float("-inf")):
         raise InvalidRequest(f"`{key}` must be a finite number", param=key)
     return float(value)
 
 
 def opt_bool(body: dict, key: str) -> bool | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"`{key}` must be true or false", param=key)
-    return value
+    return _typed(body, key, bool, "true or false")
 
 
 def opt_str(body: dict, key: str) -> str | None:
+    return _typed(body, key, str, "a string")
+
+
+def _typed(body: dict, key: str, types, what: str):
+    """body[key], None when absent or null; refused unless one of `types`. A JSON true or
+    false is a bool only, never a number."""
     value = body.get(key)
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise InvalidRequest(f"`{key}` must be a string", param=key)
+    if isinstance(value, bool) != (types is bool) or not isinstance(value, types):
+        raise InvalidRequest(f"`{key}` must be {what}", param=key)
     return value
 
 

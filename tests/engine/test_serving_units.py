@@ -8,7 +8,7 @@ import pytest
 from engined.serving import parse as api
 from engined.errors import ContextLengthExceeded, InvalidRequest
 from engined.serving.logs import LogSink
-from engined.serving.notify import sd_notify
+from kimi_common.notify import sd_notify
 
 
 def test_parse_chat_fields():

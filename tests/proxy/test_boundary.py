@@ -1,7 +1,8 @@
 """The proxy and the engine meet only over the socket: the proxy imports nothing from engined.
 
-The two rules both daemons need, the default socket path and sd_notify, exist once on each
-side; these tests pin the proxy's copy equal to the engine's (tests may import engined).
+sd_notify, which both daemons need, is written once in kimi_common, which imports neither of
+them. The default socket path exists once on each side; these tests pin the proxy's copy equal
+to the engine's (tests may import engined).
 """
 import ast
 import pathlib
@@ -10,11 +11,12 @@ import socket
 import pytest
 
 from engined.config import default_socket_path as engine_socket_path
-from engined.serving.notify import sd_notify as engine_sd_notify
+from engined.serving import daemon
+from kimi_common.notify import sd_notify
+from proxy import server
 from proxy.config import default_socket_path as proxy_socket_path
-from proxy.server import sd_notify as proxy_sd_notify
 
-PROXY = pathlib.Path(__file__).resolve().parents[2] / "proxy"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("env", [
@@ -43,19 +45,30 @@ def _received(notify, env: dict, sock_path: pathlib.Path) -> tuple[bool, bytes |
 
 @pytest.mark.parametrize("env", [{}, {"NOTIFY_SOCKET": ""}, {"NOTIFY_SOCKET": "{sock}"},
                                  {"NOTIFY_SOCKET": "{sock}.missing"}])
-def test_sd_notify_is_the_engines(env, tmp_path):
-    proxy = _received(proxy_sd_notify, env, tmp_path / "p.sock")
-    engine = _received(engine_sd_notify, env, tmp_path / "e.sock")
-    assert proxy == engine
-    assert proxy == ((True, b"READY=1") if env.get("NOTIFY_SOCKET") == "{sock}" else (False, None))
+def test_sd_notify(env, tmp_path):
+    sent = _received(sd_notify, env, tmp_path / "n.sock")
+    assert sent == ((True, b"READY=1") if env.get("NOTIFY_SOCKET") == "{sock}" else (False, None))
 
 
-def test_no_proxy_module_imports_engined():
+def test_both_daemons_notify_through_kimi_common():
+    assert server.sd_notify is daemon.sd_notify is sd_notify
+
+
+def imports_of(package: str, *, banned: tuple[str, ...]) -> list[str]:
+    """`path: module` for each import in ROOT/package of a module under one of `banned`."""
     offenders = []
-    for path in sorted(PROXY.rglob("*.py")):
+    for path in sorted((ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
-            offenders += [f"{path.relative_to(PROXY.parent)}: {n}" for n in names
-                          if n == "engined" or n.startswith("engined.")]
-    assert offenders == []
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                          if n.split(".")[0] in banned]
+    return offenders
+
+
+def test_no_proxy_module_imports_engined():
+    assert imports_of("proxy", banned=("engined",)) == []
+
+
+def test_kimi_common_imports_neither_daemon():
+    assert imports_of("kimi_common", banned=("engined", "proxy")) == []

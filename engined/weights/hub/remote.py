@@ -46,6 +46,20 @@ class Revision:
                 if not n.endswith((".safetensors",) + SKIP_SUFFIXES)]
 
 
+# huggingface_hub.errors class -> what a PullError says; the first match wins (subclasses first)
+HUB_MESSAGES = (
+    ("GatedRepoError", "{repo} is gated: accept its terms on the hub, then set HF_TOKEN or run "
+                       "`hf auth login`"),
+    ("RepositoryNotFoundError", "{repo}: no such repository at {endpoint} (or it is private and "
+                                "no token with access is set)"),
+    ("RevisionNotFoundError", "{repo}: no revision {revision!r}"),
+    ("LocalEntryNotFoundError", "{id}: not in the Hugging Face cache {cache}, and HF_HUB_OFFLINE "
+                                "is set (or the hub cannot be reached)"),
+    ("OfflineModeIsEnabled", "{id}: HF_HUB_OFFLINE is set, so nothing can be downloaded; unset "
+                             "it to pull"),
+)
+
+
 @contextlib.contextmanager
 def hub_errors(hub_id: HubId):
     """huggingface_hub's and the transport's errors as one PullError line."""
@@ -54,23 +68,15 @@ def hub_errors(hub_id: HubId):
 
     try:
         yield
-    except errors.GatedRepoError:
-        raise PullError(f"{hub_id.repo} is gated: accept its terms on the hub, then set HF_TOKEN "
-                        "or run `hf auth login`") from None
-    except errors.RepositoryNotFoundError:
-        raise PullError(f"{hub_id.repo}: no such repository at {endpoint()} (or it is private "
-                        "and no token with access is set)") from None
-    except errors.RevisionNotFoundError:
-        raise PullError(f"{hub_id.repo}: no revision {hub_id.revision!r}") from None
-    except errors.LocalEntryNotFoundError:
-        raise PullError(f"{hub_id}: not in the Hugging Face cache {hf_cache()}, and "
-                        "HF_HUB_OFFLINE is set (or the hub cannot be reached)") from None
-    except errors.OfflineModeIsEnabled:
-        raise PullError(f"{hub_id}: HF_HUB_OFFLINE is set, so nothing can be downloaded; unset "
-                        "it to pull") from None
-    except (errors.HfHubHTTPError, httpx2.HTTPError, errors.NotASafetensorsRepoError,
-            errors.SafetensorsParsingError) as exc:
-        raise PullError(f"{hub_id}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    except Exception as exc:
+        for name, message in HUB_MESSAGES:
+            if isinstance(exc, getattr(errors, name)):
+                raise PullError(message.format(repo=hub_id.repo, id=hub_id, revision=hub_id.revision,
+                                               endpoint=endpoint(), cache=hf_cache())) from None
+        if isinstance(exc, (errors.HfHubHTTPError, httpx2.HTTPError, errors.NotASafetensorsRepoError,
+                            errors.SafetensorsParsingError)):
+            raise PullError(f"{hub_id}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        raise
 
 
 def hf_cache() -> str:

@@ -1,4 +1,5 @@
-"""sd_notify without a dependency: one datagram to $NOTIFY_SOCKET (no-op when unset)."""
+"""sd_notify without a dependency: one datagram to $NOTIFY_SOCKET (no-op when unset), for
+systemd's Type=notify units of both daemons."""
 import os
 import socket
 
