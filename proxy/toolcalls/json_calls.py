@@ -80,8 +80,7 @@ def _is_json(text: str | None) -> bool:
 class JsonParser(WholeReplyParser):
     name = "json"
 
-    def prefix_state(self, text: str) -> str:
-        return json_prefix_state(text)
+    prefix_state = staticmethod(json_prefix_state)
 
     def has_trailing_text(self, text: str) -> bool:
         fenced = text.lstrip().startswith(FENCE)

@@ -86,8 +86,7 @@ def parse_call_list(text: str, tool_params: dict[str, dict]) -> list[tuple[str, 
 class PythonicParser(WholeReplyParser):
     name = "pythonic"
 
-    def prefix_state(self, text: str) -> str:
-        return pythonic_prefix_state(text)
+    prefix_state = staticmethod(pythonic_prefix_state)
 
     def has_trailing_text(self, text: str) -> bool:
         end = text.rfind("]")
