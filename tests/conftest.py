@@ -1,5 +1,6 @@
 """Shared fixtures. Tests talk only to loopback or Unix sockets and never download anything."""
 import pathlib
+import sys
 
 import pytest
 
@@ -7,6 +8,16 @@ from engined.weights.default_model import default_gguf_path
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
+
+
+def pytest_collection_finish(session):
+    """No test module may leave bench/ on sys.path: bench/kernels.py would then shadow the
+    `kernels` package transformers imports, failing unrelated tests later in the session
+    (tests/support/bench.py loads bench scripts by path)."""
+    bench = str(ROOT / "bench")
+    if any(str(pathlib.Path(p).resolve()) == bench for p in sys.path if p):
+        raise pytest.UsageError("bench/ is on sys.path after collection: load bench scripts "
+                                "with tests.support.bench.load")
 
 
 @pytest.fixture(scope="session")

@@ -21,10 +21,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
+from typing import TYPE_CHECKING
+
 import torch
 
-from engined.grammar.compile import Compiled
+if TYPE_CHECKING:  # the sampler imports this module on every image; the GPU image has
+    #                neither llguidance nor numpy until a grammar is used (serve_without_gguf)
+    from engined.grammar.compile import Compiled
 
 _worker: concurrent.futures.ThreadPoolExecutor | None = None
 _worker_lock = threading.Lock()
@@ -141,6 +144,7 @@ def unpack(bitmask: torch.Tensor, vocab: int, device: torch.device) -> torch.Ten
     numpy, single-threaded: a parallel torch op on a busy host can wait milliseconds for its
     second thread, longer than the work."""
     if device.type == "cpu":
+        import numpy as np
         bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
         allowed = torch.from_numpy(bits[:, :vocab].astype(bool))        # [R, min(32W, vocab)]
     else:
@@ -174,6 +178,7 @@ def masked(rows: torch.Tensor, grammars: list, observe=lambda ms, is_ready: None
             return rows
     allowed = unpack(torch.cat(masks), rows.shape[1], rows.device)  # [R', V]
     if rows.device.type == "cpu":  # numpy again: no torch thread pool for 200 KB
+        import numpy as np
         out = rows.numpy().copy()
         view = out[index]
         view[~allowed.numpy()] = -np.inf

@@ -8,7 +8,6 @@ Letters: t query, s key position, h head, r latent dim, n nope dim, p rope-slice
 """
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from engined.layers.linear import Linear
 from engined.layers.rmsnorm import RMSNorm
@@ -145,7 +144,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale:
     q, k, v = q[None], k[None], v[None]                         # [1, H, ·, ·]: SDPA's fused kernels
     if start == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=scale)[0]
-    if q.is_cuda:
+    if q.is_cuda:  # imported here: torch.nn.attention.bias imports torch._dynamo (and numpy)
+        from torch.nn.attention.bias import causal_lower_right
         mask = causal_lower_right(t, s)
     else:
         mask = torch.arange(s)[None, :] <= start + torch.arange(t)[:, None]   # [T, S] bool

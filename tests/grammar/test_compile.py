@@ -1,15 +1,14 @@
 """Grammar compilation: every tool schema real clients sent compiles; a bad one names its path;
 compiled grammars are cached by their source; unknown keywords are ignored, not refused."""
 import json
-import pathlib
-import sys
 
 import pytest
 
+from tests.support import bench
+
 from engined.grammar.compile import GrammarError
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
-import structured_set  # noqa: E402
+structured_set = bench.load("structured_set")
 
 
 def recorded_tool_sets() -> dict[str, list[dict]]:

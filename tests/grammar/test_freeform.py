@@ -1,19 +1,18 @@
 """Codex's freeform apply_patch tool: its Lark grammar becomes the pattern of the `input` string
 (proxy/dialects/freeform.py), and patches are judged by llguidance's own Lark parser of the raw
 definition, independent of that conversion."""
-import pathlib
 import re
-import sys
 
 import llguidance as llg
 import pytest
+
+from tests.support import bench
 
 from proxy.app import create_app
 from proxy.dialects.freeform import input_schema, lark_to_regex
 from tests.support.proxy_fakes import proxy_config
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
-import structured_set  # noqa: E402
+structured_set = bench.load("structured_set")
 
 GOOD = ["*** Begin Patch\n*** Update File: a.py\n@@ def f():\n-    return 1\n+    return 2\n*** End Patch\n",
         "*** Begin Patch\n*** Add File: notes.txt\n+hello\n+world\n*** End Patch",

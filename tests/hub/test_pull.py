@@ -92,8 +92,12 @@ def test_an_interrupted_pull_keeps_the_shards_it_quantized(hub, tmp_path):
     hub.stall.add(SHARDS[1])
     hub.stalled.clear()
     hub.release.clear()
+    # SIGINT at its default in the child, whatever this run inherited: a suite started in the
+    # background of a non-interactive shell ignores SIGINT, and Python then never raises
+    # KeyboardInterrupt.
     first = subprocess.Popen([sys.executable, "-m", "engined", "pull", REPO], env=env,
-                             cwd=env["PYTHONPATH"], stderr=subprocess.PIPE, text=True)
+                             cwd=env["PYTHONPATH"], stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert hub.stalled.wait(120), "the transfer never reached the stall"
         first.send_signal(signal.SIGINT)

@@ -1,0 +1,19 @@
+"""bench/ scripts loaded by path, never by putting bench/ on sys.path: there bench/kernels.py
+shadows the `kernels` package that transformers imports (and every later test in the
+session would see it)."""
+import importlib.util
+import pathlib
+import sys
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+
+
+def load(name: str):
+    """bench/NAME.py as the module `bench_NAME`, loaded once."""
+    key = f"bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
