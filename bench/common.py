@@ -111,13 +111,12 @@ def record(name: str, payload: dict, title: str, command: str, lines: list[str],
     (title, command, the table lines with the baseline), then bench/RESULTS.md and README.md's
     measured table regenerated from the newest records (bench/results_md.py). With a folder
     (a GPU run's $OUT, copied into bench/results/ later) the file goes there, nothing else."""
-    import results_md
-
     payload = {"hardware": hardware(), "date": today(), "commit": commit(), **payload,
                "report": {"title": title, "command": command.strip(),
                           "lines": "\n".join(lines).strip("\n").split("\n")}}
     path = write_json(name, payload, folder)
     if folder is None:
+        import results_md  # a bench script's sibling (bench/ is first on its sys.path)
         results_md.main([])
     return path
 
