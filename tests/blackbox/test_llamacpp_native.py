@@ -2,20 +2,17 @@
 cache keyed by the CPU's flags, and llama-server's streams (its /completion and its chat
 route) are read into token counts and times as the benchmarks need."""
 import hashlib
-import importlib.util
 import os
 import subprocess
 
 from tests.blackbox.service_helpers import ROOT
+from tests.support import bench
 
 BENCH = ROOT / "bench"
 
 
 def native():
-    spec = importlib.util.spec_from_file_location("llamacpp_native", BENCH / "llamacpp_native.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.load("llamacpp_native")
 
 
 def cpu_key() -> str:

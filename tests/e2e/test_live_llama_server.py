@@ -3,8 +3,6 @@ benchmarks use (bench/llamacpp_build.sh, cached by CPU flags), serving the defau
 its own defaults and a 2,048-token context, and the official SDKs of all three dialects
 talking to the proxy, streamed and not: text, a tool-result turn, an echoed reasoning block,
 and a context overflow that each dialect gets as its own overflow error."""
-import importlib.util
-import os
 import pathlib
 import subprocess
 import sys
@@ -12,11 +10,11 @@ import sys
 import pytest
 
 from engined.weights.default_model import default_gguf_path
-from tests.blackbox.service_helpers import free_port
+from tests.blackbox.service_helpers import free_port, http_health
+from tests.support import bench
 from tests.support.engine import eventually, stop_process
 
 pytestmark = pytest.mark.realclient
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
 CONTEXT = 2048
 TOOLS = [{"type": "function", "function": {
@@ -26,11 +24,7 @@ TOOLS = [{"type": "function", "function": {
 
 
 def native():
-    spec = importlib.util.spec_from_file_location("llamacpp_native",
-                                                  ROOT / "bench" / "llamacpp_native.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.load("llamacpp_native")
 
 
 @pytest.fixture(scope="module")
@@ -48,20 +42,10 @@ def proxy_url(tmp_path_factory):
              "--log-file", str(tmp / "proxy.log")],
             stdout=subprocess.DEVNULL, stderr=open(tmp / "proxy.err", "w"))
         try:
-            assert eventually(lambda: _healthy(port), timeout=60), (tmp / "proxy.err").read_text()
+            assert eventually(lambda: http_health(port) == 200, timeout=60), (tmp / "proxy.err").read_text()
             yield f"http://127.0.0.1:{port}"
         finally:
             stop_process(proxy)
-
-
-def _healthy(port: int) -> bool:
-    import http.client
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
 
 
 def openai_client(url):

@@ -31,8 +31,10 @@ class RunningEngine:
     def __exit__(self, *exc):
         self.engine.stop()
 
-    def submit(self, prompt_ids: list[int], max_tokens: int) -> Sequence:
-        seq = Sequence(list(prompt_ids), SamplingParams(max_tokens, temperature=0), NullDecoder())
+    def submit(self, prompt_ids: list[int], max_tokens: int, **params) -> Sequence:
+        """Greedy unless params say otherwise (SamplingParams' fields)."""
+        seq = Sequence(list(prompt_ids), SamplingParams(max_tokens, **{"temperature": 0, **params}),
+                       NullDecoder())
         self.engine.submit(seq)
         return seq
 
@@ -43,8 +45,9 @@ class RunningEngine:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def collect(seq: Sequence, timeout: float = TIMEOUT_S) -> list[int]:
-    """The token ids of a sequence's events up to its finish; an ErrorEvent raises."""
+def collect(seq: Sequence, timeout: float = TIMEOUT_S, logprobs: bool = False) -> list:
+    """The token ids of a sequence's events up to its finish, or (id, logprob) pairs with
+    `logprobs` (submitted with num_top_logprobs set); an ErrorEvent raises."""
     ids = []
     while True:
         try:
@@ -54,6 +57,6 @@ def collect(seq: Sequence, timeout: float = TIMEOUT_S) -> list[int]:
         if isinstance(event, ErrorEvent):
             raise event.error
         if isinstance(event, TokenEvent):
-            ids.append(event.token_id)
+            ids.append((event.token_id, event.logprob.logprob) if logprobs else event.token_id)
         if isinstance(event, FinishEvent):
             return ids

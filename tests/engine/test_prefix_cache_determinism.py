@@ -5,8 +5,7 @@ restored rows and prefill). The prompts are long, repetitive agent-style system 
 near-ties between the top tokens are common (issue 25, item 10)."""
 import pytest
 
-from tests.engine.batching_helpers import RunningEngine, NullDecoder
-from engined.engine.sequence import ErrorEvent, FinishEvent, SamplingParams, Sequence, TokenEvent
+from tests.engine.batching_helpers import RunningEngine, collect
 
 NEW = 12
 CHUNK = 256  # the engine's default prefill chunk
@@ -21,18 +20,7 @@ def agent_prompt(tokenizer, rules: int) -> list[int]:
 
 
 def greedy_with_logprobs(engine: RunningEngine, prompt: list[int], max_tokens: int):
-    seq = Sequence(list(prompt), SamplingParams(max_tokens, temperature=0, num_top_logprobs=0),
-                   NullDecoder())
-    engine.engine.submit(seq)
-    out = []
-    while True:
-        event = seq.events.get(timeout=300)
-        if isinstance(event, ErrorEvent):
-            raise event.error
-        if isinstance(event, TokenEvent):
-            out.append((event.token_id, event.logprob.logprob))
-        if isinstance(event, FinishEvent):
-            return out
+    return collect(engine.submit(prompt, max_tokens, num_top_logprobs=0), logprobs=True)
 
 
 def earlier_requests(prompt: list[int]) -> dict[str, list[list[int]]]:

@@ -4,9 +4,8 @@ alone and batched, on both decode GEMVs; drafts are made and accepted where the 
 the drafter and the draft length behave as documented."""
 import pytest
 
-from tests.engine.batching_helpers import NullDecoder, RunningEngine
+from tests.engine.batching_helpers import RunningEngine, collect as collect_ids
 from engined.engine import speculate
-from engined.engine.sequence import ErrorEvent, FinishEvent, SamplingParams, Sequence, TokenEvent
 
 DRAFTED = "kimi_engine_spec_draft_tokens_total"
 ACCEPTED = "kimi_engine_spec_accepted_tokens_total"
@@ -22,22 +21,11 @@ def edit_prompt(tokenizer) -> list[int]:
 
 
 def run(engine, prompt, max_tokens, **params):
-    seq = Sequence(list(prompt), SamplingParams(max_tokens, num_top_logprobs=0, **params),
-                   NullDecoder())
-    engine.engine.submit(seq)
-    return seq
+    return engine.submit(prompt, max_tokens, num_top_logprobs=0, **params)
 
 
 def collect(seq):
-    out = []
-    while True:
-        event = seq.events.get(timeout=300)
-        if isinstance(event, ErrorEvent):
-            raise event.error
-        if isinstance(event, TokenEvent):
-            out.append((event.token_id, event.logprob.logprob))
-        if isinstance(event, FinishEvent):
-            return out
+    return collect_ids(seq, logprobs=True)
 
 
 def both_ways(model, requests: list[tuple[list[int], int, dict]]):

@@ -1,11 +1,10 @@
 """Fixtures of the grammar tests: the default model's text side, and the model served in process."""
-import os
 
 import pytest
 
 from engined.chat import load_text
 from engined.grammar.compile import Compiler
-from engined.weights import loader
+from tests.support.engine import load_default_model
 from engined.weights.default_model import default_gguf_path
 
 
@@ -24,10 +23,7 @@ def compiler(smol_text):
 @pytest.fixture(scope="package")
 def smol(tmp_path_factory):
     """The default model (SmolLM2 repacked to INT4), loaded once for tests/grammar/."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        mp.delenv("CACHE_DIRECTORY", raising=False)
-        return loader.load_model("default", threads=min(2, os.cpu_count() or 1), progress=False)
+    return load_default_model(tmp_path_factory)
 
 
 @pytest.fixture(scope="package")

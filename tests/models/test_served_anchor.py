@@ -9,35 +9,25 @@ perplexity within bench/quality.py's gate of HF's and agree with HF's top-1 at l
 as the gate asks; every recorded quality run holds the gate with room (+0.13..+0.49%,
 96.2..97.0%), so these are the gate's own bounds, not loosened ones."""
 import hashlib
-import importlib.util
 import math
-import os
-import pathlib
 
 import pytest
 import torch
 
 from engined.engine.loop import PREFILL_CHUNK
-from engined.weights import loader
+from tests.support import bench
+from tests.support.engine import load_default_model
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 PREFILL_TOKENS, DECODE_TOKENS = 1024, 1024
 
 
 def quality_gate():
-    """bench/quality.py, loaded by path (bench/ on sys.path would shadow packages)."""
-    spec = importlib.util.spec_from_file_location("bench_quality", BENCH / "quality.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.load("quality")
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        mp.delenv("CACHE_DIRECTORY", raising=False)
-        return loader.load_model("default", threads=min(2, os.cpu_count() or 1), progress=False)
+    return load_default_model(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -285,3 +285,15 @@ class InProcessEngine:
         self.engine.stop()
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def load_default_model(tmp_path_factory):
+    """The default model (SmolLM2 repacked to INT4) as serve loads it, repacked into a private
+    cache: what a test package's model fixture returns."""
+    import pytest
+
+    from engined.weights import loader
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        mp.delenv("CACHE_DIRECTORY", raising=False)
+        return loader.load_model("default", threads=min(2, os.cpu_count() or 1), progress=False)

@@ -53,12 +53,18 @@ def _launch(x, token, offsets, a, b, out_rows: int, gather: bool):
     return y
 
 
-def moe_grouped(x, w1, w3, w2, experts, weights, out=None) -> torch.Tensor:
+def check_triton_inputs(x, w1, w3, w2, experts, weights):
+    """check_inputs, and the three stacks packed as the Triton kernels read them, in one
+    code order (this variant and triton_dot.py)."""
     check_inputs(x, w1, w3, w2, experts, weights)
     for w in (w1, w3, w2):
         check_packed(w, "moe_grouped")
     if len({w.gpu_order for w in (w1, w3, w2)}) != 1:
         raise ValueError("moe_grouped: w1, w3 and w2 must share one code order")
+
+
+def moe_grouped(x, w1, w3, w2, experts, weights, out=None) -> torch.Tensor:
+    check_triton_inputs(x, w1, w3, w2, experts, weights)
     x = x.to(torch.float32).contiguous()
     routes = sort_routes(experts, w1.num_experts)
     r = routes.token.numel()

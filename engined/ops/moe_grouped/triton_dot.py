@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engined.ops.moe_grouped.routes import check_inputs, combine, sort_routes
-from engined.ops.w4a16_gemv.triton import (FLOAT_2_23, MANTISSA_BIAS, NIBBLE_MASK, check_packed,
+from engined.ops.moe_grouped.routes import combine, sort_routes
+from engined.ops.moe_grouped.triton import check_triton_inputs
+from engined.ops.w4a16_gemv.triton import (FLOAT_2_23, MANTISSA_BIAS, NIBBLE_MASK,
                                            code_words, int4_tile, mins_arg, triton_interpreted)
 
 
@@ -131,11 +132,7 @@ def _launch(x, token, offsets, a, b, out_rows: int, gather: bool, model_dtype: t
 
 
 def moe_grouped(x, w1, w3, w2, experts, weights, out=None) -> torch.Tensor:
-    check_inputs(x, w1, w3, w2, experts, weights)
-    for w in (w1, w3, w2):
-        check_packed(w, "moe_grouped")
-    if len({w.gpu_order for w in (w1, w3, w2)}) != 1:
-        raise ValueError("moe_grouped: w1, w3 and w2 must share one code order")
+    check_triton_inputs(x, w1, w3, w2, experts, weights)
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"moe_grouped: x must be fp32, bf16 or fp16, got {x.dtype}")
     x = x.contiguous()
