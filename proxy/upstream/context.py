@@ -11,7 +11,8 @@
 A prompt has fewer tokens than its body has bytes, plus the few its template adds: a request
 whose body and max_tokens fit the context with that margin is sent as it is, with no added
 round trip. Only a request that might not fit is counted: a prompt that cannot fit is
-answered with the overflow error before it is sent, and a max_tokens that cannot fit is
+answered with the overflow error before it is sent (in OpenAI's words, which clients and
+LiteLLM match), and a max_tokens that cannot fit is
 lowered to the room left.
 """
 from __future__ import annotations
@@ -76,7 +77,8 @@ def fit(upstream, payload: dict, body_bytes: int, context: int | None) -> dict:
     if count is None:
         return payload
     if count >= context:  # the upstream needs room for one token at least
-        err = context_too_long(f"the prompt is {count} tokens and does not fit", count, context)
+        err = context_too_long(f"This model's maximum context length is {context} tokens. However, "
+                               f"your messages resulted in {count} tokens", count, context)
         raise mark_turn(err, payload["messages"])
     room = context - count
     if key is None or asked <= room:

@@ -70,9 +70,10 @@ def is_overflow(status: int, error: dict, detail: str) -> bool:
 
 
 def context_too_long(message: str, tokens: int | None, maximum: int | None) -> ContextTooLong:
-    """The overflow error, with what to serve instead."""
-    return ContextTooLong(f"{message} (this model's context is {maximum or 'only a few thousand'} "
-                          f"tokens; {LARGER_CONTEXT_HINT})", tokens=tokens, maximum=maximum)
+    """The overflow error, with what to serve instead (and the context, unless it is named)."""
+    named = "" if maximum and f"maximum context length is {maximum} tokens" in message else \
+        f"this model's context is {maximum or 'only a few thousand'} tokens; "
+    return ContextTooLong(f"{message} ({named}{LARGER_CONTEXT_HINT})", tokens=tokens, maximum=maximum)
 
 
 def mark_turn(err: ProxyError, messages) -> ProxyError:

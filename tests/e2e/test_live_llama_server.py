@@ -129,7 +129,8 @@ def test_an_overflow_is_each_dialects_own_error(proxy_url):
     with pytest.raises(anthropic.BadRequestError) as first:  # a first turn cannot compact
         anthropic_client(proxy_url).messages.create(
             model="kimi-local", max_tokens=16, messages=[{"role": "user", "content": LONG}])
-    assert "does not fit" in str(first.value) and f"context is {CONTEXT} tokens" in str(first.value)
+    assert f"maximum context length is {CONTEXT} tokens" in str(first.value)
+    assert "Kimi-Linear" in str(first.value)
     with pytest.raises(anthropic.BadRequestError) as later:  # Claude Code compacts on this
         anthropic_client(proxy_url).messages.create(
             model="kimi-local", max_tokens=16, messages=[

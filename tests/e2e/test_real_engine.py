@@ -2,8 +2,9 @@
 
 aider, Cline and opencode (Chat Completions) send prompts that fit SmolLM2-135M's 8k context
 (measured: aider 670 tokens, Cline 5,686, opencode 586 + 7,723): each must print what the engine
-answered. Codex (~9.1k tokens) and Claude Code (~29k) do not fit: they must be told so, with
-OpenAI's `context_length_exceeded` code kept through the proxy and a hint at what to serve.
+answered. Codex (~9.1k tokens) and Claude Code (~29k) do not fit: the proxy counts their prompt and
+refuses it before it is sent, in OpenAI's words with the `context_length_exceeded` code and a
+hint at what to serve.
 
 Slow on CPU: the engine loads in 5-30 s and prefills opencode's 7.7k-token prompt in minutes
 on two busy cores, hence the long timeouts.
@@ -17,6 +18,7 @@ from tests.e2e.harness import EngineRun, normalised, printed_text, run_client, u
 # below MIN_WORDS). Asked for a sentence, it answered 11-28 words under every SIMD cap.
 PROMPT = "Say hello in a full sentence."
 CHAT = "POST /v1/chat/completions"
+TOKENIZE = "POST /tokenize"
 # opencode-chat's title request is capped at side-max-tokens by the proxy: uncapped, it could
 # fill the 8k cache so that the 7.7k-token agent turn timed out in the queue.
 TEXT_CLIENTS = ["aider", "cline", "opencode-chat"]
@@ -27,8 +29,15 @@ MIN_WORDS = 2          # an answer shorter than this proves nothing
 COMPARED_WORDS = 30    # clients may cut a long answer short; the first words must be there
 
 
-def chat_lines(engine: EngineRun) -> list[dict]:
-    return [r for r in engine.engine_requests() if r["route"] == CHAT]
+def chat_lines(engine: EngineRun, route: str = CHAT) -> list[dict]:
+    return [r for r in engine.engine_requests() if r["route"] == route]
+
+
+def refused_before_sent(engine: EngineRun) -> bool:
+    """The proxy counted the prompt (the engine refuses to count past its context) and answered
+    the overflow itself: the turn never reached the chat route."""
+    counted = [r["status"] for r in chat_lines(engine, TOKENIZE)]
+    return chat_lines(engine) == [] and counted == ["400"]
 
 
 @pytest.mark.parametrize("client", TEXT_CLIENTS)
@@ -55,7 +64,7 @@ def test_codex_is_told_its_prompt_does_not_fit(tmp_path):
     run = run_client("codex", PROMPT, engine.server_cmd(), tmp_path, wait_s=ENGINE_WAIT_S)
     context = run.context() + "\n" + engine.logs()
     assert run.returncode != 0, context
-    assert [r["status"] for r in chat_lines(engine)] == ["400"], context
+    assert refused_before_sent(engine), context
     assert "ran out of room in the model's context window" in run.stdout, context
 
 
@@ -67,7 +76,7 @@ def test_claude_code_is_told_what_to_serve_instead(tmp_path):
     run = run_client("claude", PROMPT, engine.server_cmd(), tmp_path, wait_s=ENGINE_WAIT_S)
     context = run.context() + "\n" + engine.logs()
     assert run.returncode != 0, context
-    assert [r["status"] for r in chat_lines(engine)] == ["400"], context
+    assert refused_before_sent(engine), context
     printed = printed_text(run.stdout)
     assert "API Error: 400" in printed and "maximum context length is 8192" in printed, context
     assert "Kimi-Linear" in printed and "--max-context 65536" in printed, context
