@@ -61,6 +61,19 @@ def pytest_deselected(items):
                 _DESELECTED[marker] = _DESELECTED.get(marker, 0) + 1
 
 
+def pytest_sessionfinish(session):
+    """An xdist worker hands its count to the controller, which prints the summary."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["deselected"] = dict(_DESELECTED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller collects nothing itself: each worker deselects the same tests."""
+    for marker, count in getattr(node, "workeroutput", {}).get("deselected", {}).items():
+        _DESELECTED[marker] = max(_DESELECTED.get(marker, 0), count)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Say what the marker filter left out, and how to run it."""
     how = {"gpu": "needs a CUDA device", "realclient": "make test-clients",
