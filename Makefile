@@ -73,7 +73,7 @@ llama-native: setup
 bench: llama-native
 	@$(PY) bench/decode.py
 	@$(PY) bench/edit_turns.py
-	@$(PY) bench/kernels.py
+	@$(PY) bench/int4_kernels.py
 	@$(PY) bench/proxy_overhead.py
 	@$(PY) bench/agent_turns.py
 

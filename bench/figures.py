@@ -174,7 +174,7 @@ def plan(results: list[Result]) -> tuple[list[dict], list[str]]:
     kernel_kinds = sorted({r.kind for r in results if KERNEL_KINDS.match(r.kind)})
     charts += [kernels_chart(of(kind)[-1]) for kind in kernel_kinds]
     if not kernel_kinds:
-        skipped.append("kernel GB/s: no gemv-*.json or kernels*.json (bench/kernels.py)")
+        skipped.append("kernel GB/s: no gemv-*.json or kernels*.json (bench/int4_kernels.py)")
     if runs := of("proxy_overhead"):
         charts.append(proxy_chart(runs[-1]))
     else:

@@ -22,7 +22,7 @@
 #                   decode step under torch.profiler, as a graph replay and as an eager
 #                   model.decode_rows: kernels per step, GPU-busy vs wall ms, the top 15
 #                   kernels. quick.json and quick.txt are written as each phase ends.
-#   kernels  150 s  bench/kernels.py (every cuda variant of the INT4 GEMV ops at Kimi-Linear
+#   kernels  150 s  bench/int4_kernels.py (every cuda variant of the INT4 GEMV ops at Kimi-Linear
 #                   shapes, both INT4 schemes, timed by CUDA-graph replay, GB/s against the
 #                   device's measured copy bandwidth; 45 s); the gpu-marked tests
 #                   (tests/ops/test_gpu.py, all 26, the served-step graph test first; 95 s:
@@ -84,7 +84,7 @@
 # remade after each section.
 #
 # --dry-run: the same sections on the CPU, no GPU needed: gpu_quick.py --dry-run (synthetic
-# tiny, its aten ops profiled); kernels.py's CPU variants with an 8 MiB working set; the
+# tiny, its aten ops profiled); int4_kernels.py's CPU variants with an 8 MiB working set; the
 # gpu-marked tests collected, not run; synthetic:small served with 1 and 2 streams of 16
 # tokens and a 256-token prefill; offload's placements --cpu-moe and --n-cpu-moe 1 (on the
 # CPU --gpu-memory is ignored) served with 8 tokens and a 256-token prefill, a 64 MiB probe.
@@ -146,9 +146,9 @@ section_quick() {
 
 section_kernels() {
   if [ "$DRY" = 1 ]; then
-    step 90 "$PY" bench/kernels.py --device cpu --no-record --working-set-mib 8 --min-time 0.02
+    step 90 "$PY" bench/int4_kernels.py --device cpu --no-record --working-set-mib 8 --min-time 0.02
   else
-    step 45 "$PY" bench/kernels.py --device cuda
+    step 45 "$PY" bench/int4_kernels.py --device cuda
     gemv=$(ls -t bench/results/gemv-cuda-*.json 2>/dev/null | head -n 1)
     [ -z "$gemv" ] || cp "$gemv" "$OUT/kernels-gemv.json"
   fi

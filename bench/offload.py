@@ -19,7 +19,7 @@ DIR/offload-NAME-engine.log.
 RAM-bandwidth cap of a placement = host read bandwidth / routed-expert bytes the CPU reads
 per decoded token: for each MoE layer in RAM, top_k/E of its w1/w3/w2 banks (INT4 codes and
 scales; weights/placement.model_parts of the model planned on the meta device). Bandwidth:
-the C helper's read_probe on --threads pool threads (bench/kernels.py's probe, median of 7)
+the C helper's read_probe on --threads pool threads (bench/int4_kernels.py's probe, median of 7)
 over --probe-mib, measured before any engine starts. Goals on the GPU machine: --cpu-moe
 decode >= 50% of its cap; --gpu-memory 24GiB decode >= 2x the --cpu-moe figure, with peak
 device memory <= 24 GiB. Results go to DIR/offload.json after each phase (a section killed
@@ -79,12 +79,12 @@ def helper_missing() -> str | None:
 
 
 def ram_read_bandwidth(threads: int, mib: int) -> float:
-    """Host read bandwidth, bytes/s: bench/kernels.py's probe on `threads` pool threads."""
-    import kernels
+    """Host read bandwidth, bytes/s: bench/int4_kernels.py's probe on `threads` pool threads."""
+    import int4_kernels
     from engined.ops.w4a16_gemv import cpu_c
 
     cpu_c.set_num_threads(threads)
-    return kernels.probe_bandwidth(mib << 20, 0) * 1e9
+    return int4_kernels.probe_bandwidth(mib << 20, 0) * 1e9
 
 
 def routed_bytes_per_token(spec: str) -> list[int]:

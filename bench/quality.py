@@ -102,8 +102,8 @@ def table(rows: list[dict], holds: bool) -> list[str]:
 
 
 def record_run(args, loaded, tokens, rows: list[dict], holds: bool):
-    """bench/ goes on sys.path only here: there bench/kernels.py shadows the `kernels` package
-    (the tests import this file)."""
+    """bench/ goes on sys.path only here, once the model ran (the tests import this file, and
+    a bench module there must not shadow a package transformers imports)."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     from common import record
 

@@ -17,7 +17,7 @@ import sys
 try:  # run as a script, or imported by a bench script: bench/ is on sys.path
     from figures import BENCH, Result, load_results
 except ImportError:  # loaded by path (the tests): figures.py beside it, by path too, so that
-    #                  bench/ never goes on sys.path (bench/kernels.py would shadow a package)
+    #                  bench/ never goes on sys.path (a module there can shadow a package)
     import importlib.util
     _spec = importlib.util.spec_from_file_location(
         "bench_figures", pathlib.Path(__file__).resolve().with_name("figures.py"))
@@ -105,21 +105,26 @@ def ratio(engine: float, other: dict | None, key: str, digits: int) -> str:
     return f"{other[key]:.{digits}f} ({engine / other[key]:.2f}x)" if other else "not measured"
 
 
+CEILING = {"decode_tok_s": "tg_tok_s", "prefill_tok_s": "pp_tok_s"}  # llama-bench's name for each
+
+
 def readme_rows(r: Result, what: str, key: str, digits: int, first: bool) -> str:
-    e = r.data["engine"]
+    e, server = r.data["engine"], r.data.get("llama-server")
+    bench = (server or {}).get("llama_bench") or {}
+    ceiling = {key: bench[CEILING[key]]} if CEILING[key] in bench else None
     where = f" {r.hardware}, {r.data.get('date') or r.date}, {commit_of(r)}" if first else ""
-    return (f"|{where} | {what} | {e[key]:.{digits}f} tok/s | "
-            f"{ratio(e[key], r.data.get('llamacpp'), key, digits)} | "
-            f"{ratio(e[key], r.data.get('llamacpp-server'), key, digits)} |")
+    return (f"|{where} | {what} | {e[key]:.{digits}f} tok/s | {ratio(e[key], server, key, digits)} | "
+            f"{ratio(e[key], ceiling, key, digits)} |")
 
 
 def readme_table(results: list[Result]) -> list[str]:
-    """The newest decode (decode and prefill rows) and decode_context records, engine beside
-    llama.cpp in-process and llama_cpp.server from the same run."""
-    newest = newest_by_kind(results)
-    lines = ["| machine, date, commit | what | kimi-local, over its socket | "
-             "llama.cpp in-process, same run | llama.cpp's `llama_cpp.server`, same run |",
-             "|---|---|---:|---:|---:|"]
+    """The newest decode (decode and prefill rows) and decode_context records that ran native
+    llama.cpp: the engine beside llama-server (served against served) and llama-bench (its
+    kernels without HTTP) from the same run. Older records measured llama-cpp-python's
+    binding and Python server instead: RESULTS.md keeps them."""
+    newest = newest_by_kind([r for r in results if r.data.get("llama-server")])
+    lines = ["| machine, date, commit | what | kimi-local, over its socket | native `llama-server`, "
+             "same run | `llama-bench` (no HTTP), same run |", "|---|---|---:|---:|---:|"]
     if "decode" in newest:
         r = newest["decode"][0]
         lines += [readme_rows(r, f"decode, {r.data.get('new_tokens', 64)} tokens",
@@ -132,7 +137,8 @@ def readme_table(results: list[Result]) -> list[str]:
                                  f"(`--context {r.data.get('context', 4000)}`)", "decode_tok_s", 1, True))
     names = ", ".join(f"`bench/results/{newest[k][0].path.name}`" for k in ("decode", "decode_context")
                       if k in newest)
-    return lines + ["", f"*From {names}; every table: `bench/RESULTS.md`.*"]
+    source = f"From {names}; every" if names else "No run with native llama.cpp yet; every"
+    return lines + ["", f"*{source} table: `bench/RESULTS.md`.*"]
 
 
 def with_readme_table(readme: str, table: list[str]) -> str:

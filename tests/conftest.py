@@ -11,9 +11,9 @@ SHARED = ROOT.parent / "shared"
 
 
 def pytest_collection_finish(session):
-    """No test module may leave bench/ on sys.path: bench/kernels.py would then shadow the
-    `kernels` package transformers imports, failing unrelated tests later in the session
-    (tests/support/bench.py loads bench scripts by path)."""
+    """No test module may leave bench/ on sys.path: a module there can shadow a package a
+    library imports (bench/kernels.py hid transformers' `kernels` until it was renamed),
+    failing unrelated tests later in the session (tests/support/bench.py loads by path)."""
     bench = str(ROOT / "bench")
     if any(str(pathlib.Path(p).resolve()) == bench for p in sys.path if p):
         raise pytest.UsageError("bench/ is on sys.path after collection: load bench scripts "

@@ -80,19 +80,30 @@ def test_each_benchmark_shows_its_newest_record_and_counts_the_older(tmp_path):
     assert "rows" not in proxy_part.split("- record:")[1]
 
 
-def test_readme_table_is_the_newest_decode_runs_beside_llama_cpp(tmp_path):
+def test_readme_table_is_the_newest_native_runs_beside_llama_server_and_llama_bench(tmp_path):
+    native = {"decode_tok_s": 100.0, "prefill_tok_s": 300.0,
+              "llama_bench": {"tg_tok_s": 120.0, "pp_tok_s": 400.0}}
     results = write(tmp_path, {
-        "decode-2026-12-03.json": decode(99.0, 10.0, 10.0),
-        "decode-2026-12-04.json": decode(150.0, 100.0, None, commit="ccc3333"),
-        "decode_context-2026-12-04.json": decode(60.0, 40.0, 30.0, context=4000)})
+        "decode-2026-12-02.json": {**decode(99.0, 10.0, 10.0), "llama-server": native},
+        "decode-2026-12-03.json": {**decode(150.0, 50.0, None), "llama-server": native,
+                                   "commit": "ccc3333"},
+        "decode-2026-12-04.json": decode(200.0, 100.0, 100.0),  # no native run: not in the README
+        "decode_context-2026-12-04.json": {**decode(60.0, 40.0, 30.0, context=4000),
+                                           "llama-server": {"decode_tok_s": 40.0, "prefill_tok_s": 1.0}}})
     table = results_md.readme_table(results)
-    assert table[2] == ("| AMD EPYC, 2 cores, 24 GiB, 2026-12-04, ccc3333 | decode, 64 tokens | "
-                        "150.0 tok/s | 100.0 (1.50x) | not measured |")
-    assert table[3] == "| | prefill, 512 tokens | 600 tok/s | 200 (3.00x) | not measured |"
+    assert "native `llama-server`" in table[0] and "`llama-bench`" in table[0]
+    assert table[2] == ("| AMD EPYC, 2 cores, 24 GiB, 2026-12-03, ccc3333 | decode, 64 tokens | "
+                        "150.0 tok/s | 100.0 (1.50x) | 120.0 (1.25x) |")
+    assert table[3] == "| | prefill, 512 tokens | 600 tok/s | 300 (2.00x) | 400 (1.50x) |"
     assert table[4] == ("| AMD EPYC, 2 cores, 24 GiB, 2026-12-04, not recorded | decode after a "
                         "4,000-token prompt (`--context 4000`) | 60.0 tok/s | 40.0 (1.50x) | "
-                        "30.0 (2.00x) |")
-    assert "decode-2026-12-04.json" in table[-1] and "decode_context-2026-12-04.json" in table[-1]
+                        "not measured |")
+    assert "decode-2026-12-03.json" in table[-1] and "decode_context-2026-12-04.json" in table[-1]
+
+
+def test_readme_table_without_a_native_run_says_so(tmp_path):
+    table = results_md.readme_table(write(tmp_path, {"decode-2026-12-04.json": decode(200.0, 1.0, 1.0)}))
+    assert table[2:] == ["", "*No run with native llama.cpp yet; every table: `bench/RESULTS.md`.*"]
 
 
 def test_only_the_region_between_the_readme_markers_is_replaced():

@@ -23,7 +23,7 @@ IMPORT_ONLY = sorted(p.name for p in BENCH.glob("*.py") if p.name not in SCRIPTS
 
 
 def test_every_bench_script_is_either_run_or_imported():
-    assert set(SCRIPTS_WITH_HELP) >= {"decode.py", "kernels.py", "proxy_overhead.py",
+    assert set(SCRIPTS_WITH_HELP) >= {"decode.py", "int4_kernels.py", "proxy_overhead.py",
                                       "agent_turns.py", "model_step.py", "edit_turns.py"}
     assert set(IMPORT_ONLY) == {"common.py", "kernel_count.py", "llamacpp_run.py", "served.py",
                                 "llamacpp_native.py", "structured_set.py"}
@@ -175,8 +175,7 @@ def test_offload_placements_join_flags_and_judge_the_expert_cache(monkeypatch):
 
 def bench_module(name: str, monkeypatch):
     """bench/NAME.py imported. The scripts put bench/ first on sys.path, where
-    bench/kernels.py would shadow the `kernels` package transformers probes for in later
-    tests: undone after the test."""
+    a module there can shadow a package that later tests import: undone after the test."""
     monkeypatch.setattr(sys, "path", list(sys.path))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)

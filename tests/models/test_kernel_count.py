@@ -13,7 +13,7 @@ import torch.nn.functional as F  # noqa: E402
 from tests.blackbox.service_helpers import ROOT  # noqa: E402
 from tests.ops.helpers import interpreter_ready, run_fresh  # noqa: E402
 
-# loaded by path: bench/ on sys.path would shadow packages (bench/kernels.py, `kernels`)
+# loaded by path: bench/ on sys.path would shadow packages (as bench/kernels.py once hid `kernels`)
 _spec = importlib.util.spec_from_file_location("kernel_count", ROOT / "bench" / "kernel_count.py")
 kernel_count = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(kernel_count)

@@ -1,6 +1,6 @@
-"""bench/ scripts loaded by path, never by putting bench/ on sys.path: there bench/kernels.py
-shadows the `kernels` package that transformers imports (and every later test in the
-session would see it)."""
+"""bench/ scripts loaded by path, never by putting bench/ on sys.path: a module there can
+shadow a package that a library imports (bench/kernels.py, since renamed int4_kernels.py, hid
+the `kernels` package transformers imports), and every later test in the session would see it."""
 import importlib.util
 import pathlib
 import sys

@@ -16,8 +16,8 @@ On CUDA the calls of a measurement are recorded in one CUDA graph and replayed, 
 CUDA events (no launch or Python overhead, as the engine's decode step runs them), at the
 Kimi-Linear shapes; every variant registered for the device is measured, a new one included.
 
-    .venv/bin/python bench/kernels.py [--threads 2] [--working-set-mib 1024] [--no-record]
-    python bench/kernels.py --device cuda      # the Triton variants, on a GPU machine
+    .venv/bin/python bench/int4_kernels.py [--threads 2] [--working-set-mib 1024] [--no-record]
+    python bench/int4_kernels.py --device cuda      # the Triton variants, on a GPU machine
 
 The host may be shared: on the CPU each shape's rows sit next to a fresh probe and the
 1-minute load average, so a busy neighbour shows in the table instead of hiding in it.
@@ -303,7 +303,7 @@ def main():
               + "\n  ".join(LOOP_TIMED))
     if args.no_record:
         return
-    command = "python bench/kernels.py " + " ".join(sys.argv[1:])
+    command = "python bench/int4_kernels.py " + " ".join(sys.argv[1:])
     where = hardware() if DEVICE == "cpu" else torch.cuda.get_device_name()
     probe = (f"the C helper's read_probe over {args.working_set_mib} MiB (median of {PROBE_PASSES}"
              f" passes) before each shape" if DEVICE == "cpu" else
@@ -315,7 +315,7 @@ def main():
                          for r in rows if "tok_s" in r) + "."]
     if DEVICE == "cpu":
         notes.append("GPU: not run (no GPU in this session); on a GPU machine: "
-                     "`python bench/kernels.py --device cuda`.")
+                     "`python bench/int4_kernels.py --device cuda`.")
     path = record(f"gemv-{DEVICE}", dict(hardware=where, command=command, device=DEVICE,
                                           threads=args.threads, loop_timed=LOOP_TIMED, rows=rows),
                   f"INT4 GEMV on {DEVICE} ({where}), M=1, {args.threads} threads", command,
