@@ -88,14 +88,20 @@ def write_json(name: str, payload: dict, folder: pathlib.Path | None = None) -> 
     return out
 
 
+OUTPUTS = (":(top,exclude)bench/results", ":(top,exclude)bench/RESULTS.md", ":(top,exclude)README.md")
+
+
 def commit() -> str:
-    """The code measured: HEAD's short hash, "+ changes" when tracked files differ from it."""
+    """The code measured: HEAD's short hash, "+ changes" when tracked files differ from it
+    (the records and the tables generated from them are not code: a run after another,
+    uncommitted between them, measured HEAD all the same)."""
     def git(*args) -> str:
         done = subprocess.run(["git", *args], cwd=BENCH, capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else ""
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + (" + changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *OUTPUTS)
+    return head + (" + changes" if changed else "")
 
 
 def record_line(path: str, lines: list[str], command: str):

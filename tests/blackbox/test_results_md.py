@@ -134,3 +134,29 @@ def test_a_gpu_scripts_record_line_joins_its_summary(tmp_path):
     assert out.read_text().splitlines() == [
         f"- {day} served 1.0 tok/s: 1 stream 1.0; 8 streams 2.0 (`python s.py`)",
         f"- {day} decode 5.0 tok/s (`python bench/gpu_quick.py`)"]
+
+
+def test_the_commit_ignores_records_and_generated_tables_but_not_code(tmp_path):
+    """A second run, its first one's records not yet committed, measured HEAD all the same."""
+    import shutil
+    import subprocess
+    repo = tmp_path / "repo"
+    (repo / "bench" / "results").mkdir(parents=True)
+    shutil.copy(BENCH / "common.py", repo / "bench" / "common.py")
+    for name in ("README.md", "bench/RESULTS.md", "bench/results/decode-1.json", "bench/decode.py"):
+        (repo / name).write_text("before\n")
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                       check=True, capture_output=True)
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    spec = importlib.util.spec_from_file_location("bench_common_copy", repo / "bench" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    for name in ("README.md", "bench/RESULTS.md", "bench/results/decode-1.json"):
+        (repo / name).write_text("after\n")
+    assert not common.commit().endswith("+ changes")
+    (repo / "bench" / "decode.py").write_text("after\n")
+    assert common.commit().endswith(" + changes")
