@@ -7,6 +7,7 @@ dialect only; other dialects keep detecting.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from proxy.clients import detect, presets
@@ -16,17 +17,12 @@ PRESET_DIALECT = {"anthropic": presets.ANTHROPIC, "openai_chat": presets.CHAT,
 
 
 @dataclass(frozen=True)
-class Policy:
+class Policy(presets.Defaults):
     preset: str
     dialect: str                 # anthropic | openai_chat | openai_responses
     reasoning: str               # thinking_blocks|responses_item|reasoning_content|inline_tags|strip
     tool_parser: str             # a proxy.toolcalls registry name
-    max_tokens: int | None = None
-    temperature: float | None = None
     effort: str | None = None
-    ping_interval_s: float | None = None
-    small_model: str | None = None
-    passthrough_model: str | None = None
     models: tuple[str, ...] = ()
     client: str = ""
     reason: str = "route fallback"
@@ -39,9 +35,8 @@ def resolve(config, dialect: str, path: str, headers, body) -> Policy:
     if preset.dialect != PRESET_DIALECT[dialect]:  # a path outside the three dialect routes
         preset = presets.fallback_preset(PRESET_DIALECT[dialect])
     parser = config.get("TOOL_PARSER") or "auto"
+    defaults = {f.name: getattr(preset, f.name) for f in dataclasses.fields(presets.Defaults)}
     return Policy(preset=preset.name, dialect=dialect, reasoning=preset.reasoning,
                   tool_parser=preset.tool_parser if parser == "auto" else parser,
-                  max_tokens=preset.max_tokens, temperature=preset.temperature,
-                  effort=preset.reasoning_effort, ping_interval_s=preset.ping_interval_s,
-                  small_model=preset.small_model, passthrough_model=preset.passthrough_model,
-                  models=preset.models, client=found.client, reason=", ".join(found.reasons))
+                  effort=preset.reasoning_effort, models=preset.models, client=found.client,
+                  reason=", ".join(found.reasons), **defaults)

@@ -38,19 +38,25 @@ _ALLOWED_POLICIES = {
 DEFAULT_TOOL_PARSER = "kimi"   # Kimi-Linear and K2 emit K2 control tokens
 
 
+@dataclass(frozen=True, kw_only=True)
+class Defaults:
+    """What a preset sets for the requests it serves; their policy (proxy/clients/policy.py)
+    carries the same fields on."""
+    max_tokens: int | None = None
+    temperature: float | None = None
+    ping_interval_s: float | None = None
+    small_model: str | None = None
+    passthrough_model: str | None = None
+
+
 @dataclass(frozen=True)
-class Preset:
+class Preset(Defaults):
     name: str
     dialect: str
     reasoning: str
     status: str = "stable"
     tool_parser: str = DEFAULT_TOOL_PARSER
-    max_tokens: int | None = None
-    temperature: float | None = None
     reasoning_effort: str | None = None
-    ping_interval_s: float | None = None
-    small_model: str | None = None
-    passthrough_model: str | None = None
     models: tuple[str, ...] = ("kimi-local",)
 
     def __post_init__(self):
