@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import llguidance as llg
 
+from engined.grammar.loop_guard import closer_bitmasks
+
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
                 "lenient": True}
 CACHE_SIZE = 256  # compiled grammars kept (a Claude Code request brings ~25 tool schemas)
@@ -75,6 +77,8 @@ class Compiler:
     def __init__(self, tokenizer, stop_token_ids=(), log=print):
         self.tokenizer = tokenizer
         self.ll = ll_tokenizer(tokenizer, stop_token_ids)
+        self.closers = closer_bitmasks([tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)],
+                                       frozenset(stop_token_ids) or {tokenizer.eos_id})
         self.log = log
         self._cache: OrderedDict[str, Compiled] = OrderedDict()
         self._lock = threading.Lock()

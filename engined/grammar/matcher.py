@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engined.grammar.loop_guard import LoopGuard
+
 if TYPE_CHECKING:  # the sampler imports this module on every image; the GPU image has
     #                neither llguidance nor numpy until a grammar is used (serve_without_gguf)
     from engined.grammar.compile import Compiled
@@ -51,8 +53,12 @@ class Trigger:
 
 class GrammarMatcher:
     def __init__(self, compiled: Compiled, ll_tokenizer, trigger: Trigger | None = None,
-                 log=print):
+                 log=print, closers: torch.Tensor | None = None):
+        """closers: loop_guard.closer_bitmasks of the tokenizer, for a JSON grammar: its
+        degenerate loops are ended (None: the masks are the grammar's alone)."""
         self.matcher = compiled.new_matcher()
+        self.guard = None if closers is None else \
+            LoopGuard(closers, lambda token: ll_tokenizer.decode_bytes([token]))
         self.ll, self.trigger, self.log = ll_tokenizer, trigger, log
         self.is_active = trigger is None
         self.is_failed = False
@@ -78,6 +84,8 @@ class GrammarMatcher:
         self._wait()
         if not self.matcher.consume_token(token_id):
             return self._fail(f"token {token_id} refused: {self.matcher.get_error()}")
+        if self.guard is not None:
+            self.guard.push(token_id)
         self._compute_next()
 
     def mask(self) -> tuple[torch.Tensor, float, bool]:
@@ -94,8 +102,10 @@ class GrammarMatcher:
     def log_fields(self) -> list[str]:
         """For the request's log line: masks applied, how many were ready, mean ms."""
         mean = self.total_mask_ms / self.num_masks if self.num_masks else 0.0
+        closing = self.guard is not None and self.guard.is_closing
         return [f"grammar_masks={self.num_masks}", f"grammar_ready={self.num_ready}",
-                f"grammar_mask_ms={mean:.2f}"] + (["grammar_failed=1"] if self.is_failed else [])
+                f"grammar_mask_ms={mean:.2f}"] + (["grammar_failed=1"] if self.is_failed else []) \
+            + ([f"grammar_loop_closed={self.guard.num_narrowed}"] if closing else [])
 
     def _watch(self, token_id: int):
         trigger = self.trigger
@@ -114,6 +124,8 @@ class GrammarMatcher:
         self.is_active = True
         if not self.matcher.consume_tokens(tokens):
             return self._fail(f"the opener was not the grammar's: {self.matcher.get_error()}")
+        for token in tokens if self.guard is not None else ():
+            self.guard.push(token)
         self._compute_next()
 
     def _fail(self, why: str):
@@ -127,6 +139,8 @@ class GrammarMatcher:
         """On the grammar thread."""
         started, row = time.perf_counter(), self.bitmask[0]
         self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+        if self.guard is not None:
+            self.guard.narrow(self.bitmask)
         self.mask_ms = (time.perf_counter() - started) * 1e3
 
     def _wait(self):

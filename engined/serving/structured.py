@@ -48,7 +48,9 @@ def request_grammar(served, constraint: Constraint | None, tools: list[dict] | N
     except GrammarError as exc:
         where = exc.path or constraint.where
         raise InvalidRequest(f"{where} does not compile: {exc.message}", param=where) from None
-    return GrammarMatcher(compiled, compiler.ll, log=served.engine.log)
+    is_json = constraint.kind == "json_schema"  # json_object too: its schema is {"type": "object"}
+    return GrammarMatcher(compiled, compiler.ll, log=served.engine.log,
+                          closers=compiler.closers if is_json else None)
 
 
 def _tool_matcher(served, tools: list[dict], forced: str, is_parallel: bool) -> GrammarMatcher:
@@ -65,4 +67,5 @@ def _tool_matcher(served, tools: list[dict], forced: str, is_parallel: bool) -> 
                 where = bad.path or where
                 raise InvalidRequest(f"{where} does not compile: {bad.message}", param=where) from None
         raise InvalidRequest(f"tools do not compile: {exc.message}", param="tools") from None
-    return GrammarMatcher(compiled, compiler.ll, trigger, log=served.engine.log)
+    return GrammarMatcher(compiled, compiler.ll, trigger, log=served.engine.log,
+                          closers=compiler.closers)
