@@ -14,7 +14,7 @@ bench/structured_set.py.
   proxy sent it before (input: any string) and as it does now (the grammar as its pattern).
 - compile ms: every tool schema of one recorded Claude Code request, cold, in this process.
 
-    .venv/bin/python bench/structured.py [--max-tokens 96] [--limit N] [--no-write]
+    .venv/bin/python bench/structured.py [--max-tokens 256] [--limit N] [--no-write]
 Writes bench/results/structured-DATE[-N].json.
 """
 import argparse
@@ -244,7 +244,9 @@ def rates_only(engine, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--max-tokens", type=int, default=256,
+                    help="per tool and schema reply (agents ask thousands; a loop is closed "
+                         "after 64 tokens of it at least)")
     ap.add_argument("--limit", type=int, default=None, help="first N prompts of each set (a quick look)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-write", action="store_true", help="print only, no bench/results JSON")
