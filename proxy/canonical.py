@@ -84,6 +84,8 @@ class ToolSpec:
     parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
     kind: str = "function"  # "function" | "custom" (freeform input, one string argument)
     namespace: str | None = None  # Responses `namespace` tools: the group it came from
+    # where the client sent this schema ("tools[3].input_schema"), to name it in an upstream error
+    source: str | None = field(default=None, compare=False)
 
 
 # ---- request ---------------------------------------------------------------------------
@@ -109,6 +111,9 @@ class Request:
     previous_response_id: str | None = None  # Responses
     store: bool | None = None                 # Responses
     dropped_tools: tuple[str, ...] = ()       # hosted tools the engine cannot run, by type
+    # (upstream field, the client's field) for fields the dialect renamed, e.g.
+    # ("response_format.json_schema.schema", "output_format.schema"): upstream errors name the client's
+    client_fields: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def replace(self, **changes) -> "Request":
         return dataclasses.replace(self, **changes)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from flask import Response, current_app, g, request
 
 from proxy import canonical as c
-from proxy import sse
+from proxy import client_fields, sse
 from proxy.clients.side_tasks import cap_side_request
 from proxy.dialects import common as d
-from proxy.errors import InvalidRequest, from_exception
+from proxy.errors import InvalidRequest, UpstreamError, from_exception
 from proxy.guards import key_owner
 from proxy.metrics import tool_type_label
 from proxy.pipeline import Options, Pipeline, chunks_from_json, one_call_at_a_time
@@ -117,13 +117,15 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     if not req.stream:
         try:
             return _json(ctx)
+        except UpstreamError as exc:  # the engine names its fields: say the client's
+            raise client_fields.rename(exc, req)
         finally:
             ctx.stop_watch()
     try:
         stream = services.upstream.open_stream(ctx.payload, ctx.headers, cancel=ctx.cancel)
-    except BaseException:  # raised before any byte is sent
+    except BaseException as exc:  # raised before any byte is sent
         ctx.stop_watch()
-        raise
+        raise client_fields.rename(exc, req) if isinstance(exc, UpstreamError) else exc
     return Response(_encoded(ctx, stream, _frames(ctx, stream)),
                     headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
                              "X-Accel-Buffering": "no", "X-Kimi-Preset": policy.preset})

@@ -39,11 +39,12 @@ def parse_request(body, policy) -> c.Request:
         messages.extend(_message(m, i))
     thinking = body.get("thinking") if isinstance(body.get("thinking"), dict) else None
     enabled = None if thinking is None else thinking.get("type") != "disabled"
+    tools = [(t, _tool(t, i)) for i, t in enumerate(d.list_of_objects(body, "tools"))]
+    output_format, output_source = _output_format(body)
     return c.Request(
         model=d.opt_str(body, "model") or "", messages=tuple(messages),
-        tools=tuple(t for t in (_tool(t) for t in d.list_of_objects(body, "tools")) if t),
-        dropped_tools=tuple(str(t.get("type")) for t in d.list_of_objects(body, "tools")
-                            if _tool(t) is None),
+        tools=tuple(spec for _t, spec in tools if spec),
+        dropped_tools=tuple(str(t.get("type")) for t, spec in tools if spec is None),
         tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=_max_tokens(body),
         temperature=d.or_default(d.opt_float(body, "temperature"), policy.temperature),
@@ -54,7 +55,7 @@ def parse_request(body, policy) -> c.Request:
         is_reasoning_withheld=bool(thinking) and thinking.get("display") == "omitted",
         parallel_tool_calls=_parallel(body.get("tool_choice")),
         metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
-        passthrough=_output_format(body))
+        passthrough=output_format, client_fields=output_source)
 
 
 def _max_tokens(body: dict) -> int:
@@ -64,13 +65,16 @@ def _max_tokens(body: dict) -> int:
     return d.opt_int(body, "max_tokens")
 
 
-def _output_format(body: dict) -> dict:
-    """Structured outputs (`output_format` or `output_config.format`) -> Chat `response_format`."""
+def _output_format(body: dict) -> tuple[dict, tuple]:
+    """Structured outputs (`output_format` or `output_config.format`) -> Chat `response_format`,
+    and the field the client sent it in (an upstream error about the schema names that one)."""
     config = body.get("output_config") if isinstance(body.get("output_config"), dict) else {}
     fmt = body.get("output_format") or config.get("format")
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-        return {}
-    return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}}
+        return {}, ()
+    sent = "output_format" if body.get("output_format") else "output_config.format"
+    return ({"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}},
+            (("response_format.json_schema.schema", f"{sent}.schema"), ("response_format", sent)))
 
 
 def _effort(body: dict, thinking: dict | None) -> str | None:
@@ -174,11 +178,12 @@ def _tool_result(b: dict) -> c.ToolResult:
                         is_error=b.get("is_error") is True, images=tuple(images))
 
 
-def _tool(t: dict) -> c.ToolSpec | None:
+def _tool(t: dict, i: int) -> c.ToolSpec | None:
     if t.get("type") not in (None, "custom") or not isinstance(t.get("name"), str):
         return None  # Anthropic server tools run on Anthropic's side; the engine cannot
     schema = t.get("input_schema") if isinstance(t.get("input_schema"), dict) else None
-    return c.ToolSpec(t["name"], t.get("description") or "", schema or {"type": "object", "properties": {}})
+    return c.ToolSpec(t["name"], t.get("description") or "", schema or {"type": "object", "properties": {}},
+                      source=f"tools[{i}].input_schema")
 
 
 def _tool_choice(choice):

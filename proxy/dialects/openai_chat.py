@@ -38,7 +38,7 @@ def parse_request(body, policy) -> c.Request:
     max_tokens = d.opt_int(body, "max_completion_tokens") or d.opt_int(body, "max_tokens")
     return c.Request(
         model=d.opt_str(body, "model") or "", messages=messages,
-        tools=tuple(t for t in (_tool(t) for t in d.list_of_objects(body, "tools")) if t),
+        tools=tuple(t for t in (_tool(t, i) for i, t in enumerate(d.list_of_objects(body, "tools"))) if t),
         tool_choice=body.get("tool_choice"),
         max_tokens=max_tokens or policy.max_tokens,
         temperature=d.or_default(d.opt_float(body, "temperature"), policy.temperature),
@@ -118,12 +118,13 @@ def _image(spec, i: int) -> c.Image:
     return c.Image("image/png", url)
 
 
-def _tool(t: dict) -> c.ToolSpec | None:
+def _tool(t: dict, i: int) -> c.ToolSpec | None:
     fn = t.get("function") if isinstance(t.get("function"), dict) else t
     if not isinstance(fn.get("name"), str):
-        return None
+        return None  # left out: the tools after it move up, so `source` keeps the client's index
     params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else None
-    return c.ToolSpec(fn["name"], fn.get("description") or "", params or {"type": "object", "properties": {}})
+    return c.ToolSpec(fn["name"], fn.get("description") or "", params or {"type": "object", "properties": {}},
+                      source=f"tools[{i}].function.parameters" if fn is not t else f"tools[{i}].parameters")
 
 
 # ---- egress ----------------------------------------------------------------------------

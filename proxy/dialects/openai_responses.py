@@ -31,6 +31,8 @@ CONSUMED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_
             "stream_options", "prompt", "max_tool_calls", "conversation"}
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 ECHOED = ("tools", "tool_choice", "parallel_tool_calls", "instructions", "metadata", "previous_response_id", "store")
+# the Chat field -> the Responses one it came from, to name it in an upstream error
+FORMAT_FIELDS = (("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"))
 CUSTOM_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 
 
@@ -43,6 +45,7 @@ def parse_request(body, policy) -> c.Request:
     messages.extend(parse_input(body.get("input")))
     reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
     effort = reasoning.get("effort") if isinstance(reasoning.get("effort"), str) else None
+    response_format = _response_format(body.get("text"))
     return c.Request(
         model=d.opt_str(body, "model") or "", messages=tuple(messages),
         tools=tuple(_tools(d.list_of_objects(body, "tools"))),
@@ -57,7 +60,8 @@ def parse_request(body, policy) -> c.Request:
         thinking_enabled=False if effort == "none" else None,
         parallel_tool_calls=d.opt_bool(body, "parallel_tool_calls"),
         metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
-        passthrough={**{k: v for k, v in body.items() if k not in CONSUMED}, **_response_format(body.get("text"))},
+        passthrough={**{k: v for k, v in body.items() if k not in CONSUMED}, **response_format},
+        client_fields=FORMAT_FIELDS if response_format else (),
         previous_response_id=d.opt_str(body, "previous_response_id"),
         store=d.opt_bool(body, "store"))
 
@@ -193,12 +197,14 @@ USABLE_TOOL_TYPES = ("function", "namespace", "custom", "tool_search", None)
 
 
 def _tools(tools: list[dict]) -> list[c.ToolSpec]:
+    """Each spec's `source` is where the client sent its schema, numbered as the client did."""
     out = []
-    for t in tools:
+    for i, t in enumerate(tools):
         kind = t.get("type")
         if kind == "namespace":
-            nested = [x for x in t.get("tools") or () if isinstance(x, dict)]
-            out.extend(_function(x, namespace=str(t.get("name") or "")) for x in nested)
+            nested = [(k, x) for k, x in enumerate(t.get("tools") or ()) if isinstance(x, dict)]
+            out.extend(_function(x, f"tools[{i}].tools[{k}]", namespace=str(t.get("name") or ""))
+                       for k, x in nested)
         elif kind == "custom" and isinstance(t.get("name"), str):
             fmt = t.get("format") if isinstance(t.get("format"), dict) else {}
             desc = (t.get("description") or "") + (f"\nInput grammar ({fmt.get('syntax')}):\n{fmt['definition']}"
@@ -206,20 +212,21 @@ def _tools(tools: list[dict]) -> list[c.ToolSpec]:
             constrained = freeform.input_schema(fmt)  # the grammar as the input's pattern
             schema = ({**CUSTOM_SCHEMA, "properties": {"input": constrained}, "additionalProperties": False}
                       if constrained else CUSTOM_SCHEMA)
-            out.append(c.ToolSpec(t["name"], desc, schema, kind="custom"))
+            out.append(c.ToolSpec(t["name"], desc, schema, kind="custom", source=f"tools[{i}].format"))
         elif kind in ("function", "tool_search", None):
-            out.append(_function(t))
+            out.append(_function(t, f"tools[{i}]"))
     return [t for t in out if t is not None]
 
 
-def _function(t: dict, namespace: str | None = None) -> c.ToolSpec | None:
+def _function(t: dict, where: str, namespace: str | None = None) -> c.ToolSpec | None:
     fn = t.get("function") if isinstance(t.get("function"), dict) else t
+    where += ".function" if fn is not t else ""
     name = fn.get("name") or (t.get("type") if t.get("type") == "tool_search" else None)
     if not isinstance(name, str):
         return None
     params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else None
     return c.ToolSpec(name, fn.get("description") or "", params or {"type": "object", "properties": {}},
-                      namespace=namespace)
+                      namespace=namespace, source=f"{where}.parameters")
 
 
 def _tool_choice(choice):

@@ -115,8 +115,9 @@ def status_error(status: int, body, headers: dict | None = None,
         err = context_too_long(message, tokens, maximum or context)
         err.status = status
     else:
-        err = UpstreamError(message, status=status)
-        err.type = STATUS_ERRORS.get(status, (err.type,))[0]
+        param = error.get("param") if error is not None else None
+        err = UpstreamError(message, status=status, param=param if isinstance(param, str) else None)
+        err.type = STATUS_ERRORS.get(status, (err.type,))[0]  # param: the field it refused
     err.code = code or err.code
     if retry_after:
         err.headers = {"Retry-After": retry_after}

@@ -53,16 +53,19 @@ def test_a_bad_schema_is_a_400_in_each_dialects_shape(client):
     assert anth.status_code == 400
     body = anth.get_json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
-    assert "properties.age" in body["error"]["message"]
+    assert "output_format.schema.properties.age" in body["error"]["message"]  # the client's field
+    assert "response_format" not in body["error"]["message"]
     resp = client.post("/v1/responses", json={"model": "m", "input": ASK, "text": {"format": {
         "type": "json_schema", "name": "p", "schema": BAD}}})
     assert resp.status_code == 400
     error = resp.get_json()["error"]
-    assert error["type"] == "invalid_request_error" and "properties.age" in error["message"]
+    assert error["type"] == "invalid_request_error" and "text.format.schema.properties.age" in error["message"]
+    assert error["param"].startswith("text.format.schema.properties.age"), error
     chat = client.post("/v1/chat/completions", json={
         "model": "m", "messages": [{"role": "user", "content": ASK}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": BAD}}})
     assert chat.status_code == 400
     error = chat.get_json()["error"]
     assert error["type"] == "invalid_request_error" and "properties.age" in error["message"]
+    assert error["param"].startswith("response_format.json_schema.schema.properties.age"), error
     assert "type" not in chat.get_json()  # no Anthropic envelope on the OpenAI routes

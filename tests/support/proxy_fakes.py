@@ -37,6 +37,7 @@ class Reply:
     has_done: bool = True                           # stream: end with `data: [DONE]`
     error_code: str | None = None                   # status >= 400: the error body's `code`
     error_message: str = "scripted failure"         # status >= 400: the error body's `message`
+    error_param: str | None = None                  # status >= 400: the error body's `param`
     retry_after: str | None = None                  # status >= 400: a Retry-After header
 
     @staticmethod
@@ -195,7 +196,8 @@ def _handler_for(fake: FakeUpstream):
             reply = fake.next_reply(payload, dict(self.headers))
             model = payload.get("model", "fake")
             if reply.status >= 400:
-                error = {"message": reply.error_message, "type": "x", "code": reply.error_code}
+                error = {"message": reply.error_message, "type": "x", "param": reply.error_param,
+                         "code": reply.error_code}
                 headers = {"Retry-After": reply.retry_after} if reply.retry_after else None
                 return self._send_json(reply.status, {"error": error}, headers)
             if not payload.get("stream") or fake.is_json_only:
