@@ -20,8 +20,9 @@ import re
 BENCH = pathlib.Path(__file__).resolve().parent
 FILE_NAME = re.compile(r"^(?P<kind>.+)-(?P<date>\d{4}-\d{2}-\d{2})(?:-(?P<run>\d+))?\.json$")
 KERNEL_KINDS = re.compile(r"^(gemv|kernels)(-|$)")
-RUNTIMES = {"engine": "kimi-local", "llamacpp": "llama.cpp", "llamacpp-server": "llama_cpp.server",
-            "transformers": "transformers fp32"}
+RUNTIMES = {"engine": "kimi-local", "llama-server": "llama-server", "llamacpp": "llama.cpp",
+            "llamacpp-server": "llama_cpp.server", "transformers": "transformers fp32"}
+BASELINES = ("llama-server", "llamacpp")  # the ratios' reference: native llama-server where it ran
 COMMANDS = {"decode": "make bench (bench/decode.py)", "agent_turns": "python bench/agent_turns.py",
             "proxy_overhead": "python bench/proxy_overhead.py"}
 NOT_MEASURED = "llama.cpp not measured on this machine"
@@ -78,9 +79,11 @@ def panel(ylabel: str, groups: list[str], series: dict, labels: dict, reference=
 
 
 def decode_chart(runs: list[Result]) -> dict:
-    """Decode and prefill tok/s per runtime, each bar's ratio to llama.cpp printed on it."""
+    """Decode and prefill tok/s per runtime, each bar's ratio to llama.cpp printed on it: to
+    native llama-server (served against served) where the run measured it, else to
+    llama-cpp-python's in-process binding (earlier runs)."""
     newest = runs[-1]
-    with_llama = [r for r in runs if r.data.get("llamacpp")]
+    with_llama = [r for r in runs if any(r.data.get(b) for b in BASELINES)]
     shown = with_llama[-1] if with_llama else newest
     note = None
     if not with_llama:
@@ -88,7 +91,8 @@ def decode_chart(runs: list[Result]) -> dict:
     elif shown is not newest:
         note = (f"newest decode run ({newest.date}, {newest.hardware}): {NOT_MEASURED}; "
                 f"shown: the newest run with llama.cpp ({shown.date})")
-    ref = shown.data.get("llamacpp")
+    base = next((b for b in BASELINES if shown.data.get(b)), None)
+    ref = shown.data.get(base) if base else None
     panels = []
     for key, what in (("decode_tok_s", "decode tok/s"), ("prefill_tok_s", "prefill tok/s")):
         series, labels = {}, {}
@@ -97,7 +101,7 @@ def decode_chart(runs: list[Result]) -> dict:
                 continue
             value = numbers[key]
             series[name] = [value]
-            ratio = f"\n{value / ref[key]:.2f}x llama.cpp" if ref and runtime != "llamacpp" else ""
+            ratio = f"\n{value / ref[key]:.2f}x {RUNTIMES[base]}" if ref and runtime != base else ""
             labels[name] = [f"{value:.1f}{ratio}"]
         panels.append(panel(what, [what.split()[0]], series, labels))
     return chart("decode", "Decode and prefill: kimi-local against llama.cpp", shown, panels, note)

@@ -84,6 +84,17 @@ def test_decode_against_llamacpp_labels_each_bar_with_its_ratio(tmp_path):
     assert "decode-2026-12-02.json" in chart["footnote"] and "bench/decode.py" in chart["footnote"]
 
 
+def test_decode_ratios_are_to_native_llama_server_where_it_ran(tmp_path):
+    native = {**decode(EPYC), "llama-server": {"decode_tok_s": 60.0, "prefill_tok_s": 400.0}}
+    results = write(tmp_path, {"decode-2026-12-02.json": decode(XEON),
+                               "decode-2026-12-04.json": native})
+    decode_panel, prefill_panel = charts_by_name(results)["decode"]["panels"]
+    assert decode_panel["labels"]["kimi-local"] == ["54.0\n0.90x llama-server"]
+    assert decode_panel["labels"]["llama-server"] == ["60.0"]
+    assert decode_panel["labels"]["llama.cpp"] == ["90.0\n1.50x llama-server"]
+    assert prefill_panel["labels"]["kimi-local"] == ["680.0\n1.70x llama-server"]
+
+
 def test_decode_shows_the_newest_run_with_llamacpp_and_says_the_newest_lacks_it(tmp_path):
     results = write(tmp_path, {"decode-2026-12-02.json": decode(XEON),
                                "decode-2026-12-04.json": decode(EPYC, llamacpp=False)})
@@ -167,7 +178,8 @@ def test_the_real_newest_results_and_no_matplotlib_needed():
         if chart["name"] == "decode":
             engine = data["engine"]["decode_tok_s"]
             assert chart["panels"][0]["series"]["kimi-local"] == [engine]
-            assert name == ([r for r in runs if "llamacpp" in r.data] or runs)[-1].path.name
+            baselines = [r for r in runs if r.data.get("llama-server") or r.data.get("llamacpp")]
+            assert name == (baselines or runs)[-1].path.name
 
 
 def test_drawing_writes_png_and_pdf_the_same_each_time(tmp_path):
