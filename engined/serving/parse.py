@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engined.errors import ContextLengthExceeded, InvalidRequest
+from engined.grammar.strict import closed
 
 MAX_TOP_LOGPROBS = 20
 _NUMBER = (int, float)
@@ -178,7 +179,8 @@ def _response_format(body: dict) -> Constraint | None:
     schema = spec.get("schema", {})
     _check(isinstance(schema, (dict, bool)), "response_format.json_schema.schema",
            "must be a JSON schema object")
-    return Constraint("json_schema", schema, "response_format.json_schema.schema")
+    return Constraint("json_schema", closed(schema) if spec.get("strict") is True else schema,
+                      "response_format.json_schema.schema")
 
 
 def _structured_outputs(body: dict) -> Constraint | None:

@@ -13,6 +13,7 @@ import threading
 from engined.errors import InvalidRequest
 from engined.grammar.compile import Compiler, GrammarError
 from engined.grammar.matcher import GrammarMatcher
+from engined.grammar.strict import closed
 from engined.serving.parse import Constraint
 
 _lock = threading.Lock()
@@ -55,6 +56,7 @@ def request_grammar(served, constraint: Constraint | None, tools: list[dict] | N
 
 def _tool_matcher(served, tools: list[dict], forced: str, is_parallel: bool) -> GrammarMatcher:
     compiler = compiler_for(served)
+    tools = [_strict(tool) for tool in tools]
     source, trigger = served.chat.tool_grammar(tools, forced, is_parallel)
     try:
         compiled = compiler.lark(source)
@@ -69,3 +71,11 @@ def _tool_matcher(served, tools: list[dict], forced: str, is_parallel: bool) -> 
         raise InvalidRequest(f"tools do not compile: {exc.message}", param="tools") from None
     return GrammarMatcher(compiled, compiler.ll, trigger, log=served.engine.log,
                           closers=compiler.closers)
+
+
+def _strict(tool: dict) -> dict:
+    """A function tool with `strict: true`: its parameters' objects closed (grammar/strict.py)."""
+    function = tool.get("function") or {}
+    if function.get("strict") is not True or not isinstance(function.get("parameters"), dict):
+        return tool
+    return {**tool, "function": {**function, "parameters": closed(function["parameters"])}}
