@@ -19,14 +19,11 @@ from dataclasses import dataclass
 import llguidance as llg
 
 from engined.grammar.loop_guard import closer_bitmasks
+from engined.grammar.strict import SCHEMA_KEYS, SCHEMA_LIST_KEYS, SUBSCHEMA_KEYS
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
                 "lenient": True}
 CACHE_SIZE = 256  # compiled grammars kept (a Claude Code request brings ~25 tool schemas)
-_SUBSCHEMA_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_KEYS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-                "propertyNames")
 
 
 class GrammarError(ValueError):
@@ -153,14 +150,14 @@ def failing_path(root: dict, error_of, where: str) -> str:
 def _children(schema, path: str):
     if not isinstance(schema, dict):
         return
-    for key in _SUBSCHEMA_KEYS:
+    for key in SUBSCHEMA_KEYS:
         if isinstance(schema.get(key), dict):
             for name, child in schema[key].items():
                 yield child, f"{path}.{key}.{name}"
-    for key in _SCHEMA_LIST_KEYS:
+    for key in SCHEMA_LIST_KEYS:
         if isinstance(schema.get(key), list):
             for i, child in enumerate(schema[key]):
                 yield child, f"{path}.{key}[{i}]"
-    for key in _SCHEMA_KEYS:
+    for key in SCHEMA_KEYS:
         if isinstance(schema.get(key), dict):
             yield schema[key], f"{path}.{key}"

@@ -7,9 +7,11 @@ stands. Pure Python: parse.py imports it on every image.
 """
 from __future__ import annotations
 
-_NESTED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+# Where a JSON schema holds subschemas (compile.py's failing_path walks them too):
+SUBSCHEMA_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")          # lists of schemas
+SCHEMA_KEYS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+               "propertyNames")                                       # one schema each
 
 
 def closed(schema):
@@ -20,13 +22,13 @@ def closed(schema):
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
-    for key in _NESTED:
+    for key in SUBSCHEMA_KEYS:
         if isinstance(out.get(key), dict):
             out[key] = {name: closed(s) for name, s in out[key].items()}
-    for key in _LISTS:
+    for key in SCHEMA_LIST_KEYS:
         if isinstance(out.get(key), list):
             out[key] = closed(out[key])
-    for key in _ONE:
+    for key in SCHEMA_KEYS:
         if isinstance(out.get(key), dict):
             out[key] = closed(out[key])
     if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
