@@ -48,8 +48,8 @@ def closer_bitmasks(token_bytes: list[bytes], end_ids=()) -> torch.Tensor:
 
 
 class LoopGuard:
-    """Watches one constrained reply's tokens (push, model thread) and narrows its masks
-    (narrow, grammar thread: always after the push of the token before)."""
+    """Watches one constrained reply's tokens (push) and narrows its masks (narrow), both on
+    the grammar thread, each push before the narrow of the mask that follows it."""
 
     def __init__(self, closers: torch.Tensor, token_bytes, limit: int = LOOP_TOKENS):
         """closers: closer_bitmasks' [2, W]; token_bytes: token id -> its bytes."""

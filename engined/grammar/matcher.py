@@ -84,9 +84,7 @@ class GrammarMatcher:
         self._wait()
         if not self.matcher.consume_token(token_id):
             return self._fail(f"token {token_id} refused: {self.matcher.get_error()}")
-        if self.guard is not None:
-            self.guard.push(token_id)
-        self._compute_next()
+        self._compute_next((token_id,))
 
     def mask(self) -> tuple[torch.Tensor, float, bool]:
         """-> (bitmask [1, W] int32 on the CPU, ms its computation took, whether it was
@@ -124,19 +122,21 @@ class GrammarMatcher:
         self.is_active = True
         if not self.matcher.consume_tokens(tokens):
             return self._fail(f"the opener was not the grammar's: {self.matcher.get_error()}")
-        for token in tokens if self.guard is not None else ():
-            self.guard.push(token)
-        self._compute_next()
+        self._compute_next(tokens)
 
     def _fail(self, why: str):
         self.is_failed = True
         self.log(f"kimi-engine: grammar stops constraining this request: {why}")
 
-    def _compute_next(self):
-        self._pending = worker().submit(self._fill)
+    def _compute_next(self, consumed=()):
+        self._pending = worker().submit(self._fill, consumed)
 
-    def _fill(self):
-        """On the grammar thread."""
+    def _fill(self, consumed=()):
+        """On the grammar thread: the loop guard reads the tokens just consumed (off the
+        model thread), then the next mask is computed."""
+        if self.guard is not None:
+            for token in consumed:
+                self.guard.push(token)
         started, row = time.perf_counter(), self.bitmask[0]
         self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
         if self.guard is not None:

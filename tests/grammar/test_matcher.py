@@ -56,9 +56,9 @@ def test_the_next_mask_is_computed_on_the_grammar_thread(compiler, smol_text):
     matcher = GrammarMatcher(compiler.choice(["yes", "no"]), compiler.ll)
     threads, fill = [], matcher._fill
 
-    def spy():
+    def spy(*consumed):
         threads.append(threading.current_thread().name)
-        fill()
+        fill(*consumed)
 
     matcher.mask()
     matcher._fill = spy
