@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engined import helper
+from tests.support import graph_steps
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -15,32 +16,17 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("offload", [frozenset({2}), frozenset({1, 2, 3})], ids=["one", "all"])
 def test_the_piecewise_step_captures_and_replays_the_eager_tokens(offload):
-    from engined.commands import bench as synthetic_bench
-    from engined.engine.runner import Runner
     from engined.weights import synthetic
     model = synthetic.build(synthetic.CONFIGS["tiny"], "cuda", seed=1, offload=offload)
-    lines, metrics = [], synthetic_bench.runner_metrics()
     with torch.inference_mode():
-        prompts = [[3, 5, 7], [11, 2], [9, 9, 9, 4]]
-        graphed, eager = ([model.new_cache(32) for _ in prompts] for _ in range(2))
-        runner = Runner(model, metrics, lines.append, max_batch=4, max_context=256)
-        runner.capture()
-        assert sorted(runner.graphs) == [1, 2, 4], lines
+        run = graph_steps.prefilled(model)
+        lines = run.lines
+        assert sorted(run.runner.graphs) == [1, 2, 4], lines
         assert f"{len(offload) + 1} segments around the CPU experts" in lines[-1], lines
-        tokens = [int(model.forward(torch.tensor(p, device="cuda"), c, 0).argmax())
-                  for p, c in zip(prompts, graphed)]
-        for p, c in zip(prompts, eager):
-            model.forward(torch.tensor(p, device="cuda"), c, 0)
-        positions = [len(p) for p in prompts]
         calls = model.offload_counters.moe_calls
-        for _ in range(4):
-            got = runner.decode(tokens, graphed, positions).argmax(-1).tolist()
-            want = model.decode_batch(torch.tensor(tokens, device="cuda"), eager,
-                                      positions).argmax(-1).tolist()
-            assert got == want
-            tokens, positions = got, [p + 1 for p in positions]
+        graph_steps.step_like_eager(run, model)
     assert model.offload_counters.moe_calls - calls == 2 * 4 * len(offload)  # graph + eager
-    assert dict(metrics.decode_steps.counts) == {("graph", "4"): 4}, lines
+    assert dict(run.metrics.decode_steps.counts) == {("graph", "4"): 4}, lines
 
 
 def test_the_expert_cache_runs_hits_on_the_gpu_inside_the_captured_step():

@@ -15,6 +15,7 @@ from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 from tests.ops.decode_cases import kda_decode_case
 from tests.ops.helpers import in_gpu_order, random_int4
+from tests.support import graph_steps
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -44,24 +45,13 @@ def test_the_served_decode_step_captures_and_replays_in_a_cuda_graph():
     before capture, as the engine reserves them: one made after could move the pools, and
     the runner would drop its graphs and decode eagerly."""
     from engined.commands import bench as synthetic_bench
-    from engined.engine.runner import Runner
     model = synthetic_bench.build("tiny", "cuda", int4=True)
-    lines, metrics = [], synthetic_bench.runner_metrics()
     with torch.inference_mode():
-        prompts = [[3, 5, 7], [11, 2], [9, 9, 9, 4]]
-        graphed, eager = ([model.new_cache(32) for _ in prompts] for _ in range(2))
-        runner = Runner(model, metrics, lines.append, max_batch=4, max_context=256)
-        runner.capture()
+        run = graph_steps.prefilled(model)
+        runner, lines, metrics = run.runner, run.lines, run.metrics
         assert sorted(runner.graphs) == [1, 2, 4], lines
-        tokens = [int(model.forward(torch.tensor(p, device="cuda"), c, 0).argmax()) for p, c in zip(prompts, graphed)]
-        for p, c in zip(prompts, eager):
-            model.forward(torch.tensor(p, device="cuda"), c, 0)
-        positions = [len(p) for p in prompts]
-        for _ in range(4):
-            got = runner.decode(tokens, graphed, positions).argmax(-1).tolist()
-            want = model.decode_batch(torch.tensor(tokens, device="cuda"), eager, positions).argmax(-1).tolist()
-            assert got == want
-            tokens, positions = got, [p + 1 for p in positions]
+        graph_steps.step_like_eager(run, model)
+        tokens, graphed, eager, positions = run.tokens, run.graphed, run.eager, run.positions
         got = runner.decode(tokens[:1], graphed[:1], positions[:1]).argmax(-1).tolist()
         assert got == model.decode_batch(torch.tensor(tokens[:1], device="cuda"), eager[:1],
                                          positions[:1]).argmax(-1).tolist()
