@@ -1,4 +1,4 @@
-"""The end of a degenerate loop in a JSON reply under a grammar.
+"""The end of a degenerate loop, or of the token budget, in a JSON reply under a grammar.
 
 Greedy, a small model can repeat a span for as long as it is let: inside a JSON string
 (`"prompt": "Cron: Cron: Cron: ...`), or as array items or object keys without end
@@ -19,6 +19,14 @@ stands. Whether the reply is inside a string is read from its bytes (JSON's own 
 quotes and backslash escapes), as the grammars around the JSON (hermes' <tool_call> text,
 Kimi's marker tokens) hold no quote. Nothing changes before such a loop, nor without a
 JSON grammar (a regex, a choice, a Lark grammar such as apply_patch's).
+
+The budget closes a reply the same way: cut at max_tokens, a call or a JSON reply would not
+parse (measured: 2 of 50 forced tool calls, and every one of 20 apply_patch calls at 128
+tokens). So once no more than RESERVE tokens (a quarter of a small max_tokens) are left, the
+reply is in closing mode too. A string whose pattern only accepts after a literal tail
+(apply_patch's `*** End Patch`, closing.py) has no closer until then: where the grammar
+accepts one of these tails whole (after a line break, or alone), the mask is narrowed to its
+tokens one by one, and the string's `"` follows.
 """
 from __future__ import annotations
 
@@ -29,6 +37,8 @@ import torch
 LOOP_TOKENS = 64   # a repeating tail this long at least, of
 MAX_PERIOD = 64    # a span of at most this many tokens, repeated 3 times at least
 WINDOW, NEAR = 128, 0.85  # a near-repeat: this share of the last WINDOW tokens
+RESERVE = 24       # budget closing starts with this many tokens left (a JSON tail, a closing
+#                    text, hermes' </tool_call> and the end token fit in it)
 QUOTE, BACKSLASH = ord('"'), ord("\\")
 CLOSE = frozenset(b"]}")
 
@@ -51,10 +61,16 @@ class LoopGuard:
     """Watches one constrained reply's tokens (push) and narrows its masks (narrow), both on
     the grammar thread, each push before the narrow of the mask that follows it."""
 
-    def __init__(self, closers: torch.Tensor, token_bytes, limit: int = LOOP_TOKENS):
-        """closers: closer_bitmasks' [2, W]; token_bytes: token id -> its bytes."""
+    def __init__(self, closers: torch.Tensor, token_bytes, limit: int = LOOP_TOKENS,
+                 budget: int | None = None, plans: tuple[list[int], ...] = ()):
+        """closers: closer_bitmasks' [2, W]; token_bytes: token id -> its bytes; budget: the
+        reply's max_tokens (None: no budget closing); plans: closing texts as token ids, the
+        grammar's first choice first."""
         self.closers, self.token_bytes, self.limit = closers, token_bytes, limit
+        self.reserve = None if budget is None else min(RESERVE, budget // 4)
+        self.plans, self._plan, self._planning, self._spent = plans, [], -1, set()
         self.is_closing = False
+        self.why = ""          # "loop" or "budget", once closing
         self.num_narrowed = 0  # masks narrowed to closers
         self.in_string = self._escaped = False
         self._tail: collections.deque[int] = collections.deque(maxlen=MAX_PERIOD)
@@ -62,7 +78,16 @@ class LoopGuard:
         self._window: collections.deque[int] = collections.deque(maxlen=WINDOW)  # per token:
         self._counts = [0] * (MAX_PERIOD + 1)  # bit p-1 when equal to the one p back; their sums
 
+    def left(self, num_tokens: int):
+        """The reply may write num_tokens more: at the reserve or below, it closes."""
+        if not self.is_closing and self.reserve is not None and num_tokens <= self.reserve:
+            self.is_closing, self.why = True, "budget"
+
     def push(self, token_id: int):
+        if self._plan:
+            self._plan = self._plan[1:] if token_id == self._plan[0] else []
+            if not self._plan and token_id == self.plans[self._planning][-1]:
+                self._spent.add(self._planning)
         for byte in self.token_bytes(token_id):
             if self._escaped:
                 self._escaped = False
@@ -86,17 +111,43 @@ class LoopGuard:
         tail.append(token_id)
         self._window.append(bits)
         is_full = len(self._window) == WINDOW
-        self.is_closing = any(run + p >= max(self.limit, 3 * p) for p, run in enumerate(runs) if run) \
-            or (is_full and max(counts[1:WINDOW // 3 + 1]) >= NEAR * WINDOW)
+        if any(run + p >= max(self.limit, 3 * p) for p, run in enumerate(runs) if run) \
+                or (is_full and max(counts[1:WINDOW // 3 + 1]) >= NEAR * WINDOW):
+            self.is_closing, self.why = True, "loop"
 
-    def narrow(self, bitmask: torch.Tensor) -> bool:
-        """bitmask [1, W]: the grammar's next mask, narrowed in place to its closers in
-        closing mode, when the grammar allows one now. -> whether it was."""
+    def narrow(self, bitmask: torch.Tensor, matcher=None) -> bool:
+        """bitmask [1, W]: the grammar's next mask, narrowed in place in closing mode to its
+        closers, when the grammar allows one now, else to the next token of a closing text
+        that `matcher` (llguidance's, at this point of the reply) accepts whole.
+        -> whether it was."""
         if not self.is_closing:
             return False
         closing = bitmask & self.closers[0 if self.in_string else 1]
-        if not bool(closing.any()):
-            return False
+        if self._escaped or not bool(closing.any()):  # after a backslash a quote is text
+            token = self._planned(matcher)
+            if token is None:
+                return False
+            closing = torch.zeros_like(bitmask)
+            closing[0, token // 32] = bitmask[0, token // 32] & _bit(token % 32)
+            if not bool(closing.any()):
+                self._plan = []
+                return False
         bitmask.copy_(closing)
         self.num_narrowed += 1
         return True
+
+    def _planned(self, matcher) -> int | None:
+        """The next token of the closing text under way, else of the first the grammar accepts
+        whole that was not written to its end before (it did not close then: the text can be
+        content, as `*** End Patch` inside a patch line)."""
+        if not self._plan and matcher is not None:
+            at = next((i for i, p in enumerate(self.plans) if i not in self._spent and p
+                       and matcher.validate_tokens(p) == len(p)), None)
+            if at is not None:
+                self._plan, self._planning = list(self.plans[at]), at
+        return self._plan[0] if self._plan else None
+
+
+def _bit(j: int) -> int:
+    """Bit j of an int32 word, as the signed value torch stores."""
+    return (1 << j) - (1 << 32 if j == 31 else 0)

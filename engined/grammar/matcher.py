@@ -17,6 +17,7 @@ lazy grammar may meet a malformed opener) stops masking and is logged.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -53,12 +54,19 @@ class Trigger:
 
 class GrammarMatcher:
     def __init__(self, compiled: Compiled, ll_tokenizer, trigger: Trigger | None = None,
-                 log=print, closers: torch.Tensor | None = None):
+                 log=print, closers: torch.Tensor | None = None, budget: int | None = None,
+                 closing_texts: tuple[str, ...] = ()):
         """closers: loop_guard.closer_bitmasks of the tokenizer, for a JSON grammar: its
-        degenerate loops are ended (None: the masks are the grammar's alone)."""
+        degenerate loops, and its budget of `budget` tokens (the reply's max_tokens, lazy
+        text included), are ended (None: the masks are the grammar's alone); closing_texts:
+        closing.closing_texts of its schemas."""
         self.matcher = compiled.new_matcher()
+        plans = tuple(ll_tokenizer.tokenize_str(json.dumps(prefix + text)[1:-1])  # in a JSON string
+                      for text in closing_texts for prefix in ("\n", ""))
         self.guard = None if closers is None else \
-            LoopGuard(closers, lambda token: ll_tokenizer.decode_bytes([token]))
+            LoopGuard(closers, lambda token: ll_tokenizer.decode_bytes([token]), budget=budget,
+                      plans=plans)
+        self._left = budget  # tokens the reply may still write
         self.ll, self.trigger, self.log = ll_tokenizer, trigger, log
         self.is_active = trigger is None
         self.is_failed = False
@@ -79,6 +87,8 @@ class GrammarMatcher:
         """The sampled token: wake on the trigger, or consume it and start the next mask."""
         if self.is_failed:
             return
+        if self._left is not None:
+            self._left -= 1
         if not self.is_active:
             return self._watch(token_id)
         self._wait()
@@ -103,7 +113,7 @@ class GrammarMatcher:
         closing = self.guard is not None and self.guard.is_closing
         return [f"grammar_masks={self.num_masks}", f"grammar_ready={self.num_ready}",
                 f"grammar_mask_ms={mean:.2f}"] + (["grammar_failed=1"] if self.is_failed else []) \
-            + ([f"grammar_loop_closed={self.guard.num_narrowed}"] if closing else [])
+            + ([f"grammar_{self.guard.why}_closed={self.guard.num_narrowed}"] if closing else [])
 
     def _watch(self, token_id: int):
         trigger = self.trigger
@@ -129,18 +139,20 @@ class GrammarMatcher:
         self.log(f"kimi-engine: grammar stops constraining this request: {why}")
 
     def _compute_next(self, consumed=()):
-        self._pending = worker().submit(self._fill, consumed)
+        self._pending = worker().submit(self._fill, consumed, self._left)
 
-    def _fill(self, consumed=()):
+    def _fill(self, consumed=(), left: int | None = None):
         """On the grammar thread: the loop guard reads the tokens just consumed (off the
-        model thread), then the next mask is computed."""
+        model thread) and the budget left, then the next mask is computed."""
         if self.guard is not None:
             for token in consumed:
                 self.guard.push(token)
+            if left is not None:
+                self.guard.left(left)
         started, row = time.perf_counter(), self.bitmask[0]
         self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
         if self.guard is not None:
-            self.guard.narrow(self.bitmask)
+            self.guard.narrow(self.bitmask, self.matcher)
         self.mask_ms = (time.perf_counter() - started) * 1e3
 
     def _wait(self):

@@ -166,7 +166,8 @@ def chat_completions(served: Served, ex):
     tools = normalize_tools(req.tools)
     forced = forced_tool(req.tool_choice, tools)
     is_tools = forced is not None
-    grammar = structured.request_grammar(served, req.constraint, tools, forced, req.is_parallel_tools)
+    grammar = structured.request_grammar(served, req.constraint, max_tokens, tools, forced,
+                                         req.is_parallel_tools)
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, req.num_top_logprobs,
                  grammar=grammar)
     parser = new_output_parser(served.chat, is_tools, prompt)
@@ -258,7 +259,7 @@ def completions(served: Served, ex):
     num_top = req.num_top_logprobs
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, num_top,
                  is_prompt_logprobs=req.echo and num_top is not None,
-                 grammar=structured.request_grammar(served, req.constraint))
+                 grammar=structured.request_grammar(served, req.constraint, max_tokens))
     shaper, lp = Shaper(served.model_id, "cmpl"), served.logprob_format(req.token_ids)
     if req.stream:
         return _stream_completion(seq, ex, shaper, lp, req, prompt_text, prompt_ids)

@@ -4,13 +4,16 @@
   syntax (the chat format writes the grammar: `chat.tool_grammar`), arguments under each
   tool's schema; `auto` with tools: the same grammar, lazy (it wakes at the opener).
 - else response_format / structured_outputs: a JSON schema, regex, choice or Lark grammar.
-A source that does not compile is a 400 naming the field path that failed.
+A source that does not compile is a 400 naming the field path that failed. A JSON reply (a
+schema, a tool call) is closed in time when it loops or its max_tokens runs low
+(grammar/loop_guard.py), with the literal tails of its schemas' patterns to close strings.
 """
 from __future__ import annotations
 
 import threading
 
 from engined.errors import InvalidRequest
+from engined.grammar.closing import closing_texts
 from engined.grammar.compile import Compiler, GrammarError
 from engined.grammar.matcher import GrammarMatcher
 from engined.grammar.strict import closed
@@ -29,11 +32,13 @@ def compiler_for(served) -> Compiler:
         return served.grammar_compiler
 
 
-def request_grammar(served, constraint: Constraint | None, tools: list[dict] | None = None,
-                    forced: str | None = None, is_parallel: bool = True) -> GrammarMatcher | None:
-    """forced: engined.chat.messages.forced_tool's answer ('*', a name, '' for auto, None)."""
+def request_grammar(served, constraint: Constraint | None, max_tokens: int,
+                    tools: list[dict] | None = None, forced: str | None = None,
+                    is_parallel: bool = True) -> GrammarMatcher | None:
+    """max_tokens: the reply's, fitted to the context; forced: engined.chat.messages.forced_tool's
+    answer ('*', a name, '' for auto, None)."""
     if tools and forced is not None and (forced or constraint is None):
-        return _tool_matcher(served, tools, forced, is_parallel)
+        return _tool_matcher(served, tools, forced, is_parallel, max_tokens)
     if constraint is None:
         return None
     compiler = compiler_for(served)
@@ -49,12 +54,14 @@ def request_grammar(served, constraint: Constraint | None, tools: list[dict] | N
     except GrammarError as exc:
         where = exc.path or constraint.where
         raise InvalidRequest(f"{where} does not compile: {exc.message}", param=where) from None
-    is_json = constraint.kind == "json_schema"  # json_object too: its schema is {"type": "object"}
-    return GrammarMatcher(compiled, compiler.ll, log=served.engine.log,
-                          closers=compiler.closers if is_json else None)
+    if constraint.kind != "json_schema":  # json_object too is one: {"type": "object"}
+        return GrammarMatcher(compiled, compiler.ll, log=served.engine.log)
+    return GrammarMatcher(compiled, compiler.ll, log=served.engine.log, closers=compiler.closers,
+                          budget=max_tokens, closing_texts=tuple(closing_texts(constraint.source)))
 
 
-def _tool_matcher(served, tools: list[dict], forced: str, is_parallel: bool) -> GrammarMatcher:
+def _tool_matcher(served, tools: list[dict], forced: str, is_parallel: bool,
+                  max_tokens: int) -> GrammarMatcher:
     compiler = compiler_for(served)
     tools = [_strict(tool) for tool in tools]
     source, trigger = served.chat.tool_grammar(tools, forced, is_parallel)
@@ -70,7 +77,8 @@ def _tool_matcher(served, tools: list[dict], forced: str, is_parallel: bool) -> 
                 raise InvalidRequest(f"{where} does not compile: {bad.message}", param=where) from None
         raise InvalidRequest(f"tools do not compile: {exc.message}", param="tools") from None
     return GrammarMatcher(compiled, compiler.ll, trigger, log=served.engine.log,
-                          closers=compiler.closers)
+                          closers=compiler.closers, budget=max_tokens,
+                          closing_texts=tuple(closing_texts(tools)))
 
 
 def _strict(tool: dict) -> dict:

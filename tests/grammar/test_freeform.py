@@ -3,16 +3,12 @@
 definition, independent of that conversion."""
 import re
 
-import llguidance as llg
 import pytest
-
-from tests.support import bench
 
 from proxy.app import create_app
 from proxy.dialects.freeform import input_schema, lark_to_regex
+from tests.grammar.conftest import lark_accepts
 from tests.support.proxy_fakes import proxy_config
-
-structured_set = bench.load("structured_set")
 
 GOOD = ["*** Begin Patch\n*** Update File: a.py\n@@ def f():\n-    return 1\n+    return 2\n*** End Patch\n",
         "*** Begin Patch\n*** Add File: notes.txt\n+hello\n+world\n*** End Patch",
@@ -22,22 +18,6 @@ MALFORMED = ["*** Begin Patch\n*** Update File: a.py\n-x\n",                 # n
              "Begin Patch\n*** Add File: x\n+y\n*** End Patch\n",               # no stars
              "*** Begin Patch\n*** Add File: x\nno plus sign\n*** End Patch\n",  # add line without +
              "*** Begin Patch\n*** Update File: a.py\n@@\n*x\n*** End Patch\n"]  # bad change line
-
-
-@pytest.fixture(scope="module")
-def apply_patch() -> dict:
-    for _, body in structured_set.recorded_bodies():
-        for tool in body.get("tools") or ():
-            if tool.get("type") == "custom" and tool.get("name") == "apply_patch":
-                return tool
-    pytest.skip("no recorded Codex request with apply_patch")
-
-
-def lark_accepts(compiler, definition: str, text: str) -> bool:
-    """llguidance's Lark parser of the grammar as Codex wrote it."""
-    matcher = llg.LLMatcher(compiler.ll, llg.LLMatcher.grammar_from_lark(definition), log_level=0)
-    assert not matcher.is_error(), matcher.get_error()
-    return matcher.consume_tokens(compiler.ll.tokenize_str(text)) and matcher.is_accepting()
 
 
 @pytest.mark.parametrize("text", GOOD + MALFORMED)
