@@ -55,17 +55,42 @@ def fake_upstream_cmd(tmp_path: pathlib.Path, scenario: str, *upstream_args: str
 
 
 @dataclasses.dataclass
-class EngineRun:
-    """Where kimi-engine (default model) and the kimi-proxy in front of it leave their traces."""
+class ProxyRun:
+    """Where the kimi-proxy that a client run starts leaves its traces: its log and cassettes."""
     tmp_path: pathlib.Path
+
+    def __post_init__(self):
+        self.proxy_log = self.tmp_path / "proxy.log"
+        self.cassettes = self.tmp_path / "cassettes"
+
+    def proxy_cmd(self, upstream: str, port: int = PROXY_PORT) -> str:
+        return (f"exec {BIN}/kimi-proxy serve --port {port} --upstream {upstream} "
+                f"--ledger {self.tmp_path}/ledger.sqlite --log-file {self.proxy_log} "
+                f"--record {self.cassettes}")
+
+    def recorded(self) -> list[dict]:
+        """The proxy's cassettes, oldest first."""
+        paths = sorted(self.cassettes.glob("*.json")) if self.cassettes.exists() else []
+        return sorted((json.loads(p.read_text()) for p in paths), key=lambda c: c["recorded_at"])
+
+    def trace_files(self) -> tuple[pathlib.Path, ...]:
+        return (self.proxy_log,)
+
+    def logs(self) -> str:
+        return "\n".join(f"{p.name}:\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in self.trace_files() if p.exists())
+
+
+@dataclasses.dataclass
+class EngineRun(ProxyRun):
+    """kimi-engine (default model) and the kimi-proxy in front of it, both inside the namespace."""
     cache: pathlib.Path = CLIENTS_DIR / "kimi-cache"  # the default model's repack, kept between runs
 
     def __post_init__(self):
+        super().__post_init__()
         # a short directory: a Unix socket path must fit in 108 bytes
         self.socket = pathlib.Path(tempfile.mkdtemp(prefix="kimi-e2e-")) / "engine.sock"
         self.engine_log = self.tmp_path / "engine.log"
-        self.proxy_log = self.tmp_path / "proxy.log"
-        self.cassettes = self.tmp_path / "cassettes"
 
     def server_cmd(self, port: int = PROXY_PORT) -> str:
         """The engine first; the proxy once the engine's socket exists (or the engine died, so
@@ -74,10 +99,7 @@ class EngineRun:
         return (f"XDG_CACHE_HOME={self.cache} {BIN}/kimi-engine serve --model default "
                 f"--socket {self.socket} --log-file {self.engine_log} & E=$!; "
                 f"for i in $(seq 3000); do [ -S {self.socket} ] || ! kill -0 $E 2>/dev/null "
-                f"&& break; sleep 0.1; done; "
-                f"exec {BIN}/kimi-proxy serve --port {port} --upstream unix://{self.socket} "
-                f"--ledger {self.tmp_path}/ledger.sqlite --log-file {self.proxy_log} "
-                f"--record {self.cassettes}")
+                f"&& break; sleep 0.1; done; " + self.proxy_cmd(f"unix://{self.socket}", port))
 
     def engine_requests(self) -> list[dict]:
         """The engine's request lines (one per request) as dicts of their key=value fields."""
@@ -85,14 +107,8 @@ class EngineRun:
         return [{k: v.strip('"') for k, v in re.findall(r'(\w+)=("[^"]*"|\S+)', line)}
                 for line in lines if "request_id=" in line]
 
-    def recorded(self) -> list[dict]:
-        """The proxy's cassettes, oldest first."""
-        paths = sorted(self.cassettes.glob("*.json")) if self.cassettes.exists() else []
-        return sorted((json.loads(p.read_text()) for p in paths), key=lambda c: c["recorded_at"])
-
-    def logs(self) -> str:
-        return "\n".join(f"{p.name}:\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in (self.engine_log, self.proxy_log) if p.exists())
+    def trace_files(self) -> tuple[pathlib.Path, ...]:
+        return (self.engine_log, self.proxy_log)
 
 
 def upstream_text(cassette: dict) -> str:
@@ -131,3 +147,18 @@ def printed_text(stdout: str) -> str:
 def normalised(text: str) -> str:
     """Words only, lower case, one space between them: clients reflow and restyle markdown."""
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+MIN_WORDS = 2          # an answer shorter than this proves nothing
+COMPARED_WORDS = 30    # clients may cut a long answer short; the first words must be there
+
+
+def check_printed_answer(run: Run, trace: ProxyRun, context: str) -> None:
+    """The client printed the first words of what the upstream answered to its agent turn: the
+    largest request the proxy recorded (opencode first asks for a session title)."""
+    recorded = [c for c in trace.recorded() if c["upstream"]["request"]]
+    assert recorded, f"the proxy recorded no request\n{context}"
+    turn = max(recorded, key=lambda c: len(str(c["upstream"]["request"])))
+    words = normalised(upstream_text(turn)).split()
+    assert len(words) >= MIN_WORDS, f"the upstream answered {upstream_text(turn)!r}\n{context}"
+    assert " ".join(words[:COMPARED_WORDS]) in normalised(printed_text(run.stdout)), context

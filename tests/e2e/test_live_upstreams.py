@@ -1,7 +1,11 @@
 """kimi-proxy live in front of the servers K3 users run (issue 28), each serving SmolLM2-135M
-with a 2,048-token context, and the official SDKs of all three dialects talking to the proxy,
-streamed and not: text, a tool-result turn, an echoed reasoning block, and a context overflow
-that each dialect gets as its own overflow error.
+with a 12,288-token context, its 8k training context stretched by YaRN as each server documents
+(Codex's first turn is 9.1k tokens), and
+- the official SDKs of all three dialects talking to the proxy, streamed and not: text, a
+  tool-result turn, an echoed reasoning block, and a context overflow that each dialect gets as
+  its own overflow error;
+- aider, Cline and Codex completing a text turn, each run in its own network namespace with the
+  proxy (run_client.sh), the server reached through a Unix socket bridge (unix_bridge.py).
 
 - native llama-server: the llama.cpp build the benchmarks use (bench/llamacpp_build.sh,
   cached by CPU flags), on the default GGUF, with its own defaults;
@@ -10,22 +14,27 @@ that each dialect gets as its own overflow error.
   hermes tool parser (without one, vLLM refuses tool_choice auto).
 """
 import contextlib
+import json
 import os
 import pathlib
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
 import pytest
 
 from engined.weights.default_model import default_gguf_path
 from tests.blackbox.service_helpers import free_port, http_health
+from tests.e2e.harness import ProxyRun, check_printed_answer, run_client
+from tests.e2e.unix_bridge import UnixBridge
 from tests.support import bench
-from tests.support.engine import eventually, stop_process
+from tests.support.engine import eventually, short_tmpdir, stop_process
 
 pytestmark = pytest.mark.realclient
 BIN = pathlib.Path(sys.executable).parent
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-CONTEXT = 2048
+TRAINED_CONTEXT, YARN_FACTOR = 8192, 1.5
+CONTEXT = int(TRAINED_CONTEXT * YARN_FACTOR)
 VLLM_START_S = 600  # its warm-up compile: 60-100 s on 2 idle cores
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -39,7 +48,9 @@ def llama_server(tmp: pathlib.Path):
     bin_dir = llama.binaries(build=True)  # ~20 min the first time on 2 cores, then cached
     if bin_dir is None:
         pytest.fail("bench/llamacpp_build.sh could not build llama-server (cmake, a C++ compiler)")
-    with llama.Server(bin_dir, default_gguf_path(), threads=2, ctx=CONTEXT) as server:
+    yarn = ("--rope-scaling", "yarn", "--rope-scale", str(YARN_FACTOR),
+            "--yarn-orig-ctx", str(TRAINED_CONTEXT))  # else it caps each slot at 8k
+    with llama.Server(bin_dir, default_gguf_path(), threads=2, ctx=CONTEXT, extra=yarn) as server:
         yield f"http://127.0.0.1:{server.port}/v1"
 
 
@@ -53,15 +64,18 @@ def vllm_server(tmp: pathlib.Path):
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1"}
+    yarn = {"max_position_embeddings": CONTEXT,  # YaRN's, scaled already (as transformers reads it)
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 100000.0, "factor": YARN_FACTOR,
+                                "original_max_position_embeddings": TRAINED_CONTEXT}}
     server = subprocess.Popen(
         [paths["VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server", "--model",
          paths["VLLM_MODEL_DIR"], "--served-model-name", "smollm2", "--host", "127.0.0.1",
-         "--port", str(port), "--max-model-len", str(CONTEXT),
+         "--port", str(port), "--max-model-len", str(CONTEXT), "--hf-overrides", json.dumps(yarn),
          "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],  # as agents' servers run
         stdout=subprocess.DEVNULL, stderr=open(tmp / "vllm.err", "w"), env=env)
     try:
-        if not eventually(lambda: server.poll() is None and http_health(port) == 200,
-                          timeout=VLLM_START_S):
+        eventually(lambda: server.poll() is not None or http_health(port) == 200, timeout=VLLM_START_S)
+        if server.poll() is not None or http_health(port) != 200:
             pytest.fail(f"vLLM did not start:\n{(tmp / 'vllm.err').read_text()[-3000:]}")
         yield f"http://127.0.0.1:{port}/v1"
     finally:
@@ -72,19 +86,25 @@ UPSTREAMS = {"llama-server": llama_server, "vllm": vllm_server}
 
 
 @pytest.fixture(scope="module", params=list(UPSTREAMS))
-def proxy_url(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(f"live-{request.param}")
-    with UPSTREAMS[request.param](tmp) as upstream:
-        port = free_port()
-        proxy = subprocess.Popen(
-            [str(BIN / "kimi-proxy"), "serve", "--port", str(port), "--upstream", upstream,
-             "--ledger", str(tmp / "ledger.sqlite"), "--log-file", str(tmp / "proxy.log")],
-            stdout=subprocess.DEVNULL, stderr=open(tmp / "proxy.err", "w"))
-        try:
-            assert eventually(lambda: http_health(port) == 200, timeout=60), (tmp / "proxy.err").read_text()
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            stop_process(proxy)
+def upstream(request, tmp_path_factory):
+    """The server's API URL, http://127.0.0.1:PORT/v1: one start per module and server."""
+    with UPSTREAMS[request.param](tmp_path_factory.mktemp(f"live-{request.param}")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def proxy_url(upstream, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("proxy")
+    port = free_port()
+    proxy = subprocess.Popen(
+        [str(BIN / "kimi-proxy"), "serve", "--port", str(port), "--upstream", upstream,
+         "--ledger", str(tmp / "ledger.sqlite"), "--log-file", str(tmp / "proxy.log")],
+        stdout=subprocess.DEVNULL, stderr=open(tmp / "proxy.err", "w"))
+    try:
+        assert eventually(lambda: http_health(port) == 200, timeout=60), (tmp / "proxy.err").read_text()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_process(proxy)
 
 
 def openai_client(url):
@@ -97,7 +117,7 @@ def anthropic_client(url):
     return anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=300)
 
 
-LONG = "The quick brown fox jumps over the lazy dog. " * 400  # about 4,000 tokens
+LONG = "The quick brown fox jumps over the lazy dog. " * (CONTEXT // 8)  # 10 tokens each
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -176,3 +196,22 @@ def test_an_overflow_is_each_dialects_own_error(proxy_url):
                 {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"},
                 {"role": "user", "content": LONG}])
     assert "prompt is too long: " in str(later.value) and f"> {CONTEXT} maximum" in str(later.value)
+
+
+# Greedy, the 135M model loops on "Say hello in a full sentence." in Cline's prompt behind
+# llama-server until the context is full; this one it answers in a sentence behind both servers.
+AGENT_PROMPT = "What is the capital of France? Answer in one sentence."
+AGENT_TIMEOUT_S = 600  # Codex's 9.1k-token prompt, prefilled on two cores
+
+
+@pytest.mark.timeout(AGENT_TIMEOUT_S + 300)
+@pytest.mark.parametrize("client", ["aider", "cline", "codex"])
+def test_agent_completes_a_text_turn(upstream, client, tmp_path):
+    trace = ProxyRun(tmp_path)
+    bridge = short_tmpdir() / "upstream.sock"
+    with UnixBridge(bridge, urlsplit(upstream).port):
+        run = run_client(client, AGENT_PROMPT, trace.proxy_cmd(f"unix://{bridge}"), tmp_path,
+                         timeout_s=AGENT_TIMEOUT_S)
+    context = run.context() + "\n" + trace.logs()
+    assert run.returncode == 0, context
+    check_printed_answer(run, trace, context)
