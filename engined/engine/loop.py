@@ -168,9 +168,11 @@ class Engine:
             counts = [len(s.draft) + 1 for s in seqs]
             rows = torch.cat([logits[i][-n:] for i, n in zip(drawing, counts)])  # [R, V]
             each = [(s, r) for s, n in zip(seqs, counts) for r in range(n)]
+            grammars = [g for s, n in zip(seqs, counts) for g in (
+                s.grammar.draft_rows(s.draft) if s.grammar is not None and s.draft else [s.grammar] * n)]
             drawn = iter(sampler.sample_rows(
                 rows, [s.params for s, _ in each], [s.seed for s, _ in each],
-                [len(s.output_ids) + r for s, r in each], [s.grammar for s, _ in each],
+                [len(s.output_ids) + r for s, r in each], grammars,
                 self.metrics.observe_grammar_mask))
             ids = {i: [next(drawn) for _ in range(n)] for i, n in zip(drawing, counts)}
         for i, (seq, seq_logits) in enumerate(zip(batch.seqs, logits)):

@@ -46,7 +46,8 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[
     from uniforms(seeds[b], counters[b]), among the tokens grammars[b] allows (None: all)."""
     device = logits.device
     if grammars is not None and any(g is not None for g in grammars):
-        logits = grammar_matcher.masked(logits, grammars, observe_mask)
+        logits = grammar_matcher.masked(logits, grammars, observe_mask,
+                                        [p.is_greedy for p in params])
     chosen = logits.argmax(-1)                                          # [B] greedy
     drawn = [b for b, p in enumerate(params) if not p.is_greedy]
     if drawn:

@@ -137,15 +137,17 @@ class Speculator:
         self._beta, self._beta_at = PRIOR_BETA, 0
 
     def draft(self, seq) -> list[int]:
-        """Up to K_MAX tokens for seq to verify this step ([]: decode one token). A grammar's
-        matcher advances token by token, so a constrained sequence never drafts."""
-        if seq.grammar is not None or not seq.params.speculative:
+        """Up to K_MAX tokens for seq to verify this step ([]: decode one token). Under a
+        grammar, the head of the draft the grammar accepts (its rows are masked one by one,
+        GrammarMatcher.draft_rows)."""
+        if not seq.params.speculative:
             return []
         if seq.spec is None:
             seq.spec = (PromptLookup(seq.prompt_ids), DraftLength())
         lookup, length = seq.spec
         k = length.choose(self.beta, seq.params.max_tokens - len(seq.output_ids) - 1)
-        return lookup.draft(seq.output_ids, k) if k else []
+        draft = lookup.draft(seq.output_ids, k) if k else []
+        return seq.grammar.accepted_draft(draft) if seq.grammar is not None else draft
 
     def verified(self, seq, drafted: int, accepted: int):
         seq.spec[1].verified(drafted, accepted)

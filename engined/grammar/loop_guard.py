@@ -25,12 +25,13 @@ parse (measured: 2 of 50 forced tool calls, and every one of 20 apply_patch call
 tokens). So once no more than RESERVE tokens (a quarter of a small max_tokens) are left, the
 reply is in closing mode too. A string whose pattern only accepts after a literal tail
 (apply_patch's `*** End Patch`, closing.py) has no closer until then: where the grammar
-accepts one of these tails whole (after a line break, or alone), the mask is narrowed to its
-tokens one by one, and the string's `"` follows.
+accepts one of the closing texts whole, the first of them is written (the mask narrowed to its
+tokens one by one), and the string's `"` follows.
 """
 from __future__ import annotations
 
 import collections
+import copy
 
 import torch
 
@@ -77,6 +78,14 @@ class LoopGuard:
         self._runs = [0] * (MAX_PERIOD + 1)  # runs[p]: trailing tokens equal to the one p back
         self._window: collections.deque[int] = collections.deque(maxlen=WINDOW)  # per token:
         self._counts = [0] * (MAX_PERIOD + 1)  # bit p-1 when equal to the one p back; their sums
+
+    def fork(self) -> "LoopGuard":
+        """A copy that reads tokens on its own (a speculative draft's rows)."""
+        twin = copy.copy(self)
+        twin._tail, twin._window = self._tail.copy(), self._window.copy()
+        twin._runs, twin._counts = list(self._runs), list(self._counts)
+        twin._plan, twin._spent = list(self._plan), set(self._spent)
+        return twin
 
     def left(self, num_tokens: int):
         """The reply may write num_tokens more: at the reserve or below, it closes."""

@@ -61,8 +61,8 @@ class GrammarMatcher:
         text included), are ended (None: the masks are the grammar's alone); closing_texts:
         closing.closing_texts of its schemas."""
         self.matcher = compiled.new_matcher()
-        plans = tuple(ll_tokenizer.tokenize_str(json.dumps(prefix + text)[1:-1])  # in a JSON string
-                      for text in closing_texts for prefix in ("\n", ""))
+        plans = tuple(ll_tokenizer.tokenize_str(json.dumps(text)[1:-1])  # inside a JSON string
+                      for text in closing_texts)
         self.guard = None if closers is None else \
             LoopGuard(closers, lambda token: ll_tokenizer.decode_bytes([token]), budget=budget,
                       plans=plans)
@@ -106,6 +106,52 @@ class GrammarMatcher:
         self.num_masks, self.num_ready = self.num_masks + 1, self.num_ready + is_ready
         self.total_mask_ms += self.mask_ms
         return self.bitmask, self.mask_ms, is_ready
+
+    def accepted_draft(self, draft: list[int]) -> list[int]:
+        """The head of a speculative draft whose rows draft_rows can mask as the token-by-token
+        decode would: what the grammar accepts; asleep, the tokens before one that wakes it."""
+        if self.is_failed or not draft:
+            return draft
+        if not self.is_active:
+            return draft[:self._wakes_at(draft)]
+        self._wait()
+        return draft[:self.matcher.validate_tokens(draft)]
+
+    def draft_rows(self, draft: list[int]) -> list:
+        """For the k + 1 rows that verify an accepted_draft: row j masked as after draft[:j]
+        (the loop guard and the budget included). The matcher is rolled back after."""
+        if not self.is_masking or not draft:
+            return [self] * (len(draft) + 1)
+        self._wait()
+        rows, guard, left = [_Fixed(self.bitmask.clone())], self.guard and self.guard.fork(), self._left
+        for token in draft:
+            if not self.matcher.consume_token(token):  # accepted_draft said it would
+                break
+            bitmask = torch.empty_like(self.bitmask)
+            if guard is not None:
+                guard.push(token)
+                left = None if left is None else left - 1
+                if left is not None:
+                    guard.left(left)
+            self.matcher.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * bitmask.element_size())
+            if guard is not None:
+                guard.narrow(bitmask, self.matcher)
+            rows.append(_Fixed(bitmask))
+        self.matcher.rollback(len(rows) - 1)
+        return rows + rows[-1:] * (len(draft) + 1 - len(rows))
+
+    def _wakes_at(self, draft: list[int]) -> int:
+        """Asleep: the index of the first draft token that would wake the grammar, else k."""
+        trigger, seen = self.trigger, bytes(self._seen)
+        for j, token in enumerate(draft):
+            if trigger.token_ids:
+                if token in trigger.token_ids:
+                    return j
+                continue
+            seen += self.ll.decode_bytes([token])
+            if trigger.text in seen:
+                return j
+        return len(draft)
 
     def log_fields(self) -> list[str]:
         """For the request's log line: masks applied, how many were ready, mean ms."""
@@ -161,7 +207,19 @@ class GrammarMatcher:
             self._pending = None
 
 
+@dataclass
+class _Fixed:
+    """One verify row's mask, computed ahead (GrammarMatcher.draft_rows)."""
+    bitmask: torch.Tensor
+    is_masking: bool = True
+    is_failed: bool = False
+
+    def mask(self) -> tuple[torch.Tensor, float, bool]:
+        return self.bitmask, 0.0, True
+
+
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
+_BOUNDS = torch.tensor([float("-inf"), float("inf")]).numpy()  # forbidden, allowed
 
 
 def unpack(bitmask: torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
@@ -185,9 +243,13 @@ def unpack(bitmask: torch.Tensor, vocab: int, device: torch.device) -> torch.Ten
     return torch.cat([allowed, pad], dim=1)
 
 
-def masked(rows: torch.Tensor, grammars: list, observe=lambda ms, is_ready: None) -> torch.Tensor:
+def masked(rows: torch.Tensor, grammars: list, observe=lambda ms, is_ready: None,
+           greedy: list[bool] | None = None) -> torch.Tensor:
     """rows: [R, V] logits; grammars[r]: a GrammarMatcher or None -> rows with every token
-    a masking grammar forbids at -inf (a new tensor; `rows` itself is left alone)."""
+    a masking grammar forbids at -inf (a new tensor; `rows` itself is left alone).
+    greedy[r]: row r only takes its argmax. On the CPU such a row whose raw argmax the
+    grammar allows is left unmasked: its masked argmax is that same token (the first of the
+    maxima either way), and the masking costs a tenth of a token's decode."""
     index = [r for r, g in enumerate(grammars) if g is not None and g.is_masking]
     if not index:
         return rows
@@ -196,21 +258,31 @@ def masked(rows: torch.Tensor, grammars: list, observe=lambda ms, is_ready: None
         bitmask, ms, is_ready = grammars[r].mask()
         observe(ms, is_ready)
         masks.append(bitmask)
-    failed = [k for k, r in enumerate(index) if grammars[r].is_failed]
-    if failed:  # a grammar that failed now draws freely (logged), never from an empty mask
-        index = [r for k, r in enumerate(index) if k not in failed]
-        masks = [m for k, m in enumerate(masks) if k not in failed]
+    kept = [k for k, r in enumerate(index) if not grammars[r].is_failed]
+    # a grammar that failed now draws freely (logged), never from an empty mask
+    if greedy is not None and rows.device.type == "cpu":
+        best = rows.argmax(-1).tolist()
+        kept = [k for k in kept if not (greedy[index[k]] and _allows(masks[k], best[index[k]]))]
+    if len(kept) < len(index):
+        index, masks = [index[k] for k in kept], [masks[k] for k in kept]
         if not index:
             return rows
     allowed = unpack(torch.cat(masks), rows.shape[1], rows.device)  # [R', V]
     if rows.device.type == "cpu":  # numpy again: no torch thread pool for 200 KB
         import numpy as np
         out = rows.numpy().copy()
-        view = out[index]
-        view[~allowed.numpy()] = -np.inf
-        out[index] = view
+        # min(logit, +inf or -inf), the bound looked up by the bit: no branch per token (a
+        # boolean assignment or np.where mispredicts on a mixed mask: 125 us against 35 us)
+        bounds = np.take(_BOUNDS, allowed.numpy().view(np.uint8))
+        out[index] = np.minimum(out[index], bounds)
         return torch.from_numpy(out)
     out = rows.clone()
     picked = torch.tensor(index, device=rows.device)
     out[picked] = rows[picked].masked_fill(~allowed, float("-inf"))
     return out
+
+
+def _allows(bitmask: torch.Tensor, token: int) -> bool:
+    """bitmask [1, W]: whether it allows token (ids past 32W never)."""
+    word = token >> 5
+    return word < bitmask.shape[1] and bool(int(bitmask[0, word]) >> (token & 31) & 1)

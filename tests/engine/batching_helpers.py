@@ -31,10 +31,12 @@ class RunningEngine:
     def __exit__(self, *exc):
         self.engine.stop()
 
-    def submit(self, prompt_ids: list[int], max_tokens: int, **params) -> Sequence:
-        """Greedy unless params say otherwise (SamplingParams' fields)."""
+    def submit(self, prompt_ids: list[int], max_tokens: int, grammar=None, **params) -> Sequence:
+        """Greedy unless params say otherwise (SamplingParams' fields); grammar: a
+        GrammarMatcher constraining the output."""
         seq = Sequence(list(prompt_ids), SamplingParams(max_tokens, **{"temperature": 0, **params}),
                        NullDecoder())
+        seq.grammar = grammar
         self.engine.submit(seq)
         return seq
 

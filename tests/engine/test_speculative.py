@@ -67,6 +67,43 @@ def test_a_batch_of_greedy_and_sampled_requests_matches_plain_decoding(llama):
     assert accepted > 0
 
 
+def test_constrained_requests_speculate_and_keep_their_tokens(llama):
+    """A JSON schema whose reply repeats, and a lazy tool grammar woken inside copied text
+    (drafts stop before the opener; after it, each verify row is masked for its position):
+    greedy and seeded, batched, the tokens and logprobs of plain decoding."""
+    from engined.grammar.compile import Compiler
+    from engined.grammar.matcher import GrammarMatcher
+    compiler = Compiler(llama.tokenizer, llama.chat.stop_token_ids, log=lambda line: None)
+    schema = {"type": "object", "properties": {"steps": {"type": "array", "items": {"type": "string"}}},
+              "required": ["steps"]}
+    call = '<tool_call>\n{"name": "area", "arguments": {"width": 2, "height": 3}}\n</tool_call>\n'
+    tokenizer = llama.tokenizer
+    json_prompt = tokenizer.encode("List the steps to bake bread as JSON.\n")
+    copy_prompt = tokenizer.encode("Copy this exactly, then stop.\n\n" + call + "Copy:\n\n" + call
+                                   + "Copy:\n\n")
+
+    def requests():  # fresh matchers per run
+        source, trigger = llama.chat.tool_grammar(
+            [{"type": "function", "function": {"name": "area", "parameters": {"type": "object"}}}], "", True)
+        return [(json_prompt, 64, {"temperature": 0, "grammar": GrammarMatcher(
+                    compiler.json_schema(schema), compiler.ll, closers=compiler.closers, budget=64)}),
+                (json_prompt, 48, {"temperature": 0.8, "seed": 5, "grammar": GrammarMatcher(
+                    compiler.json_schema(schema), compiler.ll, closers=compiler.closers, budget=48)}),
+                (copy_prompt, 40, {"temperature": 0, "grammar": GrammarMatcher(
+                    compiler.lark(source), compiler.ll, trigger, closers=compiler.closers,
+                    budget=40)})]
+
+    results = []
+    for speculative in (False, True):
+        with RunningEngine(llama.model, speculative=speculative, prefix_cache_bytes=0) as engine:
+            seqs = [run(engine, p, n, **params) for p, n, params in requests()]
+            results.append([collect(s) for s in seqs])
+            accepted = engine.value(ACCEPTED)
+    assert results[1] == results[0]
+    assert accepted > 0
+    assert "<tool_call>" in tokenizer.decode([t for t, _ in results[0][2]])
+
+
 def test_a_request_can_turn_speculation_off(llama):
     prompt = edit_prompt(llama.tokenizer)
     with RunningEngine(llama.model, prefix_cache_bytes=0) as engine:
