@@ -1,11 +1,13 @@
-"""The texts that can end a constrained string: the literal tail of each `pattern` in a schema.
+r"""The texts that can end a constrained string: the literal tail of each `pattern` in a schema.
 
 A string under a pattern can close only where its regex accepts: Codex's apply_patch input
 (its Lark grammar made a pattern by the proxy) only after `*** End Patch`. When a reply must
-close (loop_guard.py), the loop guard offers these texts, each after a line break and then
-alone, as a plan to the grammar; the first that the grammar accepts whole is written.
+close (loop_guard.py), the loop guard offers these texts, in order, to the grammar; the first
+that it accepts whole is written. For each pattern: its tail after a line break, the tail
+alone, then the tail after a one-character line (`+` ends an added file's required line),
+with that line first ended or not, for each character the pattern names literally.
 
-    literal_suffix(r"(?:a|b)+\\*\\*\\* End Patch(?:\\n)?$") == "*** End Patch"
+    literal_suffix(r"(?:a|b)+\*\*\* End Patch(?:\n)?$") == "*** End Patch"
 """
 from __future__ import annotations
 
@@ -41,17 +43,48 @@ def literal_suffix(pattern: str) -> str:
         return ""
 
 
+def literal_chars(pattern: str) -> list[str]:
+    """The printable characters `pattern` names literally anywhere, sorted."""
+    found: set[str] = set()
+
+    def walk(items):
+        for op, arg in items:
+            if op == sre.LITERAL:
+                found.add(chr(arg))
+            elif op == sre.SUBPATTERN:
+                walk(arg[-1])
+            elif op in _REPEATS:
+                walk(arg[2])
+            elif op == sre.BRANCH:
+                for branch in arg[1]:
+                    walk(branch)
+
+    try:
+        walk(sre.parse(pattern))
+    except (sre.error, OverflowError, RecursionError):
+        return []
+    return sorted(c for c in found if c.isprintable())
+
+
 def closing_texts(schema) -> list[str]:
-    """The literal suffixes of the patterns anywhere in a JSON schema, each once, in order."""
+    """The texts that may close the pattern-constrained strings anywhere in a JSON schema, the
+    likeliest first, each once."""
     found: list[str] = []
+
+    def add(pattern: str):
+        tail = literal_suffix(pattern)
+        if not tail.strip():
+            return
+        chars = literal_chars(pattern)
+        for text in ["\n" + tail, tail, *(c + "\n" + tail for c in chars),
+                     *("\n" + c + "\n" + tail for c in chars)]:
+            if text not in found:
+                found.append(text)
 
     def walk(node):
         if isinstance(node, dict):
-            pattern = node.get("pattern")
-            if isinstance(pattern, str):
-                suffix = literal_suffix(pattern)
-                if suffix.strip() and suffix not in found:
-                    found.append(suffix)
+            if isinstance(node.get("pattern"), str):
+                add(node["pattern"])
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):

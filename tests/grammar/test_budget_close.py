@@ -51,8 +51,10 @@ def test_the_literal_tail_is_what_every_match_ends_with(apply_patch):
         assert re.fullmatch(pattern, text) and text.rstrip("\n").endswith(tail)
     assert literal_suffix(r"^(?:[a-z]+)\.py$") == ".py"
     assert literal_suffix("a(b|c)") == "" and literal_suffix("(") == ""
-    assert closing_texts({"properties": {"p": {"type": "string", "pattern": pattern},
-                                         "q": {"pattern": "x*"}}}) == ["*** End Patch"]
+    texts = closing_texts({"properties": {"p": {"type": "string", "pattern": pattern},
+                                          "q": {"pattern": "x*"}}})
+    assert texts[:2] == ["\n*** End Patch", "*** End Patch"] and "\n+\n*** End Patch" in texts
+    assert all(t.endswith("*** End Patch") for t in texts)  # nothing from "x*"
 
 
 def test_a_string_closes_within_the_budget_and_not_before(compiler, smol_text):
@@ -75,7 +77,13 @@ def test_a_string_closes_within_the_budget_and_not_before(compiler, smol_text):
     assert "grammar_budget_closed=1" in " ".join(guarded.log_fields())
 
 
-def test_an_apply_patch_that_runs_long_still_parses(compiler, smol_text, apply_patch):
+@pytest.mark.parametrize("prefix", [
+    "*** Update File: a.py\\n@@\\n+print(",   # in a change line
+    "*** Add File: 1.0.0",                       # in an added file's name: a + line is due
+    "*** Add File: notes.txt\\n+hello\\n",      # at the start of a line
+    "*** Delete File: old.py\\n*** Update File: b",
+])
+def test_an_apply_patch_that_runs_long_still_parses(compiler, smol_text, apply_patch, prefix):
     tokenizer, chat = smol_text
     schema = {"type": "object", "properties": {"input": input_schema(apply_patch["format"])},
               "required": ["input"], "additionalProperties": False}
@@ -84,12 +92,12 @@ def test_an_apply_patch_that_runs_long_still_parses(compiler, smol_text, apply_p
                              budget=budget, closing_texts=tuple(closing_texts(schema)))
     stop_ids = set(chat.stop_token_ids)
     out = rambling(matcher, tokenizer, stop_ids,
-                   '{"input": "*** Begin Patch\\n*** Update File: a.py\\n@@\\n+print(', "x", budget)
+                   '{"input": "*** Begin Patch\\n' + prefix, "x", budget)
     text = tokenizer.decode([t for t in out if t not in stop_ids])
     assert len(out) <= budget and out[-1] in stop_ids, text
     patch = json.loads(text)["input"]
     assert lark_accepts(compiler, apply_patch["format"]["definition"], patch), patch
-    assert patch.endswith("\n*** End Patch") and "xxxx" in patch
+    assert patch.endswith("*** End Patch") and "xxxx" in patch
 
 
 def test_forced_apply_patch_calls_parse_at_a_short_max_tokens_served(served, compiler, apply_patch):
