@@ -219,7 +219,6 @@ class _Fixed:
 
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
-_BOUNDS = torch.tensor([float("-inf"), float("inf")]).numpy()  # forbidden, allowed
 
 
 def unpack(bitmask: torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
@@ -273,7 +272,7 @@ def masked(rows: torch.Tensor, grammars: list, observe=lambda ms, is_ready: None
         out = rows.numpy().copy()
         # min(logit, +inf or -inf), the bound looked up by the bit: no branch per token (a
         # boolean assignment or np.where mispredicts on a mixed mask: 125 us against 35 us)
-        bounds = np.take(_BOUNDS, allowed.numpy().view(np.uint8))
+        bounds = np.take(np.array([-np.inf, np.inf], np.float32), allowed.numpy().view(np.uint8))
         out[index] = np.minimum(out[index], bounds)
         return torch.from_numpy(out)
     out = rows.clone()
