@@ -141,8 +141,10 @@ def _json(ctx: Context) -> Response:
         end = ev if isinstance(ev, c.StreamEnd) else end
     services.record_turn(ctx.ledger_id, end.response, lambda: _conversation_key(ctx), ctx.owner)
     ctx.frames = ctx.dialect.render_response(ctx.turn, ctx.req, end.response, ctx.policy)
-    _done(ctx)
-    return current_app.response_class(sse.dumps(ctx.frames), mimetype="application/json")
+    ctx.dialect.complete(ctx)
+    response = current_app.response_class(sse.dumps(ctx.frames), mimetype="application/json")
+    response.call_on_close(lambda: ctx.services.done(ctx))  # the log line and cassette once
+    return response                                         # the body is written (~30 us)
 
 
 def _frames(ctx: Context, stream):

@@ -27,7 +27,7 @@ from gevent.pool import Pool
 from gevent.pywsgi import Input, WSGIHandler, WSGIServer
 
 from kimi_common.notify import sd_notify
-from proxy import __version__
+from proxy import __version__, request_headers
 from proxy.errors import UpstreamUnavailable
 
 
@@ -87,6 +87,9 @@ class QuietHandler(WSGIHandler):
 
     def log_request(self):  # the app logs one line per request itself
         pass
+
+    def MessageClass(self, *args):  # noqa: N802 - pywsgi's name: the request's header block
+        return request_headers.read(*args)
 
     def read_requestline(self):
         """An empty line ends the connection: so it goes when the server drains, or when no

@@ -89,7 +89,8 @@ def test_metrics_count_requests_and_parse_failures(tmp_path):
     client = app.test_client()
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}],
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
-    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    with client.post("/v1/chat/completions", json=body) as reply:  # counted once written
+        assert reply.status_code == 200
     client.post("/v1/chat/completions", json={**body, "stream": True}).get_data()
     text = client.get("/metrics").get_data(as_text=True)
     assert 'kimi_proxy_ttft_seconds_count{route="chat"} 1.0' in text
