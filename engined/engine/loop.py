@@ -9,6 +9,7 @@ chunks sit on one grid, so a warm cache gives the cold answer bit for bit); each
 prefill chunk is added to that cache.
 """
 import collections
+import contextlib
 import threading
 import time
 
@@ -18,6 +19,7 @@ from engined.engine import memory, sampler
 from engined.errors import InternalError
 from engined.metrics import EngineMetrics
 from engined.models.protocol import Model
+from engined.ops.torch_threads import one_torch_thread
 from engined.engine.prefix_cache import PrefixCache, PrefixKeys
 from engined.engine.runner import Runner
 from engined.engine.speculate import Speculator
@@ -94,7 +96,8 @@ class Engine:
             return
         try:
             logits = self.run(batch)
-            self.postprocess(batch, logits)
+            with self._sampling_threads(logits):
+                self.postprocess(batch, logits)
         except Exception as exc:  # a model failure ends these requests, not the daemon
             for seq in batch.seqs:
                 self._fail(seq, exc)
@@ -112,6 +115,15 @@ class Engine:
                 seq.fail(InternalError(f"cannot allocate the KV cache: {exc}"))
         self._update_gauges()
         return self.scheduler.next_batch()
+
+    @staticmethod
+    def _sampling_threads(logits: list[torch.Tensor]):
+        """On the CPU, drawing from a few rows of logits runs on one torch thread (waking a
+        second costs more than the copy and argmax: ops/torch_threads.py); scoring a prompt's
+        rows keeps them all."""
+        if logits[0].device.type == "cpu" and all(rows.shape[0] <= 8 for rows in logits):
+            return one_torch_thread()
+        return contextlib.nullcontext()
 
     def run(self, batch: Batch) -> list[torch.Tensor]:
         """-> logits per sequence ([1, V], or [T, V] while scoring a prompt), fp32 on the

@@ -11,6 +11,7 @@ import torch
 
 from engined import helper
 from engined.ops import int4_format, registry
+from engined.ops.torch_threads import one_torch_thread
 
 _threads: int | None = None  # None: follow torch.get_num_threads()
 
@@ -29,20 +30,15 @@ def num_threads() -> int:
 
 @contextlib.contextmanager
 def torch_single_threaded():
-    """Run torch ops on one thread while the cpu_c kernels keep num_threads(). A decode step's
-    torch ops are tiny ([B, D] norms, one query's attention): a second OpenMP thread only adds
-    wake-ups and fights the C helper's threads (SmolLM2-135M: 48 -> 57 tok/s on 2 cores)."""
+    """Run torch ops on one thread while the cpu_c kernels keep num_threads()
+    (SmolLM2-135M decode: 48 -> 57 tok/s on 2 cores; ops/torch_threads.py)."""
     global _threads
-    torch_threads, pinned = torch.get_num_threads(), _threads
-    if torch_threads == 1:
-        yield
-        return
+    pinned = _threads
     _threads = num_threads()
-    torch.set_num_threads(1)
     try:
-        yield
+        with one_torch_thread():
+            yield
     finally:
-        torch.set_num_threads(torch_threads)
         _threads = pinned
 
 
