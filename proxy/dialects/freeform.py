@@ -16,6 +16,10 @@ from __future__ import annotations
 import json
 import re
 
+from proxy import canonical as c
+
+CUSTOM_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+
 COMMON = {"LF": r"\n", "CR": r"\r", "NEWLINE": r"(?:\r?\n)+", "WS": r"[ \t\f\r\n]+",
           "WS_INLINE": r"[ \t]+", "DIGIT": "[0-9]", "HEXDIGIT": "[0-9a-fA-F]", "LETTER": "[A-Za-z]",
           "INT": "[0-9]+", "WORD": "[A-Za-z]+", "CNAME": "[A-Za-z_][A-Za-z0-9_]*"}
@@ -25,6 +29,29 @@ _TOKEN = re.compile(r'\s+|//[^\n]*|(?P<str>"(?:[^"\\]|\\.)*"i?)|(?P<re>/(?:[^/\\
 
 class NotRegular(ValueError):
     """The grammar uses something a regex cannot say (or this subset does not read)."""
+
+
+def custom_spec(name: str, description: str, fmt, source: str) -> c.ToolSpec:
+    """A custom tool as the function the upstream sees: one string argument, `input`, under
+    its grammar where it has one; the grammar's text also goes into the description."""
+    fmt = fmt if isinstance(fmt, dict) else {}
+    if isinstance(fmt.get("definition"), str):
+        description += f"\nInput grammar ({fmt.get('syntax')}):\n{fmt['definition']}"
+    constrained = input_schema(fmt)  # the grammar as the input's pattern
+    schema = ({**CUSTOM_SCHEMA, "properties": {"input": constrained}, "additionalProperties": False}
+              if constrained else CUSTOM_SCHEMA)
+    return c.ToolSpec(name, description, schema, kind="custom", source=source)
+
+
+def raw_input(arguments: str) -> str:
+    """A custom call's input from the function arguments the upstream wrote: their `input`
+    string (the arguments themselves when they hold none)."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return arguments
+    value = args.get("input") if isinstance(args, dict) else None
+    return value if isinstance(value, str) else arguments
 
 
 def input_schema(fmt) -> dict | None:

@@ -5,6 +5,11 @@ Ingress keeps system/developer messages in place, carries `reasoning_content` (o
 `n` > 1. Egress: unnamed `data:` chunks, a role opener first, reasoning by policy,
 tool calls per index, a finish chunk, the usage chunk only when the client asked for it
 (`stream_options.include_usage`), then `[DONE]`.
+
+Custom tools (`{"type": "custom", "custom": {name, description, format}}`, a Lark or regex
+grammar or free text) go upstream as freeform.py's functions of one `input` string, constrained
+by the grammar; their calls come back as `{"type": "custom", "custom": {name, input}}`, the raw
+input streamed whole when the call ends (the upstream writes it JSON-escaped).
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import json
 from typing import Iterator
 
 from proxy import canonical as c
-from proxy.dialects import common as d
+from proxy.dialects import common as d, freeform
 from proxy.dialects.common import nothing_to_keep as complete, request_as_parsed as prepare  # noqa: F401 - API
 from proxy.errors import InvalidRequest, ProxyError, openai_body
 
@@ -39,7 +44,7 @@ def parse_request(body, policy) -> c.Request:
     return c.Request(
         model=d.opt_str(body, "model") or "", messages=messages,
         tools=tuple(t for t in (_tool(t, i) for i, t in enumerate(d.list_of_objects(body, "tools"))) if t),
-        tool_choice=body.get("tool_choice"),
+        tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=max_tokens or policy.max_tokens,
         temperature=d.or_default(d.opt_float(body, "temperature"), policy.temperature),
         top_p=d.opt_float(body, "top_p"), top_k=d.opt_int(body, "top_k"),
@@ -77,6 +82,12 @@ def _assistant_parts(m: dict, i: int) -> list:
         parts.append(c.Reasoning(reasoning))
     parts.extend(_content(m.get("content"), i))
     for j, call in enumerate(m.get("tool_calls") or ()):
+        custom = call.get("custom") if isinstance(call, dict) else None
+        if isinstance(custom, dict) and isinstance(custom.get("name"), str):
+            raw = custom.get("input") if isinstance(custom.get("input"), str) else ""
+            parts.append(c.ToolCall(str(call.get("id") or f"call_{j}"), custom["name"],
+                                    json.dumps({"input": raw}, ensure_ascii=False)))
+            continue
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise InvalidRequest(f"`messages[{i}].tool_calls[{j}].function.name` is required")
@@ -119,12 +130,29 @@ def _image(spec, i: int) -> c.Image:
 
 
 def _tool(t: dict, i: int) -> c.ToolSpec | None:
+    if t.get("type") == "custom":
+        custom = t.get("custom") if isinstance(t.get("custom"), dict) else {}
+        if not isinstance(custom.get("name"), str):
+            return None
+        fmt = custom.get("format") if isinstance(custom.get("format"), dict) else {}
+        grammar = fmt.get("grammar") if isinstance(fmt.get("grammar"), dict) else None
+        return freeform.custom_spec(custom["name"], custom.get("description") or "",
+                                    {**grammar, "type": "grammar"} if grammar else fmt,
+                                    f"tools[{i}].custom.format")
     fn = t.get("function") if isinstance(t.get("function"), dict) else t
     if not isinstance(fn.get("name"), str):
         return None  # left out: the tools after it move up, so `source` keeps the client's index
     params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else None
     return c.ToolSpec(fn["name"], fn.get("description") or "", params or {"type": "object", "properties": {}},
                       source=f"tools[{i}].function.parameters" if fn is not t else f"tools[{i}].parameters")
+
+
+def _tool_choice(choice):
+    """A custom tool named: as the function it goes upstream as."""
+    if isinstance(choice, dict) and choice.get("type") == "custom":
+        custom = choice.get("custom") if isinstance(choice.get("custom"), dict) else {}
+        return {"type": "function", "function": {"name": custom.get("name")}}
+    return choice
 
 
 # ---- egress ----------------------------------------------------------------------------
@@ -148,7 +176,11 @@ def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> d
     elif reasoning and policy.reasoning == "reasoning_content":
         message["reasoning_content"] = reasoning
     if calls:
-        message["tool_calls"] = [{"id": t.id, "type": "function",
+        custom = _custom_names(req)
+        message["tool_calls"] = [{"id": t.id, "type": "custom",
+                                  "custom": {"name": t.name, "input": freeform.raw_input(t.arguments)}}
+                                 if t.name in custom else
+                                 {"id": t.id, "type": "function",
                                   "function": {"name": t.name, "arguments": t.arguments}} for t in calls]
     return {"id": turn.id, "object": "chat.completion", "created": turn.created,
             "model": turn.client_model,
@@ -166,6 +198,7 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
 
     yield chunk({"role": "assistant", "content": ""})
     is_think_open = False
+    custom, inputs = _custom_names(req), {}  # a custom call's index -> its arguments so far
     for ev in events:
         if ev is d.KEEPALIVE:
             yield d.KEEPALIVE
@@ -182,9 +215,15 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
             yield chunk({"content": "</think>"})
         if isinstance(ev, c.TextDelta):
             yield chunk({"content": ev.text})
+        elif isinstance(ev, c.ToolCallStart) and ev.name in custom:
+            inputs[ev.index] = []
+            yield chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "custom",
+                                         "custom": {"name": ev.name, "input": ""}}]})
         elif isinstance(ev, c.ToolCallStart):
             yield chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
                                          "function": {"name": ev.name, "arguments": ""}}]})
+        elif isinstance(ev, c.ToolCallArgsDelta) and ev.index in inputs:
+            inputs[ev.index].append(ev.text)
         elif isinstance(ev, c.ToolCallArgsDelta):
             yield chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]})
         elif isinstance(ev, c.LogprobsDelta):
@@ -192,11 +231,18 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
             frame[1]["choices"][0]["logprobs"] = {"content": list(ev.content)}
             yield frame
         elif isinstance(ev, c.StreamEnd):
+            for index, parts in inputs.items():
+                yield chunk({"tool_calls": [{"index": index, "custom": {
+                    "input": freeform.raw_input("".join(parts))}}]})
             yield chunk({}, finish_reason(ev.finish_reason))
             if req.include_usage:  # as OpenAI: no captured client needs it without asking
                 yield None, {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
                              "model": turn.client_model, "choices": [], "usage": usage_body(ev.usage)}
     yield d.DONE
+
+
+def _custom_names(req: c.Request) -> set[str]:
+    return {t.name for t in req.tools if t.kind == "custom"}
 
 
 def render_error(err: ProxyError) -> dict:

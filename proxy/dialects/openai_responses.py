@@ -33,7 +33,6 @@ TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 ECHOED = ("tools", "tool_choice", "parallel_tool_calls", "instructions", "metadata", "previous_response_id", "store")
 # the Chat field -> the Responses one it came from, to name it in an upstream error
 FORMAT_FIELDS = (("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"))
-CUSTOM_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 
 
 def parse_request(body, policy) -> c.Request:
@@ -206,13 +205,8 @@ def _tools(tools: list[dict]) -> list[c.ToolSpec]:
             out.extend(_function(x, f"tools[{i}].tools[{k}]", namespace=str(t.get("name") or ""))
                        for k, x in nested)
         elif kind == "custom" and isinstance(t.get("name"), str):
-            fmt = t.get("format") if isinstance(t.get("format"), dict) else {}
-            desc = (t.get("description") or "") + (f"\nInput grammar ({fmt.get('syntax')}):\n{fmt['definition']}"
-                                                   if isinstance(fmt.get("definition"), str) else "")
-            constrained = freeform.input_schema(fmt)  # the grammar as the input's pattern
-            schema = ({**CUSTOM_SCHEMA, "properties": {"input": constrained}, "additionalProperties": False}
-                      if constrained else CUSTOM_SCHEMA)
-            out.append(c.ToolSpec(t["name"], desc, schema, kind="custom", source=f"tools[{i}].format"))
+            out.append(freeform.custom_spec(t["name"], t.get("description") or "", t.get("format"),
+                                            f"tools[{i}].format"))
         elif kind in ("function", "tool_search", None):
             out.append(_function(t, f"tools[{i}]"))
     return [t for t in out if t is not None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from proxy import canonical as c
-from proxy.dialects import common as d
+from proxy.dialects import common as d, freeform
 from proxy.errors import ProxyError, openai_code
 
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -73,10 +73,9 @@ def message_item(turn, index, text, status) -> dict:
 def call_item(turn, index, call_id, name, arguments, status) -> dict:
     spec = turn.extra.get("tools_by_name", {}).get(name)
     if spec is not None and spec.kind == "custom":
-        args = d.parse_args_object(arguments)
-        raw = args.get("input") if isinstance(args.get("input"), str) else arguments
         return {"type": "custom_tool_call", "id": _item_id(turn, "ctc", index), "call_id": call_id,
-                "name": name, "input": raw if status == "completed" else "", "status": status}
+                "name": name, "input": freeform.raw_input(arguments) if status == "completed" else "",
+                "status": status}
     item = {"type": "function_call", "id": _item_id(turn, "fc", index), "call_id": call_id,
             "name": name, "arguments": arguments, "status": status}
     if spec is not None and spec.namespace:

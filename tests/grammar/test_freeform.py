@@ -51,3 +51,21 @@ def test_codex_apply_patch_call_is_constrained_through_the_proxy(served, apply_p
     calls = [item for item in resp.get_json()["output"] if item["type"] == "custom_tool_call"]
     assert calls and calls[0]["name"] == "apply_patch"
     assert lark_accepts(compiler, apply_patch["format"]["definition"], calls[0]["input"])
+
+
+def test_a_chat_custom_tool_call_is_constrained_through_the_proxy(served, apply_patch, compiler, tmp_path):
+    """The same tool in the Chat API's shape ({"type": "custom", "custom": {...}}, the grammar
+    under format.grammar), named by tool_choice."""
+    fmt = apply_patch["format"]
+    tool = {"type": "custom", "custom": {
+        "name": "apply_patch", "description": apply_patch["description"],
+        "format": {"type": "grammar", "grammar": {"syntax": fmt["syntax"], "definition": fmt["definition"]}}}}
+    client = create_app(proxy_config(f"unix://{served.sock}", tmp_path)).test_client()
+    resp = client.post("/v1/chat/completions", json={
+        "model": "m", "messages": [{"role": "user", "content": "Add a file hello.txt that says hi."}],
+        "tools": [tool], "tool_choice": {"type": "custom", "custom": {"name": "apply_patch"}},
+        "max_tokens": 160, "temperature": 0})
+    assert resp.status_code == 200, resp.get_data()
+    calls = resp.get_json()["choices"][0]["message"]["tool_calls"]
+    assert calls[0]["type"] == "custom" and calls[0]["custom"]["name"] == "apply_patch"
+    assert lark_accepts(compiler, fmt["definition"], calls[0]["custom"]["input"])
