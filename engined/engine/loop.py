@@ -178,7 +178,8 @@ class Engine:
         if drawing:
             seqs = [batch.seqs[i] for i in drawing]
             counts = [len(s.draft) + 1 for s in seqs]
-            rows = torch.cat([logits[i][-n:] for i, n in zip(drawing, counts)])  # [R, V]
+            parts = [logits[i][-n:] for i, n in zip(drawing, counts)]
+            rows = parts[0] if len(parts) == 1 else torch.cat(parts)  # [R, V]
             each = [(s, r) for s, n in zip(seqs, counts) for r in range(n)]
             grammars = [g for s, n in zip(seqs, counts) for g in (
                 s.grammar.draft_rows(s.draft) if s.grammar is not None and s.draft else [s.grammar] * n)]

@@ -95,3 +95,17 @@ def test_logprobs_match_log_softmax():
     reference = torch.log_softmax(logits.double(), -1)
     assert entry.logprob == pytest.approx(float(reference[7]), abs=1e-5)
     assert [i for i, _ in entry.top] == torch.topk(reference, 3).indices.tolist()
+
+
+def test_the_cpu_argmax_is_torchs_first_maximum():
+    """argmax_rows reads fp32 CPU rows with numpy: the same ids as torch.argmax, ties to the
+    first maximum, masked (-inf) rows included; other dtypes keep torch's."""
+    from engined.engine.sampler import argmax_rows
+    logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(3))
+    logits[1, 100] = logits[1, 40000] = 50.0              # a tie: the first one wins
+    logits[2] = float("-inf")
+    logits[2, 7] = 0.0                                   # a grammar's one allowed token
+    logits[3, :] = 1.0                                   # all equal
+    for rows in (logits, logits[4:5], logits.to(torch.bfloat16)):
+        assert argmax_rows(rows).tolist() == rows.argmax(-1).tolist()
+    assert argmax_rows(logits)[1:4].tolist() == [100, 7, 0]
