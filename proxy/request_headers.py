@@ -14,7 +14,7 @@ leading blanks dropped, a folded continuation line kept with the header it conti
 from __future__ import annotations
 
 MAX_LINE = 65536      # http.client's _MAXLINE
-MAX_HEADERS = 100     # http.client's _MAXHEADERS
+MAX_HEADERS = 100     # http.client's _MAXHEADERS: lines, the blank one included
 
 
 class Headers:
@@ -49,7 +49,7 @@ class Headers:
 
 def read(fp, *_) -> Headers:
     items: list[list[str]] = []
-    while True:
+    for _ in range(MAX_HEADERS):  # every line counts, folded ones and the blank end too
         line = fp.readline(MAX_LINE + 1)
         if len(line) > MAX_LINE:
             return Headers(status="Line too long")
@@ -62,6 +62,5 @@ def read(fp, *_) -> Headers:
         name, colon, value = text.partition(":")
         if not colon:
             return Headers(status="Invalid header line")
-        if len(items) >= MAX_HEADERS:
-            return Headers(status="Too many headers")
         items.append([name, value.lstrip(" \t").rstrip("\r\n")])
+    return Headers(status="Too many headers")

@@ -22,7 +22,9 @@ def _tail(items) -> tuple[str, bool]:
     chars: list[str] = []
     for op, arg in reversed(list(items)):
         if op in _SKIPPED or (op in _REPEATS and arg[0] == 0):
-            continue  # matches nothing at the end in the shortest match
+            if chars:  # optional text between: what comes before it is not always there
+                return "".join(reversed(chars)), False
+            continue  # at the very end: matches nothing in the shortest match
         if op == sre.LITERAL:
             chars.append(chr(arg))
             continue

@@ -94,9 +94,12 @@ class LoopGuard:
 
     def push(self, token_id: int):
         if self._plan:
-            self._plan = self._plan[1:] if token_id == self._plan[0] else []
-            if not self._plan and token_id == self.plans[self._planning][-1]:
-                self._spent.add(self._planning)
+            if token_id != self._plan[0]:
+                self._plan = []
+            else:
+                self._plan = self._plan[1:]
+                if not self._plan:  # written to its end
+                    self._spent.add(self._planning)
         for byte in self.token_bytes(token_id):
             if self._escaped:
                 self._escaped = False

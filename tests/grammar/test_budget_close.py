@@ -117,3 +117,34 @@ def test_forced_apply_patch_calls_parse_at_a_short_max_tokens_served(served, com
         arguments = json.loads(calls[0]["function"]["arguments"])
         jsonschema.validate(arguments, parameters)
         assert lark_accepts(compiler, apply_patch["format"]["definition"], arguments["input"]), arguments
+
+
+def test_an_optional_part_ends_the_literal_tail():
+    assert literal_suffix("foo(?:x)?bar") == "bar" and literal_suffix("ab(?:c)*$") == "ab"
+
+
+def test_a_closing_text_left_before_its_end_is_offered_again():
+    """Only a text written to its end without closing is not offered again: another token
+    in its place, even its own last token, leaves it available."""
+    from engined.grammar.loop_guard import LoopGuard
+
+    class Accepting:  # a grammar that accepts any closing text here
+        @staticmethod
+        def validate_tokens(tokens):
+            return len(tokens)
+
+    guard = LoopGuard(torch.zeros(2, 1, dtype=torch.int32), lambda t: b"x", plans=([5, 6, 7],))
+    guard.is_closing = True
+
+    def offered() -> list[int]:
+        mask = torch.full((1, 1), -1, dtype=torch.int32)
+        return [j for j in range(32) if int(mask[0, 0]) >> j & 1] if guard.narrow(mask, Accepting) else []
+
+    assert offered() == [5]
+    guard.push(5)
+    assert offered() == [6]
+    guard.push(7)              # not the planned 6: the plan is dropped, the text stays
+    assert offered() == [5]
+    for token in (5, 6, 7):    # written to its end: never again
+        guard.push(token)
+    assert offered() == []

@@ -87,3 +87,23 @@ def test_an_asleep_grammar_drafts_up_to_its_trigger(compiler, smol_text):
     assert "<tool_call>" not in tokenizer.decode(cut)
     assert "<tool_call>" in tokenizer.decode(draft[:len(cut) + 1])
     assert all(not row.is_masking for row in lazy.draft_rows(cut))
+
+
+def test_a_draft_that_ends_the_reply_leaves_the_matcher_where_it_was(compiler, smol_text):
+    """The prompt's end-of-turn token after a complete JSON: llguidance accepts it and stops
+    without counting it; the rows before it match, and the decode goes on constrained."""
+    tokenizer, chat = smol_text
+    head, tail = tokenizer.encode('{"items": ["a", "b'), tokenizer.encode('"]}')
+    draft = tail + [min(chat.stop_token_ids)]
+    matcher = new(compiler, SCHEMA, 400)
+    for token in head:
+        matcher.advance(token)
+    assert matcher.accepted_draft(draft) == draft
+    rows = matcher.draft_rows(draft)
+    expected = sequential_masks(compiler, SCHEMA, 400, head, tail)
+    for row, mask in zip(rows, expected):
+        assert torch.equal(row.mask()[0], mask)
+    for token in tail:
+        matcher.advance(token)
+    assert matcher.is_masking and not matcher.is_failed
+    assert torch.equal(matcher.mask()[0], expected[-1])

@@ -83,3 +83,16 @@ def test_a_grammar_in_error_draws_freely_instead_of_from_an_empty_mask(compiler,
     logits = torch.randn(1, tokenizer.vocab_size)
     assert masked(logits, [matcher]) is logits
     assert matcher.is_failed and not matcher.is_masking and lines
+
+
+def test_a_forbidden_nan_logit_is_never_drawn(compiler):
+    """The CPU masking (a lookup and fmin) sends a NaN on a forbidden token to -inf, as the
+    GPU's masked_fill does: the masked argmax is an allowed token."""
+    matcher = GrammarMatcher(compiler.choice(["yes", "no"]), compiler.ll)
+    bitmask, _, _ = matcher.mask()
+    allowed = unpack(bitmask, compiler.ll.vocab_size, torch.device("cpu"))[0]
+    logits = torch.zeros(1, compiler.ll.vocab_size)
+    forbidden = int((~allowed).nonzero()[0])
+    logits[0, forbidden] = float("nan")
+    out = masked(logits, [matcher])
+    assert bool(allowed[int(out.argmax())]) and out[0, forbidden] == float("-inf")

@@ -48,3 +48,17 @@ def test_a_refused_block_is_a_400_from_the_server(tmp_path, block):
         good = connect(port)  # and the server goes on serving
         good.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert good.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def test_every_line_counts_toward_the_limit_as_in_http_client():
+    """99 headers and the blank line are the most http.client reads; folded lines count too,
+    so endless continuation lines cannot grow one header without bound."""
+    import http.client
+    fits = b"".join(b"X-H%d: v\r\n" % i for i in range(99)) + b"\r\n"
+    over = b"".join(b"X-H%d: v\r\n" % i for i in range(100)) + b"\r\n"
+    folded = b"X-A: a\r\n" + b" more\r\n" * 200 + b"\r\n"
+    assert request_headers.read(io.BytesIO(fits)).status == headers_factory(io.BytesIO(fits)).status == ""
+    for block in (over, folded):
+        assert request_headers.read(io.BytesIO(block)).status == "Too many headers"
+        with pytest.raises(http.client.HTTPException):
+            headers_factory(io.BytesIO(block))
