@@ -217,8 +217,9 @@ class _Fixed:
     is_masking: bool = True
     is_failed: bool = False
 
-    def mask(self) -> tuple[torch.Tensor, float, bool]:
-        return self.bitmask, 0.0, True
+    def mask(self) -> tuple[torch.Tensor, None, None]:
+        """None, None: computed with the draft, not on the grammar thread: not timed."""
+        return self.bitmask, None, None
 
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
@@ -258,7 +259,8 @@ def masked(rows: torch.Tensor, grammars: list, observe=lambda ms, is_ready: None
     masks = []
     for r in index:
         bitmask, ms, is_ready = grammars[r].mask()
-        observe(ms, is_ready)
+        if ms is not None:  # a draft's rows were made ahead: they do not count as timed
+            observe(ms, is_ready)
         masks.append(bitmask)
     kept = [k for k, r in enumerate(index) if not grammars[r].is_failed]
     # a grammar that failed now draws freely (logged), never from an empty mask

@@ -107,3 +107,19 @@ def test_a_draft_that_ends_the_reply_leaves_the_matcher_where_it_was(compiler, s
         matcher.advance(token)
     assert matcher.is_masking and not matcher.is_failed
     assert torch.equal(matcher.mask()[0], expected[-1])
+
+
+def test_draft_rows_are_not_timed_as_masks_computed_on_the_grammar_thread(compiler, smol_text):
+    """The mask metrics (ms per mask, share ready before the logits) count the grammar
+    thread's masks; a draft's rows are made ahead and would read as 0 ms, always ready."""
+    from engined.grammar.matcher import masked
+    tokenizer, _ = smol_text
+    matcher = new(compiler, SCHEMA, 400)
+    for token in tokenizer.encode('{"items": ["a'):
+        matcher.advance(token)
+    rows = matcher.draft_rows(tokenizer.encode('", "b'))
+    seen = []
+    masked(torch.zeros(len(rows), compiler.ll.vocab_size), rows, lambda ms, ready: seen.append(ms))
+    assert seen == []
+    masked(torch.zeros(1, compiler.ll.vocab_size), [matcher], lambda ms, ready: seen.append(ms))
+    assert len(seen) == 1 and seen[0] >= 0.0
