@@ -124,22 +124,15 @@ class GrammarMatcher:
         if not self.is_masking or not draft:
             return [self] * (len(draft) + 1)
         self._wait()
-        twin, guard, left = self.matcher.deep_copy(), self.guard and self.guard.fork(), self._left
+        twin, guard = self.matcher.deep_copy(), self.guard and self.guard.fork()
         rows = [_Fixed(self.bitmask.clone())]
-        for token in draft:
+        for j, token in enumerate(draft, 1):
             # stopped: the token before ended the reply (an end token then, as llguidance
             # accepts one, is not consumed), so no row after it is ever kept
             if twin.is_stopped() or not twin.consume_token(token):
                 break
             bitmask = torch.empty_like(self.bitmask)
-            if guard is not None:
-                guard.push(token)
-                left = None if left is None else left - 1
-                if left is not None:
-                    guard.left(left)
-            twin.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * bitmask.element_size())
-            if guard is not None:
-                guard.narrow(bitmask, twin)
+            _next_mask(twin, guard, (token,), None if self._left is None else self._left - j, bitmask)
             rows.append(_Fixed(bitmask))
         return rows + rows[-1:] * (len(draft) + 1 - len(rows))
 
@@ -193,21 +186,28 @@ class GrammarMatcher:
     def _fill(self, consumed=(), left: int | None = None):
         """On the grammar thread: the loop guard reads the tokens just consumed (off the
         model thread) and the budget left, then the next mask is computed."""
-        if self.guard is not None:
-            for token in consumed:
-                self.guard.push(token)
-            if left is not None:
-                self.guard.left(left)
-        started, row = time.perf_counter(), self.bitmask[0]
-        self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
-        if self.guard is not None:
-            self.guard.narrow(self.bitmask, self.matcher)
-        self.mask_ms = (time.perf_counter() - started) * 1e3
+        self.mask_ms = _next_mask(self.matcher, self.guard, consumed, left, self.bitmask)
 
     def _wait(self):
         if self._pending is not None:
             self._pending.result()
             self._pending = None
+
+
+def _next_mask(matcher, guard: LoopGuard | None, consumed, left: int | None,
+               bitmask: torch.Tensor) -> float:
+    """The guard reads the tokens just consumed and the budget left; then matcher's next mask
+    goes into bitmask [1, W], narrowed by the guard. -> ms the mask took (the reading not)."""
+    if guard is not None:
+        for token in consumed:
+            guard.push(token)
+        if left is not None:
+            guard.left(left)
+    started = time.perf_counter()
+    matcher.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * bitmask.element_size())
+    if guard is not None:
+        guard.narrow(bitmask, matcher)
+    return (time.perf_counter() - started) * 1e3
 
 
 @dataclass

@@ -17,6 +17,7 @@ import json
 import re
 
 from proxy import canonical as c
+from proxy.dialects import common as d
 
 CUSTOM_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 
@@ -46,11 +47,7 @@ def custom_spec(name: str, description: str, fmt, source: str) -> c.ToolSpec:
 def raw_input(arguments: str) -> str:
     """A custom call's input from the function arguments the upstream wrote: their `input`
     string (the arguments themselves when they hold none)."""
-    try:
-        args = json.loads(arguments)
-    except ValueError:
-        return arguments
-    value = args.get("input") if isinstance(args, dict) else None
+    value = d.parse_args_object(arguments).get("input")
     return value if isinstance(value, str) else arguments
 
 
