@@ -58,6 +58,22 @@ int gemv_w4a8(const float *x, int64_t rows, const uint8_t *qweight, const uint16
  * bits; AVX2 runs shapes with k % 64 == 32 at levels 2 and 3. */
 int w4a8_simd(int mode);
 
+/* W4A8 on a linear stored in tiles (kimi_tiles.c, kimi_tiles.h): x quantized as gemv_w4a8
+ * does, but in natural order, any rows >= 1 (decode, a verify step, prefill), one pass over W.
+ * The codes and scales are rearranged per tile of KH_TILE output rows so that one vector holds
+ * the same input of 16 rows (engined/ops/int4_format.py, to_tiles): tq [n/16, k/8, 16, 4]
+ * bytes (byte i of row j, chunk c: codes of inputs 8c + i and 8c + 4 + i in its low and high
+ * nibbles), ts and tm [n/16, k/group, 16] half bits (tm NULL: symmetric). n % 16 == 0, group a
+ * multiple of 32. Each output is the same operations whatever rows, nthreads and the
+ * instruction set (tiles_simd: 3 AVX-512 VNNI, 1 AVX2, 0 portable C; w4a8_simd's cap caps
+ * it): a row's result does not depend on its batch. work: tiles_w4a8_work_floats floats. */
+#define KH_TILE 16
+int64_t tiles_w4a8_work_floats(int64_t rows, int64_t k, int64_t group);
+int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
+               const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work,
+               float *out, int nthreads);
+int tiles_simd(void);
+
 /* Q8_0 GEMV, the tied LM head as the GGUF ships it: out[r, i] = sum_k xq[r, k] * d[r, k/32]
  * * qweight[i, k] * scales[i, k/32] for r < rows (1..KH_MAX_ROWS), x quantized per block of
  * 32 as gemv_w4a8 does (natural order); qweight [n, k] int8, scales [n, k/32] fp16 bits,
@@ -85,12 +101,14 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
                      const uint16_t *up_s, const uint16_t *up_m, int64_t n, int64_t k,
                      int64_t group, float *work, float *out, int nthreads);
 
-/* One packed INT4 linear [n, k] (mins NULL: symmetric), as the layer call takes it. */
+/* One packed INT4 linear [n, k] (mins NULL: symmetric), as the layer call takes it; tiled:
+ * 1 when q, s, m are in tiles (tiles_w4a8 runs it). */
 typedef struct {
     const uint8_t *q;
     const uint16_t *s;
     const uint16_t *m;
     int64_t n, k, group;
+    int tiled;
 } KhInt4;
 
 /* A grouped MoE's SwiGLU experts, one group size: gate and up stacks [num_experts, inner,

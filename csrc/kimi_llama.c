@@ -94,6 +94,8 @@ static void rope(float *x, int64_t heads, int64_t hd, const float *cos, const fl
 static int project(const KhLlamaLayer *L, const KhInt4 *w, const float *x, int64_t rows,
                    float *work, float *out, int nthreads)
 {
+    if (w->tiled)
+        return tiles_w4a8(x, rows, w->q, w->s, w->m, w->n, w->k, w->group, work, out, nthreads);
     return (L->w4a8 ? gemv_w4a8 : gemv_w4a16)(x, rows, w->q, w->s, w->m, w->n, w->k, w->group,
                                              work, out, nthreads);
 }
@@ -122,7 +124,10 @@ int64_t llama_decode_layer_work_floats(const KhLlamaLayer *L, int64_t rows)
     ws[3] = &L->down;
     for (i = 0; i < 4; i++) {
         if (!ws[i]->q || !ws[i]->s) return -1;
-        need = gemv_work(L, rows, ws[i]->k, ws[i]->group);
+        if (ws[i]->tiled)
+            need = ws[i]->n % KH_TILE ? -1 : tiles_w4a8_work_floats(rows, ws[i]->k, ws[i]->group);
+        else
+            need = gemv_work(L, rows, ws[i]->k, ws[i]->group);
         if (need < 0) return -1;
         most = need > most ? need : most;
     }

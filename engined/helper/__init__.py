@@ -16,7 +16,7 @@ the package (`from engined import helper`); its modules, re-exported here, are:
   pointers; the hot calls `gemv`, `grouped_gemv` and `moe_swiglu` (and `moe_grouped`, the
   multi-row MoE) take that handle, so a decode GEMV costs a few microseconds of Python.
   `gemv_w4a8` is `gemv` with x quantized to int8 per block of 32 (`w4a8_simd` says which
-  kernel runs). `gemm` is the prefill GEMM (any row count, W decoded tile by tile, never
+  kernel runs); `tiles_w4a8` the same for a linear in the CPU's tiles, any row count. `gemm` is the prefill GEMM (any row count, W decoded tile by tile, never
   whole). `unpack` dequantizes a handle to fp32.
 - dense.py: `gemv_f16` is the fp16 LM head, `gemv_bf16` the bf16 one, `gemv_q8` the Q8_0 one.
 - llama.py: `llama_layer` / `llama_decode_layer` run one Llama decoder layer per call, and
@@ -36,7 +36,7 @@ from engined.helper.core import (  # noqa: F401
     ffi, lib, np, require, torch)
 from engined.helper.int4 import (  # noqa: F401
     Int4Weight, _routed, _row_passes, gemm, gemv, gemv_w4a8, grouped_gemv, int4_weight,
-    moe_grouped, moe_swiglu, unpack)
+    moe_grouped, moe_swiglu, tiles_w4a8, unpack)
 from engined.helper.dense import _gemv_h16, gemv_bf16, gemv_f16, gemv_q8, q8_simd  # noqa: F401
 from engined.helper.llama import (  # noqa: F401
     LlamaLayerHandle, llama_decode_layer, llama_decode_layers, llama_layer)
@@ -45,4 +45,5 @@ from engined.helper.arrays import (  # noqa: F401
     unpack_int4)
 from engined.helper.system import (  # noqa: F401
     INT8_LEVELS, SIMD_LEVELS, gemv_simd, memcap_cap, memcap_init, memcap_peak,
-    memcap_release, memcap_reserve, memcap_reserved, pool_stats, read_probe, w4a8_simd)
+    memcap_release, memcap_reserve, memcap_reserved, pool_stats, read_probe, tiles_simd,
+    w4a8_simd)

@@ -17,9 +17,9 @@ class Int4Weight:
     qweight's data address when prepared (a tensor given new storage needs a new handle)."""
 
     __slots__ = ("q", "s", "m", "experts", "n", "k", "group", "work_floats", "q8_work_floats",
-                 "address", "_tensors")
+                 "address", "tiled", "_tensors")
 
-    def __init__(self, qweight, scales, mins, group: int):
+    def __init__(self, qweight, scales, mins, group: int, tiled: bool = False):
         tensors = (qweight, scales) if mins is None else (qweight, scales, mins)
         shape = tuple(qweight.shape)
         if len(shape) not in (2, 3) or group <= 0 or (2 * shape[-1]) % group \
@@ -35,6 +35,10 @@ class Int4Weight:
         if not all(t.is_contiguous() for t in tensors):
             raise ValueError("the C kernels need contiguous qweight, scales and mins")
         self.experts = shape[0] if len(shape) == 3 else 0
+        if tiled and (self.experts or shape[0] % int(lib.KH_TILE) or group % 32):
+            raise ValueError(f"a linear in tiles needs N % {int(lib.KH_TILE)} == 0 and groups "
+                             f"of whole blocks of 32, got qweight {shape}, group {group}")
+        self.tiled = bool(tiled)
         self.n, self.k, self.group = shape[-2], 2 * shape[-1], group
         self.address = qweight.data_ptr()
         self.q = ffi.cast("uint8_t *", self.address)
@@ -45,11 +49,11 @@ class Int4Weight:
         self._tensors = tensors
 
 
-def int4_weight(qweight, scales, mins, group: int) -> Int4Weight:
+def int4_weight(qweight, scales, mins, group: int, tiled: bool = False) -> Int4Weight:
     """Validate packed INT4 tensors (contiguous CPU uint8 codes, fp16 scales and mins; mins
-    None for a symmetric linear)."""
+    None for a symmetric linear; tiled: in the CPU's tiles, int4_format.to_tiles)."""
     require()
-    return Int4Weight(qweight, scales, mins, group)
+    return Int4Weight(qweight, scales, mins, group, tiled)
 
 
 def gemv(w: Int4Weight, x, out=None, threads: int = 1):
@@ -67,11 +71,30 @@ def gemv_w4a8(w: Int4Weight, x, out=None, threads: int = 1):
     return _row_passes(lib.gemv_w4a8, "gemv_w4a8", w, x, out, w.q8_work_floats, threads)
 
 
+def tiles_w4a8(w: Int4Weight, x, out=None, threads: int = 1):
+    """out[M, N] = q8(x)[M, K] @ W^T in fp32 for any M >= 1, W a linear in tiles: one call and
+    one pass over W for decode rows, a verify step or a prefill chunk (csrc/kimi_tiles.c);
+    each row's result is the same bits whatever rows come with it."""
+    if not w.tiled:
+        raise ValueError("tiles_w4a8 takes a linear in tiles (int4_format.to_tiles)")
+    x = _as_rows(x, w.k)
+    rows = x.shape[0]
+    out = _out(out, (rows, w.n))
+    _owner, work = _workspace(int(lib.tiles_w4a8_work_floats(rows, w.k, w.group)))
+    cast = ffi.cast
+    status = lib.tiles_w4a8(cast("float *", x.data_ptr()), rows, w.q, w.s, w.m, w.n, w.k,
+                            w.group, work, cast("float *", out.data_ptr()), threads)
+    if status:
+        check(status, "tiles_w4a8")
+    return out
+
+
 def _row_passes(fn, what: str, w: Int4Weight, x, out, work_floats: int, threads: int):
     """The dense GEMVs' launcher: x [M, K] in passes of MAX_ROWS rows -> out [M, N]."""
     k, n = w.k, w.n
     if w.experts:
         raise ValueError(f"{what} takes one linear, not an expert stack")
+    _disk_layout(w, what)
     x = _as_rows(x, k)
     rows = x.shape[0]
     out = _out(out, (rows, n))
@@ -92,6 +115,7 @@ def gemm(w: Int4Weight, x, out=None, threads: int = 1):
     prefill never holds an [N, K] fp32 copy. Returns out."""
     if w.experts:
         raise ValueError("gemm_w4a16 takes one linear, not an expert stack")
+    _disk_layout(w, "gemm_w4a16")
     x = _as_rows(x, w.k)
     out = _out(out, (x.shape[0], w.n))
     cast = ffi.cast
@@ -180,8 +204,15 @@ def _routed(fn, what, stacks, x, expert_ids, out, threads):
     return out
 
 
+def _disk_layout(w: Int4Weight, what: str):
+    """Only tiles_w4a8 reads a linear in tiles: every other kernel would read garbage."""
+    if w.tiled:
+        raise ValueError(f"{what}: this linear is in the CPU's tiles (tiles_w4a8 runs it)")
+
+
 def unpack(w: Int4Weight, out=None, threads: int | None = None):
     """The dequantized weight, fp32 [N, K] (or [E, N, K] for a stack), into `out` if given."""
+    _disk_layout(w, "unpack_int4")
     shape = (w.experts, w.n, w.k) if w.experts else (w.n, w.k)
     out = _out(out, shape)
     status = lib.unpack_int4(w.q, w.s, w.m, max(w.experts, 1) * w.n, w.k, w.group,

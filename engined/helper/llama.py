@@ -35,6 +35,7 @@ def llama_layer(attn_norm, ffn_norm, eps: float, qkv: Int4Weight, o: Int4Weight,
             raise ValueError(f"{name}: one linear needed, not an expert stack")
         part = getattr(layer, name)
         part.q, part.s, part.m, part.n, part.k, part.group = w.q, w.s, w.m, w.n, w.k, w.group
+        part.tiled = int(w.tiled)
     layer.dim, layer.heads, layer.kv_heads, layer.head_dim = qkv.k, heads, kv_heads, head_dim
     layer.inner, layer.w4a8 = gate_up.n // 2, int(bool(w4a8))
     if lib.llama_decode_layer_work_floats(layer, 1) < 0:

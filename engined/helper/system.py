@@ -29,6 +29,14 @@ def w4a8_simd(level: int | None = None) -> int:
     return int(lib.w4a8_simd(-1 if level is None else level))
 
 
+def tiles_simd() -> int:
+    """The W4A8 tile kernel (tiles_w4a8) under w4a8_simd's cap, as an INT8_LEVELS key: 3
+    AVX-512 VNNI, 1 AVX2 (also where AVX-VNNI is the cap: no 256-bit VNNI tile kernel), 0
+    portable C."""
+    require()
+    return int(lib.tiles_simd())
+
+
 def read_probe(buf, threads: int = 1) -> int:
     """Read every byte of `buf` (a contiguous CPU tensor, nbytes a multiple of 8) with
     `threads` pool threads -> the sum of its 64-bit words mod 2**64. Timed, it is the memory

@@ -82,13 +82,13 @@ class Linear:
         rows keep their own scales and mins, so each output equals the part's, bit for bit, in
         one GEMV call instead of len(parts))."""
         ps = [lin.packed for lin in parts]
-        if len({(p.shape[1], p.layout, p.gpu_order) for p in ps}) != 1:
+        if len({(p.shape[1], p.layout, p.gpu_order, p.tiles) for p in ps}) != 1:
             raise ValueError("stacked linears need the same in_features, group size, kind and "
                              "code order")
         mins = None if ps[0].symmetric else torch.cat([p.mins for p in ps])
-        return cls.from_packed(int4_format.PackedInt4(
+        return cls.from_packed(int4_format.PackedInt4(  # tiles are whole rows: they stack too
             torch.cat([p.qweight for p in ps]), torch.cat([p.scales for p in ps]), mins,
-            ps[0].group_size, ps[0].gpu_order), device)
+            ps[0].group_size, ps[0].gpu_order, ps[0].tiles), device)
 
     @classmethod
     def split(cls, int4: dict, names: tuple[str, ...], sizes: tuple[int, ...], in_features: int,
@@ -111,9 +111,13 @@ class Linear:
             part.weight = self.weight[start:end]
             return part
         p = self.packed
+        if p.tiles and (start % int4_format.TILE or end % int4_format.TILE):
+            raise ValueError(f"rows [{start}, {end}) of a linear in tiles of "
+                             f"{int4_format.TILE}: not whole tiles")
         mins = None if p.symmetric else p.mins[start:end]
         return Linear.from_packed(int4_format.PackedInt4(
-            p.qweight[start:end], p.scales[start:end], mins, p.group_size, p.gpu_order), self.device)
+            p.qweight[start:end], p.scales[start:end], mins, p.group_size, p.gpu_order, p.tiles),
+            self.device)
 
     @property
     def is_int4(self) -> bool:
@@ -147,12 +151,30 @@ class Linear:
             int4_format.to_gpu_order_(p.qweight, p.group_size)
         self._packed = int4_format.PackedInt4(p.qweight, p.scales, p.mins, p.group_size, True)
 
+    def to_tiles_(self, back: bool = False):
+        """Codes and scales into the CPU's tiles (int4_format.tile_tensors), in place: the
+        same tensors, so no second copy of W, and every row of x, decode or prefill, then runs
+        w4a8_tiles. back=True returns them to the disk's layout (decode rows then run
+        w4a16_gemv until select_gemv says otherwise). Views of rows made before are stale."""
+        p = self.packed
+        if p.tiles != back:
+            return
+        for dst, src in zip(self.tensors, int4_format.tile_tensors(p, back)):
+            dst.copy_(src)
+        self._packed = int4_format.PackedInt4(p.qweight, p.scales, p.mins, p.group_size,
+                                              tiles=not back)
+        self._gemm = None
+        if back:
+            self._gemv, self._gemv_selected = None, False
+        else:
+            self.select_gemv("w4a8_tiles")
+
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """W: [N, K] in dtype (dequantized for INT4: the C helper on CPU, else the reference)."""
         if not self.is_int4:
             return self.weight.to(dtype)
         p = self.packed
-        if p.qweight.device.type == "cpu" and helper.available() and not p.gpu_order:
+        if p.qweight.device.type == "cpu" and helper.available() and not (p.gpu_order or p.tiles):
             mins = None if p.symmetric else p.mins.numpy()
             w = helper.unpack_int4(p.qweight.numpy(), p.scales.numpy(), mins, p.group_size)
             return torch.from_numpy(w).to(dtype)
@@ -166,9 +188,10 @@ class Linear:
             if self.weight.dtype == x.dtype or self.device.type != "cpu":
                 return F.linear(x, self.weight.to(x.dtype))  # no-op cast when dtypes agree
             return self._cast_by_blocks(x)
-        if x.shape[0] <= helper.MAX_ROWS:
+        if x.shape[0] <= helper.MAX_ROWS or self.packed.tiles:  # tiles: any rows, one op
             if self._gemv is None:
-                self._gemv = registry.resolve("w4a16_gemv", self.device.type).fn
+                op = "w4a8_tiles" if self.packed.tiles else "w4a16_gemv"
+                self._gemv = registry.resolve(op, self.device.type).fn
             return self._gemv(x, self.packed).to(x.dtype)
         if self._gemm is None:
             self._gemm = registry.resolve("w4a16_gemm", self.device.type).fn
@@ -196,7 +219,7 @@ class Linear:
         """silu(gate) * up for decode rows x [M, K] of this stacked [gate; up] INT4 linear ->
         [M, F]: one w4a16_swiglu pass, or, when select_gemv chose another GEMV for it (W4A8,
         a pinned reference), that GEMV, then silu and the product."""
-        if not self._gemv_selected:
+        if not (self._gemv_selected or self.packed.tiles):
             return registry.resolve("w4a16_swiglu", self.device.type).fn(x, self.packed)
         gate_up, f = self(x), self.out_features // 2
         return F.silu(gate_up[:, :f]).mul_(gate_up[:, f:])

@@ -36,6 +36,13 @@ class SwiGLU:
         self.gate_proj, self.up_proj = self.gate_up.rows(0, self.hidden), self.gate_up.rows(self.hidden, 2 * self.hidden)
         return self
 
+    def to_tiles_(self, back: bool = False):
+        """The fused linears in (or out of) the CPU's tiles (Linear.to_tiles_); gate_proj and
+        up_proj are made again as views of gate_up's rows (whole tiles: hidden % 16 == 0)."""
+        for lin in (self.gate_up, self.down_proj):
+            lin.to_tiles_(back)
+        self.gate_proj, self.up_proj = self.gate_up.rows(0, self.hidden), self.gate_up.rows(self.hidden, 2 * self.hidden)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [T, D]; gate_up: [T, 2F]
         if self.gate_up is None:  # in place: at 200 tokens x 16384 each [T, F] is 13 MB

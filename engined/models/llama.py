@@ -16,7 +16,7 @@ from engined.layers.mlp import SwiGLU
 from engined.layers.rmsnorm import RMSNorm
 from engined.layers.rope import RotaryEmbedding
 from engined.models.protocol import check_span
-from engined.ops import registry
+from engined.ops import int4_format, registry
 from engined.ops.llama_decode_layer.reference import LlamaLayer
 from engined.ops.q8_gemv.reference import PackedQ8
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
@@ -114,7 +114,7 @@ def decode_gemv_op(device: str) -> str:
     W4A16's AVX-512 kernel, and GPUs W4A16."""
     if device != "cpu" or not helper.available():
         return "w4a16_gemv"
-    return "w4a8_gemv" if helper.w4a8_simd() >= 2 or helper.gemv_simd() <= 1 else "w4a16_gemv"
+    return "w4a8_tiles" if helper.w4a8_simd() >= 2 or helper.gemv_simd() <= 1 else "w4a16_gemv"
 
 
 class LlamaModel:
@@ -161,9 +161,22 @@ class LlamaModel:
         return model
 
     def select_decode_gemv(self, op: str):
-        """Decode rows of every INT4 linear through `op` (w4a16_gemv or w4a8_gemv)."""
+        """Decode rows of every INT4 linear through `op`: w4a16_gemv, w4a8_gemv, or
+        w4a8_tiles, which puts the weights into the CPU's tiles in place and then runs every
+        row, decode and prefill (w4a8_gemv where a shape does not tile)."""
+        linears = [lin for b in self.blocks
+                   for lin in (b.attn.qkv, b.attn.o, b.mlp.gate_up, b.mlp.down_proj)]
+        tiles = op == "w4a8_tiles" and all(
+            lin.packed.tiles or int4_format.can_tile(lin.packed) for lin in linears) and all(
+            b.mlp.hidden % int4_format.TILE == 0 for b in self.blocks)
+        if op == "w4a8_tiles" and not tiles:
+            op = "w4a8_gemv"
         for block in self.blocks:
-            for lin in (block.attn.qkv, block.attn.o, block.mlp.gate_up, block.mlp.down_proj):
+            block.attn.qkv.to_tiles_(back=not tiles)
+            block.attn.o.to_tiles_(back=not tiles)
+            block.mlp.to_tiles_(back=not tiles)
+        if not tiles:
+            for lin in linears:
                 lin.select_gemv(op)
         self.decode_gemv = op
         self.decode_layer = self._decode_layer_fn()

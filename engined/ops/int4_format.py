@@ -62,6 +62,7 @@ class PackedInt4:
     mins: torch.Tensor | None
     group_size: int
     gpu_order: bool = False  # codes permuted in each group for the GPU kernels (to_gpu_order)
+    tiles: bool = False      # codes and scales in the CPU's tiles of 16 rows (to_tiles)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -128,9 +129,60 @@ def to_gpu_order_(qweight: torch.Tensor, group: int, block_bytes: int = 64 << 20
         rows[first:first + step] = gpu_order(rows[first:first + step], group)
 
 
+TILE = 16  # output rows per tile (csrc/kimi_tiles.h)
+
+
+def can_tile(p: PackedInt4) -> bool:
+    """Whether the CPU's tiles take this linear: rows a multiple of TILE, groups of whole
+    blocks of 32 (the tile kernels are W4A8), codes in the disk's order."""
+    n, _ = p.shape
+    return n % TILE == 0 and p.group_size % 32 == 0 and not p.gpu_order and not p.tiles
+
+
+def tile_tensors(p: PackedInt4, back: bool = False) -> tuple[torch.Tensor, ...]:
+    """The tensors of p (new ones, the same shapes) in the CPU's tiles, or back from them.
+
+    Per tile t of rows 16t..16t+15 and chunk c of inputs 8c..8c+7, 64 bytes: 4 per row j, byte
+    i holding the codes of inputs 8c + i (low nibble) and 8c + 4 + i (high nibble); scales and
+    mins [n/16, k/G, 16]. The tiles of rows [16a, 16b) are rows [16a, 16b) of the result, so a
+    view of whole tiles is a linear in tiles too."""
+    n, k = p.shape
+    if n % TILE or k % 8:
+        raise FormatError(f"tiles need N % {TILE} == 0 and K % 8 == 0, got {n} x {k}")
+    if back:  # [N/16, K/8, 16, 4] bytes -> codes [N/16, 16, K/8, 2, 4]
+        b = p.qweight.reshape(n // TILE, k // 8, TILE, 4)
+        codes = torch.stack((b & 0x0F, b >> 4), dim=-1).permute(0, 2, 1, 4, 3)
+        qweight = pack_codes(codes.reshape(n, k))
+    else:     # codes [N/16, 16, K/8, 2 (halves of 4), 4] -> [N/16, K/8, 16, 4, 2]
+        codes = unpack_codes(p.qweight).view(n // TILE, TILE, k // 8, 2, 4)
+        c = codes.permute(0, 2, 1, 4, 3)
+        qweight = (c[..., 0] | (c[..., 1] << 4)).reshape(n, k // 2)
+    groups = k // p.group_size
+
+    def regroup(t: torch.Tensor) -> torch.Tensor:  # [N/16, 16, G] <-> [N/16, G, 16]
+        shape = (n // TILE, groups, TILE) if back else (n // TILE, TILE, groups)
+        return t.reshape(shape).transpose(1, 2).reshape(n, groups).contiguous()
+    mins = None if p.mins is None else regroup(p.mins)
+    return qweight.contiguous(), regroup(p.scales), mins
+
+
+def to_tiles(p: PackedInt4) -> PackedInt4:
+    """p with its codes and scales in the CPU's tiles (new tensors)."""
+    if not can_tile(p):
+        raise FormatError(f"a {p.shape[0]} x {p.shape[1]} linear with groups of {p.group_size}"
+                          f"{' in the GPU order' if p.gpu_order else ''} does not go into tiles")
+    return PackedInt4(*tile_tensors(p), p.group_size, tiles=True)
+
+
+def from_tiles(p: PackedInt4) -> PackedInt4:
+    """p back in the disk's layout (new tensors)."""
+    return PackedInt4(*tile_tensors(p, back=True), p.group_size) if p.tiles else p
+
+
 def dequantize(p: PackedInt4) -> torch.Tensor:
     """The reference decode, in fp32: W[N, K] = s * q + m, or s * (q - 8) when symmetric
     (exact: an fp16 scale times a 4-bit integer fits an fp32 mantissa)."""
+    p = from_tiles(p)
     n, k = p.shape
     g = p.group_size
     q = unpack_codes(gpu_order(p.qweight, g, back=True) if p.gpu_order else p.qweight)
@@ -171,9 +223,9 @@ def quantize_sym(w: torch.Tensor, group_size: int = 32) -> PackedInt4:
 
 def to_state_dict(name: str, p: PackedInt4) -> dict[str, torch.Tensor]:
     """<name>.qweight, <name>.scales and, for an asymmetric linear, <name>.mins."""
-    if p.gpu_order:
-        raise FormatError(f"{name}: codes in the GPU's order are never written (format version 2 "
-                          "is the on-disk order)")
+    if p.gpu_order or p.tiles:
+        raise FormatError(f"{name}: codes in the GPU's order or the CPU's tiles are never "
+                          "written (format version 2 is the on-disk order)")
     out = {name + ".qweight": p.qweight, name + ".scales": p.scales}
     if not p.symmetric:
         out[name + ".mins"] = p.mins

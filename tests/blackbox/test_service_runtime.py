@@ -63,8 +63,12 @@ def test_units_start_from_their_exact_execstart(engine, proxy, root):
     assert engine.env["TRITON_CACHE_DIR"] == str(root.path("/var/cache/kimi/triton"))
     assert engine.env["KIMI_ENGINE_MAX_CONTEXT"] == "512"
     assert "(max context 512 tokens)" in engine.log.read_text()  # env file over config file
-    from engined.models import llama  # the kernels are chosen at run time, and said at start
-    assert f"integer dots; decode GEMV {llama.decode_gemv_op('cpu')}" in engine.log.read_text()
+    from engined import helper  # the kernels are chosen at run time, and said at start
+    from engined.models import llama
+    op = llama.decode_gemv_op("cpu")
+    said = (f"projections w4a8_tiles ({helper.INT8_LEVELS[helper.tiles_simd()]})"
+            if op == "w4a8_tiles" else f"decode GEMV {op}")
+    assert f"integer dots; {said}" in engine.log.read_text()
 
 
 def test_engine_ready_only_after_health_answers(engine):

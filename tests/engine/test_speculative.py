@@ -79,8 +79,8 @@ def test_constrained_requests_speculate_and_keep_their_tokens(llama):
     call = '<tool_call>\n{"name": "area", "arguments": {"width": 2, "height": 3}}\n</tool_call>\n'
     tokenizer = llama.tokenizer
     json_prompt = tokenizer.encode("List the steps to bake bread as JSON.\n")
-    copy_prompt = tokenizer.encode("Copy this exactly, then stop.\n\n" + call + "Copy:\n\n" + call
-                                   + "Copy:\n\n")
+    copy_prompt = tokenizer.encode("Copy this exactly, then stop.\n\n" + call + "Copy:\n" + call
+                                   + "Copy:\n")
 
     def requests():  # fresh matchers per run
         source, trigger = llama.chat.tool_grammar(

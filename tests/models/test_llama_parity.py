@@ -158,12 +158,12 @@ def test_plan_matches_loaded_model(shipped):
 
 
 def test_the_decode_gemv_follows_the_widest_kernel(monkeypatch):
-    """W4A8 decodes where its integer dots are as wide as W4A16's fp32 FMAs: VNNI (AVX-512 or
-    AVX-VNNI), or AVX2 without AVX-512; W4A16 on AVX-512 without VNNI."""
+    """W4A8 (in tiles) decodes where its integer dots are as wide as W4A16's fp32 FMAs: VNNI
+    (AVX-512 or AVX-VNNI), or AVX2 without AVX-512; W4A16 on AVX-512 without VNNI."""
     from engined import helper
     from engined.models import llama
-    for w4a8, w4a16, want in ((1, 1, "w4a8_gemv"), (1, 2, "w4a16_gemv"), (0, 0, "w4a8_gemv"),
-                              (3, 2, "w4a8_gemv"), (2, 2, "w4a8_gemv"), (2, 1, "w4a8_gemv")):
+    for w4a8, w4a16, want in ((1, 1, "w4a8_tiles"), (1, 2, "w4a16_gemv"), (0, 0, "w4a8_tiles"),
+                              (3, 2, "w4a8_tiles"), (2, 2, "w4a8_tiles"), (2, 1, "w4a8_tiles")):
         monkeypatch.setattr(helper, "w4a8_simd", lambda level=None, w=w4a8: w)
         monkeypatch.setattr(helper, "gemv_simd", lambda level=None, v=w4a16: v)
         assert llama.decode_gemv_op("cpu") == want

@@ -142,6 +142,32 @@ W4A8 = [
 ]
 
 
+def tiles_case(m: int, n: int, k: int, group: int, dtype=torch.float32, seed=0,
+               symmetric: bool = False) -> Case:
+    """w4a8_tiles: a w4a8 case whose weight is in the CPU's tiles (N a multiple of 16)."""
+    case = w4a8_case(m, n, k, group, dtype, seed, symmetric)
+
+    def make(gen):
+        x, w = case.make(gen)
+        return x, int4_format.to_tiles(w)
+    return replace(case, id=case.id + "-tiles", make=make)
+
+
+TILES = [
+    tiles_case(1, 16, 32, 32),                           # one tile, one block
+    tiles_case(1, 48, 96, 32, seed=1),                   # 3 tiles: a 2-tile and a 1-tile block
+    tiles_case(2, 80, 160, 32, seed=2, symmetric=True),  # 5 tiles at 2 rows: 4 + 1
+    tiles_case(3, 32, 192, 64, seed=3),                  # group 64: two blocks per group
+    tiles_case(4, 64, 320, 64, seed=4, symmetric=True),  # 5 groups of 64
+    tiles_case(5, 96, 96, 32, torch.bfloat16, seed=5),   # rows 4 + 1
+    tiles_case(8, 48, 256, 128, seed=6),                 # a verify step of 7 drafts
+    tiles_case(13, 32, 96, 32, seed=7, symmetric=True),  # past MAX_ROWS: one call still
+    tiles_case(70, 64, 128, 32, seed=8),                 # prefill: two chunks of 64 rows
+    tiles_case(1, 576, 1536, 32, seed=9, symmetric=True),  # SmolLM2 shapes
+    tiles_case(6, 960, 576, 32, seed=10),
+]
+
+
 def random_q8(gen: torch.Generator, n: int, k: int):
     """GGUF Q8_0: every int8 code (-128 included) and scales of both signs."""
     from engined.ops.q8_gemv.reference import PackedQ8
@@ -327,7 +353,8 @@ def llama_layer_case(positions: list[int], d: int, heads: int, kv_heads: int, hd
         parts["scales"] = (parts["scales"].float() * scale).half()
         if parts["mins"] is not None:
             parts["mins"] = (parts["mins"].float() * scale).half()
-        return PackedInt4(group_size=32, **parts)
+        w = PackedInt4(group_size=32, **parts)
+        return int4_format.to_tiles(w) if gemv == "w4a8_tiles" else w
 
     def make(gen):
         rows = len(positions)
@@ -343,7 +370,7 @@ def llama_layer_case(positions: list[int], d: int, heads: int, kv_heads: int, hd
             kv.append(cache)
         cos, sin = RotaryEmbedding(hd, 10000.0).at_positions(positions)
         return h, layer, cos.clone(), sin.clone(), kv, list(positions)
-    kind = f"{gemv.split('_')[0]}{kind_tag(symmetric)}"
+    kind = f"{gemv.removesuffix('_gemv').replace('_', '-')}{kind_tag(symmetric)}"
     return Case(f"B{len(positions)}-D{d}-H{heads}-KVH{kv_heads}-hd{hd}-F{inner}-{kind}-"
                 f"P{'_'.join(map(str, positions))}", make, d * inner * 3,
                 atol=2e-4, rtol=1e-4, seed=seed, updates=(4,))
@@ -361,10 +388,12 @@ LLAMA_LAYER = [
     llama_layer_case([300, 5, 1100], 64, 4, 2, 16, 96, seed=7),
     llama_layer_case([4200], 64, 8, 2, 8, 96, "w4a8_gemv", seed=8),       # 16 ranges of 263
     llama_layer_case([700], 64, 8, 2, 12, 96, seed=9),                    # hd 12: portable loads
+    llama_layer_case([3, 9, 0], 64, 4, 2, 16, 96, "w4a8_tiles", seed=10),
+    llama_layer_case([40, 41, 42, 43, 44], 576, 9, 3, 64, 1536, "w4a8_tiles", True, seed=11),
 ]
 
 
-CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "q8_gemv": Q8, "moe_grouped": MOE,
+CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "w4a8_tiles": TILES, "q8_gemv": Q8, "moe_grouped": MOE,
          "moe_grouped_w4a8": MOE_W4A8, "kda_step": KDA, "llama_decode_layer": LLAMA_LAYER, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
          "moe_swiglu": routed("moe_swiglu")}
 

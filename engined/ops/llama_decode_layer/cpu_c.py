@@ -21,7 +21,7 @@ def c_layer(layer: LlamaLayer) -> "helper.LlamaLayerHandle":
             found = helper.llama_layer(
                 layer.attn_norm, layer.ffn_norm, layer.eps,
                 *(c_weight(w) for w in (layer.qkv, layer.o, layer.gate_up, layer.down)),
-                layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.gemv == "w4a8_gemv")
+                layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.gemv != "w4a16_gemv")
         except ValueError as exc:
             raise registry.KernelError(f"llama_decode_layer: {exc}") from None
         _handles[layer] = found

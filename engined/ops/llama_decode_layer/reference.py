@@ -27,7 +27,7 @@ import torch
 
 from engined.ops import int4_format, registry
 
-GEMV_OPS = ("w4a16_gemv", "w4a8_gemv")
+GEMV_OPS = ("w4a16_gemv", "w4a8_gemv", "w4a8_tiles")
 
 
 @dataclass(frozen=True, eq=False)

@@ -55,7 +55,7 @@ def c_weight(w) -> helper.Int4Weight:
         raise registry.KernelError("cpu_c kernels: these codes were repacked for the GPU kernels")
     helper.require()
     try:
-        found = helper.int4_weight(w.qweight, w.scales, w.mins, w.group_size)
+        found = helper.int4_weight(w.qweight, w.scales, w.mins, w.group_size, w.tiles)
     except ValueError as exc:
         raise registry.KernelError(f"cpu_c kernels: {exc}") from None
     if id(w) not in _cache:

@@ -22,6 +22,7 @@ class PackedInt4Experts:
     mins: torch.Tensor | None
     group_size: int
     gpu_order: bool = False  # codes permuted for the GPU kernels (int4_format.gpu_order)
+    tiles = False  # a stack never goes into the CPU's tiles (one linear's layout, to_tiles)
 
     def __post_init__(self):
         if self.qweight.dim() != 3:
@@ -51,6 +52,8 @@ class PackedInt4Experts:
         if len(layouts) != 1:
             raise FormatError(f"experts mix layouts {sorted(layouts, key=str)}")
         mins = None if experts[0].symmetric else torch.stack([p.mins for p in experts])
+        if any(p.tiles for p in experts):
+            raise FormatError("experts in the CPU's tiles do not stack (int4_format.from_tiles)")
         if len({p.gpu_order for p in experts}) != 1:
             raise FormatError("experts mix the disk's and the GPU's code order")
         return cls(torch.stack([p.qweight for p in experts]),

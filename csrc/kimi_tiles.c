@@ -1,0 +1,124 @@
+/* kimi_tiles.c: W4A8 on weights in tiles, any number of x rows (see kimi_helper.h,
+ * tiles_w4a8, and kimi_tiles.h for the layout and the operations).
+ *
+ * The row-major W4A8 kernels (kimi_int8_body.h) take one weight row at a time: per x row and
+ * 64 inputs, two x loads, two vpdpbusd, a convert, two lane permutes and two FMAs, and a
+ * horizontal sum per output; a verify step of 8 rows cost 3.5x a one-row step. Here 16
+ * output rows share every instruction: per x row and 8 inputs of 16 rows, two broadcasts and
+ * two vpdpbusd; per block of 32, a convert, a multiply and an FMA per 16 outputs.
+ *
+ * One kernel serves decode (1 row), a verify step (k + 1 rows) and prefill (any rows): rows
+ * go in register blocks of up to 4, over a chunk of tiles that stays in L1, so W is read from
+ * memory once per call. */
+#include "kimi_helper.h"
+#include "kimi_tiles.h"
+
+#include <math.h>
+
+#define X_CHUNK 64 /* x rows per pass over a thread's tiles (their codes stay in L2) */
+
+/* The portable kernel, and the definition of every kernel's operations. */
+static void tiles_c(const KhTiles *w, int64_t t0, int64_t nt, const KhQ8 *x, int64_t r0,
+                    int mr, float *out)
+{
+    int64_t k = w->k, groups = k / w->group, per_group = w->group / KH_Q8_BLOCK;
+    int64_t nb = k / KH_Q8_BLOCK, chunks = k / 8, t, r, g, b, c;
+    int j, i;
+    for (t = t0; t < t0 + nt; t++)
+        for (r = r0; r < r0 + mr; r++)
+            for (j = 0; j < KH_TILE; j++) {
+                float acc = 0.0f;
+                for (g = 0; g < groups; g++) {
+                    float s = kh_half_to_float(w->s[(t * groups + g) * KH_TILE + j]);
+                    float m = w->m ? kh_half_to_float(w->m[(t * groups + g) * KH_TILE + j])
+                                   : KH_SYMMETRIC_MIN(s);
+                    for (b = g * per_group; b < (g + 1) * per_group; b++) {
+                        int32_t dot = 0;
+                        for (c = 4 * b; c < 4 * b + 4; c++) {
+                            const uint8_t *p = w->q + ((t * chunks + c) * KH_TILE + j) * 4;
+                            const int8_t *xr = x->q + r * k + 8 * c;
+                            for (i = 0; i < 4; i++)
+                                dot += (p[i] & 0x0f) * xr[i] + (p[i] >> 4) * xr[4 + i];
+                        }
+                        acc = fmaf((float)dot, s * x->d[r * nb + b], acc);
+                    }
+                    acc = fmaf(m, x->gsum[r * groups + g], acc);
+                }
+                out[r * w->n + t * KH_TILE + j] = acc;
+            }
+}
+
+int64_t tiles_w4a8_work_floats(int64_t rows, int64_t k, int64_t group)
+{
+    if (rows <= 0 || k <= 0 || group <= 0 || group % KH_Q8_BLOCK || k % group) return -1;
+    return kh_q8_floats(rows, k, group);
+}
+
+typedef struct {
+    KhTiles w;
+    KhQ8 x;
+    const float *xf;
+    int64_t rows;
+    KhTileKernel kernel;
+    float *out;
+} TilesJob;
+
+/* Rows [begin, end) of x quantized in natural order (a view of the job's q8 at row begin). */
+static void quantize_rows(void *ctx, int64_t begin, int64_t end)
+{
+    const TilesJob *job = ctx;
+    int64_t k = job->w.k, groups = k / job->w.group;
+    KhQ8 part = {job->x.q + begin * k, job->x.d + begin * (k / KH_Q8_BLOCK),
+                 job->x.gsum + begin * groups};
+    kh_quantize_q8(job->xf + begin * k, end - begin, k, job->w.group, 0, &part);
+}
+
+/* Tiles [t0, end): X_CHUNK rows of x at a time, register blocks of 4 rows inside. */
+static void tiles_rows(void *ctx, int64_t t0, int64_t end)
+{
+    const TilesJob *job = ctx;
+    int64_t c0, r;
+    for (c0 = 0; c0 < job->rows; c0 += X_CHUNK) {
+        int64_t c1 = c0 + X_CHUNK < job->rows ? c0 + X_CHUNK : job->rows;
+        for (r = c0; r < c1; r += 4)
+            job->kernel(&job->w, t0, end - t0, &job->x, r, c1 - r < 4 ? (int)(c1 - r) : 4,
+                         job->out);
+    }
+}
+
+int tiles_simd(void)
+{
+#if KH_HAVE_X86_SIMD
+    int level = w4a8_simd(-1);
+    if (level >= 3) return 3;
+    if (level >= 1) return 1;
+#endif
+    return 0;
+}
+
+int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
+               const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work, float *out,
+               int nthreads)
+{
+    TilesJob job = {.w = {tq, ts, tm, n, k, group}, .xf = x, .rows = rows, .out = out,
+                    .kernel = tiles_c};
+    int64_t tiles = n / KH_TILE;
+    if (rows <= 0 || n <= 0 || n % KH_TILE || k % 8 || nthreads <= 0) return KH_EINVAL;
+    if (tiles_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
+    if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
+#if KH_HAVE_X86_SIMD
+    switch (tiles_simd()) {
+    case 3: job.kernel = kh_tiles_vnni512; break;
+    case 1: job.kernel = kh_tiles_avx2; break;
+    default: break;
+    }
+#endif
+    job.x = kh_q8_at(work, rows, k, group);
+    if (rows >= 16 && nthreads > 1) /* prefill: quantizing is ~5% of the work */
+        kh_parallel_split(quantize_rows, &job, rows, (rows + 2 * nthreads - 1) / (2 * nthreads),
+                          nthreads, 1);
+    else
+        quantize_rows(&job, 0, rows);
+    kh_parallel_rows(tiles_rows, &job, tiles, n * k * rows, nthreads, 1);
+    return KH_OK;
+}

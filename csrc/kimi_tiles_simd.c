@@ -1,0 +1,205 @@
+/* The W4A8 tile kernels (kimi_tiles.h) for AVX-512 VNNI and AVX2, each the operations of
+ * kimi_tiles.c's tiles_c, 16 outputs per vector (AVX2: two halves of 8):
+ *   per chunk of 8 inputs: codes = 64 bytes; lo = codes & 15, hi = codes >> 4 & 15;
+ *     per x row: idot += lo . bcast(x[8c..8c+3]) + hi . bcast(x[8c+4..8c+7]) (4 bytes a lane)
+ *   per block of 32: acc = fma(float(idot), s * d_b, acc); per group: acc = fma(m, gsum, acc)
+ * vpdpbusd takes unsigned codes times signed x; AVX2 gets the same int32 by maddubs (at most
+ * 2 * 15 * 127 per int16: no saturation) and madd with ones. The float steps are the same
+ * instructions on the same values in every lane, so both give tiles_c's bits.
+ *
+ * Register blocks: MR x rows (1..4) by NT tiles, instantiated per (MR, NT) with the loops
+ * unrolled, so the accumulators stay in registers: AVX-512 (32 registers) 4 x 2 and, for
+ * one or two rows, 4 tiles (decode: four streams of W in flight); AVX2 (16) 2 x 1. */
+#include "kimi_tiles.h"
+
+#if KH_HAVE_X86_SIMD
+#include <immintrin.h>
+
+#define TILE_PREFETCH 1024 /* bytes ahead in each tile's stream of codes */
+
+static inline int32_t load4(const int8_t *p) /* 4 bytes of x, to broadcast */
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+#ifdef KH_VNNI_EMULATE /* tests/vnni_emulated.sh: SIMDe stands in for AVX-512 (kimi_w4a8_vnni.c) */
+#include "simde_vnni.h"
+#define TARGET512 __attribute__((target("avx2,fma,f16c")))
+#else
+#define TARGET512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#endif
+
+static TARGET512 inline __attribute__((always_inline)) void body512(
+    const KhTiles *w, int64_t t0, const int NT, const KhQ8 *x, int64_t r0, const int MR,
+    float *out)
+{
+    const int64_t k = w->k, groups = k / w->group, per_group = w->group / KH_Q8_BLOCK;
+    const int64_t nb = k / KH_Q8_BLOCK, chunks = k / 8;
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    const uint8_t *tq[4];
+    __m512 acc[4][4];
+    int64_t g, b;
+    int r, t, c;
+    for (t = 0; t < NT; t++) tq[t] = w->q + (t0 + t) * chunks * 64;
+    for (r = 0; r < MR; r++)
+        for (t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (g = 0; g < groups; g++) {
+        __m512 s[4], m[4];
+        for (t = 0; t < NT; t++) {
+            int64_t at = ((t0 + t) * groups + g) * KH_TILE;
+            s[t] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->s + at)));
+            m[t] = w->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + at)))
+                        : _mm512_mul_ps(s[t], _mm512_set1_ps(-8.0f));
+        }
+        for (b = g * per_group; b < (g + 1) * per_group; b++) {
+            __m512i dot[4][4];
+            for (r = 0; r < MR; r++)
+                for (t = 0; t < NT; t++) dot[r][t] = _mm512_setzero_si512();
+            for (c = 0; c < 4; c++) {
+                int64_t cc = 4 * b + c;
+                __m512i xa[4], xb[4];
+                for (r = 0; r < MR; r++) {
+                    const int8_t *xp = x->q + (r0 + r) * k + 8 * cc;
+                    xa[r] = _mm512_set1_epi32(load4(xp));
+                    xb[r] = _mm512_set1_epi32(load4(xp + 4));
+                }
+                for (t = 0; t < NT; t++) {
+                    __m512i raw = _mm512_loadu_si512((const void *)(tq[t] + cc * 64));
+                    __m512i lo = _mm512_and_si512(raw, mask);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+                    _mm_prefetch((const char *)(tq[t] + cc * 64 + TILE_PREFETCH), _MM_HINT_T0);
+                    for (r = 0; r < MR; r++)
+                        dot[r][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot[r][t], lo, xa[r]),
+                                                        hi, xb[r]);
+                }
+            }
+            for (r = 0; r < MR; r++) {
+                __m512 d = _mm512_set1_ps(x->d[(r0 + r) * nb + b]);
+                for (t = 0; t < NT; t++)
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]),
+                                                _mm512_mul_ps(s[t], d), acc[r][t]);
+            }
+        }
+        for (r = 0; r < MR; r++) {
+            __m512 gs = _mm512_set1_ps(x->gsum[(r0 + r) * groups + g]);
+            for (t = 0; t < NT; t++) acc[r][t] = _mm512_fmadd_ps(m[t], gs, acc[r][t]);
+        }
+    }
+    for (r = 0; r < MR; r++)
+        for (t = 0; t < NT; t++)
+            _mm512_storeu_ps(out + (r0 + r) * w->n + (t0 + t) * KH_TILE, acc[r][t]);
+}
+
+#define BLOCK512(MR, NT)                                                                   \
+    static TARGET512 void block512_##MR##_##NT(const KhTiles *w, int64_t t0, const KhQ8 *x, \
+                                              int64_t r0, float *out)                      \
+    {                                                                                      \
+        body512(w, t0, NT, x, r0, MR, out);                                                \
+    }
+BLOCK512(1, 1) BLOCK512(2, 1) BLOCK512(3, 1) BLOCK512(4, 1)
+BLOCK512(1, 2) BLOCK512(2, 2) BLOCK512(3, 2) BLOCK512(4, 2)
+BLOCK512(1, 4) BLOCK512(2, 4)
+#undef BLOCK512
+
+TARGET512 void kh_tiles_vnni512(const KhTiles *w, int64_t t0, int64_t nt, const KhQ8 *x,
+                                int64_t r0, int mr, float *out)
+{
+    typedef void (*Block)(const KhTiles *, int64_t, const KhQ8 *, int64_t, float *);
+    static const Block by1[5] = {0, block512_1_1, block512_2_1, block512_3_1, block512_4_1};
+    static const Block by2[5] = {0, block512_1_2, block512_2_2, block512_3_2, block512_4_2};
+    static const Block by4[3] = {0, block512_1_4, block512_2_4};
+    int64_t t = t0, end = t0 + nt;
+    if (mr <= 2)
+        for (; t + 4 <= end; t += 4) by4[mr](w, t, x, r0, out);
+    for (; t + 2 <= end; t += 2) by2[mr](w, t, x, r0, out);
+    for (; t < end; t++) by1[mr](w, t, x, r0, out);
+}
+
+#define TARGET2 __attribute__((target("avx2,fma,f16c")))
+
+/* 16 lanes as two halves of 8: half h of tile t is lanes 8h..8h+7 (bytes 32h..32h+31 of a
+ * chunk, entries 8h..8h+7 of the scales). */
+static TARGET2 inline __attribute__((always_inline)) void body2(
+    const KhTiles *w, int64_t t, const KhQ8 *x, int64_t r0, const int MR, float *out)
+{
+    const int64_t k = w->k, groups = k / w->group, per_group = w->group / KH_Q8_BLOCK;
+    const int64_t nb = k / KH_Q8_BLOCK, chunks = k / 8;
+    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const uint8_t *tq = w->q + t * chunks * 64;
+    __m256 acc[2][2];
+    int64_t g, b;
+    int r, h, c;
+    for (r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (g = 0; g < groups; g++) {
+        __m256 s[2], m[2];
+        for (h = 0; h < 2; h++) {
+            int64_t at = (t * groups + g) * KH_TILE + 8 * h;
+            s[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->s + at)));
+            m[h] = w->m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->m + at)))
+                        : _mm256_mul_ps(s[h], _mm256_set1_ps(-8.0f));
+        }
+        for (b = g * per_group; b < (g + 1) * per_group; b++) {
+            __m256i dot[2][2];
+            for (r = 0; r < MR; r++) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+            for (c = 0; c < 4; c++) {
+                int64_t cc = 4 * b + c;
+                __m256i xa[2], xb[2];
+                for (r = 0; r < MR; r++) {
+                    xa[r] = _mm256_set1_epi32(load4(x->q + (r0 + r) * k + 8 * cc));
+                    xb[r] = _mm256_set1_epi32(load4(x->q + (r0 + r) * k + 8 * cc + 4));
+                }
+                _mm_prefetch((const char *)(tq + cc * 64 + TILE_PREFETCH), _MM_HINT_T0);
+                for (h = 0; h < 2; h++) {
+                    __m256i raw = _mm256_loadu_si256((const __m256i *)(tq + cc * 64 + 32 * h));
+                    __m256i lo = _mm256_and_si256(raw, mask);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                    for (r = 0; r < MR; r++) {
+                        __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa[r]),
+                                                     _mm256_maddubs_epi16(hi, xb[r]));
+                        dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(p, ones));
+                    }
+                }
+            }
+            for (r = 0; r < MR; r++) {
+                __m256 d = _mm256_set1_ps(x->d[(r0 + r) * nb + b]);
+                for (h = 0; h < 2; h++)
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][h]),
+                                                _mm256_mul_ps(s[h], d), acc[r][h]);
+            }
+        }
+        for (r = 0; r < MR; r++) {
+            __m256 gs = _mm256_set1_ps(x->gsum[(r0 + r) * groups + g]);
+            for (h = 0; h < 2; h++) acc[r][h] = _mm256_fmadd_ps(m[h], gs, acc[r][h]);
+        }
+    }
+    for (r = 0; r < MR; r++)
+        for (h = 0; h < 2; h++)
+            _mm256_storeu_ps(out + (r0 + r) * w->n + t * KH_TILE + 8 * h, acc[r][h]);
+}
+
+static TARGET2 void block2_1(const KhTiles *w, int64_t t, const KhQ8 *x, int64_t r0, float *out)
+{
+    body2(w, t, x, r0, 1, out);
+}
+
+static TARGET2 void block2_2(const KhTiles *w, int64_t t, const KhQ8 *x, int64_t r0, float *out)
+{
+    body2(w, t, x, r0, 2, out);
+}
+
+TARGET2 void kh_tiles_avx2(const KhTiles *w, int64_t t0, int64_t nt, const KhQ8 *x, int64_t r0,
+                           int mr, float *out)
+{
+    int64_t t;
+    int r;
+    for (t = t0; t < t0 + nt; t++) {
+        for (r = 0; r + 2 <= mr; r += 2) block2_2(w, t, x, r0 + r, out);
+        if (r < mr) block2_1(w, t, x, r0 + r, out);
+    }
+}
+
+#else
+typedef int kh_no_x86_simd; /* ISO C forbids an empty translation unit */
+#endif

@@ -1,0 +1,112 @@
+"""w4a8_tiles beyond equivalence: the layout byte for byte, the same bits from every kernel
+level, every batch and thread count (a verify row is a decode row), and a model's linears in
+tiles and back in place."""
+import pytest
+import torch
+
+from engined import helper
+from engined.layers.linear import Linear
+from engined.ops import int4_format, registry
+from engined.ops.int4_format import PackedInt4
+from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
+from engined.ops.w4a8_tiles import cpu_c
+from tests.ops.helpers import random_int4
+from tests.support.simd import int8_levels
+
+level = int8_levels()
+
+
+def packed(n: int, k: int, group: int = 32, symmetric: bool = False, seed: int = 0) -> PackedInt4:
+    return PackedInt4(group_size=group, **random_int4(torch.Generator().manual_seed(seed), n, k,
+                                                      group, symmetric=symmetric))
+
+
+@pytest.fixture
+def threads():
+    yield
+    w4a16_cpu_c.set_num_threads(None)
+
+
+def test_the_layout_is_the_documented_one():
+    """Byte i of row j, chunk c, tile t: codes of inputs 8c + i (low) and 8c + 4 + i (high);
+    scales [tile, group, row]; and back again, every tensor equal."""
+    w = packed(48, 192, 64)
+    t = int4_format.to_tiles(w)
+    codes = int4_format.unpack_codes(w.qweight)                       # [48, 192]
+    tq = t.qweight.reshape(3, 24, 16, 4)
+    for tile, c, j, i in ((0, 0, 0, 0), (1, 5, 7, 2), (2, 23, 15, 3)):
+        row = 16 * tile + j
+        assert int(tq[tile, c, j, i]) == int(codes[row, 8 * c + i]) | int(codes[row, 8 * c + 4 + i]) << 4
+    assert torch.equal(t.scales.reshape(3, 3, 16).transpose(1, 2).reshape(48, 3), w.scales)
+    assert torch.equal(t.mins.reshape(3, 3, 16).transpose(1, 2).reshape(48, 3), w.mins)
+    back = int4_format.from_tiles(t)
+    assert not back.tiles and torch.equal(back.qweight, w.qweight)
+    assert torch.equal(int4_format.dequantize(t), int4_format.dequantize(w))
+
+
+def test_shapes_that_do_not_tile_are_refused():
+    with pytest.raises(int4_format.FormatError, match="does not go into tiles"):
+        int4_format.to_tiles(packed(40, 96))                          # N % 16
+    with pytest.raises(int4_format.FormatError, match="does not go into tiles"):
+        int4_format.to_tiles(packed(32, 96, group=16))                # not W4A8's blocks
+    with pytest.raises(registry.KernelError, match="not in tiles"):
+        cpu_c.w4a8_tiles(torch.randn(1, 96), packed(32, 96))
+    with pytest.raises(int4_format.FormatError, match="never written"):
+        int4_format.to_state_dict("w", int4_format.to_tiles(packed(32, 96)))
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("group", [32, 64])
+def test_every_kernel_level_gives_the_portable_bits(level, group, symmetric):
+    """AVX-512 VNNI and AVX2 tile kernels against the portable C text, for rows 1..9 and 70."""
+    ran = helper.tiles_simd()
+    if ran != level:
+        pytest.skip(f"no {helper.INT8_LEVELS[level]} tile kernel: {helper.INT8_LEVELS[ran]} ran")
+    w = int4_format.to_tiles(packed(112, 576, group, symmetric, seed=group))
+    x = torch.randn(70, 576, generator=torch.Generator().manual_seed(1)) * 3
+    got = cpu_c.w4a8_tiles(x, w)
+    helper.w4a8_simd(0)
+    assert helper.tiles_simd() == 0
+    assert torch.equal(got, cpu_c.w4a8_tiles(x, w))
+
+
+def test_a_row_is_the_same_bits_in_any_batch():
+    """Decode (1 row), verify steps (2..9 rows) and prefill (70 rows): row r of each equals
+    row r alone, so speculation and a warm prefix cache cannot change a greedy token."""
+    w = int4_format.to_tiles(packed(96, 320, 64, seed=2))
+    x = torch.randn(70, 320, generator=torch.Generator().manual_seed(3))
+    alone = torch.cat([cpu_c.w4a8_tiles(x[r:r + 1], w) for r in range(70)])
+    for rows in (2, 3, 5, 8, 9, 70):
+        assert torch.equal(cpu_c.w4a8_tiles(x[:rows], w), alone[:rows]), rows
+
+
+@pytest.mark.parametrize("rows", [1, 6, 200])
+def test_thread_count_does_not_change_a_single_bit(threads, rows):
+    w = int4_format.to_tiles(packed(1024, 1024, seed=4))              # wakes the pool
+    x = torch.randn(rows, 1024, generator=torch.Generator().manual_seed(5))
+    w4a16_cpu_c.set_num_threads(1)
+    one = cpu_c.w4a8_tiles(x, w)
+    for count in (2, 3):
+        w4a16_cpu_c.set_num_threads(count)
+        assert torch.equal(cpu_c.w4a8_tiles(x, w), one)
+
+
+def test_a_linear_goes_into_tiles_in_place_and_back():
+    """The same tensors (no second copy of W); decode rows and a prefill chunk both run the
+    tile kernel; rows of whole tiles stay views; back, the disk's bytes return."""
+    w = packed(64, 96, symmetric=True, seed=6)
+    original = w.qweight.clone()
+    lin = Linear.from_packed(w)
+    storage = lin.qweight.data_ptr()
+    lin.to_tiles_()
+    assert lin.packed.tiles and lin.qweight.data_ptr() == storage
+    x = torch.randn(20, 96, generator=torch.Generator().manual_seed(7))
+    want = registry.variants("w4a8_tiles")[registry.REFERENCE].fn(x, lin.packed)
+    torch.testing.assert_close(lin(x), want, atol=96e-6, rtol=1e-5)   # 20 rows: prefill
+    assert torch.equal(lin(x[:3]), lin(x)[:3])                        # decode rows: same bits
+    part = lin.rows(16, 48)
+    assert part.packed.tiles and torch.equal(part(x), lin(x)[:, 16:48])
+    with pytest.raises(ValueError, match="not whole tiles"):
+        lin.rows(8, 48)
+    lin.to_tiles_(back=True)
+    assert not lin.packed.tiles and torch.equal(lin.qweight, original)
