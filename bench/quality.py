@@ -3,11 +3,12 @@ against W4A16 on a frozen English text (bench/quality_text.txt: README.md and th
 kimi-engine(8) page as of issue 16; its sha256 is checked, so numbers stay comparable).
 
 The text runs teacher-forced in chunks of helper.MAX_ROWS tokens, so every INT4 linear takes
-its decode path (the GEMV op) and the head runs on 8 rows as in a batched decode. Four
+its decode path (the GEMV op) and the head runs on 8 rows as in a batched decode. Five
 configurations: the baseline W4A16 with the fp16 head; W4A8 with the fp16 head; W4A8 with the
-Q8_0 head kept as the GGUF ships it (q8_gemv, the default on a CPU with the helper); and that
+Q8_0 head kept as the GGUF ships it (q8_gemv, the default on a CPU with the helper); that
 last one again as the server decodes, one decode_batch step per token (llama_decode_layer per
-layer, one-row GEMVs). The gate (issue 16), for each against the baseline: perplexity within
+layer, one-row GEMVs); and that with the weights in the CPU's tiles (w4a8_tiles, the served
+default). The gate (issue 16), for each against the baseline: perplexity within
 1% and top-1 agreement >= 95%. Exit status 0 when it holds for all, 1 when not. The run is
 recorded as bench/results/quality-DATE[-N].json (--no-record: printed only).
 
@@ -39,7 +40,8 @@ TOP1_AGREEMENT = 0.95
 CONFIGS = (("W4A16, fp16 head", "w4a16_gemv", "fp16", "chunks"),
            ("W4A8, fp16 head", "w4a8_gemv", "fp16", "chunks"),
            ("W4A8, Q8_0 head", "w4a8_gemv", "q8", "chunks"),
-           ("W4A8, Q8_0 head, served decode steps", "w4a8_gemv", "q8", "steps"))
+           ("W4A8, Q8_0 head, served decode steps", "w4a8_gemv", "q8", "steps"),
+           ("W4A8 in tiles, Q8_0 head, served decode steps", "w4a8_tiles", "q8", "steps"))
 
 
 def frozen_text() -> str:
@@ -136,9 +138,9 @@ def main():
           f"w4a8 kernel {helper.INT8_LEVELS[helper.w4a8_simd()]}, {args.threads} threads")
     logits, seconds = {}, {}
     for name, op, head, how in CONFIGS:
+        loaded.model.select_decode_gemv(op)   # tiles in or out first, and the per-layer op
         for lin in layers:
             lin.select_gemv(op)
-        loaded.model.select_decode_gemv(op)   # and the decode step's per-layer op
         loaded.model.embedding = heads[head]
         start = time.perf_counter()
         run = teacher_forced_logits if how == "chunks" else teacher_forced_steps
