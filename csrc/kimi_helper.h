@@ -73,6 +73,14 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
                const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work,
                float *out, int nthreads);
 int tiles_simd(void);
+/* The Q8_0 head in tiles (kimi_q8_tiles.c): as gemv_q8, any rows >= 1, with q [n/16, k/4, 16,
+ * 4] int8 (byte i of row j, chunk c: the weight of input 4c + i) and scales [n/16, k/32, 16];
+ * n % 16 == 0, k % 32 == 0. Per output: acc = fma(dot_b, s_b * d_b, acc) over the blocks in
+ * order: the same bits from every level (tiles_simd), batch and thread count.
+ * work: tiles_q8_work_floats(rows, k) floats. */
+int64_t tiles_q8_work_floats(int64_t rows, int64_t k);
+int tiles_q8(const float *x, int64_t rows, const int8_t *tq, const uint16_t *ts, int64_t n,
+             int64_t k, float *work, float *out, int nthreads);
 
 /* Q8_0 GEMV, the tied LM head as the GGUF ships it: out[r, i] = sum_k xq[r, k] * d[r, k/32]
  * * qweight[i, k] * scales[i, k/32] for r < rows (1..KH_MAX_ROWS), x quantized per block of

@@ -18,12 +18,14 @@
 #define X_CHUNK 64 /* x rows per pass over a thread's tiles (their codes stay in L2) */
 
 /* The portable kernel, and the definition of every kernel's operations. */
-static void tiles_c(const KhTiles *w, int64_t t0, int64_t nt, const KhQ8 *x, int64_t r0,
-                    int mr, float *out)
+static void tiles_c(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,
+                    const int32_t *xsum, int64_t r0, int mr, float *out)
 {
+    const KhTiles *w = tiles;
     int64_t k = w->k, groups = k / w->group, per_group = w->group / KH_Q8_BLOCK;
     int64_t nb = k / KH_Q8_BLOCK, chunks = k / 8, t, r, g, b, c;
     int j, i;
+    (void)xsum;
     for (t = t0; t < t0 + nt; t++)
         for (r = r0; r < r0 + mr; r++)
             for (j = 0; j < KH_TILE; j++) {
@@ -51,26 +53,38 @@ static void tiles_c(const KhTiles *w, int64_t t0, int64_t nt, const KhQ8 *x, int
 int64_t tiles_w4a8_work_floats(int64_t rows, int64_t k, int64_t group)
 {
     if (rows <= 0 || k <= 0 || group <= 0 || group % KH_Q8_BLOCK || k % group) return -1;
-    return kh_q8_floats(rows, k, group);
+    return kh_tiles_work_floats(rows, k, group);
+}
+
+int64_t kh_tiles_work_floats(int64_t rows, int64_t k, int64_t group)
+{
+    return kh_q8_floats(rows, k, group) + rows * (k / KH_Q8_BLOCK); /* + the block sums */
 }
 
 typedef struct {
-    KhTiles w;
-    KhQ8 x;
-    const float *xf;
-    int64_t rows;
+    const void *w;
     KhTileKernel kernel;
+    int64_t n, k, group, rows;
+    KhQ8 x;
+    int32_t *xsum;
+    const float *xf;
     float *out;
 } TilesJob;
 
-/* Rows [begin, end) of x quantized in natural order (a view of the job's q8 at row begin). */
+/* Rows [begin, end) of x quantized in natural order (a view of the job's q8 at row begin),
+ * and their blocks' code sums. */
 static void quantize_rows(void *ctx, int64_t begin, int64_t end)
 {
     const TilesJob *job = ctx;
-    int64_t k = job->w.k, groups = k / job->w.group;
-    KhQ8 part = {job->x.q + begin * k, job->x.d + begin * (k / KH_Q8_BLOCK),
-                 job->x.gsum + begin * groups};
-    kh_quantize_q8(job->xf + begin * k, end - begin, k, job->w.group, 0, &part);
+    int64_t k = job->k, nb = k / KH_Q8_BLOCK, groups = k / job->group, i;
+    int j;
+    KhQ8 part = {job->x.q + begin * k, job->x.d + begin * nb, job->x.gsum + begin * groups};
+    kh_quantize_q8(job->xf + begin * k, end - begin, k, job->group, 0, &part);
+    for (i = begin * nb; i < end * nb; i++) {
+        int32_t sum = 0;
+        for (j = 0; j < KH_Q8_BLOCK; j++) sum += job->x.q[i * KH_Q8_BLOCK + j];
+        job->xsum[i] = sum;
+    }
 }
 
 /* Tiles [t0, end): X_CHUNK rows of x at a time, register blocks of 4 rows inside. */
@@ -81,9 +95,24 @@ static void tiles_rows(void *ctx, int64_t t0, int64_t end)
     for (c0 = 0; c0 < job->rows; c0 += X_CHUNK) {
         int64_t c1 = c0 + X_CHUNK < job->rows ? c0 + X_CHUNK : job->rows;
         for (r = c0; r < c1; r += 4)
-            job->kernel(&job->w, t0, end - t0, &job->x, r, c1 - r < 4 ? (int)(c1 - r) : 4,
-                         job->out);
+            job->kernel(job->w, t0, end - t0, &job->x, job->xsum, r,
+                        c1 - r < 4 ? (int)(c1 - r) : 4, job->out);
     }
+}
+
+void kh_tiles_run(const void *w, KhTileKernel kernel, int64_t n, int64_t k, int64_t group,
+                  const float *x, int64_t rows, float *work, float *out, int nthreads)
+{
+    TilesJob job = {.w = w, .kernel = kernel, .n = n, .k = k, .group = group, .rows = rows,
+                    .xf = x, .out = out};
+    job.x = kh_q8_at(work, rows, k, group);
+    job.xsum = (int32_t *)(work + kh_q8_floats(rows, k, group));
+    if (rows >= 16 && nthreads > 1) /* prefill: quantizing is ~5% of the work */
+        kh_parallel_split(quantize_rows, &job, rows, (rows + 2 * nthreads - 1) / (2 * nthreads),
+                          nthreads, 1);
+    else
+        quantize_rows(&job, 0, rows);
+    kh_parallel_rows(tiles_rows, &job, n / KH_TILE, n * k * rows, nthreads, 1);
 }
 
 int tiles_simd(void)
@@ -100,25 +129,18 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
                const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work, float *out,
                int nthreads)
 {
-    TilesJob job = {.w = {tq, ts, tm, n, k, group}, .xf = x, .rows = rows, .out = out,
-                    .kernel = tiles_c};
-    int64_t tiles = n / KH_TILE;
+    KhTiles w = {tq, ts, tm, n, k, group};
+    KhTileKernel kernel = tiles_c;
     if (rows <= 0 || n <= 0 || n % KH_TILE || k % 8 || nthreads <= 0) return KH_EINVAL;
     if (tiles_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
     if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
 #if KH_HAVE_X86_SIMD
     switch (tiles_simd()) {
-    case 3: job.kernel = kh_tiles_vnni512; break;
-    case 1: job.kernel = kh_tiles_avx2; break;
+    case 3: kernel = kh_tiles_vnni512; break;
+    case 1: kernel = kh_tiles_avx2; break;
     default: break;
     }
 #endif
-    job.x = kh_q8_at(work, rows, k, group);
-    if (rows >= 16 && nthreads > 1) /* prefill: quantizing is ~5% of the work */
-        kh_parallel_split(quantize_rows, &job, rows, (rows + 2 * nthreads - 1) / (2 * nthreads),
-                          nthreads, 1);
-    else
-        quantize_rows(&job, 0, rows);
-    kh_parallel_rows(tiles_rows, &job, tiles, n * k * rows, nthreads, 1);
+    kh_tiles_run(&w, kernel, n, k, group, x, rows, work, out, nthreads);
     return KH_OK;
 }

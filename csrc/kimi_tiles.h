@@ -26,15 +26,91 @@ typedef struct {
 } KhTiles;
 
 /* out[r * n + 16 t + j] for rows r0 <= r < r0 + mr (mr 1..4) of x and tiles t0 <= t < t0 + nt
- * (nt >= 1), j < 16. */
-typedef void (*KhTileKernel)(const KhTiles *w, int64_t t0, int64_t nt, const KhQ8 *x,
-                             int64_t r0, int mr, float *out);
+ * (nt >= 1), j < 16; w a KhTiles or a KhQ8Tiles, xsum [rows, k/32] the int sums of x's codes
+ * per block (read by the Q8_0 kernels only). */
+typedef void (*KhTileKernel)(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
+                             const int32_t *xsum, int64_t r0, int mr, float *out);
+
+/* The tile kernels' one driver (kimi_tiles.c): x [rows, k] quantized in natural order into
+ * work (groups of `group` for gsum; the block sums after, at kh_tiles_work_floats's end),
+ * then `kernel` over the n / 16 tiles on the pool, X_CHUNK rows of x at a time. */
+int64_t kh_tiles_work_floats(int64_t rows, int64_t k, int64_t group);
+void kh_tiles_run(const void *w, KhTileKernel kernel, int64_t n, int64_t k, int64_t group,
+                  const float *x, int64_t rows, float *work, float *out, int nthreads);
+
+/* A Q8_0 matrix in tiles (see kimi_helper.h, tiles_q8): q [n/16, k/4, 16, 4] int8 (4 inputs
+ * of 16 rows per 64 bytes), s [n/16, k/32, 16] half bits. Each output (r, row):
+ *     acc = 0; per block b: acc = fma((float) dot_b, s_b * d_b, acc)
+ * with xsum [rows, k/32] the int sums of x's codes per block (vpdpbusd meets w + 128). */
+typedef struct {
+    const int8_t *q;
+    const uint16_t *s;
+    int64_t n, k;
+} KhQ8Tiles;
+
+/* The entry points of one tile kernel set, written once for both (kimi_tiles_simd.c,
+ * kimi_q8_tiles_simd.c): the includer defines TARGET512, TARGET2 and the bodies
+ *   body512(w, t0, NT, x, xsum, r0, MR, out): MR rows x NT tiles (AVX-512 VNNI), and
+ *   body2(w, t, x, r0, MR, out): MR rows x one tile (AVX2),
+ * inlined per (MR, NT) so that the accumulators stay in registers. AVX-512: blocks of 4 tiles
+ * for one or two rows (decode: four streams of W), else 2 and 1; AVX2: rows in pairs. */
+#define KH_TILES_BLOCK512(TILES, MR, NT)                                                       \
+    static TARGET512 void block512_##MR##_##NT(const TILES *w, int64_t t0, const KhQ8 *x,      \
+                                              const int32_t *xsum, int64_t r0, float *out)     \
+    {                                                                                          \
+        body512(w, t0, NT, x, xsum, r0, MR, out);                                              \
+    }
+#define KH_TILES_ENTRIES(TILES, NAME512, NAME2)                                                \
+    KH_TILES_BLOCK512(TILES, 1, 1) KH_TILES_BLOCK512(TILES, 2, 1)                              \
+    KH_TILES_BLOCK512(TILES, 3, 1) KH_TILES_BLOCK512(TILES, 4, 1)                              \
+    KH_TILES_BLOCK512(TILES, 1, 2) KH_TILES_BLOCK512(TILES, 2, 2)                              \
+    KH_TILES_BLOCK512(TILES, 3, 2) KH_TILES_BLOCK512(TILES, 4, 2)                              \
+    KH_TILES_BLOCK512(TILES, 1, 4) KH_TILES_BLOCK512(TILES, 2, 4)                              \
+    TARGET512 void NAME512(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,           \
+                           const int32_t *xsum, int64_t r0, int mr, float *out)                \
+    {                                                                                          \
+        typedef void (*Block)(const TILES *, int64_t, const KhQ8 *, const int32_t *, int64_t,  \
+                              float *);                                                        \
+        static const Block by1[5] = {0, block512_1_1, block512_2_1, block512_3_1, block512_4_1}; \
+        static const Block by2[5] = {0, block512_1_2, block512_2_2, block512_3_2, block512_4_2}; \
+        static const Block by4[3] = {0, block512_1_4, block512_2_4};                           \
+        const TILES *w = tiles;                                                                \
+        int64_t t = t0, end = t0 + nt;                                                         \
+        if (mr <= 2)                                                                           \
+            for (; t + 4 <= end; t += 4) by4[mr](w, t, x, xsum, r0, out);                      \
+        for (; t + 2 <= end; t += 2) by2[mr](w, t, x, xsum, r0, out);                          \
+        for (; t < end; t++) by1[mr](w, t, x, xsum, r0, out);                                  \
+    }                                                                                          \
+    static TARGET2 void block2_1(const TILES *w, int64_t t, const KhQ8 *x, int64_t r0, float *out) \
+    {                                                                                          \
+        body2(w, t, x, r0, 1, out);                                                            \
+    }                                                                                          \
+    static TARGET2 void block2_2(const TILES *w, int64_t t, const KhQ8 *x, int64_t r0, float *out) \
+    {                                                                                          \
+        body2(w, t, x, r0, 2, out);                                                            \
+    }                                                                                          \
+    TARGET2 void NAME2(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,               \
+                       const int32_t *xsum, int64_t r0, int mr, float *out)                    \
+    {                                                                                          \
+        const TILES *w = tiles;                                                                \
+        int64_t t;                                                                             \
+        int r;                                                                                 \
+        (void)xsum; /* AVX2 takes the plain dot */                                             \
+        for (t = t0; t < t0 + nt; t++) {                                                       \
+            for (r = 0; r + 2 <= mr; r += 2) block2_2(w, t, x, r0 + r, out);                   \
+            if (r < mr) block2_1(w, t, x, r0 + r, out);                                        \
+        }                                                                                      \
+    }
 
 #if KH_HAVE_X86_SIMD
-void kh_tiles_avx2(const KhTiles *w, int64_t t0, int64_t nt, const KhQ8 *x, int64_t r0,
-                   int mr, float *out);
-void kh_tiles_vnni512(const KhTiles *w, int64_t t0, int64_t nt, const KhQ8 *x, int64_t r0,
-                      int mr, float *out);
+void kh_q8_tiles_avx2(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
+                      const int32_t *xsum, int64_t r0, int mr, float *out);
+void kh_q8_tiles_vnni512(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
+                         const int32_t *xsum, int64_t r0, int mr, float *out);
+void kh_tiles_avx2(const void *w, int64_t t0, int64_t nt, const KhQ8 *x, const int32_t *xsum,
+                   int64_t r0, int mr, float *out);
+void kh_tiles_vnni512(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
+                      const int32_t *xsum, int64_t r0, int mr, float *out);
 #endif
 
 #endif

@@ -32,13 +32,14 @@ static inline int32_t load4(const int8_t *p) /* 4 bytes of x, to broadcast */
 #endif
 
 static TARGET512 inline __attribute__((always_inline)) void body512(
-    const KhTiles *w, int64_t t0, const int NT, const KhQ8 *x, int64_t r0, const int MR,
-    float *out)
+    const KhTiles *w, int64_t t0, const int NT, const KhQ8 *x, const int32_t *xsum, int64_t r0,
+    const int MR, float *out)
 {
     const int64_t k = w->k, groups = k / w->group, per_group = w->group / KH_Q8_BLOCK;
     const int64_t nb = k / KH_Q8_BLOCK, chunks = k / 8;
     const __m512i mask = _mm512_set1_epi8(0x0f);
     const uint8_t *tq[4];
+    (void)xsum;
     __m512 acc[4][4];
     int64_t g, b;
     int r, t, c;
@@ -90,31 +91,6 @@ static TARGET512 inline __attribute__((always_inline)) void body512(
     for (r = 0; r < MR; r++)
         for (t = 0; t < NT; t++)
             _mm512_storeu_ps(out + (r0 + r) * w->n + (t0 + t) * KH_TILE, acc[r][t]);
-}
-
-#define BLOCK512(MR, NT)                                                                   \
-    static TARGET512 void block512_##MR##_##NT(const KhTiles *w, int64_t t0, const KhQ8 *x, \
-                                              int64_t r0, float *out)                      \
-    {                                                                                      \
-        body512(w, t0, NT, x, r0, MR, out);                                                \
-    }
-BLOCK512(1, 1) BLOCK512(2, 1) BLOCK512(3, 1) BLOCK512(4, 1)
-BLOCK512(1, 2) BLOCK512(2, 2) BLOCK512(3, 2) BLOCK512(4, 2)
-BLOCK512(1, 4) BLOCK512(2, 4)
-#undef BLOCK512
-
-TARGET512 void kh_tiles_vnni512(const KhTiles *w, int64_t t0, int64_t nt, const KhQ8 *x,
-                                int64_t r0, int mr, float *out)
-{
-    typedef void (*Block)(const KhTiles *, int64_t, const KhQ8 *, int64_t, float *);
-    static const Block by1[5] = {0, block512_1_1, block512_2_1, block512_3_1, block512_4_1};
-    static const Block by2[5] = {0, block512_1_2, block512_2_2, block512_3_2, block512_4_2};
-    static const Block by4[3] = {0, block512_1_4, block512_2_4};
-    int64_t t = t0, end = t0 + nt;
-    if (mr <= 2)
-        for (; t + 4 <= end; t += 4) by4[mr](w, t, x, r0, out);
-    for (; t + 2 <= end; t += 2) by2[mr](w, t, x, r0, out);
-    for (; t < end; t++) by1[mr](w, t, x, r0, out);
 }
 
 #define TARGET2 __attribute__((target("avx2,fma,f16c")))
@@ -179,26 +155,7 @@ static TARGET2 inline __attribute__((always_inline)) void body2(
             _mm256_storeu_ps(out + (r0 + r) * w->n + t * KH_TILE + 8 * h, acc[r][h]);
 }
 
-static TARGET2 void block2_1(const KhTiles *w, int64_t t, const KhQ8 *x, int64_t r0, float *out)
-{
-    body2(w, t, x, r0, 1, out);
-}
-
-static TARGET2 void block2_2(const KhTiles *w, int64_t t, const KhQ8 *x, int64_t r0, float *out)
-{
-    body2(w, t, x, r0, 2, out);
-}
-
-TARGET2 void kh_tiles_avx2(const KhTiles *w, int64_t t0, int64_t nt, const KhQ8 *x, int64_t r0,
-                           int mr, float *out)
-{
-    int64_t t;
-    int r;
-    for (t = t0; t < t0 + nt; t++) {
-        for (r = 0; r + 2 <= mr; r += 2) block2_2(w, t, x, r0 + r, out);
-        if (r < mr) block2_1(w, t, x, r0 + r, out);
-    }
-}
+KH_TILES_ENTRIES(KhTiles, kh_tiles_vnni512, kh_tiles_avx2)
 
 #else
 typedef int kh_no_x86_simd; /* ISO C forbids an empty translation unit */

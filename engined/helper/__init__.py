@@ -18,7 +18,8 @@ the package (`from engined import helper`); its modules, re-exported here, are:
   `gemv_w4a8` is `gemv` with x quantized to int8 per block of 32 (`w4a8_simd` says which
   kernel runs); `tiles_w4a8` the same for a linear in the CPU's tiles, any row count. `gemm` is the prefill GEMM (any row count, W decoded tile by tile, never
   whole). `unpack` dequantizes a handle to fp32.
-- dense.py: `gemv_f16` is the fp16 LM head, `gemv_bf16` the bf16 one, `gemv_q8` the Q8_0 one.
+- dense.py: `gemv_f16` is the fp16 LM head, `gemv_bf16` the bf16 one, `gemv_q8` the Q8_0 one
+  (`tiles_q8` the same in the CPU's tiles, any row count).
 - llama.py: `llama_layer` / `llama_decode_layer` run one Llama decoder layer per call, and
   `llama_decode_layers` every layer of a decode step (validated once per step).
 - arrays.py: `unpack_int4`, `gemv_w4a16`, `grouped_gemv_w4a16`, `moe_swiglu_w4a16`: the
@@ -37,7 +38,8 @@ from engined.helper.core import (  # noqa: F401
 from engined.helper.int4 import (  # noqa: F401
     Int4Weight, _routed, _row_passes, gemm, gemv, gemv_w4a8, grouped_gemv, int4_weight,
     moe_grouped, moe_swiglu, tiles_w4a8, unpack)
-from engined.helper.dense import _gemv_h16, gemv_bf16, gemv_f16, gemv_q8, q8_simd  # noqa: F401
+from engined.helper.dense import (  # noqa: F401
+    _gemv_h16, gemv_bf16, gemv_f16, gemv_q8, q8_simd, tiles_q8)
 from engined.helper.llama import (  # noqa: F401
     LlamaLayerHandle, llama_decode_layer, llama_decode_layers, llama_layer)
 from engined.helper.arrays import (  # noqa: F401

@@ -64,6 +64,31 @@ def gemv_q8(q, scales, x, out=None, threads: int = 1):
     return out
 
 
+def tiles_q8(q, scales, x, out=None, threads: int = 1):
+    """gemv_q8 with W in the CPU's tiles (ops/q8_gemv/reference.py, PackedQ8.in_tiles): q int8
+    and scales fp16 of W's shapes, rearranged; any M in one call and one pass over W, each
+    row's result the same bits whatever rows come with it."""
+    require()
+    v, d = q.shape
+    if v % int(lib.KH_TILE) or d % 32 or q.dtype is not torch.int8 \
+            or scales.dtype is not torch.float16 or tuple(scales.shape) != (v, d // 32) \
+            or not (q.is_cpu and scales.is_cpu and q.is_contiguous() and scales.is_contiguous()):
+        raise ValueError(f"tiles_q8 needs contiguous CPU int8 [V, D] and fp16 [V, D/32], V a "
+                         f"multiple of {int(lib.KH_TILE)}, got {q.dtype} {list(q.shape)} and "
+                         f"{scales.dtype} {list(scales.shape)}")
+    x = _as_rows(x, d)
+    rows = x.shape[0]
+    out = _out(out, (rows, v))
+    cast = ffi.cast
+    _owner, work = _workspace(int(lib.tiles_q8_work_floats(rows, d)))
+    status = lib.tiles_q8(cast("float *", x.data_ptr()), rows, cast("int8_t *", q.data_ptr()),
+                          cast("uint16_t *", scales.data_ptr()), v, d, work,
+                          cast("float *", out.data_ptr()), threads)
+    if status:
+        check(status, "tiles_q8")
+    return out
+
+
 def q8_simd() -> int:
     """The Q8_0 head's kernel under the current caps: w4a8_simd's level (INT8_LEVELS)."""
     require()

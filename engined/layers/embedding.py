@@ -81,7 +81,22 @@ class Q8TiedEmbedding:
         from engined.ops import registry
 
         self.packed = packed  # ops.q8_gemv.reference.PackedQ8
-        self._head = registry.resolve("q8_gemv", packed.q.device.type).fn
+        self._head = registry.resolve("q8_tiles" if packed.tiles else "q8_gemv",
+                                      packed.q.device.type).fn
+
+    def to_tiles_(self, back: bool = False):
+        """The head into the CPU's tiles of 16 rows (q8_tiles: a verify step's rows cost a
+        fraction of a lone row's pass), in place: the same tensors, rearranged; back=True
+        undoes it. The lookup reads either layout."""
+        from engined.ops import registry
+
+        p = self.packed
+        if p.tiles != back:
+            return
+        for dst, src in zip((p.q, p.scales), p.tile_tensors(back)):
+            dst.copy_(src)
+        self.packed = type(p)(p.q, p.scales, tiles=not back)
+        self._head = registry.resolve("q8_gemv" if back else "q8_tiles", p.q.device.type).fn
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         # tokens: [T] -> [T, D] fp32

@@ -175,6 +175,8 @@ class LlamaModel:
             block.attn.qkv.to_tiles_(back=not tiles)
             block.attn.o.to_tiles_(back=not tiles)
             block.mlp.to_tiles_(back=not tiles)
+        if isinstance(self.embedding, Q8TiedEmbedding) and self.embedding.packed.q.shape[0] % int4_format.TILE == 0:
+            self.embedding.to_tiles_(back=not tiles)  # the head too: its verify rows are cheap
         if not tiles:
             for lin in linears:
                 lin.select_gemv(op)

@@ -195,6 +195,26 @@ Q8 = [
 ]
 
 
+def q8_tiles_case(m: int, n: int, k: int, dtype=torch.float32, seed=0) -> Case:
+    """q8_tiles: a q8 case whose weight is in the CPU's tiles (N a multiple of 16)."""
+    case = q8_case(m, n, k, dtype, seed)
+
+    def make(gen):
+        x, w = case.make(gen)
+        return x, w.in_tiles()
+    return replace(case, id=case.id + "-tiles", make=make)
+
+
+Q8_TILES = [
+    q8_tiles_case(1, 16, 32),                   # one tile, one block
+    q8_tiles_case(3, 48, 96, seed=1),           # 3 tiles: blocks of 2 and 1
+    q8_tiles_case(5, 80, 160, torch.bfloat16, seed=2),
+    q8_tiles_case(9, 32, 288, seed=3),          # past MAX_ROWS in one call; 9 blocks
+    q8_tiles_case(70, 64, 64, seed=4),          # prefill-sized: two chunks of rows
+    q8_tiles_case(8, 1024, 576, seed=5),        # SmolLM2's head width, a verify step
+]
+
+
 def experts(gen, e, n, k, group, symmetric: bool = False) -> PackedInt4Experts:
     return PackedInt4Experts(group_size=group, **random_int4(gen, n, k, group, lead=(e,),
                                                             symmetric=symmetric))
@@ -393,7 +413,7 @@ LLAMA_LAYER = [
 ]
 
 
-CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "w4a8_tiles": TILES, "q8_gemv": Q8, "moe_grouped": MOE,
+CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "w4a8_tiles": TILES, "q8_gemv": Q8, "q8_tiles": Q8_TILES, "moe_grouped": MOE,
          "moe_grouped_w4a8": MOE_W4A8, "kda_step": KDA, "llama_decode_layer": LLAMA_LAYER, "paged_mla_decode": PAGED_MLA, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
          "moe_swiglu": routed("moe_swiglu")}
 

@@ -92,3 +92,52 @@ def test_vnni_kernels_are_the_avx2_kernels_bits(level):
     got = [cpu_c.q8_gemv(x[:rows], w) for w, x in cases for rows in (1, 3, 8)]
     for y, ref in zip(got, want):
         assert torch.equal(y, ref)
+
+
+def test_the_tiles_give_the_same_bits_at_every_level_and_batch(level):
+    """q8_tiles: AVX-512 VNNI (w ^ 0x80 from -128 * sum(x)) and AVX2 (|w|, sign) against the
+    portable C text bitwise, for a row alone and in batches of 2..70; codes -128 and 127."""
+    ran = helper.tiles_simd()
+    if ran != level:
+        pytest.skip(f"no {LEVELS[level]} tile kernel: {LEVELS[ran]} ran")
+    gen = torch.Generator().manual_seed(9)
+    w = random_q8(gen, 96, 576)
+    w.q[:8] = -128
+    w.q[8:16] = 127
+    tiled = w.in_tiles()
+    x = torch.randn(70, 576, generator=gen) * 2
+    x[0] = 1.0                                                # xq = 127 everywhere
+    got = cpu_c.q8_tiles(x, tiled)
+    assert torch.allclose(got, reference.q8_gemv(x, w), atol=1e-6 * 576, rtol=1e-5)
+    for rows in (1, 2, 8, 9):
+        assert torch.equal(cpu_c.q8_tiles(x[:rows], tiled), got[:rows])
+    helper.w4a8_simd(0)
+    assert torch.equal(cpu_c.q8_tiles(x, tiled), got)
+
+
+def test_the_tiles_layout_and_the_lookup():
+    """Row i is lane i % 16 of tile i // 16: the lookup reads it back, and so does untiled."""
+    w = random_q8(torch.Generator().manual_seed(10), 48, 64)
+    tiled = w.in_tiles()
+    assert torch.equal(tiled.q.view(3, 16, 16, 4)[2, 3, 5], w.q[37, 12:16])
+    assert torch.equal(tiled.scales.view(3, 2, 16)[1, 1], w.scales[16:32, 1])
+    rows = torch.tensor([0, 17, 47, 17])
+    assert torch.equal(tiled.dequantize(rows), w.dequantize(rows))
+    assert torch.equal(tiled.untiled().q, w.q) and torch.equal(tiled.untiled().scales, w.scales)
+    with pytest.raises(Exception, match="q8_gemv: W is in the CPU's tiles"):
+        cpu_c.q8_gemv(torch.randn(1, 64), tiled)
+
+
+def test_the_head_goes_into_tiles_in_place_and_back():
+    w = random_q8(torch.Generator().manual_seed(11), 64, 96)
+    head, before = Q8TiedEmbedding(w), w.q.clone()
+    x = torch.randn(3, 96)
+    want = head.logits(x)
+    head.to_tiles_()
+    assert head.packed.tiles and head.packed.q.data_ptr() == w.q.data_ptr()
+    assert torch.allclose(head.logits(x), want, atol=1e-6 * 96, rtol=1e-5)
+    assert torch.equal(head.embed(torch.tensor([5, 60])), Q8TiedEmbedding(
+        reference.PackedQ8(before, head.packed.untiled().scales)).embed(torch.tensor([5, 60])))
+    head.to_tiles_(back=True)
+    assert not head.packed.tiles and torch.equal(w.q, before)
+

@@ -18,11 +18,34 @@ from engined.ops import registry
 from engined.ops.w4a8_gemv.reference import BLOCK, dequantize_rows, quantize_rows
 
 
+TILE = 16  # rows per tile, as the INT4 tiles (int4_format.TILE, csrc/kimi_tiles.h)
+
+
 @dataclass(frozen=True)
 class PackedQ8:
-    """W in Q8_0: q [N, K] int8, scales [N, K/32] fp16 (w = scale * q)."""
+    """W in Q8_0: q [N, K] int8, scales [N, K/32] fp16 (w = scale * q). tiles: the same tensors
+    rearranged for the CPU's tile kernel (q8_tiles; in memory only): per tile of 16 rows and
+    chunk of 4 inputs, 64 bytes, 4 per row; scales [N/16, K/32, 16]."""
     q: torch.Tensor
     scales: torch.Tensor
+    tiles: bool = False
+
+    def tile_tensors(self, back: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, scales) as new tensors of the same shapes, into the tiles or back from them."""
+        n, k = self.q.shape
+        if n % TILE or k % BLOCK:
+            raise registry.KernelError(f"q8 tiles need N % {TILE} == 0 and K % {BLOCK} == 0, "
+                                       f"got {n} x {k}")
+        q = self.q.reshape(*((n // TILE, k // 4, TILE, 4) if back else (n // TILE, TILE, k // 4, 4)))
+        s = self.scales.reshape(*((n // TILE, k // BLOCK, TILE) if back else (n // TILE, TILE, k // BLOCK)))
+        return (q.transpose(1, 2).reshape(n, k).contiguous(),
+                s.transpose(1, 2).reshape(n, k // BLOCK).contiguous())
+
+    def in_tiles(self) -> "PackedQ8":
+        return self if self.tiles else PackedQ8(*self.tile_tensors(), tiles=True)
+
+    def untiled(self) -> "PackedQ8":
+        return PackedQ8(*self.tile_tensors(back=True)) if self.tiles else self
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -39,7 +62,14 @@ class PackedQ8:
 
     def dequantize(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """Rows of W as float64: [R, K] (the embedding lookup and the reference)."""
-        q, s = self.q[rows], self.scales[rows]
+        if self.tiles:  # row i is lane i % 16 of tile i // 16
+            n, k = self.q.shape
+            index = torch.arange(n)[rows]
+            tile, lane = index // TILE, index % TILE
+            q = self.q.view(n // TILE, k // 4, TILE, 4)[tile, :, lane, :].reshape(-1, k)
+            s = self.scales.view(n // TILE, k // BLOCK, TILE)[tile, :, lane]
+        else:
+            q, s = self.q[rows], self.scales[rows]
         n, k = q.shape
         return (q.double().view(n, k // BLOCK, BLOCK) * s.double()[..., None]).view(n, k)
 
@@ -48,10 +78,20 @@ class PackedQ8:
         return self.q.numel() + self.scales.numel() * 2
 
 
+@registry.register("q8_tiles", registry.REFERENCE,
+                   description="back out of the tiles, then q8_gemv's reference")
+def q8_tiles(x: torch.Tensor, w: PackedQ8, out: torch.Tensor | None = None) -> torch.Tensor:
+    if not w.tiles:
+        raise registry.KernelError("q8_tiles: W is not in tiles (PackedQ8.in_tiles)")
+    return q8_gemv(x, w.untiled(), out)
+
+
 @registry.register("q8_gemv", registry.REFERENCE,
                    description="quantize x per 32-block to int8, then float64 matmul")
 def q8_gemv(x: torch.Tensor, w: PackedQ8, out: torch.Tensor | None = None) -> torch.Tensor:
     w.check()
+    if w.tiles:
+        raise registry.KernelError("q8_gemv: W is in the CPU's tiles (q8_tiles runs it)")
     xq, d = quantize_rows(x)
     y = (dequantize_rows(xq, d) @ w.dequantize().to(x.device).t()).float()  # [M, N]
     return y if out is None else out.copy_(y)
