@@ -2,7 +2,10 @@
 decode step checks them.
 
 Drafting is prompt lookup: the most recent earlier occurrence of the sequence's last n tokens
-(n = 3, then 2, then 1), in the prompt and the output so far, and the tokens that followed it.
+(the longest n from MAX_NGRAM down to 1 that occurs), in the prompt and the output so far, and
+the tokens that followed it; a match of one token drafts at most 1, of two at most 3
+(SHORT_MATCH): short matches were the drafts most often wrong, and a long one picks the right
+copy among several (edit turns, tiles: 60% -> 70% accepted, 1.54x -> 1.58x).
 An agent's edit re-emits the function it rewrites, a tool call repeats paths from the
 conversation: there the drafts are right.
 
@@ -26,7 +29,8 @@ import collections
 import time
 
 K_MAX = 7  # drafts per sequence and step: with its input token, 8 rows (one GEMV pass)
-MAX_NGRAM = 3
+MAX_NGRAM = 8  # the longest suffix looked up
+SHORT_MATCH = {1: 1, 2: 3}  # the most drafted after a match of only n tokens
 WINDOW = 16384  # the last tokens of a long prompt that drafts are looked up in
 COOLDOWN = 16  # steps without drafting after acceptance fell below the break-even
 DECAY = 0.8  # weight of the past in the acceptance rate, per verification
@@ -54,7 +58,7 @@ class PromptLookup:
         for n in range(min(MAX_NGRAM, end), 0, -1):
             after = self.index.get(tuple(self.tokens[end - n:]))
             if after is not None:
-                return self.tokens[after:after + k]
+                return self.tokens[after:after + min(k, SHORT_MATCH.get(n, k))]
         return []
 
 

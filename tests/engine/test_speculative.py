@@ -121,6 +121,15 @@ def test_lookup_takes_the_most_recent_longest_match():
     assert speculate.PromptLookup([8, 8]).draft([], 4) == [8]  # a token repeated
 
 
+def test_a_longer_match_wins_and_a_short_one_drafts_little():
+    """The suffix "1 2 3 4" picks the first copy, though "2 3 4" came last; a match of one
+    token drafts one, of two at most three (speculate.SHORT_MATCH)."""
+    lookup = speculate.PromptLookup([1, 2, 3, 4, 5, 9, 2, 3, 4, 6, 0, 1, 2, 3, 4])
+    assert lookup.draft([], 4) == [5, 9, 2, 3]
+    assert speculate.PromptLookup([7, 1, 2, 3, 4, 5, 8, 7]).draft([], 4) == [1]
+    assert speculate.PromptLookup([6, 7, 1, 2, 3, 4, 5, 8, 6, 7]).draft([], 6) == [1, 2, 3]
+
+
 def test_draft_length_grows_on_acceptance_and_rests_below_break_even():
     length = speculate.DraftLength()
     for _ in range(6):
