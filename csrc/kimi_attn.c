@@ -54,10 +54,21 @@ static float dot_c(const float *a, const float *b, int64_t n)
     return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
 }
 
-static void axpy_c(float *y, float a, const float *x, int64_t n)
+/* out[j] = dot(q, k row j) * scale for count rows k [count, n]. */
+static void scores_c(const float *q, const float *k, int64_t count, int64_t n, float scale,
+                     float *out)
 {
-    int64_t i;
-    for (i = 0; i < n; i++) y[i] += a * x[i];
+    int64_t j;
+    for (j = 0; j < count; j++) out[j] = dot_c(q, k + j * n, n) * scale;
+}
+
+/* y += sum_j w[j] * v[j] for count rows v [count, n], one row after another (each y[i] is
+ * the chain y[i] + w[0] v[0][i] + w[1] v[1][i] + ..., in that order, in every kernel). */
+static void accumulate_c(float *y, const float *w, const float *v, int64_t count, int64_t n)
+{
+    int64_t i, j;
+    for (j = 0; j < count; j++)
+        for (i = 0; i < n; i++) y[i] += w[j] * v[j * n + i];
 }
 
 /* s[j] = exp(s[j] - m) for j < n; returns their sum. */
@@ -75,13 +86,15 @@ static float exp_sum_c(float *s, int64_t n, float m)
 /* One task: the key range [j0, j1) of one (row, KV head), for each query head of its group. */
 static inline __attribute__((always_inline)) void attend_range(
     const AttnJob *job, int64_t task, void (*to_floats)(const uint16_t *, float *, int64_t),
-    float (*dot)(const float *, const float *, int64_t),
-    void (*axpy)(float *, float, const float *, int64_t), float (*exp_sum)(float *, int64_t, float))
+    void (*scores)(const float *, const float *, int64_t, int64_t, float, float *),
+    void (*accumulate)(float *, const float *, const float *, int64_t, int64_t),
+    float (*exp_sum)(float *, int64_t, float))
 {
     const KhAttention *a = job->a;
     int64_t hd = a->head_dim, kvh = a->kv_heads, group = a->heads / kvh, row = 0, j, g, c0;
     int64_t kv, split, j0, j1;
-    float scale = 1.0f / sqrtf((float)hd), kf[KH_ATTN_MAX_DIM];
+    float scale = 1.0f / sqrtf((float)hd);
+    float kv_f[KH_ATTN_CHUNK * KH_ATTN_MAX_DIM]; /* a chunk's keys, then values, as floats */
     float score[KH_ATTN_MAX_GROUP][KH_ATTN_CHUNK];
     while (task >= job->task_base[row + 1]) row++;
     task -= job->task_base[row];
@@ -105,9 +118,9 @@ static inline __attribute__((always_inline)) void attend_range(
                 const uint16_t *ahead = kc + (c0 + j + KH_ATTN_AHEAD) * kvh * hd;
                 __builtin_prefetch(ahead);
                 __builtin_prefetch(ahead + hd - 1);
-                to_floats(kc + (c0 + j) * kvh * hd, kf, hd);
-                for (g = 0; g < group; g++) score[g][j] = dot(q + g * hd, kf, hd) * scale;
+                to_floats(kc + (c0 + j) * kvh * hd, kv_f + j * hd, hd);
             }
+            for (g = 0; g < group; g++) scores(q + g * hd, kv_f, count, hd, scale, score[g]);
             for (g = 0; g < group; g++) { /* rescale what came before to the new maximum */
                 float m = top[g], fix;
                 for (j = 0; j < count; j++) m = score[g][j] > m ? score[g][j] : m;
@@ -121,9 +134,9 @@ static inline __attribute__((always_inline)) void attend_range(
                 const uint16_t *ahead = vc + (c0 + j + KH_ATTN_AHEAD) * kvh * hd;
                 __builtin_prefetch(ahead);
                 __builtin_prefetch(ahead + hd - 1);
-                to_floats(vc + (c0 + j) * kvh * hd, kf, hd);
-                for (g = 0; g < group; g++) axpy(acc[g], score[g][j], kf, hd);
+                to_floats(vc + (c0 + j) * kvh * hd, kv_f + j * hd, hd);
             }
+            for (g = 0; g < group; g++) accumulate(acc[g], score[g], kv_f, count, hd);
         }
         for (g = 0; g < group; g++) {
             float *part = job->parts + ((row * a->heads + kv * group + g) * KH_ATTN_MAX_SPLITS
@@ -137,7 +150,7 @@ static inline __attribute__((always_inline)) void attend_range(
 
 static void attend_range_c(void *ctx, int64_t task)
 {
-    attend_range(ctx, task, halves_to_floats_c, dot_c, axpy_c, exp_sum_c);
+    attend_range(ctx, task, halves_to_floats_c, scores_c, accumulate_c, exp_sum_c);
 }
 
 #if KH_HAVE_X86_SIMD
@@ -166,12 +179,53 @@ static KH_TARGET inline float dot_avx2(const float *a, const float *b, int64_t n
     return hsum256(_mm256_add_ps(acc, acc_odd));
 }
 
-static KH_TARGET inline void axpy_avx2(float *y, float a, const float *x, int64_t n)
+/* scores_c for 8 keys at a time: 8 accumulators over the head's lanes, then one transposing
+ * hadd tree gives the 8 sums in one vector (per key, a dot's own horizontal sum and scalar
+ * store held the scoring to their latency); the last count % 8 keys by dot_avx2. */
+static KH_TARGET inline void scores_avx2(const float *q, const float *k, int64_t count,
+                                         int64_t n, float scale, float *out)
 {
-    __m256 av = _mm256_set1_ps(a);
-    int64_t i;
-    for (i = 0; i < n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    const __m256 sv = _mm256_set1_ps(scale);
+    int64_t j, i;
+    int u;
+    for (j = 0; j + 8 <= count; j += 8) {
+        __m256 a[8], t0, t1, t2, t3, u0, u1;
+        for (u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
+        for (i = 0; i < n; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+            for (u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (j + u) * n + i), a[u]);
+        }
+        t0 = _mm256_hadd_ps(a[0], a[1]);
+        t1 = _mm256_hadd_ps(a[2], a[3]);
+        t2 = _mm256_hadd_ps(a[4], a[5]);
+        t3 = _mm256_hadd_ps(a[6], a[7]);
+        u0 = _mm256_hadd_ps(t0, t1);
+        u1 = _mm256_hadd_ps(t2, t3);
+        _mm256_storeu_ps(out + j, _mm256_mul_ps(sv, _mm256_add_ps(
+            _mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))));
+    }
+    for (; j < count; j++) out[j] = dot_avx2(q, k + j * n, n) * scale;
+}
+
+/* accumulate_c's chains with 64 floats of y in registers across the chunk's rows (the axpy
+ * per row stored y and loaded it back for the next: the store was 18% of an 8-row verify
+ * step's attention); n % 8 == 0. */
+static KH_TARGET inline void accumulate_avx2(float *y, const float *w, const float *v,
+                                             int64_t count, int64_t n)
+{
+    int64_t i0, j;
+    int u;
+    for (i0 = 0; i0 < n; i0 += 64) {
+        int lanes = n - i0 < 64 ? (int)(n - i0) / 8 : 8;
+        __m256 acc[8];
+        for (u = 0; u < lanes; u++) acc[u] = _mm256_loadu_ps(y + i0 + 8 * u);
+        for (j = 0; j < count; j++) {
+            __m256 wj = _mm256_set1_ps(w[j]);
+            const float *row = v + j * n + i0;
+            for (u = 0; u < lanes; u++) acc[u] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(row + 8 * u), acc[u]);
+        }
+        for (u = 0; u < lanes; u++) _mm256_storeu_ps(y + i0 + 8 * u, acc[u]);
+    }
 }
 
 static KH_TARGET inline float exp_sum_avx2(float *s, int64_t n, float m)
@@ -194,7 +248,7 @@ static KH_TARGET inline float exp_sum_avx2(float *s, int64_t n, float m)
 
 static KH_TARGET void attend_range_avx2(void *ctx, int64_t task)
 {
-    attend_range(ctx, task, halves_to_floats_avx2, dot_avx2, axpy_avx2, exp_sum_avx2);
+    attend_range(ctx, task, halves_to_floats_avx2, scores_avx2, accumulate_avx2, exp_sum_avx2);
 }
 #endif
 
