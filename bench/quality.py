@@ -127,6 +127,7 @@ def main():
     args = parser.parse_args()
     loaded = loader.load_model("default", threads=args.threads, progress=False,
                                embed_dtype=loader.EMBED_Q8)
+    loaded.model.select_decode_gemv("w4a16_gemv")  # the head out of tiles, as the GGUF has it
     packed = loaded.model.embedding.packed
     heads = {"q8": Q8TiedEmbedding(packed),
              "fp16": TiedEmbedding(dequantize_q8_0(packed.q, packed.scales, torch.float16))}
@@ -138,10 +139,10 @@ def main():
           f"w4a8 kernel {helper.INT8_LEVELS[helper.w4a8_simd()]}, {args.threads} threads")
     logits, seconds = {}, {}
     for name, op, head, how in CONFIGS:
-        loaded.model.select_decode_gemv(op)   # tiles in or out first, and the per-layer op
+        loaded.model.embedding = heads[head]  # first: w4a8_tiles puts a Q8_0 head into tiles
+        loaded.model.select_decode_gemv(op)   # tiles in or out, and the per-layer op
         for lin in layers:
             lin.select_gemv(op)
-        loaded.model.embedding = heads[head]
         start = time.perf_counter()
         run = teacher_forced_logits if how == "chunks" else teacher_forced_steps
         with torch.inference_mode():

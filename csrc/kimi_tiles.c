@@ -8,14 +8,15 @@
  * two vpdpbusd; per block of 32, a convert, a multiply and an FMA per 16 outputs.
  *
  * One kernel serves decode (1 row), a verify step (k + 1 rows) and prefill (any rows): rows
- * go in register blocks of up to 4, over a chunk of tiles that stays in L1, so W is read from
+ * go in register blocks of up to 4 over a block of tiles that stays in L2, so W is read from
  * memory once per call. */
 #include "kimi_helper.h"
 #include "kimi_tiles.h"
 
 #include <math.h>
 
-#define X_CHUNK 64 /* x rows per pass over a thread's tiles (their codes stay in L2) */
+#define X_CHUNK 64 /* x rows per pass over a block of tiles (their codes stay in L2) */
+#define TILE_BLOCK_BYTES (192 << 10) /* codes of the tiles met by each chunk of x rows (L2) */
 
 /* The portable kernel, and the definition of every kernel's operations. */
 static void tiles_c(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,
@@ -87,16 +88,22 @@ static void quantize_rows(void *ctx, int64_t begin, int64_t end)
     }
 }
 
-/* Tiles [t0, end): X_CHUNK rows of x at a time, register blocks of 4 rows inside. */
+/* Tiles [t0, end) in blocks of about TILE_BLOCK_BYTES of codes; per block, X_CHUNK rows of
+ * x at a time in register blocks of 4 rows, so each block comes from memory once per call and
+ * from L2 for the other row blocks (the order of the blocks changes no output's operations). */
 static void tiles_rows(void *ctx, int64_t t0, int64_t end)
 {
     const TilesJob *job = ctx;
-    int64_t c0, r;
-    for (c0 = 0; c0 < job->rows; c0 += X_CHUNK) {
-        int64_t c1 = c0 + X_CHUNK < job->rows ? c0 + X_CHUNK : job->rows;
-        for (r = c0; r < c1; r += 4)
-            job->kernel(job->w, t0, end - t0, &job->x, job->xsum, r,
-                        c1 - r < 4 ? (int)(c1 - r) : 4, job->out);
+    int64_t per_block = TILE_BLOCK_BYTES / (KH_TILE * job->k / 2), b0, c0, r;
+    if (per_block < 1) per_block = 1;
+    for (b0 = t0; b0 < end; b0 += per_block) {
+        int64_t b1 = b0 + per_block < end ? b0 + per_block : end;
+        for (c0 = 0; c0 < job->rows; c0 += X_CHUNK) {
+            int64_t c1 = c0 + X_CHUNK < job->rows ? c0 + X_CHUNK : job->rows;
+            for (r = c0; r < c1; r += 4)
+                job->kernel(job->w, b0, b1 - b0, &job->x, job->xsum, r,
+                            c1 - r < 4 ? (int)(c1 - r) : 4, job->out);
+        }
     }
 }
 

@@ -107,11 +107,11 @@ def layer_weights(block: Block, gemv: str) -> LlamaLayer:
 
 
 def decode_gemv_op(device: str) -> str:
-    """The decode GEMV of the Llama family: W4A8 (x rounded to int8 per 32-block; perplexity
-    +0.23% and 96.3% top-1 agreement against W4A16 on bench/quality.py's frozen text, served
-    decode steps) on a CPU whose integer dots are at least as wide as W4A16's fp32 FMAs:
-    VNNI (AVX-512 or AVX-VNNI), or AVX2 without AVX-512. An AVX-512 CPU without VNNI keeps
-    W4A16's AVX-512 kernel, and GPUs W4A16."""
+    """The projections' op of the Llama family: W4A8 in tiles (x rounded to int8 per 32-block;
+    the quality gate, bench/quality.py, holds it against W4A16), one kernel for decode, verify
+    and prefill rows, on a CPU whose integer dots are at least as wide as W4A16's fp32 FMAs:
+    VNNI (AVX-512; AVX-VNNI runs the AVX2 tile kernel), or AVX2 without AVX-512. An AVX-512
+    CPU without VNNI keeps W4A16's AVX-512 kernel, and GPUs W4A16."""
     if device != "cpu" or not helper.available():
         return "w4a16_gemv"
     return "w4a8_tiles" if helper.w4a8_simd() >= 2 or helper.gemv_simd() <= 1 else "w4a16_gemv"
@@ -168,7 +168,7 @@ class LlamaModel:
                    for lin in (b.attn.qkv, b.attn.o, b.mlp.gate_up, b.mlp.down_proj)]
         tiles = op == "w4a8_tiles" and all(
             lin.packed.tiles or int4_format.can_tile(lin.packed) for lin in linears) and all(
-            b.mlp.hidden % int4_format.TILE == 0 for b in self.blocks)
+            size % int4_format.TILE == 0 for b in self.blocks for size in (b.mlp.hidden, *b.attn.split))
         if op == "w4a8_tiles" and not tiles:
             op = "w4a8_gemv"
         for block in self.blocks:

@@ -108,5 +108,7 @@ def test_a_linear_goes_into_tiles_in_place_and_back():
     assert part.packed.tiles and torch.equal(part(x), lin(x)[:, 16:48])
     with pytest.raises(ValueError, match="not whole tiles"):
         lin.rows(8, 48)
+    with pytest.raises(ValueError, match="does not go into the GPU order"):
+        lin.to_gpu_order_()
     lin.to_tiles_(back=True)
     assert not lin.packed.tiles and torch.equal(lin.qweight, original)
