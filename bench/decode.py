@@ -5,7 +5,10 @@ same token ids, both streaming; llama-bench's tg and pp on the same GGUF as the 
 ceiling; and HF transformers (fp32). llama-cpp-python's in-process binding runs too when it
 is installed (earlier runs' baseline). Ratios are against llama-server.
 
-Decode: 64 new tokens, greedy, 17-token prompt, 5 repeats after a warm-up, median tok/s.
+Decode: 64 new tokens, greedy, 17-token prompt, 5 repeats after a warm-up, median tok/s. The
+engine runs twice: with --speculative off (the "engine" row, plain decode, which the ratios
+use) and in its default configuration, speculation on (the prompt repeats one paragraph, so
+drafts from it are often right: that row shows what speculation adds on such text).
 Prefill: a 512-token prompt, tok/s = 512 / time to first token, with the engine's prefix
 cache off (the repeats send the same prompt). Threads: 2 for everyone.
 """
@@ -44,7 +47,7 @@ def engine_timed(sock: str, prompt: list[int], max_tokens: int) -> tuple[float, 
     return first - start, decode, count
 
 
-def bench_engine(gguf: pathlib.Path, tokens: list[int]) -> dict:
+def bench_engine(gguf: pathlib.Path, tokens: list[int], speculative: str = "off") -> dict:
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="kimi-bench-"))
     sock = str(tmp / "engine.sock")
     env = dict(os.environ, XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(tmp / "cache")))
@@ -53,7 +56,7 @@ def bench_engine(gguf: pathlib.Path, tokens: list[int]) -> dict:
                               capture_output=True, text=True, env=env)
     proc = subprocess.Popen([str(pathlib.Path(sys.executable).parent / "kimi-engine"), "serve",
                              "--model", "default", "--socket", sock, "--threads", "2",
-                             "--max-context", "8192",
+                             "--max-context", "8192", "--speculative", speculative,
                              # every repeat sends the same prompt: measure prefill, not the cache
                              "--prefix-cache-bytes", "0"], env=env, stderr=subprocess.DEVNULL)
     try:
@@ -186,7 +189,8 @@ def main() -> int:
     gguf = default_gguf_path()
     tokens = prompt_tokens(gguf)
     command = " ".join(["bench/decode.py", *sys.argv[1:]])
-    results = {"hardware": hardware(), "command": command, "engine": bench_engine(gguf, tokens)}
+    results = {"hardware": hardware(), "command": command, "engine": bench_engine(gguf, tokens),
+               "engine_speculative": bench_engine(gguf, tokens, "on")}
     if "llamacpp" not in args.skip:
         results["llamacpp"] = bench_llamacpp(gguf, tokens)
     if "llama-server" not in args.skip:
@@ -196,12 +200,13 @@ def main() -> int:
     rows = ["| runtime | decode tok/s | prefill tok/s | decode vs llama-server | prefill vs llama-server |",
             "|---|---:|---:|---:|---:|"]
     ref = results.get("llama-server")
-    for name in ("engine", "llama-server", "llamacpp", "transformers"):
+    labels = {"engine": "engine, speculation off", "engine_speculative": "engine, speculation on (default)"}
+    for name in ("engine", "engine_speculative", "llama-server", "llamacpp", "transformers"):
         r = results.get(name)
         if not r:
             continue
         ratio = (lambda k: f"{r[k] / ref[k]:.2f}x" if ref else "n/a")
-        rows.append(f"| {name} | {r['decode_tok_s']:.1f} | {r['prefill_tok_s']:.1f} | "
+        rows.append(f"| {labels.get(name, name)} | {r['decode_tok_s']:.1f} | {r['prefill_tok_s']:.1f} | "
                     f"{ratio('decode_tok_s')} | {ratio('prefill_tok_s')} |")
     e = results["engine"]
     if ref:

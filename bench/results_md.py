@@ -108,8 +108,9 @@ def ratio(engine: float, other: dict | None, key: str, digits: int) -> str:
 CEILING = {"decode_tok_s": "tg_tok_s", "prefill_tok_s": "pp_tok_s"}  # llama-bench's name for each
 
 
-def readme_rows(r: Result, what: str, key: str, digits: int, first: bool) -> str:
-    e, server = r.data["engine"], r.data.get("llama-server")
+def readme_rows(r: Result, what: str, key: str, digits: int, first: bool,
+                engine: str = "engine") -> str:
+    e, server = r.data[engine], r.data.get("llama-server")
     bench = (server or {}).get("llama_bench") or {}
     ceiling = {key: bench[CEILING[key]]} if CEILING[key] in bench else None
     where = f" {r.hardware}, {r.data.get('date') or r.date}, {commit_of(r)}" if first else ""
@@ -131,10 +132,16 @@ def readme_table(results: list[Result]) -> list[str]:
                               "decode_tok_s", 1, True),
                   readme_rows(r, f"prefill, {r.data.get('prefill_tokens', 512)} tokens",
                               "prefill_tok_s", 0, False)]
+        if "engine_speculative" in r.data:  # since the engine row runs with speculation off
+            lines.append(readme_rows(r, "decode, speculation on (the default)", "decode_tok_s",
+                                     1, False, "engine_speculative"))
     if "decode_context" in newest:
         r = newest["decode_context"][0]
         lines.append(readme_rows(r, f"decode after a {r.data.get('context', 4000):,}-token prompt "
                                  f"(`--context {r.data.get('context', 4000)}`)", "decode_tok_s", 1, True))
+        if "engine_speculative" in r.data:
+            lines.append(readme_rows(r, "the same, speculation on (the default)", "decode_tok_s",
+                                     1, False, "engine_speculative"))
     names = ", ".join(f"`bench/results/{newest[k][0].path.name}`" for k in ("decode", "decode_context")
                       if k in newest)
     source = f"From {names}; every" if names else "No run with native llama.cpp yet; every"
