@@ -9,7 +9,11 @@ import pytest
 
 from tests.support.engine import Daemon, eventually, get, metric, post, stream
 
-CAPITAL = [{"role": "user", "content": "Which city is the capital of France?"}]
+# Not "Which city is the capital of France?": with the prompt run through W4A8 (int8 activations
+# per 32, as llama.cpp quantizes them), greedy, the 135M model answers it "Le Grand Château,
+# also known as the City of Light, ..." as native llama-server does on the same GGUF; this one
+# it answers "The capital of France is Paris." under every SIMD cap (and under W4A16).
+CAPITAL = [{"role": "user", "content": "Name the capital of France."}]
 
 
 @pytest.fixture(scope="session")
@@ -260,6 +264,10 @@ def test_chunked_prefill_matches_one_forward_pass(engine, engine_cache, monkeypa
             position += 1
     assert served[0] is None
     # Same weights and fp16 KV cache; only the blocking differs between 64-row chunks and a
-    # whole-prompt pass (rounding of fp32 sums, then of K/V to fp16). Measured gap: 1.5e-3.
-    assert torch.allclose(torch.tensor(served[1:]), reference, atol=1e-2)
+    # whole-prompt pass (rounding of fp32 sums in attention, then of K/V to fp16). The
+    # projections quantize their input to int8 per 32 values (W4A8, as llama.cpp does), so a
+    # last-bit difference can move one code a step: measured gap 1.04e-2 at most, 2.1e-4 on
+    # average (1.5e-3 and 1e-4 when prefill ran W4A16).
+    gap = (torch.tensor(served[1:]) - reference).abs()
+    assert gap.max() < 3e-2 and gap.mean() < 1e-3, (float(gap.max()), float(gap.mean()))
     assert generated == [model.tokenizer.token_bytes(t).decode("utf-8", "replace") for t in tokens]

@@ -14,7 +14,11 @@ import pytest
 from tests.support.engine import Daemon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-QUESTION = [{"role": "user", "content": "Which city is the capital of France?"}]
+# Not "Which city is the capital of France?": with the prompt run through W4A8 (int8 activations
+# per 32, as llama.cpp quantizes them), greedy, the 135M model answers it "Le Grand Château,
+# also known as the City of Light, ..." as native llama-server does on the same GGUF; this one
+# it answers "The capital of France is Paris." under every SIMD cap (and under W4A16).
+QUESTION = [{"role": "user", "content": "Name the capital of France."}]
 
 
 @pytest.fixture(scope="session")
