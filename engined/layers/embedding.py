@@ -93,8 +93,7 @@ class Q8TiedEmbedding:
         p = self.packed
         if p.tiles != back:
             return
-        for dst, src in zip((p.q, p.scales), p.tile_tensors(back)):
-            dst.copy_(src)
+        p.tile_in_place_(back)  # a block at a time: no second copy of a large head
         self.packed = type(p)(p.q, p.scales, tiles=not back)
         self._head = registry.resolve("q8_gemv" if back else "q8_tiles", p.q.device.type).fn
 

@@ -162,8 +162,7 @@ class Linear:
         p = self.packed
         if p.tiles != back:
             return
-        for dst, src in zip(self.tensors, int4_format.tile_tensors(p, back)):
-            dst.copy_(src)
+        int4_format.tile_in_place_(p, back)
         self._packed = int4_format.PackedInt4(p.qweight, p.scales, p.mins, p.group_size,
                                               tiles=not back)
         self._gemm = None

@@ -166,6 +166,20 @@ def tile_tensors(p: PackedInt4, back: bool = False) -> tuple[torch.Tensor, ...]:
     return qweight.contiguous(), regroup(p.scales), mins
 
 
+def tile_in_place_(p: PackedInt4, back: bool = False, block_rows: int = 4096):
+    """tile_tensors written back into p's own tensors, block_rows rows (a multiple of TILE) at
+    a time: a block's tiles are that block's bytes, so the transient copy is one block, not W."""
+    n, _ = p.shape
+    for start in range(0, n, block_rows):
+        end = min(start + block_rows, n)
+        block = PackedInt4(p.qweight[start:end], p.scales[start:end],
+                           None if p.mins is None else p.mins[start:end], p.group_size,
+                           tiles=p.tiles)
+        for dst, src in zip((block.qweight, block.scales, block.mins), tile_tensors(block, back)):
+            if dst is not None:
+                dst.copy_(src)
+
+
 def to_tiles(p: PackedInt4) -> PackedInt4:
     """p with its codes and scales in the CPU's tiles (new tensors)."""
     if not can_tile(p):

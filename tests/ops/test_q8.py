@@ -141,3 +141,13 @@ def test_the_head_goes_into_tiles_in_place_and_back():
     head.to_tiles_(back=True)
     assert not head.packed.tiles and torch.equal(w.q, before)
 
+
+def test_the_head_tiles_in_place_a_block_at_a_time():
+    w = random_q8(torch.Generator().manual_seed(12), 80, 64)
+    whole = w.in_tiles()
+    copy = reference.PackedQ8(w.q.clone(), w.scales.clone())
+    copy.tile_in_place_(block_rows=32)
+    assert torch.equal(copy.q, whole.q) and torch.equal(copy.scales, whole.scales)
+    reference.PackedQ8(copy.q, copy.scales, tiles=True).tile_in_place_(back=True, block_rows=48)
+    assert torch.equal(copy.q, w.q) and torch.equal(copy.scales, w.scales)
+

@@ -1,6 +1,8 @@
 """w4a8_tiles beyond equivalence: the layout byte for byte, the same bits from every kernel
 level, every batch and thread count (a verify row is a decode row), and a model's linears in
 tiles and back in place."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -112,3 +114,20 @@ def test_a_linear_goes_into_tiles_in_place_and_back():
         lin.to_gpu_order_()
     lin.to_tiles_(back=True)
     assert not lin.packed.tiles and torch.equal(lin.qweight, original)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_tiling_in_place_a_block_at_a_time_is_tiling_whole(symmetric):
+    """Blocks of 16 and 48 rows give the bytes of one whole pass, and back (a block's tiles
+    are that block's bytes: no transient copy of all of W)."""
+    w = packed(80, 96, symmetric=symmetric, seed=12)
+    whole = int4_format.to_tiles(w)
+    for block_rows in (16, 48):
+        copy = PackedInt4(w.qweight.clone(), w.scales.clone(),
+                          None if symmetric else w.mins.clone(), 32)
+        int4_format.tile_in_place_(copy, block_rows=block_rows)
+        assert torch.equal(copy.qweight, whole.qweight) and torch.equal(copy.scales, whole.scales)
+        assert symmetric or torch.equal(copy.mins, whole.mins)
+        int4_format.tile_in_place_(replace(copy, tiles=True), back=True, block_rows=block_rows)
+        assert torch.equal(copy.qweight, w.qweight) and torch.equal(copy.scales, w.scales)
+

@@ -41,6 +41,16 @@ class PackedQ8:
         return (q.transpose(1, 2).reshape(n, k).contiguous(),
                 s.transpose(1, 2).reshape(n, k // BLOCK).contiguous())
 
+    def tile_in_place_(self, back: bool = False, block_rows: int = 4096):
+        """tile_tensors written back into q and scales, block_rows rows (a multiple of 16) at
+        a time: a block's tiles are that block's bytes, so the transient copy is one block."""
+        n = self.q.shape[0]
+        for start in range(0, n, block_rows):
+            end = min(start + block_rows, n)
+            block = PackedQ8(self.q[start:end], self.scales[start:end], self.tiles)
+            for dst, src in zip((block.q, block.scales), block.tile_tensors(back)):
+                dst.copy_(src)
+
     def in_tiles(self) -> "PackedQ8":
         return self if self.tiles else PackedQ8(*self.tile_tensors(), tiles=True)
 
