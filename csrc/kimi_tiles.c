@@ -73,7 +73,7 @@ typedef struct {
 } TilesJob;
 
 /* Rows [begin, end) of x quantized in natural order (a view of the job's q8 at row begin),
- * and their blocks' code sums. */
+ * and their blocks' code sums when the kernel reads them. */
 static void quantize_rows(void *ctx, int64_t begin, int64_t end)
 {
     const TilesJob *job = ctx;
@@ -81,7 +81,7 @@ static void quantize_rows(void *ctx, int64_t begin, int64_t end)
     int j;
     KhQ8 part = {job->x.q + begin * k, job->x.d + begin * nb, job->x.gsum + begin * groups};
     kh_quantize_q8(job->xf + begin * k, end - begin, k, job->group, 0, &part);
-    for (i = begin * nb; i < end * nb; i++) {
+    for (i = begin * nb; job->xsum && i < end * nb; i++) {
         int32_t sum = 0;
         for (j = 0; j < KH_Q8_BLOCK; j++) sum += job->x.q[i * KH_Q8_BLOCK + j];
         job->xsum[i] = sum;
@@ -108,12 +108,13 @@ static void tiles_rows(void *ctx, int64_t t0, int64_t end)
 }
 
 void kh_tiles_run(const void *w, KhTileKernel kernel, int64_t n, int64_t k, int64_t group,
-                  const float *x, int64_t rows, float *work, float *out, int nthreads)
+                  int block_sums, const float *x, int64_t rows, float *work, float *out,
+                  int nthreads)
 {
     TilesJob job = {.w = w, .kernel = kernel, .n = n, .k = k, .group = group, .rows = rows,
                     .xf = x, .out = out};
     job.x = kh_q8_at(work, rows, k, group);
-    job.xsum = (int32_t *)(work + kh_q8_floats(rows, k, group));
+    job.xsum = block_sums ? (int32_t *)(work + kh_q8_floats(rows, k, group)) : NULL;
     if (rows >= 16 && nthreads > 1) /* prefill: quantizing is ~5% of the work */
         kh_parallel_split(quantize_rows, &job, rows, (rows + 2 * nthreads - 1) / (2 * nthreads),
                           nthreads, 1);
@@ -148,6 +149,6 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
     default: break;
     }
 #endif
-    kh_tiles_run(&w, kernel, n, k, group, x, rows, work, out, nthreads);
+    kh_tiles_run(&w, kernel, n, k, group, 0, x, rows, work, out, nthreads);
     return KH_OK;
 }

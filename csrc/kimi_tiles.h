@@ -33,10 +33,12 @@ typedef void (*KhTileKernel)(const void *w, int64_t t0, int64_t nt, const KhQ8 *
 
 /* The tile kernels' one driver (kimi_tiles.c): x [rows, k] quantized in natural order into
  * work (groups of `group` for gsum; the block sums after, at kh_tiles_work_floats's end),
- * then `kernel` over the n / 16 tiles on the pool, X_CHUNK rows of x at a time. */
+ * then `kernel` over the n / 16 tiles on the pool, X_CHUNK rows of x at a time. block_sums:
+ * the kernel reads xsum (else it gets NULL, and no decode step pays for the sums). */
 int64_t kh_tiles_work_floats(int64_t rows, int64_t k, int64_t group);
 void kh_tiles_run(const void *w, KhTileKernel kernel, int64_t n, int64_t k, int64_t group,
-                  const float *x, int64_t rows, float *work, float *out, int nthreads);
+                  int block_sums, const float *x, int64_t rows, float *work, float *out,
+                  int nthreads);
 
 /* A Q8_0 matrix in tiles (see kimi_helper.h, tiles_q8): q [n/16, k/4, 16, 4] int8 (4 inputs
  * of 16 rows per 64 bytes), s [n/16, k/32, 16] half bits. Each output (r, row):
