@@ -109,6 +109,25 @@ int moe_swiglu_w4a16(const float *x, int64_t x_rows, const int64_t *expert_ids,
                      const uint16_t *up_s, const uint16_t *up_m, int64_t n, int64_t k,
                      int64_t group, float *work, float *out, int nthreads);
 
+/* Kimi-Linear's KDA decode step between the projections and o_proj (kimi_kda.c), on a pool
+ * of num_slots per-sequence states updated in place: conv windows [num_slots, 3, W, taps-1]
+ * and states S [num_slots, heads, K, K], W = heads * K (head_dim). conv_w [3, W, taps];
+ * f_bt, g_bt [K, W] (f_b, g_b transposed); A_log [heads]; dt_bias [W]; o_norm_w [K]. */
+typedef struct {
+    int64_t heads, head_dim, taps, num_slots;
+    float *conv;
+    float *S;
+    const float *conv_w, *f_bt, *g_bt, *A_log, *dt_bias, *o_norm_w;
+    float eps, scale;
+} KhKda;
+
+/* rows rows: qkv [rows, 3W] (q, k, v before the conv), low [rows, 2K + heads] (f_a, g_a,
+ * b), each row on its own slot slots[r] (distinct, else KH_EINVAL) -> out [rows, W] fp32.
+ * One pool task per (row, head): a row's result does not depend on the rows beside it or
+ * on nthreads. head_dim <= 256, taps <= 8. */
+int kda_decode_rows(const KhKda *a, const float *qkv, const float *low, int64_t rows,
+                    const int64_t *slots, float *out, int nthreads);
+
 /* One packed INT4 linear [n, k] (mins NULL: symmetric), as the layer call takes it; tiled:
  * 1 when q, s, m are in tiles (tiles_w4a8 runs it). */
 typedef struct {

@@ -20,6 +20,8 @@ the package (`from engined import helper`); its modules, re-exported here, are:
   whole). `unpack` dequantizes a handle to fp32.
 - dense.py: `gemv_f16` is the fp16 LM head, `gemv_bf16` the bf16 one, `gemv_q8` the Q8_0 one
   (`tiles_q8` the same in the CPU's tiles, any row count).
+- kda.py: `kda_weights` makes a Kimi-Linear KDA layer's handle once (fp32 copies, f_b and
+  g_b transposed), `kda_decode_rows` runs a decode step's rows on the state pools.
 - llama.py: `llama_layer` / `llama_decode_layer` run one Llama decoder layer per call, and
   `llama_decode_layers` every layer of a decode step (validated once per step).
 - arrays.py: `unpack_int4`, `gemv_w4a16`, `grouped_gemv_w4a16`, `moe_swiglu_w4a16`: the
@@ -40,6 +42,7 @@ from engined.helper.int4 import (  # noqa: F401
     moe_grouped, moe_swiglu, tiles_w4a8, unpack)
 from engined.helper.dense import (  # noqa: F401
     _gemv_h16, gemv_bf16, gemv_f16, gemv_q8, q8_simd, tiles_q8)
+from engined.helper.kda import KdaWeights, kda_decode_rows, kda_weights  # noqa: F401
 from engined.helper.llama import (  # noqa: F401
     LlamaLayerHandle, llama_decode_layer, llama_decode_layers, llama_layer)
 from engined.helper.arrays import (  # noqa: F401

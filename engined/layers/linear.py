@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from engined import helper
 from engined.ops import int4_format, registry
+from engined.ops.rowwise import rowwise
 from engined.ops.w4a16_gemv.cpu_c import num_threads
 
 INT4_PARTS = ("qweight", "scales", "mins")
@@ -188,7 +189,10 @@ class Linear:
             if self._is_c_bf16(x):                   # decode rows: 2 bytes a weight, no cast
                 return helper.gemv_bf16(self.weight, x, None, num_threads()).to(x.dtype)
             if self.weight.dtype == x.dtype or self.device.type != "cpu":
-                return F.linear(x, self.weight.to(x.dtype))  # no-op cast when dtypes agree
+                w = self.weight.to(x.dtype)                  # no-op cast when dtypes agree
+                if x.shape[0] <= helper.MAX_ROWS:            # decode rows: row-exact on the CPU
+                    return rowwise(F.linear, x, w)
+                return F.linear(x, w)
             return self._cast_by_blocks(x)
         if x.shape[0] <= helper.MAX_ROWS or self.packed.tiles:  # tiles: any rows, one op
             if self._gemv is None:

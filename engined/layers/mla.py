@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from engined.layers.linear import Linear
 from engined.layers.rmsnorm import RMSNorm
 from engined.ops import registry
+from engined.ops.rowwise import rowwise
 
 LATENT_EPS = 1e-6  # kv_a_layernorm keeps the class default, not rms_norm_eps (§8.9)
 # Absorbed attention costs ~T*(2R+P) per head and key, expanded ~R*(N+V) + T*(N+P+V): with the
@@ -75,7 +76,9 @@ class MLA:
         step for every MLA layer, or here) -> [B, D]. Tensors only (no host sync): mla_latent
         writes each row's latent into its block, one paged_mla_decode call attends every row
         over its own rows, and W_UK/W_UV (in a's dtype) fold into the query and out of the
-        mixed latents, one batched matmul each."""
+        mixed latents, one batched matmul each (a row at a time on the CPU: ops/rowwise.py).
+        Rows of one sequence at consecutive positions (a verify step's drafts) see each other:
+        every latent is written before any row attends."""
         b, h = a.shape[0], self.num_heads
         registry.resolve("mla_latent", pool.device.type).fn(
             self.kv_a_proj_with_mqa(a), self.kv_a_layernorm.weight, self.kv_a_layernorm.eps, pool,
@@ -84,13 +87,14 @@ class MLA:
         w_uk, w_uv = self._kv_b(a.dtype)
         q = self.q_proj(a).view(b, h, self.nope + self.rope)
         qn, qr = q[..., :self.nope], q[..., self.nope:]         # views: [B, H, N], [B, H, P]
-        q_lat = torch.bmm(qn.transpose(0, 1), w_uk).transpose(0, 1)   # [B, H, R], a view
+        q_lat = rowwise(lambda x: torch.bmm(x.transpose(0, 1), w_uk).transpose(0, 1), qn)  # [B, H, R]
         decode = registry.resolve("paged_mla_decode", pool.device.type).fn
         lengths = positions + 1 if lengths is None else lengths
         mixed = decode(q_lat, qr, pool, block_tables, lengths, self.scale,
                        out=a.new_empty(b, h, self.rank))        # [B, H, R] in a's dtype
-        o = torch.bmm(mixed.transpose(0, 1), w_uv.transpose(1, 2))    # [H, B, V]
-        return self.o_proj(o.transpose(0, 1).reshape(b, -1))
+        o = rowwise(lambda x: torch.bmm(x.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1),
+                    mixed)                                      # [B, H, V]
+        return self.o_proj(o.reshape(b, -1))
 
     def _latent(self, a: torch.Tensor) -> torch.Tensor:
         # a: [T, D] -> the cached row [ĉ ; kr]: [T, R+P]

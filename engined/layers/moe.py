@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from engined.layers.linear import SlotError
 from engined.layers.mlp import SwiGLU
 from engined.ops import int4_format, registry
+from engined.ops.rowwise import rowwise
 from engined.ops.moe_decode.reference import route
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 
@@ -114,22 +115,24 @@ class MoE:
         sequences alike. The router and the shared experts run once for all rows; INT4 banks
         run the registered moe_grouped op (each chosen expert read once for all the rows that
         chose it, and a row's result independent of the rows beside it)."""
-        logits = f.float() @ self.gate.t()                      # [T, E] fp32
-        if self.fused_decode and f.shape[0] <= DECODE_ROWS:
+        is_decode = f.shape[0] <= DECODE_ROWS
+        logits = self._logits(f, is_decode)                     # [T, E] fp32
+        if self.fused_decode and is_decode:
             shared = self.shared_experts
             return registry.resolve("moe_decode", f.device.type).fn(
                 f, logits, self.e_score_correction_bias, self.top_k, self.renormalize,
                 self.scaling, self.w1.packed, self.w3.packed, self.w2.packed,
                 *((shared.gate_up.packed, shared.down_proj.packed) if shared else (None, None)))
-        experts, weights = self._route(logits)
+        experts, weights = self._route(logits, is_decode)
         if self.host_experts is not None:                       # routed experts in RAM
             return self.host_experts(f, experts, weights, (self.w1, self.w3, self.w2),
                                      self.shared_experts)
         if self.w1.group_size and self.w3.group_size and self.w2.group_size:
             routed = registry.resolve("moe_grouped", f.device.type).fn(
                 f, self.w1.packed, self.w3.packed, self.w2.packed, experts, weights)
-        elif f.shape[0] == 1:
-            routed = self._dense_one(f, experts[0], weights[0])
+        elif f.shape[0] == 1 or (is_decode and f.device.type == "cpu"):  # row-exact on the CPU
+            routed = torch.cat([self._dense_one(f[b:b + 1], experts[b], weights[b])
+                                for b in range(f.shape[0])])
         else:
             routed = self._dense(f, experts, weights)
         routed = routed.to(f.dtype)
@@ -137,10 +140,19 @@ class MoE:
 
     def route_rows(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """f: [T, D] -> the router's choice: experts [T, k] int64, weights [T, k] fp32."""
-        return self._route(f.float() @ self.gate.t())
+        is_decode = f.shape[0] <= DECODE_ROWS
+        return self._route(self._logits(f, is_decode), is_decode)
 
-    def _route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return route(logits, self.e_score_correction_bias, self.top_k, self.renormalize, self.scaling)
+    def _logits(self, f: torch.Tensor, is_decode: bool) -> torch.Tensor:
+        """The router's logits [T, E] fp32; decode rows each alone on the CPU (ops/rowwise.py)."""
+        router = lambda x: x.float() @ self.gate.t()  # noqa: E731
+        return rowwise(router, f) if is_decode else router(f)
+
+    def _route(self, logits: torch.Tensor, is_decode: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode rows each alone on the CPU (ops/rowwise.py)."""
+        pick = lambda x: route(x, self.e_score_correction_bias, self.top_k,  # noqa: E731
+                               self.renormalize, self.scaling)
+        return rowwise(pick, logits) if is_decode else pick(logits)
 
     def _dense(self, f, experts, weights) -> torch.Tensor:
         """Dense banks: Σ_k w_k Expert_{e_k}(f), summed in fp32, one pass per chosen expert."""

@@ -108,12 +108,17 @@ def selected_name(op: str, device: str) -> str:
 
 def resolve(op: str, device: str = "cpu") -> Variant:
     """The variant to run for `op` on `device`; refuses one that cannot run there."""
-    device = _STAND_INS.get(device, device)
+    device = runs_as(device)
     variant = _variant(op, selected_name(op, device))
     if device not in variant.devices:
         raise KernelError(f"{op}: variant {variant.name!r} runs on {sorted(variant.devices)}, "
                           f"not {device}")
     return variant
+
+
+def runs_as(device: str) -> str:
+    """The device whose variants `device` runs now (itself, unless standing_in)."""
+    return _STAND_INS.get(device, device)
 
 
 def variants(op: str) -> dict[str, Variant]:

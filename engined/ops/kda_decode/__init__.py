@@ -2,7 +2,7 @@
 whose conv windows and recurrent states live in slots of per-layer pools, updated in place
 (short conv + SiLU, L2 norms, decay gate, delta rule, gated RMS norm: one launch on a GPU)."""
 from engined.ops import registry
-from engined.ops.kda_decode import reference  # noqa: F401  (registers the reference)
+from engined.ops.kda_decode import cpu_c, cpu_rows, reference  # noqa: F401  (registers variants)
 
 registry.register("kda_decode", "triton", devices=("cuda",), description=(
     "Triton: one program per (row, head), the whole head's step on its slot, in place"))(

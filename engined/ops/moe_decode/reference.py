@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from engined.ops import int4_format, registry
+from engined.ops.rowwise import rowwise
 
 
 def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool, scaling: float):
@@ -70,7 +71,7 @@ def moe_decode(f, logits, bias, top_k: int, renormalize: bool, scaling: float, w
 def composed(f, logits, bias, top_k: int, renormalize: bool, scaling: float, w1, w3, w2,
              shared_gate_up=None, shared_down=None, out=None) -> torch.Tensor:
     check_inputs(f, logits, w1, w3, w2, shared_gate_up, shared_down)
-    experts, weights = route(logits.float(), bias, top_k, renormalize, scaling)
+    experts, weights = rowwise(route, logits.float(), bias, top_k, renormalize, scaling)
     y = registry.resolve("moe_grouped", "cpu").fn(f, w1, w3, w2, experts, weights)   # fp32
     if shared_gate_up is not None:                # summed in fp32, rounded once (as on the GPU)
         h = registry.resolve("w4a16_swiglu", "cpu").fn(f.float(), shared_gate_up)

@@ -1,0 +1,48 @@
+"""The CPU decode ops whose rows must not depend on their batch (ops/rowwise.py): each row of
+a batch is, bit for bit, the op run on that row alone (fresh tensors, as a lone decode step
+has them), its state updates included. Their agreement with the plain references is
+tests/ops/test_equivalence.py's."""
+import pytest
+import torch
+
+from engined.ops import registry
+from engined.ops.rowwise import rowwise
+from tests.ops.decode_cases import KDA_DECODE
+from tests.ops.helpers import PAGED_MLA
+
+
+@pytest.mark.parametrize("case", [c for c in PAGED_MLA if not c.id.startswith("B1-")], ids=lambda c: c.id)
+def test_paged_mla_rows_are_their_lone_results(case):
+    q_lat, q_rope, pool, tables, lengths, scale = case.make(torch.Generator().manual_seed(case.seed))
+    op = registry.resolve("paged_mla_decode", "cpu").fn
+    batch = op(q_lat, q_rope, pool, tables, lengths, scale)
+    for b in range(q_lat.shape[0]):
+        row = slice(b, b + 1)
+        lone = op(q_lat[row].clone(), q_rope[row].clone(), pool, tables[row].clone(),
+                  lengths[row].clone(), scale)
+        assert torch.equal(batch[b], lone[0]), b
+
+
+@pytest.mark.parametrize("case", [c for c in KDA_DECODE if not c.id.startswith("B1-")], ids=lambda c: c.id)
+def test_kda_decode_rows_and_their_states_are_their_lone_results(case):
+    args = case.make(torch.Generator().manual_seed(case.seed))
+    qkv, low, conv, S, slots = args[0], args[1], args[5], args[6], args[7]
+    op = registry.resolve("kda_decode", "cpu").fn
+    batch_conv, batch_S = conv.clone(), S.clone()
+    batch = op(qkv, low, *args[2:5], batch_conv, batch_S, slots, *args[8:])
+    for b in range(qkv.shape[0]):
+        row = slice(b, b + 1)
+        lone = op(qkv[row].clone(), low[row].clone(), *args[2:5], conv, S, slots[row].clone(), *args[8:])
+        assert torch.equal(batch[b], lone[0]), b
+    assert torch.equal(batch_conv, conv) and torch.equal(batch_S, S)
+
+
+def test_rowwise_runs_each_cpu_row_alone_and_keeps_tuples():
+    x = torch.randn(5, 24)
+    w = torch.randn(40, 24)
+    got = rowwise(torch.nn.functional.linear, x, w)
+    for b in range(5):
+        assert torch.equal(got[b], torch.nn.functional.linear(x[b:b + 1].clone(), w)[0])
+    top, arg = rowwise(lambda r: torch.sigmoid(r).topk(3), x)
+    assert top.shape == arg.shape == (5, 3)
+    assert torch.equal(arg[2], torch.sigmoid(x[2:3].clone()).topk(3).indices[0])
