@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from engined.engine import memory, sampler
+from engined.engine import memory, sampler, speculate
 from engined.errors import InternalError
 from engined.metrics import EngineMetrics
 from engined.models.protocol import Model
@@ -288,5 +288,7 @@ class Engine:
             memory.release(self._kv_bytes(seq))
 
     def _kv_bytes(self, seq: Sequence) -> int:
-        # Recurrent models (Kimi-Linear's KDA) also hold a fixed state per sequence.
-        return self.model.kv_bytes_per_token * seq.num_max_tokens + self.model.state_bytes
+        # Recurrent models (Kimi-Linear's KDA) also hold a fixed state per sequence, and a
+        # speculating one a state per draft it verifies (models/kimi_cache.py's draft slots).
+        states = 1 + (speculate.K_MAX if self.speculator and seq.params.speculative else 0)
+        return self.model.kv_bytes_per_token * seq.num_max_tokens + self.model.state_bytes * states

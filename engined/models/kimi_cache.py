@@ -24,6 +24,17 @@ class DecodeRows(NamedTuple):
     block_tables: torch.Tensor   # [B, MB] int64 latent blocks (a row's first block pads it)
     positions: torch.Tensor      # [B] int64
     lengths: torch.Tensor | None = None   # [B] int64, positions + 1: made once a step
+    passes: tuple["StatePass", ...] | None = None  # KDA in passes: rows of one sequence at
+    #                                               consecutive positions (None: one pass)
+
+
+class StatePass(NamedTuple):
+    """The rows of a step that are each their sequence's j-th (a sequence's rows run in
+    order): their KDA step runs from the states in `source` (None for j = 0: their own
+    slots, in place), written to `slots`."""
+    rows: torch.Tensor            # [n] int64 row indices in the step
+    slots: torch.Tensor           # [n] int64 the rows' state slots
+    source: torch.Tensor | None   # [n] int64 the slots of the rows before them
 
 
 class StatePool:
@@ -96,17 +107,58 @@ class StatePool:
 class KimiCache:
     """One sequence: a slot of the model's state pool and the blocks of its latent pool that
     hold positions 0..max_tokens-1 (all allocated here, so its memory is bounded by its own
-    max_tokens). `num_tokens` counts positions already folded into the recurrent state (it
-    cannot rewind)."""
+    max_tokens). `num_tokens` counts positions already folded into the recurrent state.
+
+    A decode step may run r + 1 rows of the sequence at positions p..p+r (its input token and
+    the drafts a speculative step verifies). Row j's state goes to slots[j]: slots[0] is the
+    sequence's own, the others are draft slots, taken from the pool at a sequence's first
+    such step and kept until it ends. Whichever position the next step continues from
+    (`resume`), the slot holding the state before it becomes slots[0] by a swap, so rejected
+    drafts cost no copy and leave nothing behind; their latent rows are overwritten before
+    any row reads them."""
 
     is_recurrent = True  # resuming needs a state snapshot, not just rows (prefix_cache.py)
 
     def __init__(self, pool: StatePool, latent_pool: LatentPool, max_tokens: int):
         self.pool, self.latent_pool, self.max_tokens, self.num_tokens = pool, latent_pool, max_tokens, 0
-        self.slot = pool.allocate()
+        self.slots = [pool.allocate()]  # [own, draft slots...]: released together
+        self.verified: tuple[int, int] | None = None  # (first position, rows) of the last step
+        #                                               that ran several rows, until resumed
         self.blocks = latent_pool.allocate(num_blocks_for(max_tokens))
         self.block_table = torch.tensor(self.blocks, dtype=torch.int64, device=latent_pool.device)  # [nb]
-        self._finalizer = weakref.finalize(self, _release, pool, self.slot, latent_pool, self.blocks)
+        self._finalizer = weakref.finalize(self, _release, pool, self.slots, latent_pool, self.blocks)
+
+    @property
+    def slot(self) -> int:
+        """The slot of this sequence's state (at num_tokens, once resumed)."""
+        return self.slots[0]
+
+    def draft_slot(self, row: int) -> int:
+        """The slot of this sequence's row `row` of a step (0: its own), taken when first asked."""
+        while len(self.slots) <= row:
+            self.slots.append(self.pool.allocate())
+        return self.slots[row]
+
+    def ran(self, start: int, rows: int):
+        """A step ran `rows` rows at positions start..start+rows-1."""
+        self.num_tokens = start + rows
+        self.verified = (start, rows) if rows > 1 else None
+
+    def resume(self, position: int):
+        """Continue at `position`: after a step of several rows, any position that step
+        reached (the rows past it are dropped); else only num_tokens."""
+        if self.verified is None:
+            if position != self.num_tokens:
+                raise ValueError(f"Kimi-Linear's recurrent state holds {self.num_tokens} tokens; "
+                                 f"it can only continue at position {self.num_tokens}, not {position}")
+            return
+        start, rows = self.verified
+        row = position - 1 - start                    # the row whose state continues
+        if not 0 <= row < rows:
+            raise ValueError(f"position {position} is not one the last step reached "
+                             f"({start + 1}..{start + rows})")
+        self.slots[0], self.slots[row] = self.slots[row], self.slots[0]
+        self.num_tokens, self.verified = position, None
 
     def state(self, layer: int) -> KDAState:
         """Views of this sequence's conv windows and recurrent state in one KDA layer."""
@@ -143,15 +195,16 @@ class KimiCache:
         for i, s in self.kda.items():
             s.conv.copy_(state[i].conv)
             s.S.copy_(state[i].S)
-        self.num_tokens = num_tokens
+        self.num_tokens, self.verified = num_tokens, None
 
     def reset(self):
         """Back to an empty sequence, in place (tensor addresses stay valid for a captured graph)."""
         self.pool.zero(self.slot)
         self.latent_pool.zero(self.blocks)
-        self.num_tokens = 0
+        self.num_tokens, self.verified = 0, None
 
 
-def _release(pool: StatePool, slot: int, latent_pool: LatentPool, blocks: list[int]):
-    pool.release(slot)
+def _release(pool: StatePool, slots: list[int], latent_pool: LatentPool, blocks: list[int]):
+    for slot in slots:
+        pool.release(slot)
     latent_pool.release(blocks)

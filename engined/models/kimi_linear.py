@@ -7,6 +7,7 @@ import contextlib
 
 import torch
 
+from engined import helper
 from engined.layers.expert_cache import ExpertCache
 from engined.layers.kda import KDA
 from engined.layers.linear import Linear
@@ -18,6 +19,7 @@ from engined.layers.rmsnorm import RMSNorm
 from engined.models.kimi_cache import DecodeRows, KimiCache, StatePool
 from engined.models.kimi_graph_step import KimiGraphStep
 from engined.models.kimi_piecewise import KimiPiecewiseStep
+from engined.models.kimi_rows import STEP_ROWS, sequence_runs, step_rows
 from engined.models.latent_pool import LatentPool, num_blocks_for
 from engined.models.kimi_linear_config import KimiLinearConfig
 from engined.models.protocol import check_span
@@ -106,14 +108,13 @@ class DecoderLayer:
             attn = self.self_attn.decode_batch(a, latents.latents[i], rows.block_tables,
                                                rows.positions, rows.lengths)
         else:
-            attn = self.self_attn.decode_batch(a, states.conv[i], states.S[i], rows.slots)
+            attn = self.self_attn.decode_batch(a, states.conv[i], states.S[i], rows.slots,
+                                               rows.passes)
         return norm(h, attn, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
 
 
 class KimiLinearModel:
     decode_gemv = ""  # no model-wide choice: every INT4 linear resolves w4a16_gemv
-    verifies_drafts = False  # a decode row advances its sequence's KDA state in place: rows
-    #                          of one sequence in one step, and a rollback, are not built yet
     def __init__(self, config: KimiLinearConfig, dtype=torch.float32, device="cpu",
                  int4: dict[str, int] | None = None, weight_dtype: torch.dtype | None = None,
                  offload: frozenset[int] = frozenset(), cache_slots: int = 0):
@@ -127,6 +128,10 @@ class KimiLinearModel:
         int4, wd = int4 or {}, weight_dtype or dtype
         c = self.config = config
         self.dtype, self.device = dtype, torch.device(device)
+        # a decode row is bit for bit a lone step on the CPU (ops/rowwise.py; the KDA step in
+        # the C helper); on a GPU the torch products of MLA are batched (cuBLAS), and a verify
+        # step would run outside the captured graphs
+        self.verifies_drafts = self.device.type == "cpu" and helper.available()
         self.embed_tokens = torch.empty(c.vocab_size, c.hidden_size, dtype=wd, device=device)
         hosts = self._host_experts(c, int4, offload)
         self.layers = [DecoderLayer(c, i, wd, device, scope(int4, f"layers.{i}"), hosts.get(i))
@@ -202,9 +207,7 @@ class KimiLinearModel:
                 last_only: bool = True) -> torch.Tensor:
         """tokens: [T] int64 at positions start..start+T-1 -> logits fp32 [1, V] or [T, V]."""
         t = check_span(tokens, cache, start)
-        if start != cache.num_tokens:
-            raise ValueError(f"Kimi-Linear's recurrent state holds {cache.num_tokens} tokens; it can "
-                             f"only continue at position {cache.num_tokens}, not {start}")
+        cache.resume(start)
         h = self.embed_tokens[tokens.to(self.device)].to(self.dtype)  # [T, D]
         for i, layer in enumerate(self.layers):
             h = layer(h, cache, i, start)
@@ -216,24 +219,34 @@ class KimiLinearModel:
     @torch.inference_mode()
     def decode_batch(self, tokens: torch.Tensor, caches: list[KimiCache],
                      positions: list[int]) -> torch.Tensor:
-        """One token for each of B sequences -> logits fp32 [B, V]. tokens: [B] int64; token b
-        sits at positions[b] of caches[b], which must continue its recurrent state there.
-        Builds the rows' device tensors and runs decode_rows."""
-        for cache, pos in zip(caches, positions):
-            if not 0 <= pos < cache.max_tokens or pos != cache.num_tokens:
-                raise ValueError(f"position {pos} does not continue a cache holding "
-                                 f"{cache.num_tokens} of {cache.max_tokens} tokens")
+        """One token for each of B rows -> logits fp32 [B, V]. tokens: [B] int64; token b sits
+        at positions[b] of caches[b]. A sequence's rows are consecutive, at consecutive
+        positions from one its state can continue at (KimiCache.resume): one row, or its input
+        token and the drafts a speculative step verifies, row j's state in its own slot.
+        Builds the rows' device tensors and runs decode_rows, STEP_ROWS rows at a time (the
+        GEMV's rows, so every row's result is the one a lone step gives)."""
+        runs = sequence_runs(caches, positions)
+        for cache, first, count in runs:
             if cache.pool is not self.state_pool:
                 raise ValueError("a cache of another model's state pool")
-        width = max(len(c.blocks) for c in caches)
-        tables = [c.blocks + c.blocks[:1] * (width - len(c.blocks)) for c in caches]
-        as_rows = (torch.tensor(x, dtype=torch.int64, device=self.device)
-                   for x in ([c.slot for c in caches], tables, positions))
+            if positions[first] < 0 or positions[first] + count > cache.max_tokens:
+                raise ValueError(f"positions {positions[first]}..{positions[first] + count - 1} "
+                                 f"do not fit a cache of {cache.max_tokens} tokens")
+            cache.resume(positions[first])
+        row_of = [positions[b] - positions[first] for _, first, count in runs
+                  for b in range(first, first + count)]               # each row's j in its run
         with torch_single_threaded() if self.device.type == "cpu" else contextlib.nullcontext():
-            logits = self.decode_rows(tokens.to(self.device), DecodeRows(*as_rows))
-        for cache, pos in zip(caches, positions):
-            cache.num_tokens = pos + 1
+            logits = torch.cat([self._decode_part(tokens[s:s + STEP_ROWS], caches[s:s + STEP_ROWS],
+                                                  positions[s:s + STEP_ROWS], row_of[s:s + STEP_ROWS])
+                                for s in range(0, len(caches), STEP_ROWS)])
+        for cache, first, count in runs:
+            cache.ran(positions[first], count)
         return logits
+
+    def _decode_part(self, tokens, caches, positions, row_of) -> torch.Tensor:
+        """decode_rows on some of a step's rows (kimi_rows.step_rows: their tensors)."""
+        rows = step_rows(caches, positions, row_of, self.device)
+        return self.decode_rows(tokens[:len(caches)].to(self.device), rows)
 
     @torch.inference_mode()
     def decode_rows(self, tokens: torch.Tensor, rows: DecodeRows) -> torch.Tensor:

@@ -32,7 +32,8 @@ class Cache(Protocol):
 @runtime_checkable
 class Model(Protocol):
     kv_bytes_per_token: int  # cache bytes one position adds
-    state_bytes: int  # fixed bytes per sequence (recurrent state; 0 without)
+    state_bytes: int  # fixed bytes per sequence (recurrent state; 0 without); a speculating
+    #                   sequence holds one more per draft (each verified row's state)
     weight_bytes: int
     decode_gemv: str  # the GEMV op the model chose for its decode rows ("": none chosen, each
     #                   linear resolves w4a16_gemv); logged with the CPU's kernels

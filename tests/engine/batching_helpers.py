@@ -62,3 +62,18 @@ def collect(seq: Sequence, timeout: float = TIMEOUT_S, logprobs: bool = False) -
             ids.append((event.token_id, event.logprob.logprob) if logprobs else event.token_id)
         if isinstance(event, FinishEvent):
             return ids
+
+
+def both_ways(model, requests: list[tuple[list[int], int, dict]], **options):
+    """Each request's (token, logprob) list with speculation off and on, submitted together
+    (batched), and the on engine's drafted and accepted draft tokens. options: the Engine's
+    (default: no prefix cache)."""
+    results = []
+    for speculative in (False, True):
+        with RunningEngine(model, speculative=speculative,
+                           **{"prefix_cache_bytes": 0, **options}) as engine:
+            seqs = [engine.submit(p, n, num_top_logprobs=0, **params) for p, n, params in requests]
+            results.append([collect(s, logprobs=True) for s in seqs])
+            counts = (engine.value("kimi_engine_spec_draft_tokens_total"),
+                      engine.value("kimi_engine_spec_accepted_tokens_total"))
+    return results[0], results[1], counts

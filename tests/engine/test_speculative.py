@@ -4,7 +4,7 @@ alone and batched, on both decode GEMVs; drafts are made and accepted where the 
 the drafter and the draft length behave as documented."""
 import pytest
 
-from tests.engine.batching_helpers import RunningEngine, collect as collect_ids
+from tests.engine.batching_helpers import RunningEngine, both_ways, collect as collect_ids
 from engined.engine import speculate
 
 DRAFTED = "kimi_engine_spec_draft_tokens_total"
@@ -26,18 +26,6 @@ def run(engine, prompt, max_tokens, **params):
 
 def collect(seq):
     return collect_ids(seq, logprobs=True)
-
-
-def both_ways(model, requests: list[tuple[list[int], int, dict]]):
-    """Each request's (token, logprob) list with speculation off and on, submitted together
-    (batched), and the on engine's drafted and accepted counts."""
-    results = []
-    for speculative in (False, True):
-        with RunningEngine(model, speculative=speculative, prefix_cache_bytes=0) as engine:
-            seqs = [run(engine, p, n, **params) for p, n, params in requests]
-            results.append([collect(s) for s in seqs])
-            counts = engine.value(DRAFTED), engine.value(ACCEPTED)
-    return results[0], results[1], counts
 
 
 @pytest.mark.parametrize("gemv", ["default", "w4a16_gemv", "w4a8_gemv"])
