@@ -18,6 +18,9 @@ runs):
   memcpy/memset per step, GPU-busy ms (the union of their intervals) beside the step's wall
   ms (median of 10 unprofiled steps), and the top 15 kernels by total time. On the CPU
   (--dry-run: synthetic tiny) the profiler sees no GPU: it counts aten ops, by self CPU time.
+- verify: what Kimi-Linear's speculative verify costs, k = 1, 2, 4, 8 drafts as k + 1 rows of
+  one eager step, all accepted and all rejected, against the eager one-row step
+  (bench/kimi_verify.py), the served step's ms beside them.
 """
 import argparse
 import functools
@@ -31,6 +34,7 @@ import traceback
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import kimi_verify  # noqa: E402
 from common import copy_bandwidth, device_name, record_line  # noqa: E402
 
 from engined.commands import bench as synthetic_bench  # noqa: E402
@@ -219,6 +223,19 @@ def profile_lines(p: dict) -> list[str]:
         f"{100 * row['total_us'] / (total or 1):.1f}% |" for row in p["top"]]
 
 
+def measure_verify(args, r: dict, state: dict) -> list[str]:
+    """verify: a sequence's input token and k drafts in one eager step (bench/kimi_verify.py)
+    against the eager one-row step, beside the served step of the decode phase. Last: its
+    draft slots grow the state pool, which the captured graphs no longer match."""
+    v = r["verify"] = kimi_verify.measure(state["model"], steps=args.verify_steps, reps=3,
+                                          prompt_len=16)   # step cost, not context: short prefills
+    served = r.get("decode", {}).get("ms_per_token")
+    label = f"verify ({args.synthetic}, eager)"
+    return [f"verify: k drafts as k + 1 rows of one eager step; the served one-row step "
+            f"({synthetic_bench.mode_of(state['runner'])}) took {served:.2f} ms"
+            if served else "verify: k drafts as k + 1 rows of one eager step"] + kimi_verify.lines(v, label)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--synthetic", default="kimi-linear-48b",
@@ -232,6 +249,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", type=pathlib.Path, required=True,
                     help="folder for quick.json and quick.txt")
     ap.add_argument("--record", metavar="RESULTS_MD", help="append the decode line here")
+    ap.add_argument("--verify-steps", type=int, default=4, help="steps per verify measurement")
     args = ap.parse_args(argv)
     if args.dry_run:
         args.synthetic, args.device, args.copy_mib = "tiny", "cpu", 64
@@ -247,10 +265,11 @@ def main(argv=None) -> int:
     phases = [("env", lambda: measure_env(args, result)),
               ("decode", lambda: measure_decode(args, result, state))] + [
         (key, functools.partial(measure_profile, args, result, state, key))
-        for key in ("profile_graph", "profile_eager")]
+        for key in ("profile_graph", "profile_eager")] + [
+        ("verify", lambda: measure_verify(args, result, state))]
     with torch.inference_mode():
         for name, phase in phases:
-            if name.startswith("profile") and "runner" not in state:
+            if name in ("profile_graph", "profile_eager", "verify") and "runner" not in state:
                 break
             try:
                 lines = phase()

@@ -126,8 +126,12 @@ def check_quick_dry_run(out):
         profile = quick[key]
         assert profile["aten_ops"] > 10 and profile["wall_ms"] > 0, profile
         assert 0 < len(profile["top"]) <= 15 and profile["top"][0]["name"].startswith("aten::")
+    verify = quick["verify"]          # bench/kimi_verify.py's k drafts as k + 1 rows
+    assert [row["k"] for row in verify["rows"]] == [1, 2, 4, 8] and verify["one_row_ms"] > 0
+    assert all(row["tok_s_accepted"] > row["tok_s_rejected"] > 0 for row in verify["rows"])
     text = (out / "quick.txt").read_text()
     assert "decode synthetic tiny INT4" in text and "profile eager model.decode_rows" in text
+    assert "| verify k = 8 (9 rows) |" in text
 
 
 def check_offload_dry_run(offload: dict):
