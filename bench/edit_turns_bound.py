@@ -1,0 +1,137 @@
+"""How far drafting from the context can take the edit turns (bench/edit_turns.py's goal is
+speculation on ÷ off >= 2.0x): the turns' plain greedy tokens, then offline, under the step
+cost measured here, the shipped drafter (engined/engine/speculate.py: its lookup and its draft
+length, step by step as the engine runs them) against oracles that know the tokens to come.
+
+    .venv/bin/python bench/edit_turns_bound.py [--threads 2] [--max-tokens 160] [--no-record]
+
+An oracle drafts, each step, the longest run of the coming tokens that some earlier position
+of the prompt or output continues with, among the positions whose preceding n tokens equal
+the sequence's last n (n = 3: the shipped lookup's own candidates, n = 2, 1), and exactly as
+many drafts as will stand: no drafter that looks things up in the context does better with
+that n. The step cost is decode_batch of 1 and of 8 rows of one sequence at ~250 positions
+(median of 30 each), in process; a step of r rows costs fixed + per_row * r.
+"""
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from edit_turns import frozen_turns  # noqa: E402
+
+from engined.engine import speculate  # noqa: E402
+from engined.engine.loop import PREFILL_CHUNK  # noqa: E402
+from engined.weights import loader  # noqa: E402
+
+
+def greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
+    """Plain greedy decoding as the engine runs it: prefill chunks of PREFILL_CHUNK tokens,
+    then one row a step."""
+    cache = model.new_cache(len(prompt) + max_tokens)
+    for first in range(0, len(prompt), PREFILL_CHUNK):
+        logits = model.forward(torch.tensor(prompt[first:first + PREFILL_CHUNK]), cache, first)
+    ids = [int(logits[-1].argmax())]
+    while len(ids) < max_tokens:
+        row = model.decode_batch(torch.tensor([ids[-1]]), [cache], [len(prompt) + len(ids) - 1])
+        ids.append(int(row[0].argmax()))
+    return ids
+
+
+def step_cost(model, context: int = 250, reps: int = 30) -> tuple[float, float]:
+    """(fixed, per_row) seconds: median decode_batch of 1 and of 8 rows of one sequence."""
+    def median(rows: int) -> float:
+        cache = model.new_cache(context + rows + 1)
+        model.forward(torch.arange(context) % 1000, cache, 0)
+        times = []
+        for _ in range(reps):
+            begin = time.perf_counter()
+            model.decode_batch(torch.arange(rows) + 5, [cache] * rows, list(range(context, context + rows)))
+            times.append(time.perf_counter() - begin)
+        return statistics.median(times)
+    one, eight = median(1), median(8)
+    per_row = (eight - one) / 7
+    return one - per_row, per_row
+
+
+def shipped(prompt: list[int], ref: list[int], cost) -> tuple[float, int, int, int]:
+    """The engine's lookup and draft length on ref -> (seconds, steps, drafted, accepted)."""
+    fixed, per_row = cost
+    lookup, length = speculate.PromptLookup(prompt), speculate.DraftLength()
+    beta = per_row / (fixed + per_row)
+    out, seconds, steps, drafted, accepted = [ref[0]], 0.0, 0, 0, 0
+    while len(out) < len(ref):
+        k = length.choose(beta, len(ref) - len(out) - 1)
+        draft = lookup.draft(out, k) if k else []
+        stood = next((j for j, t in enumerate(draft) if ref[len(out) + j] != t), len(draft))
+        if draft:
+            length.verified(len(draft), stood)
+        out += ref[len(out):len(out) + stood + 1]
+        seconds += fixed + per_row * (1 + len(draft))
+        steps, drafted, accepted = steps + 1, drafted + len(draft), accepted + stood
+    return seconds, steps, drafted, accepted
+
+
+def oracle(prompt: list[int], ref: list[int], cost, context: int, k_max: int = speculate.K_MAX) -> float:
+    """Seconds with the oracle of the module's docstring (positions after `context` matching
+    tokens)."""
+    fixed, per_row = cost
+    out, seconds = [ref[0]], 0.0
+    while len(out) < len(ref):
+        tokens, coming = prompt + out, ref[len(out):len(out) + k_max]
+        end, best = len(prompt) + len(out), 0
+        for p in range(context, end):
+            if tokens[p - context:p] != tokens[end - context:]:
+                continue
+            n = 0
+            while n < len(coming) and p + n < end and tokens[p + n] == coming[n]:
+                n += 1
+            best = max(best, n)
+        out += ref[len(out):len(out) + best + 1]
+        seconds += fixed + per_row * (1 + best)
+    return seconds
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--no-record", action="store_true", help="print only")
+    args = ap.parse_args(argv)
+    lm = loader.load_model("default", threads=args.threads, progress=False)
+    with torch.inference_mode():
+        cost = step_cost(lm.model)
+        turns = [(t["kind"], lm.tokenizer.encode(lm.chat.render(t["messages"])), None)
+                 for t in frozen_turns()]
+        turns = [(kind, p, greedy(lm.model, p, args.max_tokens)) for kind, p, _ in turns]
+    fixed, per_row = cost
+    lines = [f"Step cost: {1e3 * (fixed + per_row):.2f} ms for 1 row, {1e3 * (fixed + 8 * per_row):.2f} "
+             f"ms for 8 ({1e3 * per_row:.2f} ms a row).", "",
+             "| turns | plain | shipped drafter | oracle, 3-token context | 2-token | 1-token |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for kind in ("edit", "prose"):
+        mine = [(p, ref) for k, p, ref in turns if k == kind]
+        plain = sum((fixed + per_row) * (len(ref) - 1) for _, ref in mine)
+        runs = [shipped(p, ref, cost) for p, ref in mine]
+        steps, drafted, accepted = (sum(r[i] for r in runs) for i in (1, 2, 3))
+        bounds = [plain / sum(oracle(p, ref, cost, n) for p, ref in mine) for n in (3, 2, 1)]
+        lines.append(f"| {kind} ({len(mine)}) | 1.00x | {plain / sum(r[0] for r in runs):.2f}x "
+                     f"({accepted}/{drafted} accepted, {sum(len(r) - 1 for _, r in mine) / steps:.2f} "
+                     f"tokens a step) | " + " | ".join(f"{b:.2f}x" for b in bounds) + " |")
+    lines += ["", "Speedups over plain decoding of the same tokens under the step cost above "
+              "(offline: no served run; bench/edit_turns.py measures the served one)."]
+    print("\n".join(lines))
+    if not args.no_record:
+        import common
+        common.record("edit_turns_bound", {"fixed_s": fixed, "per_row_s": per_row},
+                      f"Edit turns: the shipped drafter against context-lookup oracles, "
+                      f"SmolLM2-135M-Instruct, {args.threads} threads",
+                      " ".join(["python bench/edit_turns_bound.py"] + sys.argv[1:]), lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
