@@ -290,5 +290,6 @@ class Engine:
     def _kv_bytes(self, seq: Sequence) -> int:
         # Recurrent models (Kimi-Linear's KDA) also hold a fixed state per sequence, and a
         # speculating one a state per draft it verifies (models/kimi_cache.py's draft slots).
-        states = 1 + (speculate.K_MAX if self.speculator and seq.params.speculative else 0)
+        drafts = min(speculate.K_MAX, max(0, seq.params.max_tokens - 1))   # at most that many
+        states = 1 + (drafts if self.speculator and seq.params.speculative else 0)
         return self.model.kv_bytes_per_token * seq.num_max_tokens + self.model.state_bytes * states

@@ -16,9 +16,11 @@ of the sequence's own cache, beside the other sequences' rows. A model may offer
 when each such row equals a lone decode step bit for bit (Model.verifies_drafts), so the
 draws are the draws the plain decode makes: the sampler's draw at a position is a pure
 function of (logits, seed, position), and draft j+1 stands only if the draw after draft j
-equals it. Greedy or seeded, the tokens are those of decoding without speculation. Rejected
-positions need no rollback: the cache rows past the last accepted token are overwritten by
-the next step before anything reads them, and the prefix cache stores prompt chunks only.
+equals it. Greedy or seeded, the tokens are those of decoding without speculation. The next
+step starts after the last accepted token: cache rows past it are overwritten before anything
+reads them (Llama's KV, Kimi-Linear's latents), a recurrent state is the one that row left
+(Kimi-Linear keeps each row's KDA state in a slot of its own: models/kimi_cache.py), and the
+prefix cache stores prompt chunks only.
 
 The draft length adapts per sequence. The acceptance rate a (per drafted token, decayed)
 and the step's cost model (a decode step of R rows takes fixed + per_row * R seconds, fitted

@@ -216,9 +216,10 @@ class Linear:
         Kimi-Linear 48B's bf16 163840 x 2304 head). Each block's outputs equal F.linear's."""
         rows = max(1, CAST_BLOCK_BYTES // (self.in_features * x.element_size()))
         out = x.new_empty(x.shape[0], self.out_features)  # [T, N]
+        linear = (lambda xs, w: rowwise(F.linear, xs, w)) if x.shape[0] <= helper.MAX_ROWS else F.linear
         for start in range(0, self.out_features, rows):
             w = self.weight[start:start + rows].to(x.dtype)
-            out[:, start:start + w.shape[0]] = F.linear(x, w)
+            out[:, start:start + w.shape[0]] = linear(x, w)   # decode rows: row-exact
         return out
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:

@@ -187,7 +187,11 @@ class KimiCache:
             self.latent_pool.flat(i).index_copy_(0, self.rows(start, start + rows[i].shape[0]), rows[i])
 
     def save_state(self) -> dict[int, KDAState]:
-        """A copy of every KDA layer's conv windows and recurrent state at num_tokens."""
+        """A copy of every KDA layer's conv windows and recurrent state at num_tokens (not
+        between a step of several rows and the resume that picks its row: ValueError)."""
+        if self.verified is not None:
+            raise ValueError("the state after a step of several rows is known once the next "
+                             "step resumes from one of them")
         return {i: KDAState(s.conv.clone(), s.S.clone()) for i, s in self.kda.items()}
 
     def load_state(self, state: dict[int, KDAState], num_tokens: int):

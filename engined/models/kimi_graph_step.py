@@ -67,9 +67,9 @@ class KimiGraphStep:
         if self.model.pool_addresses() != self.addresses:
             raise PoolsMoved("the state or latent pool was reallocated after capture")
         for cache, pos in zip(caches, positions):
-            if pos != cache.num_tokens or not 0 <= pos < cache.max_tokens:
-                raise ValueError(f"position {pos} does not continue a cache holding "
-                                 f"{cache.num_tokens} of {cache.max_tokens} tokens")
+            if not 0 <= pos < cache.max_tokens:
+                raise ValueError(f"position {pos} does not fit a cache of {cache.max_tokens} tokens")
+            cache.resume(pos)    # after an eager step that verified drafts: that row's slot
         pad = self.rows - len(tokens)
         self._copy_in(tokens + [0] * pad, caches + [self.scratch] * pad, positions + [0] * pad)
 
@@ -103,4 +103,4 @@ class KimiGraphStep:
 
     def finish(self, caches: list, positions: list[int]):
         for cache, pos in zip(caches, positions):
-            cache.num_tokens = pos + 1
+            cache.ran(pos, 1)

@@ -7,7 +7,6 @@ import contextlib
 
 import torch
 
-from engined import helper
 from engined.layers.expert_cache import ExpertCache
 from engined.layers.kda import KDA
 from engined.layers.linear import Linear
@@ -23,7 +22,7 @@ from engined.models.kimi_rows import STEP_ROWS, sequence_runs, step_rows
 from engined.models.latent_pool import LatentPool, num_blocks_for
 from engined.models.kimi_linear_config import KimiLinearConfig
 from engined.models.protocol import check_span
-from engined.ops import registry
+from engined.ops import registry, rowwise
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 
 
@@ -128,10 +127,6 @@ class KimiLinearModel:
         int4, wd = int4 or {}, weight_dtype or dtype
         c = self.config = config
         self.dtype, self.device = dtype, torch.device(device)
-        # a decode row is bit for bit a lone step on the CPU (ops/rowwise.py; the KDA step in
-        # the C helper); on a GPU the torch products of MLA are batched (cuBLAS), and a verify
-        # step would run outside the captured graphs
-        self.verifies_drafts = self.device.type == "cpu" and helper.available()
         self.embed_tokens = torch.empty(c.vocab_size, c.hidden_size, dtype=wd, device=device)
         hosts = self._host_experts(c, int4, offload)
         self.layers = [DecoderLayer(c, i, wd, device, scope(int4, f"layers.{i}"), hosts.get(i))
@@ -150,6 +145,13 @@ class KimiLinearModel:
         self._scratch: KimiCache | None = None
         self.latent_pool = LatentPool({i: layer.self_attn.latent_width for i, layer in enumerate(self.layers)
                                        if layer.is_mla}, dtype, self.device)
+
+    @property
+    def verifies_drafts(self) -> bool:
+        """On the CPU, when each decode op runs a row-exact variant (ops/rowwise.py): a row is
+        then bit for bit a lone step. On a GPU the torch products of MLA are batched (cuBLAS),
+        and a verify step would run outside the captured graphs."""
+        return self.device.type == "cpu" and rowwise.rows_exact("cpu")
 
     def _host_experts(self, c: KimiLinearConfig, int4, offload) -> dict[int, HostExperts]:
         """Layer -> the hybrid step of its routed experts, for the layers in `offload`."""
@@ -223,8 +225,8 @@ class KimiLinearModel:
         at positions[b] of caches[b]. A sequence's rows are consecutive, at consecutive
         positions from one its state can continue at (KimiCache.resume): one row, or its input
         token and the drafts a speculative step verifies, row j's state in its own slot.
-        Builds the rows' device tensors and runs decode_rows, STEP_ROWS rows at a time (the
-        GEMV's rows, so every row's result is the one a lone step gives)."""
+        Builds the rows' device tensors and runs decode_rows, on the CPU STEP_ROWS rows at a
+        time (the GEMV's rows, so every row's result is the one a lone step gives)."""
         runs = sequence_runs(caches, positions)
         for cache, first, count in runs:
             if cache.pool is not self.state_pool:
@@ -235,10 +237,14 @@ class KimiLinearModel:
             cache.resume(positions[first])
         row_of = [positions[b] - positions[first] for _, first, count in runs
                   for b in range(first, first + count)]               # each row's j in its run
-        with torch_single_threaded() if self.device.type == "cpu" else contextlib.nullcontext():
-            logits = torch.cat([self._decode_part(tokens[s:s + STEP_ROWS], caches[s:s + STEP_ROWS],
-                                                  positions[s:s + STEP_ROWS], row_of[s:s + STEP_ROWS])
-                                for s in range(0, len(caches), STEP_ROWS)])
+        self.state_pool.reserve(self.state_pool.num_used + sum(   # draft slots: one growth
+            max(0, count - len(cache.slots)) for cache, _, count in runs))
+        on_cpu = self.device.type == "cpu"
+        part = STEP_ROWS if on_cpu else len(caches)   # a GPU's >8 rows run its GEMM, once
+        with torch_single_threaded() if on_cpu else contextlib.nullcontext():
+            logits = torch.cat([self._decode_part(tokens[s:s + part], caches[s:s + part],
+                                                  positions[s:s + part], row_of[s:s + part])
+                                for s in range(0, len(caches), part)])
         for cache, first, count in runs:
             cache.ran(positions[first], count)
         return logits

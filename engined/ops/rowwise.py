@@ -28,3 +28,18 @@ def rowwise(fn: Callable, x: torch.Tensor, *rest):
     if isinstance(rows[0], tuple):
         return tuple(torch.cat(parts) for parts in zip(*rows))
     return torch.cat(rows)
+
+
+# The CPU variants of Kimi-Linear's decode ops whose rows are row-exact: the C helper's, the
+# per-row ones, and the references made of row-wise ops (tests/ops/test_rowwise.py checks the
+# others' rows against lone rows). A KIMI_KERNELS pin to another variant, or a CPU without the
+# helper (engine/kernels.py then runs the references), makes rows_exact False.
+ROW_EXACT = {"w4a16_gemv": {"cpu_c"}, "w4a16_swiglu": {"composed"}, "moe_decode": {"composed"},
+             "moe_grouped": {"cpu_c"}, "kda_decode": {"cpu_c", "cpu_rows"},
+             "paged_mla_decode": {"cpu_rows"}, "mla_latent": {"reference"},
+             "add_rmsnorm": {"reference"}}
+
+
+def rows_exact(device: str = "cpu") -> bool:
+    """Whether every op of ROW_EXACT runs a row-exact variant on `device` now."""
+    return all(registry.resolve(op, device).name in names for op, names in ROW_EXACT.items())

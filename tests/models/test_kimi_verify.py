@@ -10,7 +10,11 @@ INT4: the C helper's GEMVs, the grouped experts, the shared expert)."""
 import pytest
 import torch
 
+from engined import helper
 from engined.weights import synthetic
+
+pytestmark = pytest.mark.skipif(not helper.available(), reason="the C helper is not built: the "
+                                "CPU's row-exact kernels are its (make setup)")
 
 PROMPTS = [[4, 2, 9, 11, 3], [7, 7, 3], [1, 5, 6, 8, 10, 12, 14]]
 STEPS = 9
@@ -134,3 +138,33 @@ def test_a_step_refuses_positions_the_state_cannot_continue_from(model):
     with pytest.raises(ValueError, match="consecutive"):
         other, _ = prefill(model, PROMPTS[1])
         model.decode_batch(torch.tensor([token] * 3), [cache, other, cache], [start + 3, start, start + 4])
+
+
+def test_a_graph_step_continues_after_a_verify_step(model):
+    """The runner's graph step (eager here) after an eager verify step: it resumes from the
+    last accepted row's slot, and leaves the cache as a plain step does."""
+    prompt = PROMPTS[0]
+    ids, logits = plain(model, prompt)
+    cache, _ = prefill(model, prompt)
+    start = len(prompt)
+    model.decode_batch(torch.tensor(ids[:4]), [cache] * 4, list(range(start, start + 4)))
+    step = model.graph_step(1, 256)
+    for i in (4, 5):                              # all 3 drafts stood: on from position start + 4
+        step.load([ids[i]], [cache], [start + i])
+        assert torch.equal(step.run()[0], logits[i]), i
+        step.finish([cache], [start + i])
+    assert cache.num_tokens == start + 6 and cache.verified is None
+
+
+def test_a_pinned_batched_kernel_turns_verifying_off(model, monkeypatch):
+    assert model.verifies_drafts
+    monkeypatch.setenv("KIMI_KERNELS", "kda_decode=reference")   # batched torch: not row-exact
+    assert not model.verifies_drafts
+
+
+def test_the_state_between_a_verify_step_and_its_resume_is_not_read(model):
+    cache, token = prefill(model, PROMPTS[1])
+    start = len(PROMPTS[1])
+    model.decode_batch(torch.tensor([token] * 2), [cache] * 2, [start, start + 1])
+    with pytest.raises(ValueError, match="once the next step resumes"):
+        cache.save_state()

@@ -5,9 +5,11 @@ tests/ops/test_equivalence.py's."""
 import pytest
 import torch
 
+from engined import helper
+from engined.layers.linear import Linear
 from engined.ops import registry
 from engined.ops.rowwise import rowwise
-from tests.ops.decode_cases import KDA_DECODE
+from tests.ops.decode_cases import KDA_DECODE, kda_decode_case
 from tests.ops.helpers import PAGED_MLA
 
 
@@ -46,3 +48,29 @@ def test_rowwise_runs_each_cpu_row_alone_and_keeps_tuples():
     top, arg = rowwise(lambda r: torch.sigmoid(r).topk(3), x)
     assert top.shape == arg.shape == (5, 3)
     assert torch.equal(arg[2], torch.sigmoid(x[2:3].clone()).topk(3).indices[0])
+
+
+@pytest.mark.skipif(not helper.available(), reason="the C helper is not built (make setup)")
+def test_the_c_kda_step_at_the_48b_shape_and_after_its_weights_change():
+    """32 heads of 128, 4 taps (Kimi-Linear 48B): the C variant against the reference, row by
+    row; then f_b written in place (a reload): the next step reads the new weights."""
+    case = kda_decode_case(3, 32, 128, 4, 4, seed=7)
+    args = list(case.make(torch.Generator().manual_seed(case.seed)))
+    c_variant, reference = (registry.variants("kda_decode")[n].fn for n in ("cpu_c", "reference"))
+    for _ in range(2):
+        pools = [a.clone() for a in args[5:7]]
+        got = c_variant(*args[:5], *pools, *args[7:])
+        want = reference(*args[:5], *[a.clone() for a in args[5:7]], *args[7:])
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        args[2].mul_(1.5)                          # f_b, in place
+
+
+def test_a_narrower_dense_weight_gives_decode_rows_their_lone_results():
+    """fp16 weights under fp32 rows (a float16 checkpoint on the CPU): cast block by block,
+    each decode row alone."""
+    lin = Linear(48, 40, torch.float16)
+    lin.weight.copy_(torch.randn(48, 40))
+    x = torch.randn(6, 40)
+    batch = lin(x)
+    for b in range(6):
+        assert torch.equal(batch[b], lin(x[b:b + 1].clone())[0]), b

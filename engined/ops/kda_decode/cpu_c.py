@@ -17,15 +17,21 @@ _WEIGHTS: dict[int, tuple] = {}  # id(f_b) -> (its weakref, what was copied, the
 
 def _handle(f_b, g_b, conv_w, A_log, dt_bias, o_norm_w, eps, scale) -> helper.KdaWeights:
     """The layer's handle, made at its first step (f_b is the layer's own tensor: it keys the
-    cache, and the other weights' addresses and the constants must match what was copied)."""
-    parts = (g_b, conv_w, A_log, dt_bias, o_norm_w)
-    key = tuple(t.data_ptr() for t in parts) + (float(eps), float(scale))
+    cache; the weights' addresses and versions, so a weight written in place since, and the
+    constants must match what was copied)."""
+    parts = (f_b, g_b, conv_w, A_log, dt_bias, o_norm_w)
+    key = tuple((t.data_ptr(), _version(t)) for t in parts) + (float(eps), float(scale))
     cached = _WEIGHTS.get(id(f_b))
     if cached is None or cached[0]() is not f_b or cached[1] != key:
         handle = helper.kda_weights(f_b, g_b, conv_w, A_log, dt_bias, o_norm_w, eps, scale)
         cached = _WEIGHTS[id(f_b)] = (weakref.ref(f_b), key, handle)
         weakref.finalize(f_b, _WEIGHTS.pop, id(f_b), None)
     return cached[2]
+
+
+def _version(t: torch.Tensor) -> int:
+    """t's in-place write counter (-1 for an inference tensor, which has none)."""
+    return -1 if t.is_inference() else t._version
 
 
 @registry.register("kda_decode", "cpu_c", devices=("cpu",),
