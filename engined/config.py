@@ -147,6 +147,7 @@ class EngineConfig:
     n_cpu_moe: int = 0  # the routed experts of the first N MoE layers in RAM
     gpu_memory: int = 0  # bytes the GPU may hold; 0 = its free memory minus a margin
     moe_cache: int | str = "auto"  # bytes of GPU expert cache for experts in RAM; 0 = off
+    moe_w4a8: bool = False  # the routed experts the CPU runs in W4A8 (opt-in)
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -167,6 +168,7 @@ class EngineConfig:
         set_("enforce_eager", _bool(self.enforce_eager, "enforce-eager"))
         set_("speculative", _bool(self.speculative, "speculative"))
         set_("cpu_moe", _bool(self.cpu_moe, "cpu-moe"))
+        set_("moe_w4a8", _bool(self.moe_w4a8, "moe-w4a8"))
         set_("n_cpu_moe", _non_negative_int(self.n_cpu_moe, "n-cpu-moe"))
         set_("gpu_memory", parse_size(self.gpu_memory, "gpu-memory"))
         set_("moe_cache", MOE_CACHE_AUTO if str(self.moe_cache).strip().lower() in ("auto", "-1")

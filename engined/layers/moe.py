@@ -109,6 +109,15 @@ class MoE:
         # device, the shared expert (at most one) as wide as a routed one, its gate/up stacked
         self.fused_decode = (host_experts is None and num_shared <= 1 and None not in layouts
                              and len({str(int4_format.Int4Layout.of(x)) for x in layouts}) == 1)
+        self.cpu_experts = "moe_grouped"   # the op of INT4 routed experts the CPU runs
+
+    def select_experts(self, op: str):
+        """The op of the routed experts the CPU runs (here, or in RAM beside a GPU): moe_grouped
+        (W4A16) or moe_grouped_w4a8 (x and h rounded to int8, integer dots; opt-in)."""
+        registry.resolve(op, "cpu")
+        self.cpu_experts = op
+        if self.host_experts is not None:
+            self.host_experts.select(op)
 
     def __call__(self, f: torch.Tensor) -> torch.Tensor:
         """f: [T, D] -> [T, D]: a prefill chunk, one decode token, or the decode rows of B
@@ -117,7 +126,8 @@ class MoE:
         chose it, and a row's result independent of the rows beside it)."""
         is_decode = f.shape[0] <= DECODE_ROWS
         logits = self._logits(f, is_decode)                     # [T, E] fp32
-        if self.fused_decode and is_decode:
+        on_cpu = f.device.type == "cpu"
+        if self.fused_decode and is_decode and (self.cpu_experts == "moe_grouped" or not on_cpu):
             shared = self.shared_experts
             return registry.resolve("moe_decode", f.device.type).fn(
                 f, logits, self.e_score_correction_bias, self.top_k, self.renormalize,
@@ -128,9 +138,9 @@ class MoE:
             return self.host_experts(f, experts, weights, (self.w1, self.w3, self.w2),
                                      self.shared_experts)
         if self.w1.group_size and self.w3.group_size and self.w2.group_size:
-            routed = registry.resolve("moe_grouped", f.device.type).fn(
+            routed = registry.resolve(self.cpu_experts if on_cpu else "moe_grouped", f.device.type).fn(
                 f, self.w1.packed, self.w3.packed, self.w2.packed, experts, weights)
-        elif f.shape[0] == 1 or (is_decode and f.device.type == "cpu"):  # row-exact on the CPU
+        elif f.shape[0] == 1 or (is_decode and on_cpu):          # row-exact on the CPU
             routed = torch.cat([self._dense_one(f[b:b + 1], experts[b], weights[b])
                                 for b in range(f.shape[0])])
         else:

@@ -100,9 +100,14 @@ class HostExperts:
     def __init__(self, buffers: HostBuffers, counters: OffloadCounters, layer: int = 0):
         self.buffers, self.counters, self.layer = buffers, counters, layer
         self.cache: ExpertCache | None = None    # set by the model when it has one
-        self._grouped = registry.resolve("moe_grouped", "cpu").fn
+        self.select("moe_grouped")
         self._split: Split | None = None
         self._found: dict[int, int] = {}
+
+    def select(self, op: str):
+        """The op the CPU threads run the routed experts with: moe_grouped (W4A16), or
+        moe_grouped_w4a8 (MoE.select_experts)."""
+        self._grouped = registry.resolve(op, "cpu").fn
 
     def __call__(self, f: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                  banks, shared) -> torch.Tensor:

@@ -186,6 +186,17 @@ class KimiLinearModel:
     def tensors(self) -> list[torch.Tensor]:
         return weight_tensors(self)
 
+    def select_experts(self, op: str):
+        """The op of the INT4 routed experts the CPU runs (--device cpu, or in RAM beside a
+        GPU): moe_grouped (W4A16, the default) or moe_grouped_w4a8 (--moe-w4a8)."""
+        moes = [layer.ffn for layer in self.layers
+                if isinstance(layer.ffn, MoE) and layer.ffn.w1.group_size]
+        if not moes:
+            raise ValueError("W4A8 routed experts need the INT4 artifact (kimi-engine "
+                             "quantize); this checkpoint's experts are not INT4")
+        for moe in moes:
+            moe.select_experts(op)
+
     def to_gpu_order_(self):
         """Once the weights are loaded: every INT4 linear and expert bank on the model's device
         gets its codes in the GPU kernels' order, in place (int4_format.gpu_order); experts kept

@@ -114,9 +114,11 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     start = time.monotonic()
     slots = memory.placement.cache_slots if memory.placement else 0
     loaded = loader.load_model(config.model, device=device, threads=config.threads or None,
-                               offload=offload, cache_slots=slots)
+                               offload=offload, cache_slots=slots, moe_w4a8=config.moe_w4a8)
     seconds = time.monotonic() - start
     log.write(f"kimi-engine: loaded {loaded.model_id} from {loaded.source} in {seconds:.1f} s")
+    if config.moe_w4a8:
+        log.write("kimi-engine: the routed experts the CPU runs are W4A8 (--moe-w4a8)")
     if device == "cpu" and helper.available():
         log.write(f"kimi-engine: {_cpu_kernels(loaded.model)}")
     metrics = EngineMetrics()

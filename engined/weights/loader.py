@@ -97,6 +97,16 @@ def _kimi(call, *args, **kwargs):
         raise ModelLoadError(str(exc)) from None
 
 
+def _experts(loaded: LoadedModel, w4a8: bool) -> LoadedModel:
+    """A Kimi-Linear model with its CPU-run routed experts in W4A8 when asked (--moe-w4a8)."""
+    if w4a8:
+        try:
+            loaded.model.select_experts("moe_grouped_w4a8")
+        except ValueError as exc:
+            raise ModelLoadError(f"--moe-w4a8: {exc}") from None
+    return loaded
+
+
 def plan_model(spec: str, device: str = "cpu") -> LoadPlan:
     """Memory plan from headers only: the cached artifact's, else the GGUF's tensor table.
     A Kimi-Linear checkpoint directory (BF16 or our INT4 artifact) plans from its shards,
@@ -148,22 +158,24 @@ def _check_plan(hparams, specs, path, embed_dtype: torch.dtype) -> LoadPlan:
 def load_model(spec: str, device: str = "cpu", threads: int | None = None,
                progress: bool = True, embed_dtype: torch.dtype | None = None,
                kv_dtype: torch.dtype = KV_DTYPE, offload: frozenset[int] = frozenset(),
-               cache_slots: int = 0) -> LoadedModel:
+               cache_slots: int = 0, moe_w4a8: bool = False) -> LoadedModel:
     """Load weights from the cached artifact (repacking first if needed) plus tokenizer and chat.
     embed_dtype: the tied embedding's form (EMBED_Q8 keeps Q8_0; default_embed_dtype when None).
     offload: the MoE layers whose routed experts stay in RAM (weights/placement.py); a model
-    without routed experts has none; cache_slots: experts of those the device caches."""
+    without routed experts has none; cache_slots: experts of those the device caches;
+    moe_w4a8: the routed experts the CPU runs in W4A8 (--moe-w4a8)."""
+    kimi = dict(device=device, threads=threads, offload=offload, cache_slots=cache_slots)
     if synthetic.is_synthetic(spec):
-        return _kimi(synthetic.load, spec, device=device, threads=threads, offload=offload,
-                     cache_slots=cache_slots)
+        return _experts(_kimi(synthetic.load, spec, **kimi), moe_w4a8)
     if (held := _held(spec)) is not None:
-        loaded = _kimi(kimi_checkpoint.load_kimi_linear, held, device=device, threads=threads,
-                       progress=progress, offload=offload, cache_slots=cache_slots)
+        loaded = _kimi(kimi_checkpoint.load_kimi_linear, held, progress=progress, **kimi)
         loaded.model_id = ids.parse(spec).repo
-        return loaded
+        return _experts(loaded, moe_w4a8)
     if _kimi_dir(spec):
-        return _kimi(kimi_checkpoint.load_kimi_linear, spec, device=device, threads=threads,
-                     progress=progress, offload=offload, cache_slots=cache_slots)
+        return _experts(_kimi(kimi_checkpoint.load_kimi_linear, spec, progress=progress, **kimi),
+                        moe_w4a8)
+    if moe_w4a8:
+        raise ModelLoadError(f"--moe-w4a8: model {spec!r} has no routed experts")
     if offload:
         raise ModelLoadError(f"model {spec!r} has no routed experts to keep in RAM")
     from engined.weights import gguf_repack

@@ -105,3 +105,23 @@ def test_an_impossible_placement_is_refused_before_loading(checkpoints, tmp_path
         daemon.start()
     assert "--n-cpu-moe 9: this model has 3 MoE layers" in daemon.stderr()
     assert "loading model" not in daemon.stderr()
+
+
+def test_w4a8_experts_serve_and_a_bf16_checkpoint_refuses_them(checkpoints, tmp_path):
+    """--moe-w4a8 on the INT4 artifact, alone and with the experts in RAM; on the BF16
+    checkpoint (no INT4 experts) a clear refusal at start."""
+    plain, _, _, _ = _served(checkpoints[1], tmp_path / "plain")
+    runs = []
+    for flags in (("--moe-w4a8",), ("--moe-w4a8", "--cpu-moe")):
+        content, _, _, log = _served(checkpoints[1], tmp_path / flags[-1], *flags)
+        assert "the routed experts the CPU runs are W4A8 (--moe-w4a8)" in log
+        # the same greedy tokens here, each logprob within 0.05 (measured: 0.024 at most)
+        assert [c["token"] for c in content] == [c["token"] for c in plain], flags
+        assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(content, plain)) <= 0.05
+        assert content != plain                  # W4A8 ran: the numbers moved
+        runs.append(content)
+    assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(*runs)) <= 1e-4  # in RAM too
+    daemon = Daemon(tmp_path / "cache", "--model", str(checkpoints[0]), "--moe-w4a8")
+    with pytest.raises(RuntimeError, match="exited 1"):
+        daemon.start()
+    assert "--moe-w4a8: W4A8 routed experts need the INT4 artifact" in daemon.stderr()

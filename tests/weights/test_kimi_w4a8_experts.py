@@ -1,0 +1,100 @@
+"""W4A8 routed experts (--moe-w4a8): the quality gate, and where the choice takes effect.
+
+The gate, teacher-forced on the tiny real-format checkpoint quantized by our quantizer: the
+INT4 model runs a prompt; at each MoE layer its FFN inputs are kept, and the routed experts
+run on them three ways with the same routing: W4A16 (moe_grouped), W4A8 (moe_grouped_w4a8)
+and the BF16 source's dense experts. The bound comes from the INT4 error itself: symmetric
+INT4 rounds each weight on a grid of absmax/7, int8 rounds each activation on one of
+absmax/127, so one activation rounding is 7/127 the size of a weight rounding; W4A8 rounds
+twice (the input, then the SwiGLU output), so its change to the output must stay under
+2 x 7/127 of the INT4 weights' own error against BF16."""
+import dataclasses
+
+import pytest
+import torch
+
+from engined import helper
+from engined.layers.moe import MoE
+from engined.ops import registry
+from engined.weights import loader
+from engined.weights.kimi_checkpoint import build_empty, load_kimi_linear, load_weights, open_checkpoint
+from engined.weights.quantize import quantize_checkpoint
+from tests.support import kimi_tiny
+
+pytestmark = pytest.mark.skipif(not helper.available(), reason="the C helper is not built: "
+                                "W4A8 experts are its kernels (make setup)")
+BOUND = 2 * 7 / 127
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("w4a8")
+    src = kimi_tiny.write_tiny_checkpoint(root / "src")
+    quantize_checkpoint(src, root / "int4", progress=False)
+    ckpt = open_checkpoint(src)
+    bf16 = build_empty(ckpt, "cpu", torch.float32, torch.float32)
+    load_weights(ckpt, bf16, progress=False)
+    return root / "int4", bf16
+
+
+def ffn_inputs(model, tokens) -> dict[int, torch.Tensor]:
+    """Each MoE layer's FFN input rows over a teacher-forced prefill of `tokens`."""
+    seen: dict[int, list] = {}
+    layers = {id(layer.ffn): i for i, layer in enumerate(model.layers)}
+    call = MoE.__call__
+
+    def keep(moe, f):
+        seen.setdefault(layers[id(moe)], []).append(f.clone())
+        return call(moe, f)
+    MoE.__call__ = keep
+    try:
+        model.forward(tokens, model.new_cache(len(tokens)), 0, last_only=False)
+    finally:
+        MoE.__call__ = call
+    return {i: torch.cat(fs) for i, fs in seen.items()}
+
+
+def test_w4a8_experts_stay_within_the_bound_derived_from_the_int4_error(pair):
+    int4_dir, bf16 = pair
+    model = load_kimi_linear(int4_dir, progress=False).model
+    tokens = torch.randint(0, 300, (64,), generator=torch.Generator().manual_seed(2))
+    w4a16, w4a8 = (registry.resolve(op, "cpu").fn for op in ("moe_grouped", "moe_grouped_w4a8"))
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
+    inputs = ffn_inputs(model, tokens)
+    assert len(inputs) == 3                                 # layers 1..3 are MoE
+    for i, f in inputs.items():
+        moe = model.layers[i].ffn
+        experts, weights = moe.route_rows(f)
+        banks = (moe.w1.packed, moe.w3.packed, moe.w2.packed)
+        y16, y8 = w4a16(f, *banks, experts, weights), w4a8(f, *banks, experts, weights)
+        dense = bf16.layers[i].ffn._dense(f, experts, weights)
+        int4_error, w4a8_change = rel(y16, dense), rel(y8, y16)
+        print(f"layer {i}: INT4 error {int4_error:.4f}, W4A8 change {w4a8_change:.4f} "
+              f"({w4a8_change / int4_error:.3f} of it; bound {BOUND:.3f})")
+        assert 0 < w4a8_change <= BOUND * int4_error, (i, w4a8_change, int4_error)
+
+
+def test_the_choice_reaches_every_cpu_run_expert(pair, monkeypatch):
+    """--moe-w4a8 through the loader: decode rows (which otherwise take the fused moe_decode)
+    and prefill rows run moe_grouped_w4a8, on a model with experts in RAM too; without it,
+    never."""
+    calls = []
+    variant = registry.variants("moe_grouped_w4a8")["cpu_c"]
+    monkeypatch.setitem(registry._OPS["moe_grouped_w4a8"].variants, "cpu_c", dataclasses.replace(
+        variant, fn=lambda *a, **k: calls.append(a[0].shape[0]) or variant.fn(*a, **k)))
+    for spec, offload in ((str(pair[0]), frozenset()), ("synthetic:tiny", frozenset({1}))):
+        for w4a8 in (False, True):
+            calls.clear()
+            model = loader.load_model(spec, progress=False, offload=offload, moe_w4a8=w4a8).model
+            cache = model.new_cache(16)
+            model.forward(torch.arange(5, 17), cache, 0)                       # 12 rows
+            model.decode_batch(torch.tensor([3]), [cache], [12])               # 1 row
+            layers = sum(isinstance(layer.ffn, MoE) for layer in model.layers) if w4a8 else 0
+            assert calls.count(12) == calls.count(1) == layers and len(calls) == 2 * layers, (
+                spec, w4a8, calls)
+
+
+def test_a_model_without_int4_experts_refuses_it(tmp_path):
+    with pytest.raises(loader.ModelLoadError, match="--moe-w4a8: .*INT4 artifact"):
+        loader.load_model(str(kimi_tiny.write_tiny_checkpoint(tmp_path / "bf16")), progress=False,
+                          moe_w4a8=True)
