@@ -167,9 +167,14 @@ def place(plan, config, device: str, max_context: int):
     """-> where a MoE model's routed experts live (weights/placement.Placement), from the plan's
     parts and --cpu-moe / --n-cpu-moe / --gpu-memory (default: the free memory less a margin)
     / --moe-cache;
-    None for a model without routed experts."""
+    None for a model without routed experts. --moe-w4a8 on one without INT4 routed experts is
+    refused here, before anything loads."""
     from engined.weights import placement
 
+    if config.moe_w4a8 and not (plan.parts and plan.parts.routed_int4):
+        raise placement.PlacementError(
+            "--moe-w4a8: W4A8 routed experts need the INT4 artifact; this model has "
+            + ("no routed experts" if plan.parts is None else "BF16 ones (kimi-engine quantize)"))
     if plan.parts is None:
         return None
     on_cuda, budget = device.startswith("cuda"), 0

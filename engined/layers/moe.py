@@ -115,6 +115,10 @@ class MoE:
         """The op of the routed experts the CPU runs (here, or in RAM beside a GPU): moe_grouped
         (W4A16) or moe_grouped_w4a8 (x and h rounded to int8, integer dots; opt-in)."""
         registry.resolve(op, "cpu")
+        if op == "moe_grouped_w4a8" and self.w1.group_size % 32:
+            raise ValueError(f"W4A8 routed experts take INT4 groups of a multiple of 32, these "
+                             f"are groups of {self.w1.group_size}: drop --moe-w4a8, or "
+                             "re-quantize with --group-size 32")
         self.cpu_experts = op
         if self.host_experts is not None:
             self.host_experts.select(op)
@@ -126,7 +130,7 @@ class MoE:
         chose it, and a row's result independent of the rows beside it)."""
         is_decode = f.shape[0] <= DECODE_ROWS
         logits = self._logits(f, is_decode)                     # [T, E] fp32
-        on_cpu = f.device.type == "cpu"
+        on_cpu = registry.runs_as(f.device.type) == "cpu"
         if self.fused_decode and is_decode and (self.cpu_experts == "moe_grouped" or not on_cpu):
             shared = self.shared_experts
             return registry.resolve("moe_decode", f.device.type).fn(

@@ -132,8 +132,8 @@ class KimiLinearModel:
         moes = [layer.ffn for layer in self.layers
                 if isinstance(layer.ffn, MoE) and layer.ffn.w1.group_size]
         if not moes:
-            raise ValueError("W4A8 routed experts need the INT4 artifact (kimi-engine "
-                             "quantize); this checkpoint's experts are not INT4")
+            raise ValueError(f"{op} runs INT4 routed experts; this checkpoint's are not INT4 "
+                             "(kimi-engine quantize)")
         for moe in moes:
             moe.select_experts(op)
 

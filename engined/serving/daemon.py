@@ -118,7 +118,9 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     seconds = time.monotonic() - start
     log.write(f"kimi-engine: loaded {loaded.model_id} from {loaded.source} in {seconds:.1f} s")
     if config.moe_w4a8:
-        log.write("kimi-engine: the routed experts the CPU runs are W4A8 (--moe-w4a8)")
+        log.write("kimi-engine: the routed experts the CPU runs are W4A8 (--moe-w4a8)"
+                  if device == "cpu" or offload else "kimi-engine: --moe-w4a8: every routed "
+                  "expert is on the GPU, which runs them in W4A16; nothing changes")
     if device == "cpu" and helper.available():
         log.write(f"kimi-engine: {_cpu_kernels(loaded.model)}")
     metrics = EngineMetrics()

@@ -100,6 +100,11 @@ def _kimi(call, *args, **kwargs):
 def _experts(loaded: LoadedModel, w4a8: bool) -> LoadedModel:
     """A Kimi-Linear model with its CPU-run routed experts in W4A8 when asked (--moe-w4a8)."""
     if w4a8:
+        from engined import helper
+        try:
+            helper.require()
+        except helper.HelperError as exc:
+            raise ModelLoadError(f"--moe-w4a8: the W4A8 experts are the C helper's: {exc}") from None
         try:
             loaded.model.select_experts("moe_grouped_w4a8")
         except ValueError as exc:

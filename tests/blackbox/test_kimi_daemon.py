@@ -109,7 +109,7 @@ def test_an_impossible_placement_is_refused_before_loading(checkpoints, tmp_path
 
 def test_w4a8_experts_serve_and_a_bf16_checkpoint_refuses_them(checkpoints, tmp_path):
     """--moe-w4a8 on the INT4 artifact, alone and with the experts in RAM; on the BF16
-    checkpoint (no INT4 experts) a clear refusal at start."""
+    checkpoint (no INT4 experts) a clear refusal before loading."""
     plain, _, _, _ = _served(checkpoints[1], tmp_path / "plain")
     runs = []
     for flags in (("--moe-w4a8",), ("--moe-w4a8", "--cpu-moe")):
@@ -124,4 +124,5 @@ def test_w4a8_experts_serve_and_a_bf16_checkpoint_refuses_them(checkpoints, tmp_
     daemon = Daemon(tmp_path / "cache", "--model", str(checkpoints[0]), "--moe-w4a8")
     with pytest.raises(RuntimeError, match="exited 1"):
         daemon.start()
-    assert "--moe-w4a8: W4A8 routed experts need the INT4 artifact" in daemon.stderr()
+    assert "--moe-w4a8: W4A8 routed experts need the INT4 artifact; this model has BF16" in daemon.stderr()
+    assert "loading model" not in daemon.stderr()          # refused from the plan, first

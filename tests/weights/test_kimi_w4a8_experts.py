@@ -7,7 +7,10 @@ and the BF16 source's dense experts. The bound comes from the INT4 error itself:
 INT4 rounds each weight on a grid of absmax/7, int8 rounds each activation on one of
 absmax/127, so one activation rounding is 7/127 the size of a weight rounding; W4A8 rounds
 twice (the input, then the SwiGLU output), so its change to the output must stay under
-2 x 7/127 of the INT4 weights' own error against BF16."""
+2 x 7/127 of the INT4 weights' own error against BF16. That adds the two roundings' sizes: a
+heuristic, not a proof. The tiny model's activations are near Gaussian; real hidden states
+have outlier channels, which raise int8's step for their block: the gate also runs with
+every 37th channel five times larger (at 20 times, W4A8 reaches the bound)."""
 import dataclasses
 
 import pytest
@@ -54,7 +57,8 @@ def ffn_inputs(model, tokens) -> dict[int, torch.Tensor]:
     return {i: torch.cat(fs) for i, fs in seen.items()}
 
 
-def test_w4a8_experts_stay_within_the_bound_derived_from_the_int4_error(pair):
+@pytest.mark.parametrize("outliers", [1.0, 5.0])
+def test_w4a8_experts_stay_within_the_bound_derived_from_the_int4_error(pair, outliers):
     int4_dir, bf16 = pair
     model = load_kimi_linear(int4_dir, progress=False).model
     tokens = torch.randint(0, 300, (64,), generator=torch.Generator().manual_seed(2))
@@ -63,6 +67,7 @@ def test_w4a8_experts_stay_within_the_bound_derived_from_the_int4_error(pair):
     inputs = ffn_inputs(model, tokens)
     assert len(inputs) == 3                                 # layers 1..3 are MoE
     for i, f in inputs.items():
+        f[:, ::37] *= outliers
         moe = model.layers[i].ffn
         experts, weights = moe.route_rows(f)
         banks = (moe.w1.packed, moe.w3.packed, moe.w2.packed)
@@ -94,7 +99,21 @@ def test_the_choice_reaches_every_cpu_run_expert(pair, monkeypatch):
                 spec, w4a8, calls)
 
 
-def test_a_model_without_int4_experts_refuses_it(tmp_path):
-    with pytest.raises(loader.ModelLoadError, match="--moe-w4a8: .*INT4 artifact"):
+def test_models_without_int4_experts_in_groups_of_32_refuse_it(tmp_path):
+    with pytest.raises(loader.ModelLoadError, match="--moe-w4a8: .*are not INT4"):
         loader.load_model(str(kimi_tiny.write_tiny_checkpoint(tmp_path / "bf16")), progress=False,
                           moe_w4a8=True)
+    quantize_checkpoint(tmp_path / "bf16", tmp_path / "g16", group_size=16, progress=False)
+    with pytest.raises(loader.ModelLoadError, match="groups of 16: drop --moe-w4a8, or re-quantize"):
+        loader.load_model(str(tmp_path / "g16"), progress=False, moe_w4a8=True)
+    with pytest.raises(loader.ModelLoadError, match="--moe-w4a8: model 'default' has no routed experts"):
+        loader.load_model("default", progress=False, moe_w4a8=True)
+
+
+def test_doctor_refuses_it_from_the_plan_as_serve_does(pair, tmp_path):
+    from engined.commands.doctor import check_memory_plan
+    from engined.config import EngineConfig
+    bf16 = kimi_tiny.write_tiny_checkpoint(tmp_path / "bf16")
+    refused = check_memory_plan(EngineConfig(model=str(bf16), device="cpu", moe_w4a8=True))
+    assert not refused.is_ok and "--moe-w4a8: W4A8 routed experts need the INT4 artifact" in refused.detail
+    assert check_memory_plan(EngineConfig(model=str(pair[0]), device="cpu", moe_w4a8=True)).is_ok
