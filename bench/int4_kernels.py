@@ -211,21 +211,24 @@ def bench_routed(label, n, k, args) -> list[dict]:
 
 
 MOE_EXPERTS, MOE_TOP_K, MOE_D, MOE_I = 256, 8, 2304, 1024
+MOE_TOKENS = (1, 2, 4, 8, 256)  # decode batches, then a prefill chunk
 
 
 def bench_moe_layer(args) -> list[dict]:
     """One Kimi-Linear MoE layer's routed experts at real shapes (256 experts of w1/w3 [1024,
     2304] and w2 [2304, 1024], symmetric INT4, top-8) through moe_grouped and its W4A8 form
-    moe_grouped_w4a8: B = 1 (8 experts, ~32 MB read, random picks per call so nothing stays
-    cached) and a 256-token prefill chunk (every expert read once for all the rows that chose
-    it). GB/s counts the chosen experts' bytes; tok/s: tokens per second through the layer."""
+    moe_grouped_w4a8: T = 1 (8 experts, ~32 MB read, random picks per call so nothing stays
+    cached), 2, 4 and 8 on the CPU (the decode batches: up to 64 experts, each read once for
+    the rows that chose it) and a 256-token prefill chunk (every expert read once for all the rows
+    that chose it). GB/s counts the chosen experts' bytes; tok/s: tokens per second through
+    the layer."""
     probe = probe_bandwidth(args.working_set, args.min_time)
     gen = torch.Generator().manual_seed(3)
     banks = [PackedInt4Experts(group_size=GROUP, **random_packed(n, k, (MOE_EXPERTS,), True))
              for n, k in ((MOE_I, MOE_D), (MOE_I, MOE_D), (MOE_D, MOE_I))]
     expert_bytes = 3 * MOE_I * MOE_D * 9 // 16            # codes + one fp16 scale per 32
     rows = []
-    for tokens in (1, 256):
+    for tokens in MOE_TOKENS if DEVICE == "cpu" else (1, 256):   # the GPU section's time
         calls = []
         for _ in range(8):
             picks = torch.stack([torch.randperm(MOE_EXPERTS, generator=gen)[:MOE_TOP_K]
