@@ -10,6 +10,7 @@ prefill chunk is added to that cache.
 """
 import collections
 import contextlib
+import dataclasses
 import threading
 import time
 
@@ -253,7 +254,15 @@ class Engine:
             self.metrics.decode_rate.observe((len(seq.output_ids) - 1) / seconds)
 
     def _allocate(self, seq: Sequence):
-        self._reserve(self._kv_bytes(seq))
+        try:
+            self._reserve(self._kv_bytes(seq))
+        except memory.MemoryCapExceeded:
+            if self._kv_bytes(seq) == self._kv_bytes(seq, drafts=False):
+                raise
+            self._reserve(self._kv_bytes(seq, drafts=False))   # its state fits, its drafts' not:
+            seq.params = dataclasses.replace(seq.params, speculative=False)  # no drafts for it
+            self.log(f"request {seq.request_id}: the memory cap holds its state but not its "
+                     "drafts' states; it decodes without speculation")
         try:
             seq.cache = self.model.new_cache(seq.num_max_tokens)
         except Exception:
@@ -287,9 +296,9 @@ class Engine:
             seq.cache = None
             memory.release(self._kv_bytes(seq))
 
-    def _kv_bytes(self, seq: Sequence) -> int:
+    def _kv_bytes(self, seq: Sequence, drafts: bool = True) -> int:
         # Recurrent models (Kimi-Linear's KDA) also hold a fixed state per sequence, and a
         # speculating one a state per draft it verifies (models/kimi_cache.py's draft slots).
-        drafts = min(speculate.K_MAX, max(0, seq.params.max_tokens - 1))   # at most that many
-        states = 1 + (drafts if self.speculator and seq.params.speculative else 0)
+        most = min(speculate.K_MAX, max(0, seq.params.max_tokens - 1))   # drafts at most
+        states = 1 + (most if drafts and self.speculator and seq.params.speculative else 0)
         return self.model.kv_bytes_per_token * seq.num_max_tokens + self.model.state_bytes * states

@@ -106,3 +106,21 @@ def test_a_request_cancelled_during_its_verify_step_gives_its_slots_back(kimi, m
     victim.clear()
     gc.collect()
     assert kimi.state_pool.num_used == before
+
+
+def test_a_cap_that_holds_the_state_but_not_the_drafts_decodes_without_them(kimi):
+    """A speculating Kimi-Linear sequence reserves a state slot per draft; under a memory cap
+    that holds its own state and latents but not 7 more states it still runs, plainly."""
+    from engined.engine import memory
+    prompt, max_tokens = PROMPTS[0], 12
+    with RunningEngine(kimi, speculative=False, prefix_cache_bytes=0) as engine:
+        want = engine.greedy(prompt, max_tokens)
+    own = kimi.kv_bytes_per_token * (len(prompt) + max_tokens) + kimi.state_bytes
+    memory.arm(own + kimi.state_bytes)                   # one draft's state more, not seven
+    try:
+        with RunningEngine(kimi, prefix_cache_bytes=0) as engine:
+            got = engine.greedy(prompt, max_tokens)
+            drafted = engine.value("kimi_engine_spec_draft_tokens_total")
+    finally:
+        memory.arm(0)
+    assert got == want and drafted == 0
