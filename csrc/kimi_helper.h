@@ -122,11 +122,12 @@ typedef struct {
 } KhKda;
 
 /* rows rows: qkv [rows, 3W] (q, k, v before the conv), low [rows, 2K + heads] (f_a, g_a,
- * b), each row on its own slot slots[r] (distinct, else KH_EINVAL) -> out [rows, W] fp32.
- * One pool task per (row, head): a row's result does not depend on the rows beside it or
- * on nthreads. head_dim <= 256, taps <= 8. */
+ * b), each row's state read at src_slots[r] (NULL: at slots[r]) and written at slots[r]
+ * (slots distinct, no row's source another row's slot, else KH_EINVAL) -> out [rows, W]
+ * fp32. One pool task per (row, head): a row's result does not depend on the rows beside it
+ * or on nthreads. head_dim <= 256, taps <= 8. */
 int kda_decode_rows(const KhKda *a, const float *qkv, const float *low, int64_t rows,
-                    const int64_t *slots, float *out, int nthreads);
+                    const int64_t *slots, const int64_t *src_slots, float *out, int nthreads);
 
 /* One packed INT4 linear [n, k] (mins NULL: symmetric), as the layer call takes it; tiled:
  * 1 when q, s, m are in tiles (tiles_w4a8 runs it). */

@@ -7,6 +7,8 @@
  *   S <- exp(g) S;  S <- S + sigmoid(b) k (v - k S);  o = scale q S
  *   y = RMS_eps(o) * o_norm_w * sigmoid(g_a g_b^T)
  *
+ * A row's state may be read from another slot than the one it is written to (a speculative
+ * step's draft row starts from the row before it, in that row's slot): no copy first.
  * One pool task per (row, head): its channels, its K x V state and its outputs are its own,
  * so a row's result is the same operations whatever rows come with it and however many
  * threads run (what speculative decoding's verify rows need: they must equal lone steps bit
@@ -23,7 +25,7 @@
 typedef struct {
     const KhKda *a;
     const float *qkv, *low;
-    const int64_t *slots;
+    const int64_t *slots, *src;          /* each row's state: read at src, written at slots */
     float *out;
 } KdaJob;
 
@@ -31,20 +33,20 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
 static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }  /* torch's */
 
-/* The conv of channel c of block j (q 0, k 1, v 2) with the new input x; the window moves. */
-static float conv_step(const KhKda *a, float *window, int64_t j, int64_t c, float x)
+/* The conv of channel c of block j (q 0, k 1, v 2) with the new input x, from the window in
+ * `from`; the moved window goes to `to` (the same window, or another slot's). */
+static float conv_step(const KhKda *a, const float *from, float *to, int64_t j, int64_t c, float x)
 {
-    const int64_t width = a->heads * a->head_dim, taps = a->taps;
-    const float *w = a->conv_w + (j * width + c) * taps;
-    float *win = window + (j * width + c) * (taps - 1);
+    const int64_t width = a->heads * a->head_dim, taps = a->taps, at = (j * width + c) * (taps - 1);
+    const float *w = a->conv_w + (j * width + c) * taps, *win = from + at;
     float acc = 0.0f;
     for (int64_t t = 0; t < taps - 1; t++)
         acc += win[t] * w[t];
     acc += x * w[taps - 1];
     for (int64_t t = 0; t + 1 < taps - 1; t++)
-        win[t] = win[t + 1];
+        to[at + t] = win[t + 1];
     if (taps > 1)
-        win[taps - 2] = x;
+        to[at + taps - 2] = x;
     return silu(acc);
 }
 
@@ -76,17 +78,20 @@ static void kda_task(void *ctx, int64_t task)
     const KhKda *a = job->a;
     const int64_t heads = a->heads, d = a->head_dim, width = heads * d;
     const int64_t r = task / heads, h = task % heads, slot = job->slots[r];
+    const int64_t src = job->src ? job->src[r] : slot;
     const float *qkv = job->qkv + r * 3 * width, *low = job->low + r * (2 * d + heads);
-    float *window = a->conv + slot * 3 * width * (a->taps - 1);
+    const float *window = a->conv + src * 3 * width * (a->taps - 1);
+    float *moved = a->conv + slot * 3 * width * (a->taps - 1);
+    const float *S0 = a->S + (src * heads + h) * d * d;
     float *S = a->S + (slot * heads + h) * d * d;
     float q[KH_KDA_MAX_DIM], k[KH_KDA_MAX_DIM], v[KH_KDA_MAX_DIM], g[KH_KDA_MAX_DIM];
     float z[KH_KDA_MAX_DIM], pred[KH_KDA_MAX_DIM], o[KH_KDA_MAX_DIM];
 
     for (int64_t i = 0; i < d; i++) {
         const int64_t c = h * d + i;
-        q[i] = conv_step(a, window, 0, c, qkv[c]);
-        k[i] = conv_step(a, window, 1, c, qkv[width + c]);
-        v[i] = conv_step(a, window, 2, c, qkv[2 * width + c]);
+        q[i] = conv_step(a, window, moved, 0, c, qkv[c]);
+        k[i] = conv_step(a, window, moved, 1, c, qkv[width + c]);
+        v[i] = conv_step(a, window, moved, 2, c, qkv[2 * width + c]);
     }
     l2norm(q, d);
     l2norm(k, d);
@@ -99,9 +104,9 @@ static void kda_task(void *ctx, int64_t task)
     memset(pred, 0, (size_t)d * sizeof(float));
     for (int64_t i = 0; i < d; i++) {                        /* S <- exp(g) S; pred = k S */
         float *row = S + i * d;
-        const float gi = g[i], ki = k[i];
+        const float *row0 = S0 + i * d, gi = g[i], ki = k[i];
         for (int64_t j = 0; j < d; j++) {
-            row[j] *= gi;
+            row[j] = row0[j] * gi;
             pred[j] += ki * row[j];
         }
     }
@@ -126,7 +131,7 @@ static void kda_task(void *ctx, int64_t task)
 }
 
 int kda_decode_rows(const KhKda *a, const float *qkv, const float *low, int64_t rows,
-                    const int64_t *slots, float *out, int nthreads)
+                    const int64_t *slots, const int64_t *src_slots, float *out, int nthreads)
 {
     if (!a || !qkv || !low || !slots || !out || rows < 1 || a->heads < 1 || a->head_dim < 1 ||
         a->head_dim > KH_KDA_MAX_DIM || a->taps < 1 || a->taps > KH_KDA_MAX_TAPS ||
@@ -134,13 +139,14 @@ int kda_decode_rows(const KhKda *a, const float *qkv, const float *low, int64_t 
         !a->o_norm_w)
         return KH_EINVAL;
     for (int64_t r = 0; r < rows; r++) {
-        if (slots[r] < 0 || slots[r] >= a->num_slots)
+        if (slots[r] < 0 || slots[r] >= a->num_slots ||
+            (src_slots && (src_slots[r] < 0 || src_slots[r] >= a->num_slots)))
             return KH_EINVAL;
-        for (int64_t s = 0; s < r; s++)
-            if (slots[s] == slots[r])
-                return KH_EINVAL;   /* two rows on one state: their tasks would race */
+        for (int64_t s = 0; s < rows; s++)  /* a row's tasks must be alone on what they touch */
+            if (s != r && (slots[s] == slots[r] || (src_slots && src_slots[s] == slots[r])))
+                return KH_EINVAL;
     }
-    KdaJob job = {a, qkv, low, slots, out};
+    KdaJob job = {a, qkv, low, slots, src_slots, out};
     kh_parallel(kda_task, &job, rows * a->heads, nthreads, 1);
     return KH_OK;
 }

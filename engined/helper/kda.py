@@ -39,9 +39,11 @@ def kda_weights(f_b, g_b, conv_w, A_log, dt_bias, o_norm_w, eps: float, scale: f
     return KdaWeights(a, heads, head_dim, taps, keep)
 
 
-def kda_decode_rows(weights: KdaWeights, qkv, low, conv, S, slots, out=None, threads: int = 1):
+def kda_decode_rows(weights: KdaWeights, qkv, low, conv, S, slots, out=None, threads: int = 1,
+                    source=None):
     """qkv [B, 3W], low [B, 2K + H] fp32 rows on distinct slots [B] of the pools conv
-    [N, 3, W, C-1] and S [N, H, K, K] (contiguous CPU fp32, updated in place) -> out [B, W]."""
+    [N, 3, W, C-1] and S [N, H, K, K] (contiguous CPU fp32, updated in place) -> out [B, W].
+    source [B]: the slots each row's state is read from (None: its own)."""
     h, d, taps = weights.heads, weights.head_dim, weights.taps
     width = h * d
     qkv, low = _as_rows(qkv, 3 * width), _as_rows(low, 2 * d + h)
@@ -55,13 +57,19 @@ def kda_decode_rows(weights: KdaWeights, qkv, low, conv, S, slots, out=None, thr
         raise ValueError(f"kda_decode_rows: {rows} rows of qkv, low and slots needed, got "
                          f"{low.shape[0]} and {list(slots.shape)}")
     slots = slots.to("cpu", torch.int64).contiguous()
+    if source is not None:
+        if source.shape != (rows,):
+            raise ValueError(f"kda_decode_rows: source must be [{rows}], got {list(source.shape)}")
+        source = source.to("cpu", torch.int64).contiguous()
     out = _out(out, (rows, width))
     a = weights.struct
     a.conv, a.S, a.num_slots = ffi.cast("float *", conv.data_ptr()), ffi.cast("float *", S.data_ptr()), n
     cast = ffi.cast
     status = lib.kda_decode_rows(a, cast("float *", qkv.data_ptr()), cast("float *", low.data_ptr()),
                                  rows, cast("int64_t *", slots.data_ptr()),
+                                 ffi.NULL if source is None else cast("int64_t *", source.data_ptr()),
                                  cast("float *", out.data_ptr()), threads)
     if status:
-        check(status, "kda_decode_rows (bad shape, or two rows on one slot)")
+        check(status, "kda_decode_rows (bad shape, two rows on one slot, or a row's source "
+                      "another row's slot)")
     return out

@@ -102,22 +102,19 @@ class KDA:
         a: [B, D] -> [B, D]. Two GEMVs (q/k/v, then f_a/g_a/b), one kda_decode (the short conv,
         norms, gates, the recurrent step and the gated output norm) and o_proj.
         passes (kimi_cache.StatePass, a sequence's rows at consecutive positions): kda_decode
-        once per pass, in order, each pass's states first copied from the slots before it."""
+        once per pass, in order, each pass's states read from the slots before it."""
         f_b, g_b = self._up_weights(a.dtype)
         step = registry.resolve("kda_decode", a.device.type).fn
         qkv = run_split(self.qkv, [self.q_proj, self.k_proj, self.v_proj], a)       # [B, 3W]
         low = run_split(self.low, [self.f_a_proj, self.g_a_proj, self.b_proj], a)   # [B, 2K+H]
-        run = lambda rows, at: step(  # noqa: E731  rows' qkv, low -> [n, H*V], states at slots `at`
+        run = lambda rows, at, source=None: step(  # noqa: E731  rows' qkv, low -> [n, H*V]
             *rows, f_b, g_b, self.conv_w, conv, S, at, self.A_log.view(-1), self.dt_bias,
-            self.o_norm.weight, self.o_norm.eps, self.scale)
+            self.o_norm.weight, self.o_norm.eps, self.scale, source=source)
         if passes is None:
             return self.o_proj(run((qkv, low), slots))
         y = qkv.new_empty(a.shape[0], qkv.shape[1] // 3)                           # [B, H*V]
         for p in passes:
-            if p.source is not None:
-                conv.index_copy_(0, p.slots, conv.index_select(0, p.source))
-                S.index_copy_(0, p.slots, S.index_select(0, p.source))
-            y[p.rows] = run((qkv[p.rows], low[p.rows]), p.slots)
+            y[p.rows] = run((qkv[p.rows], low[p.rows]), p.slots, p.source)
         return self.o_proj(y)
 
     def _up_weights(self, dtype) -> tuple[torch.Tensor, torch.Tensor]:

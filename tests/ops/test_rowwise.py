@@ -74,3 +74,28 @@ def test_a_narrower_dense_weight_gives_decode_rows_their_lone_results():
     batch = lin(x)
     for b in range(6):
         assert torch.equal(batch[b], lin(x[b:b + 1].clone())[0]), b
+
+
+@pytest.mark.parametrize("variant", ["reference", "cpu_rows", "cpu_c"])
+def test_kda_decode_reads_each_row_from_its_source_slot(variant):
+    """source (a verify step's draft rows, each from the row before it): the same as copying
+    the source states to the rows' slots first, then the step; the C kernel reads them in
+    place of the copy, and refuses a row whose source is another row's slot."""
+    if variant == "cpu_c" and not helper.available():
+        pytest.skip("the C helper is not built (make setup)")
+    case = kda_decode_case(3, 2, 16, 4, 7, seed=9)
+    args = list(case.make(torch.Generator().manual_seed(case.seed)))
+    slots = args[7]
+    source = torch.tensor([s for s in range(7) if s not in slots.tolist()][:3])
+    op = registry.variants("kda_decode")[variant].fn
+    copied = [a.clone() for a in args[5:7]]
+    for pool in copied:
+        pool.index_copy_(0, slots, pool.index_select(0, source))
+    want = op(*args[:5], *copied, *args[7:])
+    read = [a.clone() for a in args[5:7]]
+    got = op(*args[:5], *read, *args[7:], source=source)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(read, copied))
+    if variant == "cpu_c":
+        with pytest.raises(Exception, match="source another row's slot"):
+            op(*args[:5], *read, *args[7:], source=slots.roll(1))

@@ -37,13 +37,14 @@ def _version(t: torch.Tensor) -> int:
 @registry.register("kda_decode", "cpu_c", devices=("cpu",),
                    description="C helper: a task per (row, head), row-exact in any batch")
 def kda_decode(qkv, low, f_b, g_b, conv_w, conv, S, slots, A_log, dt_bias, o_norm_w,
-               eps: float, scale: float, out=None) -> torch.Tensor:
+               eps: float, scale: float, out=None, source=None) -> torch.Tensor:
     reference.check_inputs(qkv, low, f_b, g_b, conv_w, conv, S, slots, A_log, dt_bias, o_norm_w)
     if qkv.dtype != torch.float32 or conv.dtype != torch.float32 or not helper.available():
         return cpu_rows.kda_decode(qkv, low, f_b, g_b, conv_w, conv, S, slots, A_log, dt_bias,
-                                   o_norm_w, eps, scale, out)
+                                   o_norm_w, eps, scale, out, source)
     weights = _handle(f_b, g_b, conv_w, A_log, dt_bias, o_norm_w, eps, scale)
-    y = helper.kda_decode_rows(weights, qkv, low, conv, S, slots, threads=num_threads())
+    y = helper.kda_decode_rows(weights, qkv, low, conv, S, slots, threads=num_threads(),
+                               source=source)   # read there, written to slots: no copy first
     return y if out is None else out.copy_(y)
 
 

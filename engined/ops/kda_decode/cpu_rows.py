@@ -11,8 +11,9 @@ from engined.ops.kda_decode import reference
 @registry.register("kda_decode", "cpu_rows", devices=("cpu",),
                    description="torch: the reference on each row alone (row-exact in any batch)")
 def kda_decode(qkv, low, f_b, g_b, conv_w, conv, S, slots, A_log, dt_bias, o_norm_w,
-               eps: float, scale: float, out=None) -> torch.Tensor:
+               eps: float, scale: float, out=None, source=None) -> torch.Tensor:
     reference.check_inputs(qkv, low, f_b, g_b, conv_w, conv, S, slots, A_log, dt_bias, o_norm_w)
+    reference.copy_source(conv, S, slots, source)
     y = torch.cat([reference.kda_decode(qkv[b:b + 1], low[b:b + 1], f_b, g_b, conv_w, conv, S,
                                         slots[b:b + 1], A_log, dt_bias, o_norm_w, eps, scale)
                    for b in range(qkv.shape[0])])                         # [B, W]

@@ -16,6 +16,7 @@ It is the CPU decode: no per-row loop, and the recurrent step is the device's kd
 | dt_bias  | [W]            | fp32                                                    |
 | o_norm_w | [V]            | any float                                               |
 | out      | [B, W]         | qkv's dtype                                             |
+| source   | [B] or None    | int64: the slots the rows' states start from (None: slots)|
 
 Per row b, head h: q, k, v = SiLU(conv(window, x)); q, k = l2norm(q), l2norm(k);
 g = -exp(A_log) softplus(f_b f_a + dt_bias); beta = sigmoid(b); the delta-rule step of
@@ -52,13 +53,21 @@ def check_inputs(qkv, low, f_b, g_b, conv_w, conv, S, slots, A_log, dt_bias, o_n
     return b, h, kd, c
 
 
+def copy_source(conv, S, slots, source):
+    """source [B] (None: nothing): each row's state starts from that slot's, copied to its own."""
+    if source is not None:
+        conv.index_copy_(0, slots, conv.index_select(0, source))
+        S.index_copy_(0, slots, S.index_select(0, source))
+
+
 @registry.register("kda_decode", registry.REFERENCE,
                    description="torch: the pools' rows gathered by slot, batched ops, written back")
 def kda_decode(qkv, low, f_b, g_b, conv_w, conv, S, slots, A_log, dt_bias, o_norm_w,
-               eps: float, scale: float, out=None) -> torch.Tensor:
+               eps: float, scale: float, out=None, source=None) -> torch.Tensor:
     # layers/kda imports engined.ops (through Linear): imported here, a module import would cycle
     from engined.layers.kda import kda_gate, l2norm
     b, h, kd, _ = check_inputs(qkv, low, f_b, g_b, conv_w, conv, S, slots, A_log, dt_bias, o_norm_w)
+    copy_source(conv, S, slots, source)
     heads = lambda x: x.float().view(b, h, -1)  # noqa: E731  [B, H*K] -> [B, H, K]
     taps = torch.cat((conv.index_select(0, slots).float(), qkv.float().view(b, 3, -1, 1)), -1)  # [B, 3, W, C]
     conv.index_copy_(0, slots, taps[..., 1:].to(conv.dtype).contiguous())  # (a strided source: 2x)

@@ -9,7 +9,7 @@ import triton.language as tl
 
 from engined.layers.kda import L2_EPS  # registry.lazy imports this after engined.ops: no cycle
 from engined.ops import registry
-from engined.ops.kda_decode.reference import check_inputs
+from engined.ops.kda_decode.reference import check_inputs, copy_source
 from engined.ops.w4a16_gemv.triton import triton_interpreted
 
 NUM_WARPS = 8  # the [K, V] fp32 state tile is 64 KiB at K = V = 128: 64 registers a thread
@@ -116,8 +116,9 @@ def check_launch(tensors: dict, out, shape, dtype):
 
 
 def kda_decode(qkv, low, f_b, g_b, conv_w, conv, S, slots, A_log, dt_bias, o_norm_w,
-               eps: float, scale: float, out=None) -> torch.Tensor:
+               eps: float, scale: float, out=None, source=None) -> torch.Tensor:
     b, h, kd, c = check_inputs(qkv, low, f_b, g_b, conv_w, conv, S, slots, A_log, dt_bias, o_norm_w)
+    copy_source(conv, S, slots, source)           # a verify step's draft rows (eager, not graphed)
     check_launch(dict(qkv=qkv, low=low, f_b=f_b, g_b=g_b, conv_w=conv_w, conv=conv, S=S, slots=slots,
                       A_log=A_log, dt_bias=dt_bias, o_norm_w=o_norm_w), out, (b, h * kd), qkv.dtype)
     y = torch.empty((b, h * kd), dtype=qkv.dtype, device=qkv.device) if out is None else out
