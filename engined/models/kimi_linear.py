@@ -203,7 +203,7 @@ class KimiLinearModel:
     def _decode_part(self, tokens, caches, positions, row_of) -> torch.Tensor:
         """decode_rows on some of a step's rows (kimi_rows.step_rows: their tensors)."""
         rows = step_rows(caches, positions, row_of, self.device)
-        return self.decode_rows(tokens[:len(caches)].to(self.device), rows)
+        return self.decode_rows(tokens.to(self.device), rows)
 
     @torch.inference_mode()
     def decode_rows(self, tokens: torch.Tensor, rows: DecodeRows) -> torch.Tensor:

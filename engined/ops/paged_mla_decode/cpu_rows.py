@@ -32,7 +32,8 @@ def paged_mla_decode(q_lat, q_rope, pool, block_tables, lengths, scale: float,
 
 
 def _attend(q, pool, tables, lengths, scale, out):
-    # q: [G, H, R+P] -> out: [G, H, R], G rows over their own keys, S = the longest's, padded
+    # q: [G, H, R+P] -> out: [G, H, R], G rows over their own keys padded to the longest's
+    # whole blocks (paged_mla_decode passes G = 1: each row alone, row-exact)
     g, r, block = q.shape[0], out.shape[2], pool.shape[1]
     num_blocks = -(-int(lengths.max()) // block)
     tables = tables[:, :num_blocks].to(torch.int64)               # [G, nb]
