@@ -30,13 +30,22 @@ int kh_cpu_has_avx512(void)
 #define KH_G_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define KH_G_SUM(v) _mm512_reduce_add_ps(v)
 #define KH_G_HALVES(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-/* Low nibbles (even elements), then high ones (odd). */
-#define KH_G_UNPACK(raw, mask, c)                                                          \
+/* A block's 16 code bytes decoded by a table: sc holds fl(i * f) for i = 0..15, and vpermps
+ * reads only an index's low 4 bits, so a byte widened to a lane picks its low nibble's value
+ * (the even element) as it is, and its high nibble's (the odd one) after a shift: two
+ * permutes in place of masking, converting and scaling each vector. fl(i * f) is the product
+ * the scale-after-convert order computes, so the results are the same bits. */
+#define KH_G_SCALES(f)                                                                     \
+    _mm512_mul_ps(_mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),     \
+                  _mm512_set1_ps(f))
+#define KH_G_DECODE(p, mask, sc, c)                                                        \
     do {                                                                                   \
-        c[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, mask)));         \
-        c[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(                                    \
-            _mm_and_si128(_mm_srli_epi16(raw, 4), mask)));                                 \
+        __m512i bytes_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)));     \
+        (void)(mask);                                                                      \
+        c[0] = _mm512_permutexvar_ps(bytes_, sc);                                          \
+        c[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes_, 4), sc);                    \
     } while (0)
+#define KH_G_PASS_ROWS 4 /* x rows a pass, four FMA chains each: 16 of 32 zmm */
 #include "kimi_gemv_body.h"
 
 #else

@@ -8,8 +8,10 @@
  *   KH_G_ZERO(), KH_G_SET1(f), KH_G_LOAD(p), KH_G_STORE(p, v), KH_G_ADD(a, b),
  *   KH_G_MUL(a, b), KH_G_FMA(a, b, c) (a * b + c), KH_G_SUM(v) (the sum of the lanes);
  *   KH_G_HALVES(p)    KH_G_LANES fp16 values at p as floats;
- *   KH_G_UNPACK(raw, mask, c)       16 code bytes (raw) -> c[0 .. 32/KH_G_LANES - 1]: the low
- *                     nibbles (the block's even elements), then the high ones, as floats;
+ *   KH_G_SCALES(f)    what a block's decode needs of its scale f (a broadcast, or a table);
+ *   KH_G_DECODE(p, mask, sc, c)     the 16 code bytes at p -> c[0 .. 32/KH_G_LANES - 1]: the
+ *                     low nibbles (the block's even elements), then the high ones, each the
+ *                     float fl(code * f) (sc = KH_G_SCALES(f)), whatever the width;
  *   KH_G_BF16         (AVX2 only) KH_G_BF16(p): KH_G_LANES bfloat16 values at p as floats.
  * x comes de-interleaved per block of 32 (kh_prepare_x), so c[v] meets x lanes v * KH_G_LANES
  * on. Memory traffic: 16 code bytes + 4 bytes of scale/min per 32 weights, read once for all
@@ -45,33 +47,47 @@ static KH_G_TARGET void halves_to_floats(const uint16_t *h, int64_t n, float *ou
     for (; i < n; i++) out[i] = _cvtsh_ss(h[i]);
 }
 
-/* acc[r] += (sc * codes) . x_r block for every row r: the codes are scaled once, then
- * KH_G_PER_BLOCK FMAs per row. One row runs the same operations as many (no dot-then-scale
- * shortcut), so a row's result does not depend on the rows batched with it. */
-#define KH_G_BLOCK(ROWS, BLK, SC, ACC)                                                     \
+/* KH_G_CHAINS FMA chains per x row (the includer may set it; 4 by default): one row's block
+ * is KH_G_PER_BLOCK dependent FMAs into one accumulator otherwise, and the FMA's latency
+ * (4-5 cycles), not the memory, bounded a one-row GEMV (hot: 35 GB/s at 2 threads, AVX-512).
+ * Chain (PARITY * KH_G_PER_BLOCK + v) % KH_G_CHAINS takes vector v of the blocks of one
+ * parity: at AVX-512's 2 vectors a block and 4 chains, even and odd blocks apart. The
+ * includer's KH_G_PASS_ROWS (1..4) x rows meet a decoded block; more rows take further passes
+ * over the weight row, which L1 then holds. */
+#ifndef KH_G_CHAINS
+#define KH_G_CHAINS 4
+#endif
+#define KH_G_CHAIN(PARITY, v) (((PARITY) * KH_G_PER_BLOCK + (v)) % KH_G_CHAINS)
+
+/* acc[r][chain] += (sc * codes) . x_r block for every row r: the codes are decoded and
+ * scaled once, then KH_G_PER_BLOCK FMAs per row. A row runs the same operations in any pass
+ * (no dot-then-scale shortcut), so its result does not depend on the rows batched with it. */
+#define KH_G_BLOCK(ROWS, BLK, SC, PARITY)                                                  \
     do {                                                                                   \
         KH_G_VEC c[KH_G_PER_BLOCK];                                                        \
         int v;                                                                             \
-        KH_G_UNPACK(_mm_loadu_si128((const __m128i *)(w->q + (BLK) * 16)), mask, c);       \
-        for (v = 0; v < KH_G_PER_BLOCK; v++) c[v] = KH_G_MUL(c[v], SC);                    \
+        KH_G_DECODE(w->q + (BLK) * 16, mask, SC, c);                                       \
         for (r = 0; r < ROWS; r++) {                                                       \
             const float *xe = xperm + r * w->k + (BLK) * 32;                               \
             for (v = 0; v < KH_G_PER_BLOCK; v++)                                           \
-                ACC[r] = KH_G_FMA(c[v], KH_G_LOAD(xe + v * KH_G_LANES), ACC[r]);           \
+                acc[r][KH_G_CHAIN(PARITY, v)] = KH_G_FMA(                                  \
+                    c[v], KH_G_LOAD(xe + v * KH_G_LANES), acc[r][KH_G_CHAIN(PARITY, v)]);  \
         }                                                                                  \
     } while (0)
 
-/* ROWS is a constant in each instance (KH_FOR_ROWS). Two accumulator sets break the FMA
- * chain. A group of one block takes its scales KH_SCALE_CHUNK at a time, converted at once. */
+/* ROWS (1..4) is a constant in each instance, so the accumulators live in registers. A group
+ * of one block takes its scales KH_SCALE_CHUNK at a time, converted at once. */
 #define KH_G_ROW_KERNEL(ROWS)                                                              \
     static KH_G_TARGET void row_##ROWS(const KhRow *w, const float *xperm, const float *xsum, \
                                        float *y, int64_t y_stride)                         \
     {                                                                                      \
         const __m128i mask = _mm_set1_epi8(0x0f);                                          \
         int64_t groups = w->k / w->group, blocks = w->group / 32, g, b;                    \
-        KH_G_VEC acc0[ROWS], acc1[ROWS];                                                   \
-        int r;                                                                             \
-        for (r = 0; r < ROWS; r++) acc0[r] = acc1[r] = KH_G_ZERO();                        \
+        KH_G_VEC acc[ROWS][KH_G_CHAINS];                                                   \
+        int r, i;                                                                          \
+        (void)mask;                                                                        \
+        for (r = 0; r < ROWS; r++)                                                         \
+            for (i = 0; i < KH_G_CHAINS; i++) acc[r][i] = KH_G_ZERO();                     \
         if (blocks == 1) {                                                                 \
             int64_t g0;                                                                    \
             for (g0 = 0; g0 < groups; g0 += KH_SCALE_CHUNK) {                              \
@@ -80,40 +96,49 @@ static KH_G_TARGET void halves_to_floats(const uint16_t *h, int64_t n, float *ou
                 if (gend > groups) gend = groups;                                          \
                 halves_to_floats(w->scales + g0, gend - g0, scf);                          \
                 for (g = g0; g + 1 < gend; g += 2) {                                       \
-                    KH_G_VEC sc0 = KH_G_SET1(scf[g - g0]), sc1 = KH_G_SET1(scf[g + 1 - g0]); \
+                    KH_G_VEC sc0 = KH_G_SCALES(scf[g - g0]), sc1 = KH_G_SCALES(scf[g + 1 - g0]); \
                     _mm_prefetch((const char *)(w->q + g * 16 + KH_PREFETCH), _MM_HINT_T0); \
-                    KH_G_BLOCK(ROWS, g, sc0, acc0);                                        \
-                    KH_G_BLOCK(ROWS, g + 1, sc1, acc1);                                    \
+                    KH_G_BLOCK(ROWS, g, sc0, 0);                                           \
+                    KH_G_BLOCK(ROWS, g + 1, sc1, 1);                                       \
                 }                                                                          \
-                if (g < gend) KH_G_BLOCK(ROWS, g, KH_G_SET1(scf[g - g0]), acc0);           \
+                if (g < gend) KH_G_BLOCK(ROWS, g, KH_G_SCALES(scf[g - g0]), 0);            \
             }                                                                              \
         } else {                                                                           \
             for (g = 0; g < groups; g++) {                                                 \
-                KH_G_VEC sc0 = KH_G_SET1(_cvtsh_ss(w->scales[g]));                         \
+                KH_G_VEC sc0 = KH_G_SCALES(_cvtsh_ss(w->scales[g]));                       \
                 for (b = 0; b + 1 < blocks; b += 2) {                                      \
-                    KH_G_BLOCK(ROWS, g * blocks + b, sc0, acc0);                           \
-                    KH_G_BLOCK(ROWS, g * blocks + b + 1, sc0, acc1);                       \
+                    KH_G_BLOCK(ROWS, g * blocks + b, sc0, 0);                              \
+                    KH_G_BLOCK(ROWS, g * blocks + b + 1, sc0, 1);                          \
                 }                                                                          \
-                if (b < blocks) KH_G_BLOCK(ROWS, g * blocks + b, sc0, acc0);               \
+                if (b < blocks) KH_G_BLOCK(ROWS, g * blocks + b, sc0, 0);                  \
             }                                                                              \
         }                                                                                  \
         for (r = 0; r < ROWS; r++) {                                                       \
             const float *xs = xsum + r * groups; /* symmetric: min = -8 s */               \
             float mins_term = w->mins ? halves_dot(w->mins, xs, groups)                    \
                                       : KH_SYMMETRIC_MIN(halves_dot(w->scales, xs, groups)); \
-            y[r * y_stride] = KH_G_SUM(KH_G_ADD(acc0[r], acc1[r])) + mins_term;            \
+            KH_G_VEC sum = acc[r][0];                                                      \
+            for (i = 1; i < KH_G_CHAINS; i++) sum = KH_G_ADD(sum, acc[r][i]);              \
+            y[r * y_stride] = KH_G_SUM(sum) + mins_term;                                   \
         }                                                                                  \
     }
 
-KH_FOR_ROWS(KH_G_ROW_KERNEL)
+KH_G_ROW_KERNEL(1)
+KH_G_ROW_KERNEL(2)
+KH_G_ROW_KERNEL(3)
+KH_G_ROW_KERNEL(4)
 
 typedef void (*RowKernel)(const KhRow *, const float *, const float *, float *, int64_t);
-static const RowKernel by_rows[KH_MAX_ROWS + 1] = KH_BY_ROWS(row);
+static const RowKernel by_rows[5] = {0, row_1, row_2, row_3, row_4};
 
 void KH_G_FN(kh_row_blocks)(const KhRow *w, const float *xperm, const float *xsum,
                             int64_t rows, float *y, int64_t y_stride)
 {
-    by_rows[rows](w, xperm, xsum, y, y_stride);
+    int64_t r0, groups = w->k / w->group;
+    for (r0 = 0; r0 < rows; r0 += KH_G_PASS_ROWS) {
+        int64_t n = rows - r0 < KH_G_PASS_ROWS ? rows - r0 : KH_G_PASS_ROWS;
+        by_rows[n](w, xperm + r0 * w->k, xsum + r0 * groups, y + r0 * y_stride, y_stride);
+    }
 }
 
 /* Two 16-bit weight rows against every x row, 16 elements a step, one FMA chain per
@@ -160,5 +185,7 @@ KH_G_H16_ROWS(KH_G_FN(kh_bf16_rows), KH_G_BF16, kh_bf16_to_float)
 #undef KH_G_PER_BLOCK
 #undef KH_G_PER_16
 #undef KH_G_BLOCK
+#undef KH_G_CHAINS
+#undef KH_G_CHAIN
 #undef KH_G_ROW_KERNEL
 #undef KH_G_H16_ROWS

@@ -209,7 +209,7 @@ static void w4a16_dots(const KhMoeRows *op, const KhRow *w, int count, int64_t r
         op->row_fn(&w[t], op->xperm + r0 * op->k, op->xsum + r0 * groups, rows, y + t, y_stride);
 }
 
-static const KhMoeDot w4a16 = {1, w4a16_floats, w4a16_at, w4a16_prepare, w4a16_dots};
+static const KhMoeDot w4a16 = {4, w4a16_floats, w4a16_at, w4a16_prepare, w4a16_dots};
 
 int64_t moe_grouped_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group)
 {
