@@ -181,7 +181,8 @@ int kh_moe_grouped(const KhMoeDot *dot, const KhExperts *bank, const float *x, i
     return KH_OK;
 }
 
-/* W4A16: rows de-interleaved with their group sums (kh_prepare_x), one weight row an item. */
+/* W4A16: rows de-interleaved with their group sums (kh_prepare_x), 4 weight rows an item (one
+ * row an item cost ~8% in calls and in switching between the gate and up streams). */
 static int64_t w4a16_floats(int64_t rows, int64_t k, int64_t group)
 {
     return rows * (k + k / group);

@@ -49,6 +49,9 @@ ffibuilder.set_source(
         "kimi_gemm_avx2", "kimi_q8", "kimi_w4a8_vnni", "kimi_llama", "kimi_attn", "kimi_tiles",
         "kimi_tiles_simd", "kimi_q8_tiles", "kimi_q8_tiles_simd", "kimi_kda")],
     include_dirs=["csrc"],
+    # the headers too: setuptools rebuilds only when a source or a dependency is newer than the
+    # module, and a kernel body lives in a header (kimi_gemv_body.h) that its includers compile
+    depends=sorted(str(p) for p in pathlib.Path("csrc").glob("*.h")),
     extra_compile_args=_cflags(),
     extra_link_args=["-lpthread", "-lm"] + _sanitize_flags(),
 )
