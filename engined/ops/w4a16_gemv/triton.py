@@ -2,13 +2,18 @@
 
 The weight is read as it lies on disk (format version 2), its codes as 32-bit words: word w of
 a row holds elements 8w..8w+7, element 8w+i in nibble i. A K tile is [BLOCK_N rows, BLOCK_G
-groups, G/8 words]: each thread loads whole groups, 16 bytes of codes for G = 32, and a code
-becomes a float by the exponent-bias trick (the nibble or'ed into the mantissa of 2^23, minus
-2^23: two ALU ops, no int-to-float conversion, whose throughput is a quarter of the FMA's).
-x is loaded per nibble in the same [BLOCK_N, BLOCK_G, G/8] shape as the codes (the same address
-for every row of the tile, so it comes from L1), which keeps one register layout through the K
-loop: no shared-memory relayout, no barrier. Scales (and mins) load with their codes, and the
-next tile's codes and scales are loaded before the current one is multiplied.
+groups x G/8 words], a row's words side by side: each thread loads whole groups, 16 bytes of
+codes for G = 32, and a code becomes a float by the exponent-bias trick (the nibble or'ed into
+the mantissa of 2^23, minus 2^23: two ALU ops, no int-to-float conversion, whose throughput is a
+quarter of the FMA's). x is loaded per nibble in the codes' [BLOCK_N, words] shape (the same
+address for every row of the tile, so it comes from L1), and the words are summed per group
+within their thread (a reshape to [BLOCK_N, BLOCK_G, G/8]): one register layout through the K
+loop, no shared-memory relayout, no barrier. The tile is 2-D on purpose: as [BN, BG, G/8] the
+rows and groups axes tie for the load coalescer, which triton 3.6 (the GPU image) and 3.9 (CI)
+break in opposite directions, so one of them always met scales laid out unlike the codes and
+moved them through shared memory every K step (tests/ops/test_triton_compile.py reads the SASS
+under both). Scales (and mins) load with their codes, and the next tile's codes and scales are
+loaded before the current one is multiplied.
 Per group: s * dot(q - 8, x) (symmetric) or s * dot(q, x) + m * sum(x); per-group
 partial sums stay elementwise in [BLOCK_N, BLOCK_G] and are reduced once at the end.
 Memory traffic per output element: K/2 code bytes + 2*K/G bytes of scale (4*K/G with mins),
@@ -48,23 +53,25 @@ def int4_dot(x_row, c_rows, s_rows, m_rows, offs_n, n_mask, NG,
     WPG: tl.constexpr = GROUP // 8
     W_STEP: tl.constexpr = 1 if GPU_ORDER else 8     # x's distance between a group's words
     I_STEP: tl.constexpr = WPG if GPU_ORDER else 1   # and between nibble positions
+    WORDS: tl.constexpr = BLOCK_G * WPG
     offs_g = tl.arange(0, BLOCK_G)
-    offs_w = tl.arange(0, WPG)
+    offs_j = tl.arange(0, WORDS)                     # a tile's words in a row: group j // WPG
     rows = offs_n.to(tl.int64) * NG
-    zero_n = offs_n[:, None, None] * 0                     # x's address repeats over the rows
+    zero_n = offs_n[:, None] * 0                     # x's address repeats over the rows
     acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
-    g = offs_g
-    codes, s, m = int4_tile(c_rows, s_rows, m_rows, rows, g, offs_w, n_mask, NG, WPG, HAS_MINS)
+    codes, s, m = words_tile(c_rows, s_rows, m_rows, rows, 0, offs_g, offs_j, n_mask, NG, WPG,
+                             HAS_MINS)
     for g0 in range(0, NG, BLOCK_G):
-        g_next = g0 + BLOCK_G + offs_g      # the next tile, loaded before this one is multiplied
-        codes_next, s_next, m_next = int4_tile(c_rows, s_rows, m_rows, rows, g_next, offs_w,
-                                               n_mask, NG, WPG, HAS_MINS)
-        at_x = x_row + zero_n + (g[None, :, None] * GROUP + offs_w[None, None, :] * W_STEP)
-        x_mask = (g < NG)[None, :, None] & (zero_n == 0)     # in the codes' [BN, BG, WPG] shape
+        # the next tile, loaded before this one is multiplied
+        codes_next, s_next, m_next = words_tile(c_rows, s_rows, m_rows, rows, g0 + BLOCK_G,
+                                                offs_g, offs_j, n_mask, NG, WPG, HAS_MINS)
+        g_of_j = g0 + offs_j // WPG
+        at_x = x_row + zero_n + (g_of_j * GROUP + (offs_j % WPG) * W_STEP)[None, :]
+        x_mask = (g_of_j < NG)[None, :] & (zero_n == 0)      # in the codes' [BN, WORDS] shape
         words = codes.to(tl.uint32, bitcast=True)            # logical shifts
-        dot = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
+        dot = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
         if HAS_MINS:
-            x_sum = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
+            x_sum = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
         for i in tl.static_range(8):
             xi = tl.load(at_x + i * I_STEP, mask=x_mask, other=0.0).to(tl.float32)
             # (v | bias) & (bias | 0xF) == (v & 0xF) | bias: 2^23 + q as fp32 bits
@@ -74,19 +81,38 @@ def int4_dot(x_row, c_rows, s_rows, m_rows, offs_n, n_mask, NG,
                 x_sum += xi
             else:
                 dot += (qi - FLOAT_2_23_PLUS_8) * xi         # q - 8, exact
+        # [BN, WORDS] -> [BN, BG]: a group's words lie in one thread, so these sums stay in it
+        group_dot = tl.sum(tl.reshape(dot, [BLOCK_N, BLOCK_G, WPG]), axis=2)
         if HAS_MINS:
-            acc += s.to(tl.float32) * tl.sum(dot, axis=2) + m.to(tl.float32) * tl.sum(x_sum, axis=2)
+            group_x = tl.sum(tl.reshape(x_sum, [BLOCK_N, BLOCK_G, WPG]), axis=2)
+            acc += s.to(tl.float32) * group_dot + m.to(tl.float32) * group_x
         else:
-            acc += s.to(tl.float32) * tl.sum(dot, axis=2)   # [BN, BG], within a thread
-        codes, s, m, g = codes_next, s_next, m_next, g_next
+            acc += s.to(tl.float32) * group_dot
+        codes, s, m = codes_next, s_next, m_next
     return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def words_tile(c_rows, s_rows, m_rows, rows, g0, offs_g, offs_j, n_mask, NG,
+               WPG: tl.constexpr, HAS_MINS: tl.constexpr):
+    """int4_dot's K tile at group g0 of rows `rows` (row * NG): (codes [BN, BG * WPG] int32, a
+    row's words of groups g0.. in a row; scales [BN, BG]; mins [BN, BG], or the scales again
+    without mins); past NG or N: zeros."""
+    g = g0 + offs_g
+    s_mask = n_mask[:, None] & (g < NG)[None, :]
+    c_mask = n_mask[:, None] & ((g0 + offs_j // WPG) < NG)[None, :]
+    codes = tl.load(c_rows + rows[:, None] * WPG + g0 * WPG + offs_j[None, :], mask=c_mask, other=0)
+    s = tl.load(s_rows + rows[:, None] + g[None, :], mask=s_mask, other=0.0)
+    m = tl.load(m_rows + rows[:, None] + g[None, :], mask=s_mask, other=0.0) if HAS_MINS else s
+    return codes, s, m
 
 
 @triton.jit
 def int4_tile(c_rows, s_rows, m_rows, rows, g, offs_w, n_mask, NG, WPG: tl.constexpr,
               HAS_MINS: tl.constexpr):
-    """One K tile of rows `rows` (row * NG) and groups g: (codes [BN, BG, WPG] int32, scales
-    [BN, BG], mins [BN, BG] or the scales again without mins); past NG or N: zeros."""
+    """The GEMMs' K tile (w4a16_gemm, moe_grouped's tl.dot variant) of rows `rows` (row * NG)
+    and groups g: (codes [BN, BG, WPG] int32, scales [BN, BG], mins [BN, BG] or the scales
+    again without mins); past NG or N: zeros."""
     s_mask = n_mask[:, None] & (g < NG)[None, :]
     codes = tl.load(c_rows + (rows[:, None, None] + g[None, :, None]) * WPG + offs_w[None, None, :],
                     mask=s_mask[:, :, None], other=0)
