@@ -50,10 +50,10 @@ int kh_cpu_has_avx2(void)
         KH_G_UNPACK(_mm_loadu_si128((const __m128i *)(p)), mask, c);                       \
         for (v_ = 0; v_ < 4; v_++) c[v_] = _mm256_mul_ps(c[v_], sc);                       \
     } while (0)
-/* Two FMA chains a row, all 8 rows in one pass (8 of 16 ymm at 4 rows): with four chains
- * only 2 rows fit the registers, and decoding a block again for each further pair of rows
- * cost 4 and 8 rows 25% (decode is 15 instructions a block at 8 lanes), more than one row
- * gains (15%). */
+/* Two FMA chains a row and 4 rows a pass (8 of 16 ymm): with four chains only 2 rows fit
+ * the registers, and decoding a block again for each further pair of rows cost 4 and 8 rows
+ * 25% (decode is 15 instructions a block at 8 lanes), more than one row gains (15%). 8 rows
+ * take two passes, as fast as the one pass of 16 accumulators before. */
 #define KH_G_CHAINS 2
 #define KH_G_PASS_ROWS 4
 #include "kimi_gemv_body.h"

@@ -5,8 +5,10 @@
  *   KH_G_FN(name)     this width's name of an exported function (name ## _avx2, ...);
  *   KH_G_TARGET       the function attribute;
  *   KH_G_VEC, KH_G_LANES            the float vector and its lanes;
- *   KH_G_ZERO(), KH_G_SET1(f), KH_G_LOAD(p), KH_G_STORE(p, v), KH_G_ADD(a, b),
- *   KH_G_MUL(a, b), KH_G_FMA(a, b, c) (a * b + c), KH_G_SUM(v) (the sum of the lanes);
+ *   KH_G_ZERO(), KH_G_LOAD(p), KH_G_STORE(p, v), KH_G_ADD(a, b), KH_G_FMA(a, b, c)
+ *                     (a * b + c), KH_G_SUM(v) (the sum of the lanes);
+ *   KH_G_PASS_ROWS    x rows that meet a decoded block (1..4; more take further passes);
+ *   KH_G_CHAINS       (optional, 4 by default) FMA accumulators per x row;
  *   KH_G_HALVES(p)    KH_G_LANES fp16 values at p as floats;
  *   KH_G_SCALES(f)    what a block's decode needs of its scale f (a broadcast, or a table);
  *   KH_G_DECODE(p, mask, sc, c)     the 16 code bytes at p -> c[0 .. 32/KH_G_LANES - 1]: the
@@ -56,6 +58,9 @@ static KH_G_TARGET void halves_to_floats(const uint16_t *h, int64_t n, float *ou
  * over the weight row, which L1 then holds. */
 #ifndef KH_G_CHAINS
 #define KH_G_CHAINS 4
+#endif
+#if KH_G_PASS_ROWS < 1 || KH_G_PASS_ROWS > 4
+#error "KH_G_PASS_ROWS must be 1..4: the row kernels below are row_1 .. row_4"
 #endif
 #define KH_G_CHAIN(PARITY, v) (((PARITY) * KH_G_PER_BLOCK + (v)) % KH_G_CHAINS)
 

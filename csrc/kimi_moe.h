@@ -17,7 +17,7 @@ typedef struct {
 } KhMoeRows;
 
 typedef struct {
-    int quad;               /* weight rows a job item takes: 1, or 4 (kh_q8_dots's 4-row kernel) */
+    int quad;               /* weight rows a job item takes (both dots: 4) */
     /* floats of `rows` prepared rows of width k in the work buffer; -1: a refused shape */
     int64_t (*floats)(int64_t rows, int64_t k, int64_t group);
     /* lays `rows` prepared rows out from base, for rows of width k */
