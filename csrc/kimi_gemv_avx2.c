@@ -42,19 +42,16 @@ int kh_cpu_has_avx2(void)
         c[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));                               \
         c[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));            \
     } while (0)
-/* Codes scaled by a broadcast: fl(code * f). */
+/* The scale as a broadcast: a block's dot is scaled once (KH_G_SCALE_AFTER below). */
 #define KH_G_SCALES(f) _mm256_set1_ps(f)
-#define KH_G_DECODE(p, mask, sc, c)                                                        \
-    do {                                                                                   \
-        int v_;                                                                            \
-        KH_G_UNPACK(_mm_loadu_si128((const __m128i *)(p)), mask, c);                       \
-        for (v_ = 0; v_ < 4; v_++) c[v_] = _mm256_mul_ps(c[v_], sc);                       \
-    } while (0)
 /* Two FMA chains a row and 4 rows a pass (8 of 16 ymm): with four chains only 2 rows fit
  * the registers, and decoding a block again for each further pair of rows cost 4 and 8 rows
  * 25% (decode is 15 instructions a block at 8 lanes), more than one row gains (15%). 8 rows
  * take two passes, as fast as the one pass of 16 accumulators before. */
 #define KH_G_CHAINS 2
+/* A block's dot scaled once, not its codes (kimi_gemv_body.h says why and what it measured). */
+#define KH_G_SCALE_AFTER 1
+#define KH_G_DECODE_RAW(p, mask, c) KH_G_UNPACK(_mm_loadu_si128((const __m128i *)(p)), mask, c)
 #define KH_G_PASS_ROWS 4
 #include "kimi_gemv_body.h"
 
