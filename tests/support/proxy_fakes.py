@@ -8,7 +8,9 @@
 
 Replies are scripted in order (the last one repeats). Every request is kept in
 `fake.requests` (payload and headers). Streams use chunked HTTP/1.1 and keep-alive;
-`fake.cancelled` counts streams whose client went away before the end.
+`fake.completed` counts streams whose every chunk went out (finish_reason included; what
+follows, [DONE] and the chunked terminator, may meet a client already gone), `fake.cancelled`
+those whose client went away before.
 """
 from __future__ import annotations
 
@@ -219,12 +221,19 @@ def _handler_for(fake: FakeUpstream):
                     if reply.delay_s:
                         time.sleep(reply.delay_s)
                     self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+            except (BrokenPipeError, ConnectionResetError):
+                fake.count("cancelled")
+                self.close_connection = True
+                return
+            # Every chunk is out, finish_reason included: the stream is complete. A client
+            # that stops reading now (the proxy relays the end once it has the finish, and a
+            # proxy draining on SIGTERM may exit before [DONE]) cancelled nothing.
+            fake.count("completed")
+            try:
                 if reply.has_done:
                     self._chunk(b"data: [DONE]\n\n")
                 self._chunk(b"")
-                fake.count("completed")
             except (BrokenPipeError, ConnectionResetError):
-                fake.count("cancelled")
                 self.close_connection = True
 
         def _chunk(self, data: bytes) -> None:
