@@ -11,7 +11,7 @@ import pytest
 from tests.support.engine import Daemon, get, post
 
 HI = [{"role": "user", "content": "Say hello."}]
-MAX_CONTEXT = 256
+MAX_CONTEXT = 1024  # room for a holder stream that outlives a queue timeout on a fast host
 QUEUE_TIMEOUT_S = 1.0
 
 
@@ -110,10 +110,13 @@ def test_a_prompt_that_just_fits_is_served(engine):
 
 
 def hold_the_whole_context(sock_path: str) -> socket.socket:
-    """A stream whose prompt + max_tokens fill the context: nothing else can start."""
+    """A stream whose prompt + max_tokens fill the context: nothing else can start while it
+    runs. It must outlive a queue timeout (and the 0.3 s before it): 256 tokens took ~0.8 s
+    on a quiet 2-core EPYC, under the second wait of the test below, so it is ~1,000 tokens,
+    without speculation (which sped its repeats up further)."""
     count = post(sock_path, "/tokenize", {"messages": HI}).json()["count"]
     raw = json.dumps({"messages": HI, "max_tokens": MAX_CONTEXT - count, "ignore_eos": True,
-                      "stream": True}).encode()
+                      "stream": True, "speculative": False}).encode()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(30)
     s.connect(sock_path)
@@ -124,9 +127,9 @@ def hold_the_whole_context(sock_path: str) -> socket.socket:
 
 
 def test_full_queue_is_429_and_a_queue_timeout_is_503(engine):
-    holder = hold_the_whole_context(engine.sock)
-    try:
-        for is_stream in (False, True):
+    for is_stream in (False, True):
+        holder = hold_the_whole_context(engine.sock)  # one per case: each must outlive a wait
+        try:
             results = {}
             waiter = threading.Thread(target=timed, args=(results, "queued", lambda: post(
                 engine.sock, "/v1/chat/completions",
@@ -144,8 +147,8 @@ def test_full_queue_is_429_and_a_queue_timeout_is_503(engine):
             assert int(timed_out.headers["Retry-After"]) > 0
             assert timed_out.json()["error"]["code"] == "queue_timeout"
             assert QUEUE_TIMEOUT_S <= results["queued_s"] < QUEUE_TIMEOUT_S + 2
-    finally:
-        holder.close()
+        finally:
+            holder.close()
     resp = post(engine.sock, "/v1/chat/completions", {"messages": HI, "max_tokens": 2},
                 timeout=60)
     assert resp.status == 200, resp.body
