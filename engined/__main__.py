@@ -104,8 +104,8 @@ OPTIONS = [
     (["--moe-w4a8"], FLAG,
      "Run the routed experts the CPU computes (--device cpu, or the experts kept in RAM) in "
      "W4A8: each expert's input and SwiGLU output rounded to int8 per block of 32, then "
-     "integer dots (one Kimi-Linear MoE layer's routed experts at one token: 1.3 -> 0.9 ms on "
-     "2 EPYC cores). "
+     "integer dots: faster prefill, and faster decode on AVX2-only CPUs (kimi-engine(8) "
+     "has the figures). "
      "Its extra error is held under 2 x 7/127 of the INT4 weights' own on a test checkpoint; "
      "opt-in until measured on a real one.  [default: off, W4A16]",
      "Plan as serve --moe-w4a8 would: refused for a model without INT4 routed experts."),
