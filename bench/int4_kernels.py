@@ -289,12 +289,17 @@ def main():
                         help="seconds per measurement on the CPU (CUDA: one graph replay)")
     parser.add_argument("--reference", action="store_true", help="also time the slow reference")
     parser.add_argument("--no-record", action="store_true", help="print only; write no results")
+    parser.add_argument("--avx2", action="store_true",
+                        help="CPU: cap the C kernels at AVX2 (what an AVX2-only machine runs), "
+                             "recorded as its own benchmark, gemv-cpu-avx2")
     args = parser.parse_args()
     args.working_set = args.working_set_mib << 20
     global DEVICE
     DEVICE = args.device
     torch.set_num_threads(args.threads)
     cpu_c.set_num_threads(args.threads)
+    if args.avx2:
+        helper.gemv_simd(1)          # caps the integer-dot kernels too
     lines, rows = table([]), []
     print("\n".join(lines))
     for group in measurements(args):  # each shape's rows printed as soon as measured
@@ -319,9 +324,11 @@ def main():
     if DEVICE == "cpu":
         notes.append("GPU: not run (no GPU in this session); on a GPU machine: "
                      "`python bench/int4_kernels.py --device cuda`.")
-    path = record(f"gemv-{DEVICE}", dict(hardware=where, command=command, device=DEVICE,
-                                          threads=args.threads, loop_timed=LOOP_TIMED, rows=rows),
-                  f"INT4 GEMV on {DEVICE} ({where}), M=1, {args.threads} threads", command,
+    capped = " (kernels capped at AVX2)" if args.avx2 else ""
+    path = record(f"gemv-{DEVICE}" + ("-avx2" if args.avx2 else ""),
+                  dict(hardware=where, command=command, device=DEVICE, threads=args.threads,
+                       loop_timed=LOOP_TIMED, rows=rows),
+                  f"INT4 GEMV on {DEVICE} ({where}){capped}, M=1, {args.threads} threads", command,
                   lines + notes)
     print(f"wrote {path} and bench/RESULTS.md")
 
