@@ -221,3 +221,13 @@ def test_health_is_503_when_the_model_thread_stopped(text_side):
         engine.engine.stop()
         resp = get(engine.sock, "/health")
         assert resp.status == 503 and resp.json()["error"]["code"] == "unavailable"
+
+
+def test_the_script_stands_under_default_sampling():
+    """Requests here sample at temperature 1 (the API's default): the scripted token must take
+    all the probability fp32 can hold, or a run now and then samples a stray token."""
+    import torch
+
+    model = ScriptedModel(49152, script=[7])
+    logits = model.forward(torch.tensor([1, 2, 3]), model.new_cache(8), 0)  # [1, V]
+    assert float(torch.log_softmax(logits[-1], -1)[7]) == 0.0

@@ -239,7 +239,10 @@ class ScriptedModel:
         if step == self.fail_at:
             raise RuntimeError("scripted model failure")
         rows = 1 if last_only else len(tokens)
-        logits = torch.full((rows, self.vocab_size), -10.0)  # [rows, V]
+        # [rows, V]: 60 below the script's token, so sampling at temperature 1 (the API's
+        # default) leaves the script with odds of 49k * e^-60 (at -10/10 it was 1e-4 a token,
+        # and a scripted tool call once came back as "<tool_callAU")
+        logits = torch.full((rows, self.vocab_size), -50.0)
         logits[-1, self.script[min(step, len(self.script) - 1)]] = 10.0
         return logits
 
