@@ -99,7 +99,7 @@ class Q8TiedEmbedding:
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         # tokens: [T] -> [T, D] fp32
-        return self.packed.dequantize(tokens).float()
+        return self.packed.dequantize(tokens, torch.float32)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] fp32 -> [T, V] fp32

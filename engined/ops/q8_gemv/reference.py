@@ -70,18 +70,21 @@ class PackedQ8:
                 f"[N, K/{BLOCK}], got {self.q.dtype} {list(self.q.shape)} and "
                 f"{self.scales.dtype} {list(self.scales.shape)}")
 
-    def dequantize(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
-        """Rows of W as float64: [R, K] (the embedding lookup and the reference)."""
+    def dequantize(self, rows: torch.Tensor | slice = slice(None),
+                   dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Rows of W: [R, K] in `dtype`, exact in float32 too (an int8 code times an fp16
+        scale needs at most 18 bits of mantissa). The embedding lookup asks for float32 rows
+        by token id; the reference for float64."""
         if self.tiles:  # row i is lane i % 16 of tile i // 16
             n, k = self.q.shape
-            index = torch.arange(n)[rows]
+            index = rows if isinstance(rows, torch.Tensor) else torch.arange(n)[rows]
             tile, lane = index // TILE, index % TILE
             q = self.q.view(n // TILE, k // 4, TILE, 4)[tile, :, lane, :].reshape(-1, k)
             s = self.scales.view(n // TILE, k // BLOCK, TILE)[tile, :, lane]
         else:
             q, s = self.q[rows], self.scales[rows]
         n, k = q.shape
-        return (q.double().view(n, k // BLOCK, BLOCK) * s.double()[..., None]).view(n, k)
+        return (q.to(dtype).view(n, k // BLOCK, BLOCK) * s.to(dtype)[..., None]).view(n, k)
 
     @property
     def nbytes(self) -> int:
