@@ -100,22 +100,24 @@ figures: setup
 	@$(PY) -c 'import matplotlib' 2>/dev/null || $(TIME) matplotlib "$(PIP) install $(CONSTRAINTS) matplotlib"
 	@$(PY) bench/figures.py
 
-# The GPU machine's image (python 3.12, torch; no cffi, numpy or network) cannot build or
-# import the C helper, so it is carried there (bench/gpu_run.sh's header has the `run` call):
-# this fetches the cp312 wheels of what the built helper imports, cffi at the version that
-# built it and numpy, and the pure-Python fla-core (KDA prefill's chunk_kda on CUDA) with its
-# one dependency einops, at the versions the tests ran, into .gpu-carry/wheels (~18 MB);
-# gpu_run.sh unpacks them on that image.
+# The GPU machine's image (python 3.12, torch; bench/gpu_image.txt lists what it holds, and it
+# has no network) cannot build or import the C helper, so it is carried there (bench/gpu_run.sh's
+# header has the `run` call): this fetches the cp312 wheels of what the built helper imports,
+# cffi at the version that built it and numpy (the image has its own, which gpu_run.sh keeps),
+# llguidance (the engine's grammars: serve stops without it; abi3, manylinux_2_31), and the
+# pure-Python fla-core (KDA prefill's chunk_kda on CUDA) with its one dependency einops, at the
+# versions the tests ran, into .gpu-carry/wheels (~21 MB); gpu_run.sh unpacks them on that
+# image. The dry run in make test hides every other module the image lacks.
 GPU_CARRY := .gpu-carry/wheels
 GPU_PINS = $(shell $(PY) -c 'import cffi, numpy; from importlib.metadata import version as v; \
   print("cffi==" + cffi.__version__, "numpy==" + numpy.__version__, "fla-core==" + v("fla-core"), \
-        "einops==" + v("einops"))')
+        "einops==" + v("einops"), "llguidance==" + v("llguidance"))')
 
 gpu-carry: setup
 	@rm -rf .gpu-carry && mkdir -p $(GPU_CARRY)
 	@$(TIME) gpu-carry "$(PIP) download --only-binary=:all: --no-deps --python-version 3.12 \
-	  --implementation cp --abi cp312 --platform manylinux2014_x86_64 \
-	  --platform manylinux_2_28_x86_64 -d $(GPU_CARRY) $(GPU_PINS)"
+	  --implementation cp --abi cp312 --abi abi3 --platform manylinux2014_x86_64 \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 -d $(GPU_CARRY) $(GPU_PINS)"
 	@ls -l $(GPU_CARRY) engined/_kimi_helper.abi3.so
 
 install:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU benchmarks and GPU-marked tests, in sections that run alone, each under its own time
-# limit, on a GPU machine's own image (python 3.12, torch 2.11, triton 3.6; no cffi, flask,
-# gevent, numpy or gguf; no network): every script it runs needs only the standard library,
-# torch, and engined (plus pytest for the tests, when the image has it).
+# limit, on a GPU machine's own image (python 3.12, torch 2.11, triton 3.6, numpy, click and
+# pytest; no cffi, llguidance, fla-core, flask, gevent or gguf; no network; bench/gpu_image.txt
+# lists it): every script it runs needs only what the image has, `make gpu-carry`'s wheels, and
+# engined. The dry run in make test hides every other module from its processes.
 #
 #   bash bench/gpu_run.sh [--dry-run] [quick] [kernels] [prefill] [serve] [offload]   # default: all
 #
@@ -13,8 +14,9 @@
 # and only the bundle of them (BUNDLE, see Output) to the lease's $OUT. The device call:
 #   command: BUNDLE=$OUT/gpu-run.tar.gz OUT=/tmp/gpu-run bash bench/gpu_run.sh quick kernels serve
 #   timeout_s: 540          (BUNDLE first: it takes the lease's $OUT before OUT is set anew)
-#   carry:   [".gpu-carry/wheels"]   (`make gpu-carry` first: fla-core, whose chunk_kda is
-#                           the KDA prefill on CUDA, is not on the image)
+#   carry:   [".gpu-carry/wheels"]   (`make gpu-carry` first: llguidance, which serve
+#                           imports, and fla-core, whose chunk_kda is the KDA prefill on
+#                           CUDA, are not on the image)
 #   quick    120 s  the environment (nvidia-smi, torch, CUDA and triton versions), then
 #                   bench/gpu_quick.py: synthetic:kimi-linear-48b INT4, batch-1 decode in
 #                   process under the engine's CUDA graph runner (3 runs of 32 tokens, vs the
@@ -65,14 +67,15 @@
 # once and says this): the image cannot build it (no cffi, no network), so it is carried
 # there. `make gpu-carry` on the build machine fetches the cp312 wheels of what the built
 # helper imports: cffi (its _cffi_backend, the version that built the helper) and numpy
-# (engined/helper/ imports it beside the helper), and fla-core with einops (pure Python, the
-# CUDA KDA prefill), ~18 MB in .gpu-carry/wheels. Then the
+# (engined/helper/ imports it beside the helper; the image's own is kept), llguidance (the
+# engine's grammars, imported when serve starts), and fla-core with einops (pure Python, the
+# CUDA KDA prefill), ~21 MB in .gpu-carry/wheels. Then the
 # session's device tool runs, as one call (its carry takes ignored paths, 64 MiB in all):
 #   command: BUNDLE=$OUT/gpu-run-offload.tar.gz OUT=/tmp/gpu-run bash bench/gpu_run.sh offload
 #   timeout_s: 420
 #   carry:   ["engined/_kimi_helper.abi3.so", ".gpu-carry/wheels"]
-# Here the wheels that match the running python (cp312 there; none on the build machine's
-# 3.11) are unpacked into .gpu-carry/cpXY unless that python imports them already, and that
+# Here the wheels that match the running python (cp312 or abi3 there; none on the build
+# machine's 3.11) are unpacked into .gpu-carry/cpXY unless that python imports them already, and that
 # folder and the repository (the bench scripts import engined uninstalled) go on PYTHONPATH.
 #
 # Output, written as each section goes, under $OUT (default bench/results/gpu-DATE): NAME.log
@@ -209,7 +212,8 @@ section_offload() {  # offload.py exits 2 at once, saying how to carry it, witho
 use_carried_wheels() {  # `make gpu-carry`'s wheels for this python, unless it has them already
   local tag wheel module
   tag=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])') || return 1
-  for wheel in .gpu-carry/wheels/*-"$tag"-"$tag"-*.whl .gpu-carry/wheels/*-py3-none-any.whl; do
+  for wheel in .gpu-carry/wheels/*-"$tag"-"$tag"-*.whl .gpu-carry/wheels/*-abi3-*.whl \
+      .gpu-carry/wheels/*-py3-none-any.whl; do
     [ -f "$wheel" ] || continue
     module=${wheel##*/}
     module=${module%%-*}

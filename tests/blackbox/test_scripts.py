@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from tests.blackbox.service_helpers import ROOT, free_port
+from tests.support import gpu_image
 from tests.support.engine import eventually, short_tmpdir, stop_process
 
 BENCH = ROOT / "bench"
@@ -71,10 +72,13 @@ def test_gpu_run_names_modules_and_files_that_exist():
 def test_gpu_run_dry_run_measures_every_section(tmp_path):
     """`bash bench/gpu_run.sh --dry-run`: the GPU run's sections on the CPU (synthetic tiny in
     process, synthetic:small served, tiny sizes), so the script is tested before its one GPU
-    shot; nothing recorded."""
+    shot; nothing recorded. Every module the GPU image lacks and `make gpu-carry` does not
+    carry is hidden from every process of the run, as it is there (tests/support/gpu_image.py):
+    the engine's grammar import (llguidance) would have stopped serve and offload on it."""
     out, results_md = tmp_path / "out", (BENCH / "RESULTS.md").read_text()
     done = subprocess.run(["bash", str(BENCH / "gpu_run.sh"), "--dry-run"], cwd=ROOT,
-                          env={**os.environ, "PYTHON": sys.executable, "OUT": str(out)},
+                          env=gpu_image.env({**os.environ, "PYTHON": sys.executable,
+                                             "OUT": str(out)}),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     summary = (out / "summary.txt").read_text().splitlines()
@@ -103,6 +107,20 @@ def test_gpu_run_dry_run_measures_every_section(tmp_path):
         assert "kimi-engine: serving synthetic:small" in (out / f"{log}-engine.log").read_text()
     assert "serve-engine.log" in tar_names(out / "gpu-run.tar.gz")
     assert (BENCH / "RESULTS.md").read_text() == results_md
+
+
+def test_the_dry_run_hides_what_the_gpu_image_lacks():
+    """The hiding the dry run relies on: modules the image lacks fail to import in a child
+    process, the carried ones (make gpu-carry) and the image's own import."""
+    env = gpu_image.env({**os.environ})
+    for module in ("flask", "gevent", "gguf", "cryptography"):
+        done = subprocess.run([sys.executable, "-c", f"import {module}"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and "hidden: not on the GPU image" in done.stderr, module
+    done = subprocess.run([sys.executable, "-c", "import llguidance, _cffi_backend, fla, numpy, "
+                           "click, torch, triton"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def tar_names(path) -> set[str]:
