@@ -5,7 +5,7 @@
 # lists it): every script it runs needs only what the image has, `make gpu-carry`'s wheels, and
 # engined. The dry run in make test hides every other module from its processes.
 #
-#   bash bench/gpu_run.sh [--dry-run] [quick] [kernels] [prefill] [serve] [offload]   # default: all
+#   bash bench/gpu_run.sh [--dry-run] [quick] [kernels] [prefill] [serve] [long] [offload]   # default: all
 #
 # Sections, with their limits, cheapest and most decisive first. One command of a GPU lease
 # runs at most 600 s: `quick kernels serve` (120 + 150 + 240 = 510 s, under a 540-s budget
@@ -43,7 +43,13 @@
 #                   request, the batch-1 roofline, the decode graphs captured and the peak
 #                   device memory (saved at once); decode at 1 and 8 streams of 256 tokens,
 #                   over the window where every stream decodes; TTFT at 8k, then at 32k
-#                   prompt tokens (last); graph capture failures and peak memory again.
+#                   prompt tokens; the 32k prefill again with a greedy stream decoding
+#                   beside it (bench/beside.py: its slowest gap against its lone step,
+#                   issue 29), last; graph capture failures and peak memory again.
+#   long     240 s  bench/serve_streams.py --streams none --prefill 131072 --name long: an
+#                   engine of its own at --max-context 131200, the 128k-token TTFT (issue 29:
+#                   <= 15 s), its own command (`bash bench/gpu_run.sh long`, timeout_s 270,
+#                   carry .gpu-carry/wheels).
 #   offload  380 s  tests/models/test_gpu_offload.py (the piecewise decode step captured
 #                   around the CPU experts, and the expert cache in it: 60 s), then
 #                   bench/offload.py: synthetic:kimi-linear-48b served twice, with
@@ -97,7 +103,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-declare -A LIMIT=([quick]=120 [kernels]=150 [prefill]=150 [serve]=240 [offload]=380)
+declare -A LIMIT=([quick]=120 [kernels]=150 [prefill]=150 [serve]=240 [long]=240 [offload]=380)
 SKIPPED=77  # a section's exit status for "not run here", as automake's test harness reads it
 export PYTHONUNBUFFERED=1
 
@@ -190,6 +196,17 @@ section_serve() {
   fi
 }
 
+section_long() {  # issue 29's 128k-token TTFT: an engine of its own, --max-context 131200
+  if [ "$DRY" = 1 ]; then
+    step 90 "$PY" bench/serve_streams.py --model synthetic:small --device cpu --threads 2 \
+      --streams none --prefill 1024 --no-beside --name long --bandwidth-mib 64 --out "$OUT"
+  else
+    step 235 "$PY" bench/serve_streams.py --model synthetic:kimi-linear-48b --device cuda \
+      --streams none --prefill 131072 --no-beside --name long --start-timeout 150 \
+      --out "$OUT" --record "$OUT/RESULTS.add.md"
+  fi
+}
+
 section_offload() {  # offload.py exits 2 at once, saying how to carry it, without the helper
   if ! "$PY" -c 'import pytest' 2>/dev/null; then
     echo "pytest is not on this image: the offload GPU tests not run"
@@ -266,13 +283,13 @@ while [ $# -gt 0 ]; do
       rc=$?
       [ "$rc" = "$SKIPPED" ] && exit "$rc"
       exit "$FAILED" ;;
-    quick|kernels|prefill|serve|offload) SECTIONS+=("$1") ;;
-    *) echo "usage: bash bench/gpu_run.sh [--dry-run] [quick] [kernels] [prefill] [serve] [offload]" >&2
+    quick|kernels|prefill|serve|long|offload) SECTIONS+=("$1") ;;
+    *) echo "usage: bash bench/gpu_run.sh [--dry-run] [quick] [kernels] [prefill] [serve] [long] [offload]" >&2
        exit 2 ;;
   esac
   shift
 done
-[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(quick kernels prefill serve offload)
+[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(quick kernels prefill serve long offload)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # engined for the bench scripts, uninstalled
 use_carried_wheels || exit 1
 if [ "$DRY" = 1 ]; then

@@ -4,9 +4,10 @@
     .venv/bin/python bench/serve_streams.py --model synthetic:small --device cpu \\
         --streams 1,2 --prefill 256 --new-tokens 16 --runs 1 --out DIR    # --dry-run's sizes
 
-Starts `python -m engined serve` on a temporary socket (its log: DIR/serve-engine.log) and
-measures through it, cheapest and most decisive first, each phase saved to DIR/serve.json
-as soon as measured (a section killed at its time limit keeps what it measured):
+Starts `python -m engined serve` on a temporary socket (its log: DIR/NAME-engine.log, NAME
+serve unless --name) and measures through it, cheapest and most decisive first, each phase
+saved to DIR/NAME.json as soon as measured (a section killed at its time limit keeps what it
+measured):
 - at start, before any request: the batch-1 roofline, the decode graphs the engine captured
   (its log's lines; failures also from kimi_engine_graph_capture_failures_total, when this
   build exposes it, else "not exposed by this build", never a 0 it did not report) and peak
@@ -18,7 +19,9 @@ as soon as measured (a section killed at its time limit keeps what it measured):
   decode steps by how they ran (graph replay or eager), from the engine's metrics;
 - prefill: TTFT of a P-token prompt of fresh random ids (the prefix cache misses) = latency
   of a non-streamed request with max_tokens 1, once per size after a 512-token warm-up,
-  the longest last.
+  the longest last;
+- beside (unless --no-beside): the longest prefill once more while one greedy stream decodes
+  (bench/beside.py): its TTFT, and the stream's slowest step against its lone one.
 Roofline: the bytes one batch-1 decode step reads (engined.commands.bench.bytes_per_token:
 non-expert weights, 8/256 of each MoE layer's routed experts, the LM head, KDA state read and
 written, MLA latents at the bench context; planned on the meta device, nothing allocated) /
@@ -37,6 +40,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from beside import prefill_beside_decode  # noqa: E402
 from common import BENCH, concurrent_chunks, record_line, unix_post  # noqa: E402
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
@@ -82,7 +86,7 @@ def run_streams(sock: str, prompts: list[str], max_tokens: int) -> float:
 
 def decode_rates(engine: Engine, args):
     """-> (streams, median aggregate tok/s), one stream count at a time."""
-    prompts = stream_prompts(max(args.streams))
+    prompts = stream_prompts(max(args.streams, default=0))
     for n in args.streams:
         run_streams(engine.sock, prompts[:n], 8)  # warm-up: kernels and their tuning at this batch
         rates = [run_streams(engine.sock, prompts[:n], args.new_tokens) for _ in range(args.runs)]
@@ -153,7 +157,7 @@ def decode_steps(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def goals(r: dict) -> dict[str, bool]:
-    """Issue 15's goals on an H200, judged where this run measured them."""
+    """Issues 15's and 29's goals on an H200, judged where this run measured them."""
     rates, prefill, roof = r.get("decode_tok_s", {}), r.get("prefill", {}), r.get("roofline")
     verdicts = {}
     if roof and roof["pct"] is not None:
@@ -162,7 +166,21 @@ def goals(r: dict) -> dict[str, bool]:
         verdicts["8 streams >= 5x one stream"] = rates[8] >= 5 * rates[1]
     if 32768 in prefill:
         verdicts["32k-token prefill <= 3 s"] = prefill[32768]["ttft_s"] <= 3
+    if 131072 in prefill:
+        verdicts["128k-token prefill <= 15 s"] = prefill[131072]["ttft_s"] <= 15
+    beside = r.get("prefill_beside_decode")
+    if beside and beside["size"] >= 32768:
+        verdicts["a stream decoding beside the 32k prefill: no gap between its tokens over 2x "
+                 "its lone step"] = \
+            beside["slowest_x_lone"] <= 2
     return verdicts
+
+
+def beside_line(b: dict) -> str:
+    return (f"prefill {b['size']} tokens beside a decoding stream: TTFT {b['ttft_s']:.3f} s; "
+            f"the stream's slowest step {1e3 * b['slowest_step_s']:.1f} ms = "
+            f"{b['slowest_x_lone']:.1f}x its lone step ({1e3 * b['lone_step_s']:.1f} ms), "
+            f"{b['tokens_during_prefill']} tokens during the prefill")
 
 
 def summary(r: dict) -> list[str]:
@@ -172,12 +190,14 @@ def summary(r: dict) -> list[str]:
     for n, rate in rates.items():
         lines.append(f"  decode {n} stream(s): {rate:.1f} tok/s aggregate"
                      + (f", {rate / one:.2f}x one stream" if one else ""))
-    if "decode_steps" in r:
+    if r.get("decode_steps"):
         lines.append("  decode steps: " + ", ".join(f"{v:.0f} {mode}"
                                                     for mode, v in r["decode_steps"].items()))
     for size, row in r.get("prefill", {}).items():
         lines.append(f"  prefill {size} tokens: TTFT {row['ttft_s']:.3f} s "
                      f"({row['prompt_tokens']} prompt tokens counted)")
+    if "prefill_beside_decode" in r:
+        lines.append("  " + beside_line(r["prefill_beside_decode"]))
     roof = r.get("roofline")
     if roof:
         served = f"{roof['pct']:.1f}%" if roof["pct"] is not None else "not measured"
@@ -215,8 +235,9 @@ def at_start(engine: Engine, args, result: dict, sampler):
 
 
 def measure(args, result: dict, save):
-    engine = Engine(args.model, args.device, args.max_context, max(args.streams), args.threads,
-                    args.start_timeout, log=args.out / "serve-engine.log")
+    batch = max([*args.streams, 2 if args.beside else 1])  # beside: a stream and the prefill
+    engine = Engine(args.model, args.device, args.max_context, batch, args.threads,
+                    args.start_timeout, log=args.out / f"{args.name}-engine.log")
     sampler = GpuMemorySampler.start_for(engine) if args.device == "cuda" else None
     try:
         at_start(engine, args, result, sampler)
@@ -236,6 +257,12 @@ def measure(args, result: dict, save):
             result["prefill"][size] = {"ttft_s": ttft, "prompt_tokens": counted}
             print(f"serve_streams: prefill {size} tokens: TTFT {ttft:.3f} s")
             save()
+        if args.beside and args.prefill:  # the longest again, a decode stream beside it
+            size = max(args.prefill)
+            row = prefill_beside_decode(engine.sock, size, seed=size + 2)
+            result["prefill_beside_decode"] = {"size": size, **row}
+            print(f"serve_streams: {beside_line(result['prefill_beside_decode'])}")
+            save()
         metrics = engine.metrics()
         result["generated_tokens"] = metrics.get("kimi_engine_generated_tokens_total", 0)
         result["graph_capture_failures"] = metrics.get(GRAPH_FAILURES, NOT_EXPOSED)
@@ -246,26 +273,32 @@ def measure(args, result: dict, save):
 
 
 def sizes(text: str) -> tuple[int, ...]:
-    return tuple(int(s) for s in text.split(","))
+    return () if text == "none" else tuple(int(s) for s in text.split(","))
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="synthetic:kimi-linear-48b")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
-    ap.add_argument("--streams", type=sizes, default=(1, 8))
+    ap.add_argument("--streams", type=sizes, default=(1, 8),
+                    help="stream counts to decode, in order; none: no decode phase")
     ap.add_argument("--prefill", type=sizes, default=(8192, 32768),
                     help="prompt tokens, each once, in this order")
+    ap.add_argument("--no-beside", dest="beside", action="store_false",
+                    help="skip the longest prefill's second run, with a stream decoding beside it")
     ap.add_argument("--new-tokens", type=int, default=256, help="tokens per decode stream")
     ap.add_argument("--runs", type=int, default=2, help="decode runs per stream count")
-    ap.add_argument("--max-context", type=int, help="default: the longest prefill + 128")
+    ap.add_argument("--max-context", type=int,
+                    help="default: the longest prefill + 384 (+ 128 with --no-beside)")
     ap.add_argument("--threads", type=int, help="engine CPU threads")
     ap.add_argument("--bandwidth-mib", type=int, default=2048, help="copy size for the bandwidth")
     ap.add_argument("--start-timeout", type=float, default=300)
-    ap.add_argument("--out", type=pathlib.Path, required=True, help="folder for serve.json")
+    ap.add_argument("--out", type=pathlib.Path, required=True, help="folder for NAME.json")
+    ap.add_argument("--name", default="serve", help="NAME.json and NAME-engine.log in --out")
     ap.add_argument("--record", metavar="RESULTS_MD", help="append the summary line here")
     args = ap.parse_args(argv)
-    args.max_context = args.max_context or max(args.prefill) + 128
+    # room for the longest prompt and its token, and beside it the stream of bench/beside.py
+    args.max_context = args.max_context or max(args.prefill, default=512) + (384 if args.beside else 128)
     return args
 
 
@@ -278,7 +311,7 @@ def main(argv=None) -> int:
               "decode_tok_s": {}, "prefill": {}}
 
     def save():
-        (args.out / "serve.json").write_text(json.dumps(result, indent=2) + "\n")
+        (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
 
     result["device_name"], bandwidth = copy_bandwidth(args.device, args.bandwidth_mib)
     result["copy_bandwidth_gbs"] = bandwidth / 1e9

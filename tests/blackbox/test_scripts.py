@@ -27,7 +27,7 @@ def test_every_bench_script_is_either_run_or_imported():
     assert set(SCRIPTS_WITH_HELP) >= {"decode.py", "int4_kernels.py", "proxy_overhead.py",
                                       "agent_turns.py", "model_step.py", "edit_turns.py"}
     assert set(IMPORT_ONLY) == {"common.py", "kernel_count.py", "llamacpp_run.py", "served.py",
-                                "llamacpp_native.py", "structured_set.py"}
+                                "llamacpp_native.py", "structured_set.py", "beside.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS_WITH_HELP)
@@ -82,7 +82,8 @@ def test_gpu_run_dry_run_measures_every_section(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     summary = (out / "summary.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in summary] == ["quick", "kernels", "prefill", "serve", "offload"]
+    assert [line.split(":")[0] for line in summary] == ["quick", "kernels", "prefill", "serve", "long",
+                                                        "offload"]
     assert all(line.split(":")[1].startswith(" ok,") for line in summary), summary
     check_quick_dry_run(out)
     kernels = (out / "kernels.log").read_text()
@@ -102,8 +103,14 @@ def test_gpu_run_dry_run_measures_every_section(tmp_path):
     assert serve["graphs"]["captured_buckets"] == [] and "device cpu" in serve["graphs"]["eager"]
     assert serve["peak_memory_at_start"]["bytes"] > 50 << 20, serve["peak_memory_at_start"]
     assert serve["peak_memory"]["bytes"] >= serve["peak_memory_at_start"]["bytes"]
+    beside = serve["prefill_beside_decode"]  # the 256-token prefill again, a stream beside it
+    assert beside["size"] == 256 and beside["prompt_tokens"] == 256 and beside["ttft_s"] > 0
+    assert beside["stream_outlived_prefill"] and beside["slowest_step_s"] >= beside["lone_step_s"] > 0
+    long = json.loads((out / "long.json").read_text())  # the 128k TTFT's engine, at 1,024 here
+    assert list(long["prefill"]) == ["1024"] and long["prefill"]["1024"]["prompt_tokens"] == 1024
+    assert long["decode_tok_s"] == {} and "prefill_beside_decode" not in long
     check_offload_dry_run(json.loads((out / "offload.json").read_text()))
-    for log in ("serve", "offload-cpu-moe", "offload-n-cpu-moe_1"):  # the engines' logs kept
+    for log in ("serve", "long", "offload-cpu-moe", "offload-n-cpu-moe_1"):  # the engines' logs
         assert "kimi-engine: serving synthetic:small" in (out / f"{log}-engine.log").read_text()
     assert "serve-engine.log" in tar_names(out / "gpu-run.tar.gz")
     assert (BENCH / "RESULTS.md").read_text() == results_md
