@@ -7,8 +7,13 @@ alone for LONE_TOKENS tokens; then a fresh prompt of num_tokens is sent as a non
 request with max_tokens 1; once it has answered the stream runs AFTER_TOKENS more tokens and is
 closed. Its lone step is the median gap of its lone tokens; its slowest step beside the prefill
 is the largest gap that ends after the prefill was sent, up to the first token after the
-prefill answered."""
+prefill answered. The stream asks for enough tokens to outlive the prefill at a token per
+chunk of MIN_CHUNK (the engine alternates a prefill chunk with a decode step), and the engine
+reserves every running sequence's prompt + max_tokens against --max-context: context_room()
+is what to add to the prefill's own tokens. A stream that failed or ended before the prefill
+answered is reported, and its result says so (outlived_prefill false, or error)."""
 import json
+import math
 import random
 import statistics
 import threading
@@ -18,66 +23,98 @@ from common import unix_post
 
 LONE_TOKENS = 32
 AFTER_TOKENS = 8
-STREAM_TOKENS = 192  # the stream's max_tokens: with the prompt, it must fit the engine's token
-# budget (--max-context: all running sequences' prompt + max_tokens) beside the prefill's
+MIN_CHUNK = 256  # the engine's smallest default prefill chunk (the CPU's)
+PROMPT = "Beside the prefill: count on and on."  # a dozen tokens
+JOIN_S = 10
 
 
-def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float = 600) -> dict:
+def stream_tokens(num_tokens: int) -> int:
+    """The stream's max_tokens beside a num_tokens prefill."""
+    return LONE_TOKENS + math.ceil(num_tokens / MIN_CHUNK) + AFTER_TOKENS + 32
+
+
+def context_room(num_tokens: int) -> int:
+    """Tokens of --max-context the stream reserves beside the prefill (prompt included)."""
+    return stream_tokens(num_tokens) + 64
+
+
+def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float = 180) -> dict:
     arrivals: list[float] = []
     lone, done = threading.Event(), threading.Event()
     failure: list[str] = []
+    stream: dict = {}
 
     def decode():
-        conn, resp = unix_post(sock, "/v1/completions", {
-            "model": "default", "prompt": "Beside the prefill: count on and on.",
-            "max_tokens": STREAM_TOKENS, "temperature": 0, "stream": True, "ignore_eos": True,
-            "speculative": False, "return_token_ids": True})
         try:
+            conn, resp = unix_post(sock, "/v1/completions", {
+                "model": "default", "prompt": PROMPT, "max_tokens": stream_tokens(num_tokens),
+                "temperature": 0, "stream": True, "ignore_eos": True, "speculative": False,
+                "return_token_ids": True})
+            stream["conn"] = conn
             if resp.status != 200:
                 failure.append(f"HTTP {resp.status}: {resp.read()[:300]!r}")
                 return
             for raw in resp:
                 line = raw.strip()
-                if not line.startswith(b"data: {"):
-                    continue
-                got = json.loads(line[6:])["choices"][0].get("token_ids") or []
-                arrivals.extend([time.perf_counter()] * len(got))
-                if len(arrivals) > LONE_TOKENS:
-                    lone.set()
+                if line.startswith(b"data: {"):
+                    got = json.loads(line[6:])["choices"][0].get("token_ids") or []
+                    arrivals.extend([time.perf_counter()] * len(got))
+                    if len(arrivals) > LONE_TOKENS:
+                        lone.set()
                 if done.is_set():
                     break
+        except Exception as exc:  # noqa: BLE001  (a reset, an error event: reported below)
+            if not done.is_set():
+                failure.append(f"{type(exc).__name__}: {exc}")
         finally:
-            conn.close()  # a stream closed early is cancelled by the engine
+            if "conn" in stream:
+                stream["conn"].close()  # a stream closed early is cancelled by the engine
             lone.set()
+
+    def stop():
+        done.set()
+        conn = stream.get("conn")
+        if conn is not None and conn.sock is not None:
+            try:  # wakes a reader blocked on a stalled stream
+                conn.sock.shutdown(2)
+            except OSError:
+                pass
+        thread.join(JOIN_S)
 
     thread = threading.Thread(target=decode, daemon=True)
     thread.start()
     if not lone.wait(timeout) or failure or len(arrivals) <= LONE_TOKENS:
+        stop()
         raise RuntimeError(f"the stream beside the prefill did not decode: {failure or arrivals}")
     ids = random.Random(seed).choices(range(256), k=num_tokens)
     sent = time.perf_counter()
-    conn, resp = unix_post(sock, "/v1/completions", {
-        "model": "default", "prompt": ids, "max_tokens": 1, "temperature": 0})
-    body = json.loads(resp.read())
-    conn.close()
+    try:
+        conn, resp = unix_post(sock, "/v1/completions", {
+            "model": "default", "prompt": ids, "max_tokens": 1, "temperature": 0})
+        body = json.loads(resp.read())
+        conn.close()
+    except Exception:
+        stop()
+        raise
     answered = time.perf_counter()
     if resp.status != 200:
+        stop()
         raise RuntimeError(f"prefill of {num_tokens} tokens beside a stream: HTTP {resp.status}: {body}")
-    end = time.monotonic() + 60  # AFTER_TOKENS steps, at most a minute
+    end = time.monotonic() + 30  # AFTER_TOKENS steps
     while thread.is_alive() and time.monotonic() < end:
         if sum(t > answered for t in arrivals) >= AFTER_TOKENS:
             break
         time.sleep(0.01)
-    done.set()
-    thread.join(timeout)
+    stop()
     times = list(arrivals)
     gaps = [(b, b - a) for a, b in zip(times, times[1:])]
     lone_step = statistics.median(g for _, g in gaps[:LONE_TOKENS - 1])
     after = next((t for t in times if t > answered), None)
     during = [g for t, g in gaps if t > sent and (after is None or t <= after)]
     slowest = max(during) if during else answered - sent
-    return {"prompt_tokens": body["usage"]["prompt_tokens"], "ttft_s": answered - sent,
-            "lone_step_s": lone_step, "slowest_step_s": slowest,
-            "slowest_x_lone": slowest / lone_step,
-            "tokens_during_prefill": sum(sent < t <= answered for t in times),
-            "stream_outlived_prefill": after is not None}
+    row = {"prompt_tokens": body["usage"]["prompt_tokens"], "ttft_s": answered - sent,
+           "lone_step_s": lone_step, "slowest_step_s": slowest,
+           "slowest_x_lone": slowest / lone_step,
+           "tokens_during_prefill": sum(sent < t <= answered for t in times),
+           "outlived_prefill": after is not None}
+    return {**row, "error": failure[0]} if failure else row

@@ -48,8 +48,9 @@
 #                   issue 29), last; graph capture failures and peak memory again.
 #   long     240 s  bench/serve_streams.py --streams none --prefill 131072 --name long: an
 #                   engine of its own at --max-context 131200, the 128k-token TTFT (issue 29:
-#                   <= 15 s), its own command (`bash bench/gpu_run.sh long`, timeout_s 270,
-#                   carry .gpu-carry/wheels).
+#                   <= 15 s), its own command: `BUNDLE=$OUT/gpu-run-long.tar.gz
+#                   OUT=/tmp/gpu-run bash bench/gpu_run.sh long`, timeout_s 280, carry
+#                   [".gpu-carry/wheels"].
 #   offload  380 s  tests/models/test_gpu_offload.py (the piecewise decode step captured
 #                   around the CPU experts, and the expert cache in it: 60 s), then
 #                   bench/offload.py: synthetic:kimi-linear-48b served twice, with
@@ -59,11 +60,12 @@
 #                   logged, its offload counters; the host's RAM read bandwidth (the helper's
 #                   read_probe) and the decode rate it caps the CPU part at.
 # Goals on an H200 (issue 15): served batch-1 decode >= 60% of the roofline; 8 streams >= 5x
-# one; 32k-token prefill <= 3 s. Issue 17 (16 cores, 128 GiB RAM): --cpu-moe decode >= 50% of
+# one; 32k-token prefill <= 3 s. Issue 29: 128k-token prefill <= 15 s; a stream decoding
+# beside the 32k prefill, no gap between its tokens over 2x its lone step. Issue 17 (16 cores, 128 GiB RAM): --cpu-moe decode >= 50% of
 # the RAM-bandwidth cap; --gpu-memory 24GiB decode >= 2x --cpu-moe, its peak <= 24 GiB.
 #
 # Engines: every engine a bench script starts runs in its own process group, logs to
-# $OUT/serve-engine.log or $OUT/offload-NAME-engine.log, and is stopped, group and all, when
+# $OUT/serve-engine.log, $OUT/long-engine.log or $OUT/offload-NAME-engine.log, and is stopped, group and all, when
 # its script ends, SIGTERM from a time limit included (bench/served.py). Each engine's group
 # id sits in a private folder (KIMI_BENCH_PIDS) while it runs; after each step and section
 # this script kills any group left there (a script killed before it could stop its engine).
@@ -85,7 +87,7 @@
 # folder and the repository (the bench scripts import engined uninstalled) go on PYTHONPATH.
 #
 # Output, written as each section goes, under $OUT (default bench/results/gpu-DATE): NAME.log
-# for each section, quick.json, quick.txt, kernels-gemv.json, serve.json, offload.json, the
+# for each section, quick.json, quick.txt, kernels-gemv.json, serve.json, long.json, offload.json, the
 # engine logs, summary.txt (each section's status and seconds), RESULTS.add.md (the scripts'
 # result lines and one line for the whole run), gpu_run-DATE.json (the run's record: those
 # lines as its table; copy it into bench/results/ and run bench/results_md.py to show it in
@@ -95,7 +97,8 @@
 # --dry-run: the same sections on the CPU, no GPU needed: gpu_quick.py --dry-run (synthetic
 # tiny, its aten ops profiled); int4_kernels.py's CPU variants with an 8 MiB working set; the
 # gpu-marked tests collected, not run; synthetic:small served with 1 and 2 streams of 16
-# tokens and a 256-token prefill; offload's placements --cpu-moe and --n-cpu-moe 1 (on the
+# tokens and a 256-token prefill (again beside a decoding stream), long's at 1,024 tokens;
+# offload's placements --cpu-moe and --n-cpu-moe 1 (on the
 # CPU --gpu-memory is ignored) served with 8 tokens and a 256-token prefill, a 64 MiB probe.
 # OUT defaults to a temporary folder and nothing is recorded. `make test` runs
 # it (tests/blackbox/test_scripts.py; 40-80 s on 2 shared cores), so the script is tested

@@ -40,7 +40,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from beside import prefill_beside_decode  # noqa: E402
+from beside import context_room, prefill_beside_decode  # noqa: E402
 from common import BENCH, concurrent_chunks, record_line, unix_post  # noqa: E402
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
@@ -169,7 +169,8 @@ def goals(r: dict) -> dict[str, bool]:
     if 131072 in prefill:
         verdicts["128k-token prefill <= 15 s"] = prefill[131072]["ttft_s"] <= 15
     beside = r.get("prefill_beside_decode")
-    if beside and beside["size"] >= 32768:
+    if beside and beside["size"] >= 32768 and beside.get("outlived_prefill") \
+            and "error" not in beside:
         verdicts["a stream decoding beside the 32k prefill: no gap between its tokens over 2x "
                  "its lone step"] = \
             beside["slowest_x_lone"] <= 2
@@ -177,10 +178,14 @@ def goals(r: dict) -> dict[str, bool]:
 
 
 def beside_line(b: dict) -> str:
+    if "ttft_s" not in b:
+        return f"prefill {b['size']} tokens beside a decoding stream: not measured ({b['error']})"
     return (f"prefill {b['size']} tokens beside a decoding stream: TTFT {b['ttft_s']:.3f} s; "
             f"the stream's slowest step {1e3 * b['slowest_step_s']:.1f} ms = "
             f"{b['slowest_x_lone']:.1f}x its lone step ({1e3 * b['lone_step_s']:.1f} ms), "
-            f"{b['tokens_during_prefill']} tokens during the prefill")
+            f"{b['tokens_during_prefill']} tokens during the prefill"
+            + ("" if b["outlived_prefill"] else "; the stream ended before the prefill answered")
+            + (f"; stream: {b['error']}" if "error" in b else ""))
 
 
 def summary(r: dict) -> list[str]:
@@ -251,7 +256,8 @@ def measure(args, result: dict, save):
             save()
         result["decode_steps"] = decode_steps(engine.metrics())
         save()
-        prefill_ttft(engine, min(512, *args.prefill), seed=0)  # warm-up: the prefill kernels
+        if args.prefill:
+            prefill_ttft(engine, min(512, *args.prefill), seed=0)  # warm-up: the prefill kernels
         for size in args.prefill:
             ttft, counted = prefill_ttft(engine, size, seed=size + 1)
             result["prefill"][size] = {"ttft_s": ttft, "prompt_tokens": counted}
@@ -259,7 +265,10 @@ def measure(args, result: dict, save):
             save()
         if args.beside and args.prefill:  # the longest again, a decode stream beside it
             size = max(args.prefill)
-            row = prefill_beside_decode(engine.sock, size, seed=size + 2)
+            try:
+                row = prefill_beside_decode(engine.sock, size, seed=size + 2)
+            except Exception as exc:  # noqa: BLE001  (what was measured before still counts)
+                row = {"error": f"{type(exc).__name__}: {exc}"}
             result["prefill_beside_decode"] = {"size": size, **row}
             print(f"serve_streams: {beside_line(result['prefill_beside_decode'])}")
             save()
@@ -289,7 +298,7 @@ def parse_args(argv=None):
     ap.add_argument("--new-tokens", type=int, default=256, help="tokens per decode stream")
     ap.add_argument("--runs", type=int, default=2, help="decode runs per stream count")
     ap.add_argument("--max-context", type=int,
-                    help="default: the longest prefill + 384 (+ 128 with --no-beside)")
+                    help="default: the longest prefill + 128, and the beside stream's tokens")
     ap.add_argument("--threads", type=int, help="engine CPU threads")
     ap.add_argument("--bandwidth-mib", type=int, default=2048, help="copy size for the bandwidth")
     ap.add_argument("--start-timeout", type=float, default=300)
@@ -298,7 +307,8 @@ def parse_args(argv=None):
     ap.add_argument("--record", metavar="RESULTS_MD", help="append the summary line here")
     args = ap.parse_args(argv)
     # room for the longest prompt and its token, and beside it the stream of bench/beside.py
-    args.max_context = args.max_context or max(args.prefill, default=512) + (384 if args.beside else 128)
+    longest = max(args.prefill, default=512)
+    args.max_context = args.max_context or longest + 128 + (context_room(longest) if args.beside else 0)
     return args
 
 

@@ -35,8 +35,10 @@ def hidden_modules() -> set[str]:
     return hidden - {"engined", "proxy", "kimi_common"}
 
 
-def env(base: dict) -> dict:
-    """base with the image's missing modules hidden in every Python process it starts."""
+def env(base: dict, log=None) -> dict:
+    """base with the image's missing modules hidden in every Python process it starts; each
+    such process appends its command line to `log` when given."""
     path = base.get("PYTHONPATH")
     return {**base, "KIMI_HIDDEN_MODULES": ",".join(sorted(hidden_modules())),
-            "PYTHONPATH": str(SITE) + (":" + path if path else "")}
+            "PYTHONPATH": str(SITE) + (":" + path if path else ""),
+            **({"KIMI_HIDDEN_LOG": str(log)} if log else {})}

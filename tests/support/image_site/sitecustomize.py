@@ -19,3 +19,11 @@ class _Hidden(importlib.abc.MetaPathFinder):
 
 if HIDDEN:
     sys.meta_path.insert(0, _Hidden())
+    if os.environ.get("KIMI_HIDDEN_LOG"):  # which processes hid them: the test reads it
+        try:
+            with open("/proc/self/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            command = " ".join(sys.argv)
+        with open(os.environ["KIMI_HIDDEN_LOG"], "a") as log:
+            log.write(command + "\n")
