@@ -118,3 +118,21 @@ def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float 
            "tokens_during_prefill": sum(sent < t <= answered for t in times),
            "outlived_prefill": after is not None}
     return {**row, "error": failure[0]} if failure else row
+
+
+def judged(b: dict) -> bool | None:
+    """Issue 29's verdict (no gap over 2x the lone step), or None where not measured whole."""
+    if "ttft_s" not in b or "error" in b or not b["outlived_prefill"]:
+        return None
+    return b["slowest_x_lone"] <= 2
+
+
+def beside_line(b: dict) -> str:
+    if "ttft_s" not in b:
+        return f"prefill {b['size']} tokens beside a decoding stream: not measured ({b['error']})"
+    return (f"prefill {b['size']} tokens beside a decoding stream: TTFT {b['ttft_s']:.3f} s; "
+            f"the stream's slowest step {1e3 * b['slowest_step_s']:.1f} ms = "
+            f"{b['slowest_x_lone']:.1f}x its lone step ({1e3 * b['lone_step_s']:.1f} ms), "
+            f"{b['tokens_during_prefill']} tokens during the prefill"
+            + ("" if b["outlived_prefill"] else "; the stream ended before the prefill answered")
+            + (f"; stream: {b['error']}" if "error" in b else ""))

@@ -40,7 +40,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from beside import context_room, prefill_beside_decode  # noqa: E402
+from beside import beside_line, context_room, judged, prefill_beside_decode  # noqa: E402
 from common import BENCH, concurrent_chunks, record_line, unix_post  # noqa: E402
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
@@ -169,23 +169,10 @@ def goals(r: dict) -> dict[str, bool]:
     if 131072 in prefill:
         verdicts["128k-token prefill <= 15 s"] = prefill[131072]["ttft_s"] <= 15
     beside = r.get("prefill_beside_decode")
-    if beside and beside["size"] >= 32768 and beside.get("outlived_prefill") \
-            and "error" not in beside:
+    if beside and beside["size"] >= 32768 and judged(beside) is not None:
         verdicts["a stream decoding beside the 32k prefill: no gap between its tokens over 2x "
-                 "its lone step"] = \
-            beside["slowest_x_lone"] <= 2
+                 "its lone step"] = judged(beside)
     return verdicts
-
-
-def beside_line(b: dict) -> str:
-    if "ttft_s" not in b:
-        return f"prefill {b['size']} tokens beside a decoding stream: not measured ({b['error']})"
-    return (f"prefill {b['size']} tokens beside a decoding stream: TTFT {b['ttft_s']:.3f} s; "
-            f"the stream's slowest step {1e3 * b['slowest_step_s']:.1f} ms = "
-            f"{b['slowest_x_lone']:.1f}x its lone step ({1e3 * b['lone_step_s']:.1f} ms), "
-            f"{b['tokens_during_prefill']} tokens during the prefill"
-            + ("" if b["outlived_prefill"] else "; the stream ended before the prefill answered")
-            + (f"; stream: {b['error']}" if "error" in b else ""))
 
 
 def summary(r: dict) -> list[str]:
