@@ -10,8 +10,14 @@
  * IPI), more than a small GEMV takes: small jobs run on the caller alone unless a
  * helper is still awake.
  *
- * A chunk is claimed with one compare-and-swap on (generation << 32 | next chunk),
- * so a helper that wakes late can never take a chunk of a later job. */
+ * A chunk is claimed with one compare-and-swap on the ticket, (generation, the job's chunk
+ * count, the next chunk) in one word, so a helper that wakes late can never take a chunk of a
+ * later job. The count is in the word, not read beside it: a helper that loaded the ticket of
+ * a finished job, then read the next job's larger count, could claim a chunk past the finished
+ * job's end in the instant before the next ticket was stored, and run it with the next job's
+ * function: that chunk then counted toward the next job, whose caller could return while a
+ * real chunk still ran on its stack frame (a general protection fault in a tile kernel's
+ * store, seen in served decode). */
 #include "kimi_simd.h"
 
 #include <pthread.h>
@@ -27,12 +33,14 @@ static pthread_cond_t wake_cond = PTHREAD_COND_INITIALIZER;
 static int num_helpers;             /* threads started (under submit_lock) */
 static int num_sleeping;            /* helpers blocked on wake_cond (under wake_lock) */
 static uint32_t generation;         /* job number, published under wake_lock */
-static uint64_t ticket;             /* generation << 32 | next unclaimed chunk */
+#define TICKET_BITS 20              /* chunk count and next chunk: 20 bits each */
+#define TICKET_FIELD ((1u << TICKET_BITS) - 1)
+#define TICKET_GEN_MASK 0xffffffu   /* the generation's low 24 bits, in the top of the word */
+static uint64_t ticket;             /* generation << 40 | chunks << 20 | next unclaimed chunk */
 static int64_t chunks_done;
 static int64_t stat_jobs, stat_helper_chunks; /* pool_stats(); atomic */
 static KhTask job_fn;               /* the fields below are stable while chunks remain */
 static void *job_ctx;
-static int64_t job_chunks;
 static int job_helpers;
 
 static void cpu_relax(void)
@@ -53,9 +61,9 @@ static int claim(uint32_t gen, int64_t *chunk)
 {
     uint64_t seen = __atomic_load_n(&ticket, __ATOMIC_ACQUIRE);
     for (;;) {
-        int64_t next = (int64_t)(seen & 0xffffffffu);
-        if ((uint32_t)(seen >> 32) != gen) return 0;
-        if (next >= __atomic_load_n(&job_chunks, __ATOMIC_RELAXED)) return 0;
+        int64_t next = (int64_t)(seen & TICKET_FIELD);
+        if ((uint32_t)(seen >> (2 * TICKET_BITS)) != (gen & TICKET_GEN_MASK)) return 0;
+        if (next >= (int64_t)((seen >> TICKET_BITS) & TICKET_FIELD)) return 0;
         if (__atomic_compare_exchange_n(&ticket, &seen, seen + 1, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE)) {
             *chunk = next;
@@ -149,7 +157,7 @@ void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads, int worth_
     uint32_t gen;
     int64_t spins = 0;
     int all_asleep;
-    if (nthreads <= 1 || nchunks <= 1) {
+    if (nthreads <= 1 || nchunks <= 1 || nchunks > TICKET_FIELD) { /* the ticket's count */
         run_serial(fn, ctx, nchunks);
         return;
     }
@@ -165,11 +173,11 @@ void kh_parallel(KhTask fn, void *ctx, int64_t nchunks, int nthreads, int worth_
     }
     job_fn = fn;
     job_ctx = ctx;
-    __atomic_store_n(&job_chunks, nchunks, __ATOMIC_RELAXED);
     __atomic_store_n(&job_helpers, nthreads - 1, __ATOMIC_RELAXED);
     __atomic_store_n(&chunks_done, 0, __ATOMIC_RELAXED);
     gen = generation + 1;
-    __atomic_store_n(&ticket, (uint64_t)gen << 32, __ATOMIC_RELEASE);
+    __atomic_store_n(&ticket, (uint64_t)(gen & TICKET_GEN_MASK) << (2 * TICKET_BITS)
+                     | (uint64_t)nchunks << TICKET_BITS, __ATOMIC_RELEASE);
     pthread_mutex_lock(&wake_lock);
     __atomic_store_n(&generation, gen, __ATOMIC_RELEASE);
     if (num_sleeping) pthread_cond_broadcast(&wake_cond); /* spinning helpers need no call */
