@@ -8,7 +8,9 @@
 #include "kimi_simd.h"
 
 #if KH_HAVE_X86_SIMD
+#include <float.h>
 #include <immintrin.h>
+#include <string.h>
 
 #define KH_TARGET __attribute__((target("avx2,fma,f16c")))
 
@@ -87,6 +89,76 @@ static const RowQ8 by_rows[KH_MAX_ROWS + 1] = KH_BY_ROWS(q8);
 void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride)
 {
     by_rows[rows](w, x, y, y_stride);
+}
+
+/* kimi_w4a8.c's quantize_block on 8 lanes: the same operations on the same values (max of
+ * |x|'s bits, d = amax / 127, x * (1/d) truncated, a half rounded away from zero, clamped to
+ * +-127), so the same codes, d and sum; the codes packed in order, or de-interleaved (evens,
+ * then odds). The plain loops, vectorized by the compiler, took ~28 ns a block. */
+static KH_TARGET inline float quantize_block_avx2(const float *src, int8_t *dst, int32_t *sum,
+                                                  int deinterleave)
+{
+    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+    const __m256 half = _mm256_set1_ps(0.5f), minus_half = _mm256_set1_ps(-0.5f);
+    __m256i bits[4], q[4], top, total = _mm256_setzero_si256(), bytes;
+    __m128i t;
+    float amax, d, inv;
+    int32_t top_bits;
+    __m256 scale;
+    int j;
+    for (j = 0; j < 4; j++) bits[j] = _mm256_loadu_si256((const __m256i *)(src + 8 * j));
+    top = _mm256_max_epi32(_mm256_max_epi32(_mm256_and_si256(bits[0], magnitude),
+                                            _mm256_and_si256(bits[1], magnitude)),
+                           _mm256_max_epi32(_mm256_and_si256(bits[2], magnitude),
+                                            _mm256_and_si256(bits[3], magnitude)));
+    t = _mm_max_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+    t = _mm_max_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_max_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    top_bits = _mm_cvtsi128_si32(t);
+    memcpy(&amax, &top_bits, sizeof amax);
+    d = amax / 127.0f;
+    if (!(d >= FLT_MIN)) d = 0.0f; /* also NaN */
+    inv = d > 0.0f ? 1.0f / d : 0.0f;
+    scale = _mm256_set1_ps(inv);
+    for (j = 0; j < 4; j++) {
+        __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(bits[j]), scale);
+        __m256i i = _mm256_cvttps_epi32(v);
+        __m256 frac = _mm256_sub_ps(v, _mm256_cvtepi32_ps(i));
+        i = _mm256_sub_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(frac, half, _CMP_GE_OQ)));
+        i = _mm256_add_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(frac, minus_half, _CMP_LE_OQ)));
+        q[j] = _mm256_min_epi32(_mm256_max_epi32(i, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+        total = _mm256_add_epi32(total, q[j]);
+    }
+    /* per 128-bit lane the packs give dwords q0[0..3] q1[0..3] q2[0..3] q3[0..3], then the
+     * same for elements 4..7: the permute puts the 8 dwords back in element order */
+    bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    if (deinterleave) { /* per lane evens then odds, then the two lanes' evens first */
+        const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                               0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(bytes, split), 0xd8);
+    }
+    _mm256_storeu_si256((__m256i *)dst, bytes);
+    t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    *sum = _mm_cvtsi128_si32(t);
+    return d;
+}
+
+/* kh_quantize_q8 (kimi_w4a8.c) with quantize_block_avx2. */
+KH_TARGET void kh_quantize_q8_avx2(const float *x, int64_t rows, int64_t k, int64_t group,
+                                   int deinterleave, KhQ8 *q8)
+{
+    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, i;
+    for (i = 0; i < rows * nb; i++) {
+        int32_t sum;
+        float d = quantize_block_avx2(x + i * KH_Q8_BLOCK, q8->q + i * KH_Q8_BLOCK, &sum,
+                                      deinterleave);
+        q8->d[i] = d;
+        if (i % per_group == 0) q8->gsum[i / per_group] = 0.0f;
+        q8->gsum[i / per_group] += d * (float)sum;
+    }
 }
 
 #else
