@@ -58,15 +58,13 @@ void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int 
                     KhQ8 *q8)
 {
     int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, i;
+    float (*block)(const float *, int8_t *, int32_t *, int) = quantize_block;
 #if KH_HAVE_X86_SIMD
-    if (w4a8_simd(-1) >= 1) { /* any integer-dot level above portable C: AVX2 is there */
-        kh_quantize_q8_avx2(x, rows, k, group, deinterleave, q8);
-        return;
-    }
+    if (w4a8_simd(-1) >= 1) block = kh_quantize_block_avx2; /* a level above C: AVX2 is there */
 #endif
     for (i = 0; i < rows * nb; i++) {
         int32_t sum;
-        float d = quantize_block(x + i * KH_Q8_BLOCK, q8->q + i * KH_Q8_BLOCK, &sum, deinterleave);
+        float d = block(x + i * KH_Q8_BLOCK, q8->q + i * KH_Q8_BLOCK, &sum, deinterleave);
         q8->d[i] = d;
         if (i % per_group == 0) q8->gsum[i / per_group] = 0.0f;
         q8->gsum[i / per_group] += d * (float)sum;

@@ -91,12 +91,12 @@ void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64
     by_rows[rows](w, x, y, y_stride);
 }
 
-/* kimi_w4a8.c's quantize_block on 8 lanes: the same operations on the same values (max of
+/* kimi_w4a8.c's quantize_block on 8 lanes (kh_quantize_q8 takes it where AVX2 is there): the same operations on the same values (max of
  * |x|'s bits, d = amax / 127, x * (1/d) truncated, a half rounded away from zero, clamped to
  * +-127), so the same codes, d and sum; the codes packed in order, or de-interleaved (evens,
  * then odds). The plain loops, vectorized by the compiler, took ~28 ns a block. */
-static KH_TARGET inline float quantize_block_avx2(const float *src, int8_t *dst, int32_t *sum,
-                                                  int deinterleave)
+KH_TARGET float kh_quantize_block_avx2(const float *src, int8_t *dst, int32_t *sum,
+                                       int deinterleave)
 {
     const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
     const __m256 half = _mm256_set1_ps(0.5f), minus_half = _mm256_set1_ps(-0.5f);
@@ -144,21 +144,6 @@ static KH_TARGET inline float quantize_block_avx2(const float *src, int8_t *dst,
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
     *sum = _mm_cvtsi128_si32(t);
     return d;
-}
-
-/* kh_quantize_q8 (kimi_w4a8.c) with quantize_block_avx2. */
-KH_TARGET void kh_quantize_q8_avx2(const float *x, int64_t rows, int64_t k, int64_t group,
-                                   int deinterleave, KhQ8 *q8)
-{
-    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, i;
-    for (i = 0; i < rows * nb; i++) {
-        int32_t sum;
-        float d = quantize_block_avx2(x + i * KH_Q8_BLOCK, q8->q + i * KH_Q8_BLOCK, &sum,
-                                      deinterleave);
-        q8->d[i] = d;
-        if (i % per_group == 0) q8->gsum[i / per_group] = 0.0f;
-        q8->gsum[i / per_group] += d * (float)sum;
-    }
 }
 
 #else
