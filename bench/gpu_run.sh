@@ -61,15 +61,17 @@
 #                   read_probe) and the decode rate it caps the CPU part at.
 # Goals on an H200 (issue 15): served batch-1 decode >= 60% of the roofline; 8 streams >= 5x
 # one; 32k-token prefill <= 3 s. Issue 29: 128k-token prefill <= 15 s; a stream decoding
-# beside the 32k prefill, no gap between its tokens over 2x its lone step. Issue 17 (16 cores, 128 GiB RAM): --cpu-moe decode >= 50% of
-# the RAM-bandwidth cap; --gpu-memory 24GiB decode >= 2x --cpu-moe, its peak <= 24 GiB.
+# beside the 32k prefill, no gap between its tokens over 2x its lone step. Issue 17 (16
+# cores, 128 GiB RAM): --cpu-moe decode >= 50% of the RAM-bandwidth cap; --gpu-memory 24GiB
+# decode >= 2x --cpu-moe, its peak <= 24 GiB.
 #
 # Engines: every engine a bench script starts runs in its own process group, logs to
-# $OUT/serve-engine.log, $OUT/long-engine.log or $OUT/offload-NAME-engine.log, and is stopped, group and all, when
-# its script ends, SIGTERM from a time limit included (bench/served.py). Each engine's group
-# id sits in a private folder (KIMI_BENCH_PIDS) while it runs; after each step and section
-# this script kills any group left there (a script killed before it could stop its engine).
-# PYTHONUNBUFFERED=1 for everything, so a log killed at a limit holds all that was printed.
+# $OUT/serve-engine.log, $OUT/long-engine.log or $OUT/offload-NAME-engine.log, and is stopped,
+# group and all, when its script ends, SIGTERM from a time limit included (bench/served.py).
+# Each engine's group id sits in a private folder (KIMI_BENCH_PIDS) while it runs; after each
+# step and section this script kills any group left there (a script killed before it could stop
+# its engine). PYTHONUNBUFFERED=1 for everything, so a log killed at a limit holds all that was
+# printed.
 #
 # The C helper on the GPU image (the offload section needs it; without it offload.py stops at
 # once and says this): the image cannot build it (no cffi, no network), so it is carried
@@ -83,16 +85,17 @@
 #   timeout_s: 420
 #   carry:   ["engined/_kimi_helper.abi3.so", ".gpu-carry/wheels"]
 # Here the wheels that match the running python (cp312 or abi3 there; none on the build
-# machine's 3.11) are unpacked into .gpu-carry/cpXY unless that python imports them already, and that
-# folder and the repository (the bench scripts import engined uninstalled) go on PYTHONPATH.
+# machine's 3.11) are unpacked into .gpu-carry/cpXY unless that python imports them already,
+# and that folder and the repository (the bench scripts import engined uninstalled) go on
+# PYTHONPATH.
 #
 # Output, written as each section goes, under $OUT (default bench/results/gpu-DATE): NAME.log
-# for each section, quick.json, quick.txt, kernels-gemv.json, serve.json, long.json, offload.json, the
-# engine logs, summary.txt (each section's status and seconds), RESULTS.add.md (the scripts'
-# result lines and one line for the whole run), gpu_run-DATE.json (the run's record: those
-# lines as its table; copy it into bench/results/ and run bench/results_md.py to show it in
-# bench/RESULTS.md); and $BUNDLE (default $OUT/gpu-run.tar.gz): all of these in one file,
-# remade after each section.
+# for each section, quick.json, quick.txt, kernels-gemv.json, serve.json, long.json,
+# offload.json, the engine logs, summary.txt (each section's status and seconds),
+# RESULTS.add.md (the scripts' result lines and one line for the whole run), gpu_run-DATE.json
+# (the run's record: those lines as its table; copy it into bench/results/ and run
+# bench/results_md.py to show it in bench/RESULTS.md); and $BUNDLE (default
+# $OUT/gpu-run.tar.gz): all of these in one file, remade after each section.
 #
 # --dry-run: the same sections on the CPU, no GPU needed: gpu_quick.py --dry-run (synthetic
 # tiny, its aten ops profiled); int4_kernels.py's CPU variants with an 8 MiB working set; the

@@ -37,7 +37,7 @@ int kh_cpu_has_avx2(void)
 #define KH_G_SCALES(f) _mm256_set1_ps(f)
 /* Two FMA chains a row and 4 rows a pass (8 of 16 ymm): with four chains only 2 rows fit
  * the registers, and decoding a block again for each further pair of rows cost 4 and 8 rows
- * 25% (decode is 15 instructions a block at 8 lanes), more than one row gains (15%). 8 rows
+ * 25% (decode was 15 instructions a block at 8 lanes then), more than one row gains (15%). 8 rows
  * take two passes, as fast as the one pass of 16 accumulators before. */
 #define KH_G_CHAINS 2
 /* A block's dot scaled once, not its codes (kimi_gemv_body.h says why and what it measured). */
