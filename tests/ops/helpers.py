@@ -410,6 +410,10 @@ LLAMA_LAYER = [
     llama_layer_case([700], 64, 8, 2, 12, 96, seed=9),                    # hd 12: portable loads
     llama_layer_case([3, 9, 0], 64, 4, 2, 16, 96, "w4a8_tiles", seed=10),
     llama_layer_case([40, 41, 42, 43, 44], 576, 9, 3, 64, 1536, "w4a8_tiles", True, seed=11),
+    # AVX2 attention: groups of 5 (a pass of 3 heads, then 2), hd 40 (32 elements a pass, then
+    # 8); a long row's task takes every KV head, a short one's a KV head each
+    llama_layer_case([900, 33], 64, 20, 4, 40, 96, seed=12),
+    llama_layer_case([600], 64, 40, 4, 8, 96, seed=13),   # 40 heads: over a task's 32
 ]
 
 

@@ -1,0 +1,119 @@
+/* Internal to the C helper: decode attention's job and its per-task loop (kimi_attn.c), shared
+ * with the AVX2 chunk kernels (kimi_attn_avx2.c) that the loop is instantiated with there. */
+#ifndef KIMI_ATTN_H
+#define KIMI_ATTN_H
+
+#include "kimi_simd.h"
+
+#include <math.h>
+#include <string.h>
+
+#define KH_ATTN_CHUNK 64        /* keys scored per online-softmax step */
+#define KH_ATTN_SPLIT_KEYS 256  /* keys per task at least */
+#define KH_ATTN_MAX_SPLITS 16   /* key ranges per (row, KV head) at most */
+#define KH_ATTN_TASK_HEADS 32  /* query heads one task may hold the state of */
+
+typedef struct {
+    const KhAttention *a;
+    float *parts;               /* [rows, heads, MAX_SPLITS, part_floats]: m, l, acc */
+    int64_t task_base[KH_MAX_ROWS + 1], splits[KH_MAX_ROWS], span[KH_MAX_ROWS];
+    int64_t kv_per_task[KH_MAX_ROWS]; /* KV heads a task takes: 1, or all of them */
+} KhAttnJob;
+
+/* m, l and acc [head_dim] of one key range, padded to whole cache lines. */
+static inline int64_t kh_attn_part_floats(int64_t head_dim)
+{
+    return (head_dim + 2 + 15) / 16 * 16;
+}
+
+/* score[g][j] = dot(q head g, key j) * scale for the `group` query heads at q ([group, hd])
+ * and the `count` keys at k (fp16 rows `stride` halves apart); kv_f: scratch for
+ * KH_ATTN_CHUNK * hd floats. Row j of `ahead` (rows as k's; NULL: none) is prefetched while
+ * key j is scored: the rows the task reads next. */
+typedef void (*KhScoreChunk)(const float *q, const uint16_t *k, int64_t stride, int64_t count,
+                             int64_t hd, int64_t group, float scale,
+                             float (*score)[KH_ATTN_CHUNK], float *kv_f, const uint16_t *ahead);
+/* acc[g] += sum_j score[g][j] * value j, over j in order for each element (the chain
+ * acc + w0 v0 + w1 v1 + ... in every kernel), for the values at v (rows as the keys); `ahead`
+ * as above. */
+typedef void (*KhAccumulateChunk)(float (*acc)[KH_ATTN_MAX_DIM], float (*score)[KH_ATTN_CHUNK],
+                                  const uint16_t *v, int64_t stride, int64_t count, int64_t hd,
+                                  int64_t group, float *kv_f, const uint16_t *ahead);
+
+/* Prefetches row j of `rows` (its hd halves, a line at a time), if there are rows. A chunk's
+ * values are fetched while its keys are scored, the next keys while the values are summed:
+ * fetching a row a fixed distance ahead within one pass left each pass's first rows to miss
+ * (a quarter of one-row attention's time at 8k tokens stalled on the first value load). */
+static inline void kh_attn_prefetch(const uint16_t *rows, int64_t j, int64_t stride, int64_t hd)
+{
+    int64_t i;
+    if (!rows) return;
+    for (i = 0; i < hd; i += 32) __builtin_prefetch(rows + j * stride + i);
+}
+
+/* One task: the key range [j0, j1) of one row, for each query head of its KV heads (one, or
+ * all of them: kh_attention says when): per chunk of keys and KV head, the scores, the
+ * online-softmax rescale, then the values. With all KV heads in one task, a chunk's cache rows
+ * are read whole, each while the last was: a task of one KV head read a third of every row. */
+static inline __attribute__((always_inline)) void kh_attend_range(
+    const KhAttnJob *job, int64_t task, KhScoreChunk score_chunk,
+    KhAccumulateChunk accumulate_chunk, float (*exp_sum)(float *, int64_t, float))
+{
+    const KhAttention *a = job->a;
+    int64_t hd = a->head_dim, kvh = a->kv_heads, group = a->heads / kvh, row = 0, j, g, c0;
+    int64_t kv, kv0, kv1, split, j0, j1, stride = kvh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    float kv_f[KH_ATTN_CHUNK * KH_ATTN_MAX_DIM]; /* the portable kernels' converted rows */
+    float score[KH_ATTN_MAX_GROUP][KH_ATTN_CHUNK];
+    float top[KH_ATTN_TASK_HEADS], total[KH_ATTN_TASK_HEADS]; /* m, l of the task's heads */
+    float acc[KH_ATTN_TASK_HEADS][KH_ATTN_MAX_DIM]; /* here, not in parts: no line shared */
+    while (task >= job->task_base[row + 1]) row++;
+    task -= job->task_base[row];
+    kv0 = task / job->splits[row] * job->kv_per_task[row];
+    kv1 = kv0 + job->kv_per_task[row];
+    split = task % job->splits[row];
+    j0 = split * job->span[row];
+    j1 = j0 + job->span[row] < a->positions[row] + 1 ? j0 + job->span[row] : a->positions[row] + 1;
+    for (g = 0; g < (kv1 - kv0) * group; g++) {
+        top[g] = -INFINITY;
+        total[g] = 0.0f;
+        memset(acc[g], 0, (size_t)hd * sizeof(float));
+    }
+    for (c0 = j0; c0 < j1; c0 += KH_ATTN_CHUNK) {
+        int64_t count = j1 - c0 < KH_ATTN_CHUNK ? j1 - c0 : KH_ATTN_CHUNK;
+        for (kv = kv0; kv < kv1; kv++) {
+            const float *q = a->q + row * a->q_stride + kv * group * hd;
+            const uint16_t *kc = a->k_cache[row] + kv * hd, *vc = a->v_cache[row] + kv * hd;
+            const uint16_t *next = kv + 1 < kv1 ? kc + hd + c0 * stride   /* then: the keys */
+                : c0 + KH_ATTN_CHUNK < j1 ? a->k_cache[row] + kv0 * hd + (c0 + KH_ATTN_CHUNK) * stride
+                : NULL;
+            int64_t h0 = (kv - kv0) * group; /* the task's first head of this KV head */
+            score_chunk(q, kc + c0 * stride, stride, count, hd, group, scale, score, kv_f,
+                        vc + c0 * stride);
+            for (g = 0; g < group; g++) { /* rescale what came before to the new maximum */
+                float m = top[h0 + g], fix;
+                for (j = 0; j < count; j++) m = score[g][j] > m ? score[g][j] : m;
+                fix = expf(top[h0 + g] - m);
+                total[h0 + g] *= fix;
+                for (j = 0; j < hd; j++) acc[h0 + g][j] *= fix;
+                top[h0 + g] = m;
+                total[h0 + g] += exp_sum(score[g], count, m);
+            }
+            accumulate_chunk(acc + h0, score, vc + c0 * stride, stride, count, hd, group, kv_f,
+                             next);
+        }
+    }
+    for (g = 0; g < (kv1 - kv0) * group; g++) {
+        float *part = job->parts + ((row * a->heads + kv0 * group + g) * KH_ATTN_MAX_SPLITS + split)
+                                   * kh_attn_part_floats(hd);
+        part[0] = top[g];
+        part[1] = total[g];
+        memcpy(part + 2, acc[g], (size_t)hd * sizeof(float));
+    }
+}
+
+#if KH_HAVE_X86_SIMD
+void kh_attend_range_avx2(void *ctx, int64_t task);
+#endif
+
+#endif
