@@ -5,7 +5,7 @@ The model is synthetic:kimi-linear-48b on the meta device (real shapes, no memor
 code path run through tests/support/sm90.py's stand-in. Prints one JSON object:
 
     {"triton": version, "hopper": fla's verdict, "phases": {phase: [[kernel, seconds, shared
-     bytes, warps, tuned], ...]}}
+     bytes, warps, autotuner call or 0], ...]}, "skipped": [config that failed to compile]}
 
     PYTHONPATH=.triton-gpu .venv/bin/python tests/support/gpu_step_compile.py   # the image's triton
 """
@@ -43,17 +43,19 @@ def main() -> int:
 
     model = build()
     phases: dict[str, list] = {}
+    skipped: list[str] = []
     with registry.standing_in("meta", "cuda"):
         for rows in BUCKETS:
             for context in CONTEXTS:
-                with sm90.compiling(phases.setdefault(f"decode B{rows} S{context}", [])):
+                with sm90.compiling(phases.setdefault(f"decode B{rows} S{context}", []), skipped):
                     KimiGraphStep(model, rows, num_blocks_for(context)).run()
-        with sm90.compiling(phases.setdefault(f"prefill T{PREFILL_TOKENS}", [])):
+        with sm90.compiling(phases.setdefault(f"prefill T{PREFILL_TOKENS}", []), skipped):
             cache = model.new_cache(PREFILL_TOKENS)
             model.forward(torch.arange(PREFILL_TOKENS, device="meta"), cache, 0)
     print(json.dumps({"triton": triton.__version__, "hopper": bool(fla.utils.is_nvidia_hopper),
-                      "phases": {name: [[c.kernel, round(c.seconds, 3), c.shared, c.num_warps, c.tuned]
-                                        for c in done] for name, done in phases.items()}}))
+                      "phases": {name: [[c.kernel, round(c.seconds, 3), c.shared, c.num_warps, c.tuning]
+                                        for c in done] for name, done in phases.items()},
+                      "skipped": skipped}))
     return 0
 
 

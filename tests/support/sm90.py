@@ -8,6 +8,7 @@ as tests/support/gpu_step_compile.py uses it.
 """
 import contextlib
 import importlib
+import itertools
 import os
 import pkgutil
 import time
@@ -25,7 +26,8 @@ class Compiled:
     seconds: float
     shared: int      # bytes of shared memory the compiled kernel asks at launch
     num_warps: int
-    tuned: bool      # one of an autotuner's configs (one that does not fit is skipped there)
+    tuning: int      # 0: a plain launch; else the autotuner call (numbered from 1) it is a
+                     # config of: a config that does not fit is skipped there, one must fit
 
 
 class _Utils:
@@ -92,32 +94,42 @@ def install():
 
 
 @contextlib.contextmanager
-def compiling(record: list[Compiled]):
+def compiling(record: list[Compiled], skipped: list[str]):
     """Each launch compiles (or finds its cache) and is appended to `record`; nothing runs, so
-    outputs keep what they held. An autotuned kernel compiles every config it keeps after
-    pruning, as the GPU's autotuner does before it times them."""
+    outputs keep what they held. An autotuner with several configs compiles every one it keeps
+    after pruning, as the GPU's does before timing them, and like it skips a config that fails
+    to compile for lack of resources (named in `skipped`); one with a single config launches
+    it untimed, as a plain launch."""
+    from triton.compiler.errors import CompileTimeAssertionFailure
     from triton.runtime.autotuner import Autotuner
+    from triton.runtime.errors import OutOfResources, PTXASError
     from triton.runtime.jit import JITFunction
 
     jit_run, tuner_run = JITFunction.run, Autotuner.run
-    tuning = []
+    calls = itertools.count(1)
+    tuning = [0]  # the autotuner call under way, 0 for none
 
     def run(self, *args, grid, warmup, **kwargs):
         begin = time.perf_counter()
         kernel = jit_run(self, *args, grid=grid, warmup=True, **kwargs)
         record.append(Compiled(self.fn.__name__, time.perf_counter() - begin,
-                               kernel.metadata.shared, kernel.metadata.num_warps, bool(tuning)))
+                               kernel.metadata.shared, kernel.metadata.num_warps, tuning[-1]))
         return kernel
 
     def tune(self, *args, **kwargs):
         self.nargs = dict(zip(self.arg_names, args))
         configs = self.prune_configs(kwargs) if len(self.configs) > 1 else self.configs
-        tuning.append(self)
+        tuning.append(next(calls) if len(configs) > 1 else 0)
         try:
             for config in configs:
                 if config.pre_hook is not None:
                     config.pre_hook({**self.nargs, **kwargs, **config.all_kwargs()})
-                self.fn.run(*args, **kwargs, **config.all_kwargs())
+                try:
+                    self.fn.run(*args, **kwargs, **config.all_kwargs())
+                except (OutOfResources, CompileTimeAssertionFailure, PTXASError) as e:
+                    if not tuning[-1]:
+                        raise
+                    skipped.append(f"{self.base_fn.__name__} {config}: {e}")
         finally:
             tuning.pop()
         self.best_config, self.nargs = configs[0], None
