@@ -84,8 +84,10 @@ static inline __attribute__((always_inline)) void kh_attend_range(
         for (kv = kv0; kv < kv1; kv++) {
             const float *q = a->q + row * a->q_stride + kv * group * hd;
             const uint16_t *kc = a->k_cache[row] + kv * hd, *vc = a->v_cache[row] + kv * hd;
-            const uint16_t *next = kv + 1 < kv1 ? kc + hd + c0 * stride   /* then: the keys */
-                : c0 + KH_ATTN_CHUNK < j1 ? a->k_cache[row] + kv0 * hd + (c0 + KH_ATTN_CHUNK) * stride
+            /* the keys read next: the next KV head's, or the next chunk's when it is whole (its
+             * rows past j1 need not be the cache's: no pointer is made to them) */
+            const uint16_t *next = kv + 1 < kv1 ? kc + hd + c0 * stride
+                : c0 + 2 * KH_ATTN_CHUNK <= j1 ? a->k_cache[row] + kv0 * hd + (c0 + KH_ATTN_CHUNK) * stride
                 : NULL;
             int64_t h0 = (kv - kv0) * group; /* the task's first head of this KV head */
             score_chunk(q, kc + c0 * stride, stride, count, hd, group, scale, score, kv_f,
