@@ -55,7 +55,8 @@ OPTIONS = [
      "The batch the memory plan uses."),
     (["--prefill-chunk"], dict(type=int, metavar="T"),
      "Prompt tokens per prefill step: other requests get a decode step between chunks (a "
-     "multiple of 64 lines up with the prefix cache's blocks).  [default: 256]", None),
+     "multiple of 64 lines up with the prefix cache's blocks).  [default: 256 on the CPU, "
+     "2048 on a GPU]", None),
     (["--prefix-cache-bytes"], SIZE,
      "Memory for reusing the KV cache (Kimi-Linear: state snapshots) of prompt prefixes seen "
      "before, e.g. 256MiB; 0 turns it off. Counted in the memory cap, least recently used "

@@ -128,7 +128,7 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     if loaded.offload_counters is not None:
         metrics.watch_offload(loaded.offload_counters)
     engine = Engine(loaded.model, max_context, metrics, config.threads, log.write,
-                    max_batch=config.max_batch, prefill_chunk=config.prefill_chunk,
+                    max_batch=config.max_batch, prefill_chunk=config.prefill_chunk_on(device),
                     prefix_cache_bytes=config.prefix_cache_bytes, max_queue=config.max_queue,
                     enforce_eager=config.enforce_eager, speculative=config.speculative)
     engine.start()

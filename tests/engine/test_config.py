@@ -66,3 +66,12 @@ def test_moe_cache_is_a_size_or_auto():
     assert EngineConfig.layered({"moe-cache": "1GiB"}, {}).moe_cache == 2**30
     with pytest.raises(ConfigError, match="moe-cache: expected a size"):
         EngineConfig(moe_cache="lots")
+
+
+def test_the_prefill_chunk_is_the_devices_unless_given():
+    """256 tokens on the CPU, 2048 on a GPU (kimi-engine(8) says why); 0 means the default."""
+    assert [EngineConfig().prefill_chunk_on(d) for d in ("cpu", "cuda", "cuda:1")] == [256, 2048, 2048]
+    assert [EngineConfig(prefill_chunk=128).prefill_chunk_on(d) for d in ("cpu", "cuda")] == [128, 128]
+    assert EngineConfig.layered({}, {"KIMI_ENGINE_PREFILL_CHUNK": "0"}).prefill_chunk_on("cuda") == 2048
+    with pytest.raises(ConfigError, match="prefill-chunk: expected 0..1048576"):
+        EngineConfig(prefill_chunk=1 << 21)
