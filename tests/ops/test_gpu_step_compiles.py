@@ -3,8 +3,8 @@ Triton, at the shapes and specializations the path really launches, with no GPU 
 (tests/support/gpu_step_compile.py, through the sm_90 stand-in of tests/support/sm90.py):
 
 - the decode graph step of each batch bucket, at a short, a 32k and a 128k-token block table;
-- one 256-token prefill chunk, fla-core's chunk_kda included, with every autotune config its
-  autotuner would compile on the GPU before timing them;
+- prefill chunks of 2048 (a GPU's default), 256 and 7 tokens, fla-core's chunk_kda included,
+  with every autotune config its autotuner would compile on the GPU before timing them;
 - and each fits the shared memory an H200 block may opt into (a kernel over it fails at launch,
   not at compile time; an autotuned config over it is only skipped there, so in each autotuner
   call one must fit).
@@ -25,11 +25,14 @@ from tests.support import sm90
 DECODE = {"w4a16_gemv_kernel", "add_rmsnorm_kernel", "moe_gate_up_kernel", "moe_down_kernel",
           "kda_decode_kernel", "mla_latent_kernel", "paged_mla_decode_kernel",
           "paged_mla_merge_kernel"}
-PREFILL = {"w4a16_gemm_kernel", "add_rmsnorm_kernel", "moe_grouped_kernel",  # and fla's 8:
-           "l2norm_fwd_kernel", "fused_beta_sigmoid_fwd_kernel", "kda_gate_chunk_cumsum_vector_kernel",
-           "chunk_kda_fwd_kernel_intra_token_parallel", "chunk_kda_fwd_kernel_inter_solve_fused",
-           "recompute_w_u_fwd_kda_kernel", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
-           "chunk_gla_fwd_kernel_o"}
+FLA = {"l2norm_fwd_kernel", "fused_beta_sigmoid_fwd_kernel", "kda_gate_chunk_cumsum_vector_kernel",
+       "chunk_kda_fwd_kernel_intra_token_parallel", "chunk_kda_fwd_kernel_inter_solve_fused",
+       "recompute_w_u_fwd_kda_kernel", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
+       "chunk_gla_fwd_kernel_o"}
+PREFILL = {"prefill T2048": FLA | {"w4a16_gemm_kernel", "add_rmsnorm_kernel", "moe_grouped_kernel"},
+           "prefill T256": FLA | {"w4a16_gemm_kernel", "add_rmsnorm_kernel", "moe_grouped_kernel"},
+           # up to 8 rows: the decode GEMV and MoE kernels
+           "prefill T7": FLA | {"w4a16_gemv_kernel", "moe_gate_up_kernel", "moe_down_kernel"}}
 
 
 def compile_in_a_child(tmp_path) -> dict:
@@ -56,22 +59,22 @@ def test_every_launch_of_the_decode_step_and_a_prefill_chunk_compiles_for_sm90(t
     compiled = compile_in_a_child(tmp_path)
     assert compiled["hopper"], "fla-core did not see a Hopper GPU: it would pick other kernels"
     phases = compiled["phases"]
-    assert [p for p in phases if p.startswith("decode")] == [
-        f"decode B{b} S{s}" for b in (1, 2, 4, 8) for s in (64, 32768, 131072)]
+    assert list(phases) == [f"decode B{b} S{s}" for b in (1, 2, 4, 8)
+                            for s in (64, 32768, 131072)] + list(PREFILL)
     for name, launches in phases.items():
         kernels = {k for k, *_ in launches}
-        want = DECODE if name.startswith("decode") else PREFILL
+        want = DECODE if name.startswith("decode") else PREFILL[name]
         assert want <= kernels, f"{name}: {sorted(want - kernels)} not launched"
     print("\n".join(f"{name}: {len(launches)} launches, {len({k for k, *_ in launches})} kernels"
                     for name, launches in phases.items()))
     # shared memory: over the limit fails at launch (compiling does not check it); a config
     # over it is only skipped by the autotuner timing it, so in each autotuner call one must
     # fit (and have compiled: a config that failed to is skipped there too)
-    fits_by_call: dict[int, list[bool]] = {}
+    fits_by_call: dict[tuple[str, int], list[bool]] = {}  # calls are numbered per phase
     for name, launches in phases.items():
         for kernel, _, shared, _, call in launches:
             if call:
-                fits_by_call.setdefault(call, []).append(shared <= sm90.MAX_SHARED)
+                fits_by_call.setdefault((name, call), []).append(shared <= sm90.MAX_SHARED)
             else:
                 assert shared <= sm90.MAX_SHARED, f"{name}: {kernel} asks {shared} bytes"
     assert fits_by_call, "no autotuner call: fla's chunk_kda did not tune"

@@ -1,6 +1,7 @@
 """Compile, for sm_90 and with no GPU, every Triton kernel the 48B's GPU path launches: the
-decode graph step of each batch bucket (block tables of a short, a 32k and a 128k context) and one
-prefill chunk (fla's chunk_kda with every autotune config, the W4A16 GEMM, the grouped MoE).
+decode graph step of each batch bucket (block tables of a short, a 32k and a 128k context) and
+prefill chunks of 2048, 256 and 7 tokens (fla's chunk_kda with every autotune config, the W4A16
+GEMM, the grouped MoE).
 The model is synthetic:kimi-linear-48b on the meta device (real shapes, no memory), its CUDA
 code path run through tests/support/sm90.py's stand-in. Prints one JSON object:
 
@@ -14,11 +15,13 @@ import sys
 
 import torch
 
+from engined.config import DEFAULT_PREFILL_CHUNK
 from tests.support import sm90
 
 BUCKETS = (1, 2, 4, 8)
 CONTEXTS = (64, 32768, 131072)  # short, 32k and the `long` section's 128k
-PREFILL_TOKENS = 256  # the engine's prefill chunk (engine/loop.py PREFILL_CHUNK)
+# prefill chunks: the GPU's default, the CPU's (--prefill-chunk 256), and a prompt's short tail
+PREFILL_TOKENS = (DEFAULT_PREFILL_CHUNK["cuda"], DEFAULT_PREFILL_CHUNK["cpu"], 7)
 
 
 def build():
@@ -49,9 +52,10 @@ def main() -> int:
             for context in CONTEXTS:
                 with sm90.compiling(phases.setdefault(f"decode B{rows} S{context}", []), skipped):
                     KimiGraphStep(model, rows, num_blocks_for(context)).run()
-        with sm90.compiling(phases.setdefault(f"prefill T{PREFILL_TOKENS}", []), skipped):
-            cache = model.new_cache(PREFILL_TOKENS)
-            model.forward(torch.arange(PREFILL_TOKENS, device="meta"), cache, 0)
+        for tokens in PREFILL_TOKENS:
+            with sm90.compiling(phases.setdefault(f"prefill T{tokens}", []), skipped):
+                cache = model.new_cache(tokens)
+                model.forward(torch.arange(tokens, device="meta"), cache, 0)
     print(json.dumps({"triton": triton.__version__, "hopper": bool(fla.utils.is_nvidia_hopper),
                       "phases": {name: [[c.kernel, round(c.seconds, 3), c.shared, c.num_warps, c.tuning]
                                         for c in done] for name, done in phases.items()},

@@ -26,7 +26,7 @@ class Compiled:
     seconds: float
     shared: int      # bytes of shared memory the compiled kernel asks at launch
     num_warps: int
-    tuning: int      # 0: a plain launch; else the autotuner call (numbered from 1) it is a
+    tuning: int      # 0: a plain launch; else the autotuner call (from 1 in each `compiling`) it is a
                      # config of: a config that does not fit is skipped there, one must fit
 
 
