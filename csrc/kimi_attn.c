@@ -1,10 +1,10 @@
 /* kimi_attn.c: decode attention over fp16 caches, for llama_decode_layer (kimi_llama.c).
  *
- * Row r's query heads see its cache rows 0..positions[r]. The keys of a (row, KV head) are
- * cut into up to KH_ATTN_MAX_SPLITS ranges of at least KH_ATTN_SPLIT_KEYS keys; each range is
- * one pool task, which keeps an online softmax (running max m, sum l and the unnormalized
- * sum of values) per query head of the KV group, scores in fp32 as SDPA's CPU kernel keeps
- * them. The caller then merges the ranges: M = max m_s, out = sum_s e^(m_s - M) acc_s /
+ * Row r's query heads see its cache rows 0..positions[r]. The keys of a row are cut into up
+ * to KH_ATTN_MAX_SPLITS ranges of at least KH_ATTN_SPLIT_KEYS keys; a range is one pool task
+ * for all the row's KV heads (one task per KV head when the row is one range, so the threads
+ * still share it), which keeps an online softmax (running max m, sum l and the unnormalized
+ * sum of values) per query head, scores in fp32 as SDPA's CPU kernel keeps them. The caller then merges the ranges: M = max m_s, out = sum_s e^(m_s - M) acc_s /
  * sum_s e^(m_s - M) l_s. So a long context runs on every thread (a single sequence with 3 KV
  * heads was 3 tasks), and each key is converted from fp16 once for the group's heads (the
  * portable kernels below into a float buffer; the AVX2 ones, kimi_attn_avx2.c, in registers).
