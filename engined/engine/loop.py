@@ -107,6 +107,7 @@ class Engine:
         for seq in self.scheduler.take_cancelled():
             self.metrics.cancelled.inc()
             self._release(seq)
+        self._say_why_held()
         for seq in self.scheduler.admit():
             try:
                 self._allocate(seq)
@@ -241,6 +242,23 @@ class Engine:
             self.metrics.time_to_first_token.observe(time.monotonic() - seq.arrival_time)
         self.metrics.generated_tokens.inc()
         seq.append_token(token_id, logprob)
+
+    def _say_why_held(self):
+        """Once per request: why it waits while the batch has room (the running requests
+        reserve their prompt + max_tokens of --max-context, and one without max_tokens
+        reserves the rest of it)."""
+        held = self.scheduler.held_for_room()
+        if held is None or held[0].said_held:
+            return
+        seq, big = held
+        seq.said_held = True
+        self.log(f"request {seq.request_id or seq.seq_id} waits for KV room: it needs "
+                 f"{len(seq.prompt_ids)} prompt + {seq.params.max_tokens} max_tokens, and the "
+                 f"{self.scheduler.num_running} running reserve "
+                 f"{self.scheduler.num_reserved_tokens} of --max-context "
+                 f"{self.scheduler.token_budget} (most: request {big.request_id or big.seq_id}, "
+                 f"{len(big.prompt_ids)} + {big.params.max_tokens}). Requests that set "
+                 "max_tokens reserve less; a larger --max-context runs more at once")
 
     def _update_gauges(self):
         self.metrics.queue_depth.set(self.scheduler.num_waiting)

@@ -83,6 +83,15 @@ class Scheduler:
             len(self.running) < self.max_batch
             and self.num_reserved_tokens + seq.num_max_tokens <= self.token_budget)
 
+    def held_for_room(self) -> tuple[Sequence, Sequence] | None:
+        """(the first waiting sequence, the running one reserving the most) when the first
+        waits for KV slots while the batch has a place for it; else None."""
+        with self._lock:
+            if not self.waiting or not self.running or len(self.running) >= self.max_batch \
+                    or self.can_allocate(self.waiting[0]):
+                return None
+            return self.waiting[0], max(self.running, key=lambda s: s.num_max_tokens)
+
     def admit(self) -> list[Sequence]:
         """Move waiting sequences (in arrival order) to running while they fit."""
         admitted = []

@@ -106,6 +106,7 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # tokens this decode step verifies
     spec: object = None  # (speculate.PromptLookup, speculate.DraftLength) once it drafts
     seed: int = 0  # int64 draw seed (the request's, else random), set by the engine
+    said_held: bool = False  # the engine logged why it waits for KV room (once)
     finish_reason: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None

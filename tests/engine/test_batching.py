@@ -117,3 +117,29 @@ def test_batching_and_cache_options_are_layered_and_checked():
     for bad in ({"max_batch": 0}, {"prefill_chunk": "many"}, {"prefix_cache_bytes": "lots"}):
         with pytest.raises(ConfigError, match=next(iter(bad)).replace("_", "-")):
             EngineConfig(**bad)
+
+
+def test_the_log_says_once_why_a_request_waits_for_kv_room():
+    """A request without max_tokens reserves the rest of --max-context (the API layer fills it
+    in), so another waits for it to end: the engine log names both, once."""
+    from engined.engine.loop import Engine
+    from engined.metrics import EngineMetrics
+
+    lines = []
+    engine = Engine(ScriptedModel(vocab_size=100, script=[7] * 400, delay_s=0.002), 310,
+                    EngineMetrics(), log=lines.append)
+    engine.start()
+    try:
+        whole = Sequence([1, 2, 3], SamplingParams(300, temperature=0), NullDecoder(),
+                         request_id="whole")
+        engine.submit(whole)
+        assert isinstance(whole.events.get(timeout=30), TokenEvent)
+        held = Sequence([4, 5], SamplingParams(8, temperature=0), NullDecoder(), request_id="held")
+        engine.submit(held)
+        assert len(collect(held)) == 8 and len(collect(whole)) == 299  # after `whole` ended
+    finally:
+        engine.stop()
+    assert [line for line in lines if "KV room" in line] == [
+        "request held waits for KV room: it needs 2 prompt + 8 max_tokens, and the 1 running "
+        "reserve 303 of --max-context 310 (most: request whole, 3 + 300). Requests that set "
+        "max_tokens reserve less; a larger --max-context runs more at once"]
