@@ -122,11 +122,18 @@ def bench_llama_server(gguf: pathlib.Path, tokens: list[int]) -> dict | None:
                 for _ in range(REPEATS)]
         prefill = [PREFILL_PROMPT / server.completion_timed(tokens[:PREFILL_PROMPT], 1)[0]
                    for _ in range(3)]
+        config = server.config
     ceiling = llamacpp_native.llama_bench(bin_dir, gguf, 2, PREFILL_PROMPT, NEW_TOKENS)
     return {"decode_tok_s": statistics.median(r[1] for r in runs),
             "prefill_tok_s": statistics.median(prefill),
             "tokens_per_run": [r[2] for r in runs], "version": llamacpp_native.version(bin_dir),
-            "llama_bench": ceiling}
+            "config": config, "llama_bench": ceiling}
+
+
+def configuration(run: dict) -> str:
+    """How a llama.cpp baseline ran, in words: its default, or the fallback and why."""
+    config = run.get("config", "default")
+    return "its default configuration" if config == "default" else config
 
 
 def bench_transformers(gguf: pathlib.Path, tokens: list[int]) -> dict:
@@ -212,10 +219,10 @@ def main() -> int:
     if ref:
         bench = ref["llama_bench"]
         rows.append(f"\nServed against served: the engine over its socket, native llama-server "
-                    f"({ref['version']}, its default configuration) over loopback HTTP, the same "
+                    f"({ref['version']}, {configuration(ref)}) over loopback HTTP, the same "
                     f"token ids, both streaming. llama-bench on the same GGUF and threads, no "
                     f"HTTP: tg{NEW_TOKENS} {bench['tg_tok_s']:.1f} tok/s, pp{PREFILL_PROMPT} "
-                    f"{bench['pp_tok_s']:.1f} tok/s (the kernels' ceiling).")
+                    f"{bench['pp_tok_s']:.1f} tok/s (the kernels' ceiling; {configuration(bench)}).")
     if results.get("llamacpp"):
         rows.append("\nllamacpp: llama-cpp-python's in-process binding "
                     f"({results['llamacpp']['config']}), for comparison with earlier runs.")

@@ -85,7 +85,7 @@ def llama_server_rows(turns: list[dict], args) -> dict:
     bin_dir = llamacpp_native.binaries()
     if bin_dir is None:
         return {}
-    rows = {}
+    rows, configs = {}, {}
     for name, extra in (("llama-server", ()), ("llama-server ngram-simple", LLAMA_SPEC)):
         speeds: dict[str, list[float]] = {"edit": [], "prose": []}
         with llamacpp_native.Server(bin_dir, default_gguf_path(), args.threads, 4096,
@@ -95,9 +95,10 @@ def llama_server_rows(turns: list[dict], args) -> dict:
                     count, seconds = server.chat_timed(turn["messages"], args.max_tokens)
                     if seconds > 0:
                         speeds[turn["kind"]].append((count - 1) / seconds)
+            configs[name] = server.config
         rows[name] = {kind: statistics.median(v) for kind, v in speeds.items()}
         print(f"{name}: {rows[name]}", flush=True)
-    return {"version": llamacpp_native.version(bin_dir), "rows": rows}
+    return {"version": llamacpp_native.version(bin_dir), "rows": rows, "configs": configs}
 
 
 def main():
@@ -140,6 +141,8 @@ def main():
                      f"tok/s | engine on ÷ this, edit: {summary['edit']['on_tok_s'] / speeds['edit']:.2f}x | |")
     lines += ["", "Greedy tokens identical, speculation on and off, on every turn.",
               f"llama-server: {llama.get('version', 'not run')}"]
+    lines += [f"{name}: {config}" for name, config in llama.get("configs", {}).items()
+              if config != "default"]
     print("\n".join(lines))
     if not args.no_record:
         record("edit_turns", {"summary": summary, "llama_server": llama}, "Speculative decoding on edit turns, "

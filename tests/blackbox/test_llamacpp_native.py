@@ -59,3 +59,68 @@ def test_chat_stream_counts_content_deltas_without_timings():
              b"data: [DONE]\n"]
     first, last, count = native().Server._read(Stream(lines))
     assert count == 2 and last >= first
+
+
+# Stand-ins for the two binaries: each dies of SIGILL in its default configuration (as
+# llama.cpp's AMX path does on a Xeon here) and runs with repacking off. The server answers
+# /health on the --port it is given; the bench prints llama-bench's JSON.
+FAKE_SERVER = """#!/usr/bin/env python3
+import http.server, os, signal, sys
+args = sys.argv[1:]
+print("fake llama-server", " ".join(args), flush=True)
+if "--no-repack" not in args and "--exit-1" not in args:
+    os.kill(os.getpid(), signal.SIGILL)
+if "--exit-1" in args:
+    print("error: model not found", flush=True)
+    sys.exit(1)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *a):
+        pass
+port = int(args[args.index("--port") + 1])
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+FAKE_BENCH = """#!/usr/bin/env python3
+import json, os, signal, sys
+if "--repack" not in sys.argv:
+    os.kill(os.getpid(), signal.SIGILL)
+print(json.dumps([{"n_prompt": 512, "n_gen": 0, "avg_ts": 500.0},
+                  {"n_prompt": 0, "n_gen": 64, "avg_ts": 100.0}]))
+"""
+
+
+def fake_binaries(tmp_path):
+    for name, text in (("llama-server", FAKE_SERVER), ("llama-bench", FAKE_BENCH)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    return tmp_path
+
+
+def test_a_server_whose_default_dies_on_a_signal_runs_without_repacking_and_says_so(tmp_path):
+    bin_dir = fake_binaries(tmp_path)
+    with native().Server(bin_dir, tmp_path / "m.gguf", threads=2, ctx=2048) as server:
+        conn = native().http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+        assert server.config.startswith("--no-repack: its default died on signal 4")
+        assert "--no-repack" in server.proc.args
+
+
+def test_a_server_that_exits_with_an_error_is_reported_with_its_log(tmp_path):
+    """An exit status is llama-server's own answer (a bad model, say): no second try, and
+    the error carries what it printed."""
+    bin_dir = fake_binaries(tmp_path)
+    try:
+        with native().Server(bin_dir, tmp_path / "m.gguf", threads=2, ctx=2048, extra=("--exit-1",)):
+            raise AssertionError("the server should not have become healthy")
+    except RuntimeError as e:
+        assert "exit status 1, default" in str(e) and "error: model not found" in str(e)
+
+
+def test_llama_bench_whose_default_dies_on_a_signal_runs_without_repacking(tmp_path):
+    result = native().llama_bench(fake_binaries(tmp_path), tmp_path / "m.gguf", 2, 512, 64)
+    assert result == {"config": "--repack 0: its default died on signal 4", "pp_tok_s": 500.0,
+                      "tg_tok_s": 100.0}
