@@ -60,6 +60,8 @@ class Server:
     """with Server(bin_dir, gguf, threads=2, ctx=4096, extra=(...)) as server: server.port.
     server.config says what ran: "default", or the fallback and why (NO_REPACK_SERVER)."""
 
+    START_S = 120  # for /health to answer 200
+
     def __init__(self, bin_dir: pathlib.Path, gguf: pathlib.Path, threads: int, ctx: int,
                  extra: tuple[str, ...] = ()):
         self.command = [str(bin_dir / "llama-server"), "-m", str(gguf), "-t", str(threads),
@@ -76,21 +78,23 @@ class Server:
                                      stdout=self.log, stderr=subprocess.STDOUT)
 
     def __enter__(self) -> "Server":
-        deadline = time.time() + 120
+        deadline = time.time() + self.START_S
         while True:
-            if self.proc.poll() is not None or time.time() > deadline:
+            exited = self.proc.poll()  # None while it runs: a server still starting at the deadline
+            if exited is not None or time.time() > deadline:
                 self.log.seek(0)
                 said = self.log.read()[-2000:]  # before __exit__ closes the log
                 self.__exit__()
-                if _killed(self.proc.returncode) and self.config == "default":
+                if _killed(exited) and self.config == "default":
                     self.config = (f"{' '.join(NO_REPACK_SERVER)}: its default died on signal "
-                                   f"{-self.proc.returncode} before it served")
+                                   f"{-exited} before it served")
                     print(f"llama-server: {self.config}; starting it again so", file=sys.stderr)
                     self._start(NO_REPACK_SERVER)
-                    deadline = time.time() + 120
+                    deadline = time.time() + self.START_S
                     continue
-                raise RuntimeError(f"llama-server did not become healthy "
-                                   f"(exit status {self.proc.returncode}, {self.config}): {said}")
+                why = f"exit status {exited}" if exited is not None else f"no health in {self.START_S} s"
+                raise RuntimeError(f"llama-server did not become healthy ({why}, {self.config}): "
+                                   f"{said}")
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
                 conn.request("GET", "/health")

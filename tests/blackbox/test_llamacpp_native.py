@@ -68,11 +68,14 @@ FAKE_SERVER = """#!/usr/bin/env python3
 import http.server, os, signal, sys
 args = sys.argv[1:]
 print("fake llama-server", " ".join(args), flush=True)
-if "--no-repack" not in args and "--exit-1" not in args:
+if "--no-repack" not in args and "--exit-1" not in args and "--hang" not in args:
     os.kill(os.getpid(), signal.SIGILL)
 if "--exit-1" in args:
     print("error: model not found", flush=True)
     sys.exit(1)
+if "--hang" in args:
+    print("loading slowly", flush=True)
+    signal.pause()
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200)
@@ -118,6 +121,17 @@ def test_a_server_that_exits_with_an_error_is_reported_with_its_log(tmp_path):
             raise AssertionError("the server should not have become healthy")
     except RuntimeError as e:
         assert "exit status 1, default" in str(e) and "error: model not found" in str(e)
+
+
+def test_a_server_that_never_answers_is_reported_not_restarted(tmp_path, monkeypatch):
+    """Stopped at the deadline, it dies of our SIGTERM: that is no crash of its default."""
+    monkeypatch.setattr(native().Server, "START_S", 1)
+    bin_dir = fake_binaries(tmp_path)
+    try:
+        with native().Server(bin_dir, tmp_path / "m.gguf", threads=2, ctx=2048, extra=("--hang",)):
+            raise AssertionError("the server should not have become healthy")
+    except RuntimeError as e:
+        assert "no health in 1 s, default" in str(e) and "loading slowly" in str(e)
 
 
 def test_llama_bench_whose_default_dies_on_a_signal_runs_without_repacking(tmp_path):
