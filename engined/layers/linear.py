@@ -201,7 +201,10 @@ class Linear:
             return self._gemv(x, self.packed).to(x.dtype)
         if self._gemm is None:
             self._gemm = registry.resolve("w4a16_gemm", self.device.type).fn
-        return self._gemm(x, self.packed).to(x.dtype)
+        if x.dtype == torch.float32:
+            return self._gemm(x, self.packed)
+        # 16-bit rows: the GEMM rounds its fp32 sums into x's dtype as it stores (no cast after)
+        return self._gemm(x, self.packed, out=x.new_empty((x.shape[0], self.packed.shape[0])))
 
     def _is_c_bf16(self, x: torch.Tensor) -> bool:
         """A bf16 CPU weight under fp32 decode rows: the C bf16 GEMV (a row's result does not

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from engined import ops  # noqa: E402,F401  (registers every variant)
 from engined.ops import registry  # noqa: E402
-from tests.ops.helpers import CASES, SMALL_ENOUGH_FOR_INTERPRETER, run_fresh  # noqa: E402
+from tests.ops.helpers import CASES, SMALL_ENOUGH_FOR_INTERPRETER, gemv_case, run_fresh  # noqa: E402
 
 # Variants the interpreter cannot run, and where they are checked instead
 NOT_INTERPRETABLE = {
@@ -90,6 +90,28 @@ def test_variant_matches_reference(op, name, case):
             assert_close(got_part.float(), want_part.float(), atol=case.atol, rtol=rtol)
     fresh, _ = call(registry.variants(op)[name].fn, args, case)  # and with its own allocation
     assert_close(fresh, want, atol=case.atol, rtol=case.rtol)
+
+
+def _gemm_variants():
+    for name, variant in sorted(registry.variants("w4a16_gemm").items()):
+        if "cpu" not in variant.devices and TRITON_TOO_EARLY:
+            continue  # see test_triton_variants_in_a_fresh_process
+        yield pytest.param(name, id=f"w4a16_gemm-{name}")
+
+
+@pytest.mark.parametrize("name", list(_gemm_variants()))
+def test_gemm_rounds_its_own_sums_into_a_16_bit_out(name):
+    """Linear hands the prefill GEMM an out in the rows' 16-bit dtype (no cast kernel after it):
+    each output is the variant's own fp32 sum rounded once, to nearest (a GPU, torch) or, in
+    the Triton interpreter, toward zero."""
+    fn = registry.variants("w4a16_gemm")[name].fn
+    x, w = gemv_case(11, 40, 96, 32, torch.bfloat16, seed=10).make(torch.Generator().manual_seed(10))
+    sums = fn(x, w)                                                    # fp32 [M, N]
+    out = torch.full(sums.shape, float("nan"), dtype=torch.bfloat16)
+    got = fn(x, w, out=out)
+    assert got.data_ptr() == out.data_ptr() and sums.dtype == torch.float32
+    nearest, toward_zero = sums.bfloat16(), (sums.view(torch.int32) & ~0xFFFF).view(torch.float32)
+    assert ((got == nearest) | (got.float() == toward_zero)).all()
 
 
 def test_every_op_has_cases_and_a_fast_variant():

@@ -15,5 +15,8 @@ from engined.ops.w4a16_gemv.cpu_c import launch
                    description="C helper: W decoded per L1 tile, 6x16 register blocks, any M")
 def w4a16_gemm(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | None = None
                ) -> torch.Tensor:
-    """x: [M, K] -> [M, N] fp32, written into `out` when given (contiguous fp32 [M, N])."""
-    return launch("w4a16_gemm", helper.gemm, (w,), x, out)
+    """x: [M, K] -> [M, N] fp32, written into `out` when given (contiguous [M, N]; the helper
+    writes fp32, so a 16-bit `out` gets its result rounded)."""
+    wide = out is None or out.dtype == torch.float32
+    y = launch("w4a16_gemm", helper.gemm, (w,), x, out if wide else None)
+    return y if wide else out.copy_(y)

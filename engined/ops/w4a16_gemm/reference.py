@@ -6,7 +6,7 @@
 | qweight | [N, K/2] | uint8                                  |
 | scales  | [N, K/G] | fp16                                   |
 | mins    | [N, K/G] | fp16, or None (symmetric: w = s*(q-8)) |
-| out     | [M, N]   | fp32                                   |
+| out     | [M, N]   | fp32, or x's 16-bit dtype (given as out: the fp32 result rounded once) |
 """
 import torch
 

@@ -87,8 +87,9 @@ def w4a16_gemm(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | N
         raise registry.KernelError(f"w4a16_gemm: x must be fp32, bf16 or fp16, got {x.dtype}")
     m = x.shape[0]
     y = torch.empty((m, n), dtype=torch.float32, device=x.device) if out is None else out
-    if y.shape != (m, n) or not y.is_contiguous():
-        raise registry.KernelError(f"w4a16_gemm: out must be contiguous [{m}, {n}], got {list(y.shape)}")
+    if y.shape != (m, n) or y.dtype not in (torch.float32, x.dtype) or not y.is_contiguous():
+        raise registry.KernelError(f"w4a16_gemm: out must be a contiguous fp32 or {x.dtype} "
+                                   f"[{m}, {n}], got {y.dtype} {list(y.shape)}")
     cfg = pick_config(m, w.group_size)
     mins, has_mins = mins_arg(w)
     w4a16_gemm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))](
