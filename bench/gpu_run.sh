@@ -182,7 +182,8 @@ section_kernels() {
 
 section_prefill() {  # needs fla-core: `make gpu-carry`'s wheels, carried
   local tests=(tests/ops/test_kda_prefill.py tests/ops/test_w4a16_gemm_triton.py
-               tests/ops/test_moe_grouped_dot.py tests/models/test_kimi_mla_moe.py)
+               tests/ops/test_moe_grouped_dot.py tests/models/test_kimi_mla_moe.py
+               tests/ops/test_prefill_ops_gpu.py)
   if ! "$PY" -c 'import pytest' 2>/dev/null; then
     echo "pytest is not on this image: the prefill tests not run (pip install pytest, then rerun)"
   elif [ "$DRY" = 1 ]; then

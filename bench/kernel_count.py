@@ -29,8 +29,9 @@ from engined.weights import synthetic  # noqa: E402
 MODEL = "kimi-linear-48b-tiny"
 PREFILL_CHUNK = 256
 # aten ops that allocate or describe memory without running a kernel
-NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach",
-             "lift_fresh", "alias", "set_", "resize_", "_reshape_alias", "_unsafe_view"}
+ALLOCATIONS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"}
+NO_KERNEL = ALLOCATIONS | {"detach", "lift_fresh", "alias", "set_", "resize_", "_reshape_alias",
+                           "_unsafe_view"}
 
 
 class Counts:
@@ -59,9 +60,10 @@ class Counts:
 class AtenKernels(TorchDispatchMode):
     """Counts each aten call that launches a kernel (a view or an allocation launches none)."""
 
-    def __init__(self, counts: Counts):
+    def __init__(self, counts: Counts, zero_fill: bool = False):
         super().__init__()
         self.counts = counts
+        self.zero_fill = zero_fill   # allocations zeroed: what kernels not run leave is finite
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -73,16 +75,20 @@ class AtenKernels(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if not (func.is_view or name in NO_KERNEL):
             self.counts.add(f"aten.{name}")
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self.zero_fill and name in ALLOCATIONS:
+            out.zero_()                                 # not counted: the mode is off in here
+        return out
 
 
 @contextlib.contextmanager
-def triton_launches(counts: Counts, execute: bool = True):
+def triton_launches(counts: Counts, execute: bool | frozenset[str] = True):
     """Counts every interpreted Triton launch by kernel name; the interpreter's own tensor
     work inside a launch is not a kernel of the step, so aten counting pauses there.
     execute=False counts without running the kernel (its outputs keep whatever they held:
     a prefill chunk's count, where interpreting 256 rows of experts would take minutes, and
-    no launch count depends on a kernel's values). An autotuned kernel (fla's) launches its
+    no launch count depends on a kernel's values); a set of kernel names runs those only. An
+    autotuned kernel (fla's) launches its
     first config without timing the others: a GPU times them once, not per step."""
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.interpreter import InterpretedFunction
@@ -91,7 +97,7 @@ def triton_launches(counts: Counts, execute: bool = True):
 
     def run(self, *args, **kwargs):
         counts.add(f"triton.{self.fn.__name__}")
-        if not execute:
+        if not (execute if isinstance(execute, bool) else self.fn.__name__ in execute):
             return None
         counts.paused += 1
         try:
@@ -108,11 +114,12 @@ def triton_launches(counts: Counts, execute: bool = True):
 
 
 @contextlib.contextmanager
-def counting(counts: Counts, execute: bool = True):
+def counting(counts: Counts, execute: bool | frozenset[str] = True):
     """The CUDA path on CPU tensors, every launch counted."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("the kernel counter needs TRITON_INTERPRET=1 before triton is imported")
-    with registry.standing_in("cpu", "cuda"), triton_launches(counts, execute), AtenKernels(counts):
+    with (registry.standing_in("cpu", "cuda"), triton_launches(counts, execute),
+          AtenKernels(counts, zero_fill=execute is not True)):
         yield
 
 
@@ -174,11 +181,12 @@ def decode_step(model, rows: int = 1, execute: bool = False) -> Counts:
 @torch.inference_mode()
 def prefill_chunk(model, tokens: int = PREFILL_CHUNK) -> Counts:
     """The launches of one prefill chunk of `tokens` tokens through the whole model (Triton
-    kernels counted, not run)."""
+    kernels counted, not run, but for the router's: moe_grouped checks its picks on the host,
+    and the logits it routes are finite, every allocation being zeroed)."""
     cache = model.new_cache(tokens)
     ids = torch.arange(tokens) % model.config.vocab_size
     counts = Counts()
-    with counting(counts, execute=False), labelled(model, counts):
+    with counting(counts, execute=frozenset({"moe_route_kernel"})), labelled(model, counts):
         model.forward(ids, cache, 0)
     return counts
 

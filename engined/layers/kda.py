@@ -7,32 +7,19 @@ State per sequence: conv windows [3, C, W-1] (last W-1 pre-conv q/k/v inputs) an
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from engined.layers.linear import Linear, run_split
 from engined.layers.rmsnorm import GatedRMSNorm
 from engined.ops import registry
 from engined.ops.kda_prefill.reference import (  # noqa: F401  (the chunk form's names)
     CHUNK, DECAY_BLOCK_BYTES, L2_EPS, SUB, chunked_kda, decay_block_bytes, kda_gate, l2norm)
+from engined.ops.short_conv.reference import short_conv  # noqa: F401  (the eager conv)
 
 
 @dataclass
 class KDAState:
     conv: torch.Tensor   # [3, C, W-1] pre-conv inputs of q, k, v (act dtype)
     S: torch.Tensor      # [H, K, V] fp32
-
-
-def short_conv(x: torch.Tensor, weight: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
-    """Causal depthwise conv + SiLU, fp32 accumulate. Updates `window` in place.
-
-    x: [T, C]; weight: [C, 1, W]; window: [C, W-1] (the inputs before x) -> [T, C] in x.dtype
-    """
-    t, w = x.shape[0], weight.shape[-1]
-    xx = torch.cat((window.float(), x.float().t()), dim=1)  # [C, W-1+T]
-    taps = xx.unfold(1, w, 1)                                # [C, T, W]: inputs t-W+1..t
-    y = torch.einsum("ctw,cw->tc", taps, weight[:, 0].float())
-    window.copy_(xx[:, t:t + w - 1] if w > 1 else window)
-    return F.silu(y).to(x.dtype)
 
 
 def recurrent_kda_step(q, k, v, g, beta, S, scale: float) -> torch.Tensor:
@@ -80,8 +67,8 @@ class KDA:
         heads = lambda x: x.view(t, h, -1)  # noqa: E731  [T, H*K] -> [T, H, K]
         # q/k/v: one GEMM and one depthwise conv over their W channels side by side
         qkv = run_split(self.qkv, [self.q_proj, self.k_proj, self.v_proj], a)      # [T, 3W]
-        qkv = short_conv(qkv, self.conv_w.view(3 * width, 1, -1), state.conv.view(3 * width, -1))
-        q, k, v = (heads(x) for x in qkv.split(width, dim=-1))
+        q, k, v = (heads(x) for x in registry.resolve("short_conv", a.device.type).fn(
+            qkv, self.conv_w.view(3 * width, 1, -1), state.conv.view(3 * width, -1), 3))
         f_a, g_a, b = run_split(self.low, [self.f_a_proj, self.g_a_proj, self.b_proj], a).split(
             (self.head_dim, self.head_dim, h), dim=-1)                               # [T, K], [T, K], [T, H]
         r = heads(self.f_b_proj(f_a))                                                # [T, H, K]
@@ -92,8 +79,9 @@ class KDA:
         else:
             o = registry.resolve("kda_prefill", a.device.type).fn(
                 q, k, v, r, b, self.A_log.view(-1), self.dt_bias, state.S, self.scale)
-        y = self.o_norm(o.to(a.dtype), heads(self.g_b_proj(g_a)))
-        return self.o_proj(y.reshape(t, -1).to(a.dtype))
+        y = registry.resolve("gated_rmsnorm", a.device.type).fn(
+            o.to(a.dtype), heads(self.g_b_proj(g_a)), self.o_norm.weight, self.o_norm.eps)
+        return self.o_proj(y.reshape(t, -1))                                         # y: a's dtype
 
     def decode_batch(self, a: torch.Tensor, conv: torch.Tensor, S: torch.Tensor,
                      slots: torch.Tensor, passes=None) -> torch.Tensor:

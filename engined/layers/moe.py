@@ -163,10 +163,14 @@ class MoE:
         return rowwise(router, f) if is_decode else router(f)
 
     def _route(self, logits: torch.Tensor, is_decode: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode rows each alone on the CPU (ops/rowwise.py)."""
-        pick = lambda x: route(x, self.e_score_correction_bias, self.top_k,  # noqa: E731
-                               self.renormalize, self.scaling)
-        return rowwise(pick, logits) if is_decode else pick(logits)
+        """Decode rows each alone on the CPU (ops/rowwise.py); a chunk's rows through moe_route."""
+        if is_decode:
+            return rowwise(lambda x: route(x, self.e_score_correction_bias, self.top_k,
+                                           self.renormalize, self.scaling), logits)
+        experts = torch.empty((logits.shape[0], self.top_k), dtype=torch.int64, device=logits.device)
+        weights = registry.resolve("moe_route", logits.device.type).fn(
+            logits, self.e_score_correction_bias, self.top_k, self.renormalize, self.scaling, experts)
+        return experts, weights
 
     def _dense(self, f, experts, weights) -> torch.Tensor:
         """Dense banks: Σ_k w_k Expert_{e_k}(f), summed in fp32, one pass per chosen expert."""

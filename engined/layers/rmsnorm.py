@@ -36,6 +36,11 @@ class GatedRMSNorm:
 
     def __call__(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         # o, z: [T, H, K] -> fp32 [T, H, K]
-        of = o.float()
-        y = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.eps)
-        return y * self.weight.float() * torch.sigmoid(z.float())
+        return gated_rms(o, z, self.weight, self.eps)
+
+
+def gated_rms(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS_eps(o) * weight * sigmoid(z) over the last dim, in fp32: o, z [..., K], weight [K]."""
+    of = o.float()
+    y = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + eps)
+    return y * weight.float() * torch.sigmoid(z.float())

@@ -29,6 +29,9 @@ SHIPPED = {
     ("w4a16_swiglu", "cuda"): "triton",
     ("w4a16_swiglu", "cpu"): "composed",
     ("mla_latent", "cuda"): "triton",
+    ("short_conv", "cuda"): "triton",
+    ("gated_rmsnorm", "cuda"): "triton",
+    ("moe_route", "cuda"): "triton",
 }
 
 

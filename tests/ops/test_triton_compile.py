@@ -33,6 +33,9 @@ from engined.ops.paged_mla_decode.triton import (paged_mla_decode_kernel, paged_
 from engined.ops.mla_latent.triton import mla_latent_kernel
 from engined.ops.w4a16_gemm.triton import pick_config as gemm_config, w4a16_gemm_kernel
 from engined.ops.moe_grouped.triton_dot import moe_grouped_dot_kernel, pick_config as moe_dot_config
+from engined.ops.gated_rmsnorm.triton import BLOCK_ROWS, gated_rmsnorm_kernel
+from engined.ops.moe_route.triton import moe_route_kernel
+from engined.ops.short_conv.triton import BLOCK_C as CONV_C, BLOCK_T as CONV_T, short_conv_kernel
 import triton.language as tl
 
 GEMV = {"GROUP": 32, "HAS_MINS": False}
@@ -107,7 +110,7 @@ latent = {"kv_ptr": "*bf16", "w_ptr": "*bf16", "pool_ptr": "*bf16", "tables_ptr"
           "positions_ptr": "*i64", "o_ptr": "*bf16", "eps": "fp32", "MB": "i32"}
 cases.append((mla_latent_kernel, latent, {"R": 512, "P": 64, "BLOCK": 64, "SCALE_IN_ACT": True,
                                           "BLOCK_R": 512, "BLOCK_P": 64}))  # Kimi-Linear, bf16
-gemm = {"x_ptr": "*bf16", "c_ptr": "*i32", "s_ptr": "*fp16", "m_ptr": "*fp16", "y_ptr": "*fp32",
+gemm = {"x_ptr": "*bf16", "c_ptr": "*i32", "s_ptr": "*fp16", "m_ptr": "*fp16", "y_ptr": "*bf16",
         "M": "i32", "N": "i32", "K": "i32"}   # prefill rows: a 256-token chunk, bf16 activations
 cfg = gemm_config(256, 32)                    # (the tile does not depend on N or K)
 OPTIONS[w4a16_gemm_kernel] = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
@@ -125,6 +128,16 @@ for gather, x_type in ((True, "*bf16"), (False, "*fp32")):   # gate/up, then dow
         cases.append((moe_grouped_dot_kernel, moe_dot, {
             "GATHER": gather, "SWIGLU": gather, "GROUP": 32, "HAS_MINS": has_mins, "GPU_ORDER": True,
             "IEEE": False, "A_EXACT": gather, "DTYPE": tl.bfloat16, "INTERPRETED": False, **cfg}))
+# prefill chunks around chunk_kda and the experts, Kimi-Linear's shapes, bf16 activations
+gated = {"o_ptr": "*bf16", "z_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "R": "i32",
+         "K": "i32", "eps": "fp32"}
+cases.append((gated_rmsnorm_kernel, gated, {"BLOCK_R": BLOCK_ROWS, "BLOCK_K": 128}))
+conv = {"x_ptr": "*bf16", "w_ptr": "*bf16", "win_ptr": "*bf16", "y_ptr": "*bf16", "T": "i32",
+        "C": "i32", "CP": "i32"}
+cases.append((short_conv_kernel, conv, {"W": 4, "BLOCK_T": CONV_T, "BLOCK_C": CONV_C, "BLOCK_W": 4}))
+route = {"logits_ptr": "*fp32", "bias_ptr": "*bf16", "experts_ptr": "*i64", "weights_ptr": "*fp32",
+         "E": "i32", "scaling": "fp32"}
+cases.append((moe_route_kernel, route, {"TOP_K": 8, "RENORM": True, "BLOCK_E": 256, "BLOCK_K": 8}))
 for fn, sig, meta in cases:
     # as a launch specializes them: pointers and K 16-byte aligned (vector loads)
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(sig.items())
