@@ -82,14 +82,14 @@ class AtenKernels(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def triton_launches(counts: Counts, execute: bool | frozenset[str] = True):
+def triton_launches(counts: Counts, execute: bool = True):
     """Counts every interpreted Triton launch by kernel name; the interpreter's own tensor
     work inside a launch is not a kernel of the step, so aten counting pauses there.
-    execute=False counts without running the kernel (its outputs keep whatever they held:
-    a prefill chunk's count, where interpreting 256 rows of experts would take minutes, and
-    no launch count depends on a kernel's values); a set of kernel names runs those only. An
-    autotuned kernel (fla's) launches its
-    first config without timing the others: a GPU times them once, not per step."""
+    execute=False counts without running the kernel (its outputs keep what they held, zeros
+    under `counting`: a prefill chunk's count, where interpreting 256 rows of experts would
+    take minutes, and no launch count depends on a kernel's values). An autotuned kernel
+    (fla's) launches its first config without timing the others: a GPU times them once, not
+    per step."""
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -97,7 +97,7 @@ def triton_launches(counts: Counts, execute: bool | frozenset[str] = True):
 
     def run(self, *args, **kwargs):
         counts.add(f"triton.{self.fn.__name__}")
-        if not (execute if isinstance(execute, bool) else self.fn.__name__ in execute):
+        if not execute:
             return None
         counts.paused += 1
         try:
@@ -114,12 +114,12 @@ def triton_launches(counts: Counts, execute: bool | frozenset[str] = True):
 
 
 @contextlib.contextmanager
-def counting(counts: Counts, execute: bool | frozenset[str] = True):
+def counting(counts: Counts, execute: bool = True):
     """The CUDA path on CPU tensors, every launch counted."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("the kernel counter needs TRITON_INTERPRET=1 before triton is imported")
     with (registry.standing_in("cpu", "cuda"), triton_launches(counts, execute),
-          AtenKernels(counts, zero_fill=execute is not True)):
+          AtenKernels(counts, zero_fill=not execute)):
         yield
 
 
@@ -181,12 +181,12 @@ def decode_step(model, rows: int = 1, execute: bool = False) -> Counts:
 @torch.inference_mode()
 def prefill_chunk(model, tokens: int = PREFILL_CHUNK) -> Counts:
     """The launches of one prefill chunk of `tokens` tokens through the whole model (Triton
-    kernels counted, not run, but for the router's: moe_grouped checks its picks on the host,
-    and the logits it routes are finite, every allocation being zeroed)."""
+    kernels counted, not run: what they would write is left zeroed, so the router's picks,
+    which torch ops sort, are expert 0)."""
     cache = model.new_cache(tokens)
     ids = torch.arange(tokens) % model.config.vocab_size
     counts = Counts()
-    with counting(counts, execute=frozenset({"moe_route_kernel"})), labelled(model, counts):
+    with counting(counts, execute=False), labelled(model, counts):
         model.forward(ids, cache, 0)
     return counts
 

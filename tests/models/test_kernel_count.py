@@ -21,10 +21,11 @@ _spec.loader.exec_module(kernel_count)
 STEP_BUDGET = 600  # issue 24's gate for one batch-1 decode step of the 48B's layer map
 # issue 29's gate for one 256-token prefill chunk, per layer (the widest layer), as the issue
 # asks. 354 before it; 84 with fla's chunk_kda, the Triton W4A16 GEMM, add_rmsnorm, one q/k/v
-# conv and SDPA; now KDA 51 and MLA 59: the short convs (short_conv), the gated output norm
-# (gated_rmsnorm) and the router (moe_route) one launch each, no copies of q/k/v for fla, the
-# GEMMs storing bf16. What is left: moe_grouped's route sort (~15 ops, two host syncs), the
-# MLA latent's eager norm and paged rows, SDPA's padding and casts.
+# conv and SDPA (4 of them the expert-id check's host syncs, which a GPU does not run); now KDA
+# 47 and MLA 55: the short convs (short_conv), the gated output norm (gated_rmsnorm) and the
+# router (moe_route) one launch each, no copies of q/k/v for fla, the GEMMs storing bf16. What
+# is left: moe_grouped's route sort and sum (~12 ops), the MLA latent's eager norm and paged
+# rows, SDPA's padding and casts.
 PREFILL_LAYER_BUDGET = 60
 in_process = pytest.mark.skipif(not interpreter_ready(), reason="runs in test_in_a_fresh_process")
 

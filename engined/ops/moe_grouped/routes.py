@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engined.ops import registry
+
 
 @dataclass(frozen=True)
 class SortedRoutes:
@@ -54,7 +56,9 @@ def check_inputs(x: torch.Tensor, w1, w3, w2, experts: torch.Tensor, weights: to
             or experts.is_floating_point():
         raise ValueError(f"moe_grouped: experts (integer) and weights must both be [{x.shape[0]}, k], "
                          f"got {experts.dtype} {list(experts.shape)} and {list(weights.shape)}")
-    if experts.device.type == "cpu":  # the router's contract; checked where it costs no sync
+    # the router's contract, checked where it costs no sync: on the CPU, and not on CPU tensors
+    # standing in for a GPU's (the kernel counter counts what a GPU launches)
+    if registry.runs_as(experts.device.type) == "cpu":
         lo, hi = int(experts.min()), int(experts.max())
         if lo < 0 or hi >= e:
             raise ValueError(f"moe_grouped: expert ids must lie in 0..{e - 1}, got {lo}..{hi}")
