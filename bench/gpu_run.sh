@@ -37,7 +37,8 @@
 #                   fla-core's chunk_kda against our chunk form (T = 1000, 64, 7 at 48B head
 #                   sizes, from a nonzero state), the Triton W4A16 GEMM at q/k/v, o_proj and
 #                   expert shapes (M = 9, 256, 2048), moe_grouped's tl.dot variant on a
-#                   256-token chunk at expert shapes, MLA's lower-right causal SDPA.
+#                   256-token chunk at expert shapes, MLA's lower-right causal SDPA, and the
+#                   chunk's short convs, gated output norm and router (test_prefill_ops_gpu.py).
 #   serve    240 s  bench/serve_streams.py: `python -m engined serve --model
 #                   synthetic:kimi-linear-48b`, through its socket: at start, before any
 #                   request, the batch-1 roofline, the decode graphs captured and the peak
