@@ -71,7 +71,8 @@ def moe_route_case(t: int, e: int, k: int, renormalize: bool, seed=0) -> Case:
     def make(gen):
         logits = torch.randn(t, e, generator=gen) * 2
         bias = (torch.randn(e, generator=gen) * 0.3).to(torch.bfloat16)
-        return logits, bias, k, renormalize, 2.446, torch.zeros(t, k, dtype=torch.int64)
+        # picks start at -1: a pick a variant fails to store cannot pass for expert 0
+        return logits, bias, k, renormalize, 2.446, torch.full((t, k), -1, dtype=torch.int64)
     return Case(f"moe-route-t{t}-e{e}-k{k}{'-renorm' if renormalize else ''}", make, t * e,
                 atol=1e-6, rtol=1e-5, seed=seed, updates=(5,))
 

@@ -34,8 +34,8 @@ def gated_rmsnorm_kernel(o_ptr, z_ptr, w_ptr, y_ptr, R, K, eps, BLOCK_R: tl.cons
 def gated_rmsnorm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
                   out: torch.Tensor | None = None) -> torch.Tensor:
     check_inputs(o, z, weight)
-    if not o.is_contiguous() or not z.is_contiguous():
-        raise registry.KernelError("gated_rmsnorm: o and z must be contiguous")
+    if not (o.is_contiguous() and z.is_contiguous() and weight.is_contiguous()):
+        raise registry.KernelError("gated_rmsnorm: o, z and weight must be contiguous")
     if out is None:
         out = torch.empty_like(o)
     elif out.shape != o.shape or out.dtype != o.dtype or not out.is_contiguous():

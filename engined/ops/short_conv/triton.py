@@ -18,7 +18,7 @@ from engined.ops.short_conv.reference import check_inputs
 BLOCK_T, BLOCK_C = 32, 128   # the first tile's tokens cover the window: BLOCK_T >= W - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])   # a chunk and its tail (T = 1, 7, 2048) share one compile
 def short_conv_kernel(x_ptr, w_ptr, win_ptr, y_ptr, T, C, CP, W: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
     tile_t = tl.program_id(0)
