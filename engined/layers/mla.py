@@ -47,6 +47,14 @@ class MLA:
     def latent_width(self) -> int:
         return self.rank + self.rope
 
+    @property
+    def prefill_width(self) -> int:
+        """Elements a prefill chunk's expanded path (`_expanded`) holds per token of context at
+        once: the gathered latent row, kv_b's [k_nope ; v] per head, the keys and the padded
+        values SDPA reads, each [S, ...] in the activations' dtype."""
+        h, keys = self.num_heads, self.nope + self.rope
+        return self.latent_width + h * (self.nope + self.vdim) + h * keys + h * max(self.vdim, keys)
+
     def __call__(self, a: torch.Tensor, latents: torch.Tensor, start: int,
                  rows: torch.Tensor | None = None) -> torch.Tensor:
         """a: [T, D] at positions start..start+T-1 -> [T, D]. latents: rows [N, R+P] of a latent

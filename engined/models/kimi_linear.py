@@ -78,6 +78,9 @@ class KimiLinearModel:
             self.lm_head.weight = self.embed_tokens              # one tensor, filled once
         latent = (c.kv_lora_rank + c.qk_rope_head_dim) * dtype.itemsize
         self.kv_bytes_per_token = len(c.mla_layers) * latent
+        # a prefill chunk's transient per token of context: one MLA layer's at a time
+        self.prefill_bytes_per_token = max((layer.self_attn.prefill_width for layer in self.layers
+                                            if layer.is_mla), default=0) * dtype.itemsize
         self.weight_bytes = sum(t.nbytes for t in self.tensors())
         self.state_pool = StatePool({i: layer.self_attn for i, layer in enumerate(self.layers)
                                      if not layer.is_mla}, dtype, self.device)

@@ -25,7 +25,8 @@ CUDA_CONTEXT_BYTES = 768 * MiB
 # Working buffers beside the weights and the cache: the activations of one prefill chunk
 # (a [T, D] hidden state is small; the MoE's [T*k, I] intermediates and the [T, V] fp32
 # logits are not), the CUDA graph pools of the decode buckets, the caching allocator's
-# rounding, and the latent pool's rounding blocks (< 1 MB per sequence).
+# rounding, and the latent pool's rounding blocks (< 1 MB per sequence). A prefill chunk's
+# attention over the whole context comes on top (ModelParts.workspace_bytes).
 WORKSPACE_BYTES = 1 * GiB
 # What the default budget leaves free on the device: other processes' growth, the display,
 # and fragmentation the allocator cannot give back.
@@ -46,6 +47,7 @@ class ModelParts:
     kv_bytes_per_token: int              # MLA latent + rope of one token, every MLA layer
     routed_int4: bool = True             # the routed experts are packed INT4 (RAM needs that)
     num_experts: int = 0                 # routed experts per MoE layer
+    prefill_bytes_per_token: int = 0     # a prefill chunk's transient per token of context
 
     @property
     def expert_bytes(self) -> int:
@@ -64,6 +66,12 @@ class ModelParts:
         """The latent rows of max_context tokens and a KDA state slot per running sequence,
         plus the scratch slot that padded decode rows write."""
         return self.kv_bytes_per_token * max_context + self.state_bytes_per_sequence * (max_batch + 1)
+
+    def workspace_bytes(self, max_context: int) -> int:
+        """WORKSPACE_BYTES, and what a prefill chunk's attention holds over a context of
+        max_context tokens (MLA: the latents gathered, expanded into keys and values: 42,112
+        bytes a token for Kimi-Linear in bf16, 1.3 GiB at 32k, 5.1 GiB at 128k)."""
+        return WORKSPACE_BYTES + self.prefill_bytes_per_token * max_context
 
 
 def model_parts(model) -> ModelParts:
@@ -84,7 +92,7 @@ def model_parts(model) -> ModelParts:
         raise PlacementError(f"the experts ({format_size(model.weight_bytes - attention)}) come to "
                              f"more than the model's {format_size(model.weight_bytes)} of weights")
     return ModelParts(attention, shared, tuple(routed), model.state_bytes, model.kv_bytes_per_token,
-                      int4, num_experts)
+                      int4, num_experts, model.prefill_bytes_per_token)
 
 
 def _swiglu_bytes(mlp) -> int:
@@ -183,14 +191,15 @@ def plan_placement(parts: ModelParts, device: str, max_context: int, max_batch: 
     if gpu_budget <= 0:
         raise PlacementError(f"a GPU budget of {format_size(gpu_budget)}: the caller passes "
                              "--gpu-memory, or default_gpu_budget(free memory)")
-    return _on_cuda(parts, cache, gpu_budget, explicit, flag, moe_cache)
+    return _on_cuda(parts, cache, parts.workspace_bytes(max_context), gpu_budget, explicit, flag,
+                    moe_cache)
 
 
-def _on_cuda(parts: ModelParts, cache: int, gpu_budget: int, explicit: int | None,
-             flag: str, moe_cache: int = 0) -> Placement:
+def _on_cuda(parts: ModelParts, cache: int, workspace: int, gpu_budget: int,
+             explicit: int | None, flag: str, moe_cache: int = 0) -> Placement:
     """explicit: the number of first MoE layers a flag put in RAM, or None to plan."""
     fixed = {"attention": parts.attention, "shared experts": parts.shared_experts,
-             "cache": cache, "workspace": WORKSPACE_BYTES, "CUDA context": CUDA_CONTEXT_BYTES}
+             "cache": cache, "workspace": workspace, "CUDA context": CUDA_CONTEXT_BYTES}
     need = sum(fixed.values())  # what the GPU holds with every routed expert in RAM
     if need > gpu_budget:
         raise PlacementError(
@@ -215,7 +224,7 @@ def _on_cuda(parts: ModelParts, cache: int, gpu_budget: int, explicit: int | Non
     offloaded = frozenset(i for i, _ in parts.routed[:count])
     on_gpu = _routed_from(parts, count)
     gpu = {"attention": parts.attention, "shared experts": parts.shared_experts,
-           "routed experts": on_gpu, "cache": cache, "workspace": WORKSPACE_BYTES,
+           "routed experts": on_gpu, "cache": cache, "workspace": workspace,
            "CUDA context": CUDA_CONTEXT_BYTES}
     slots = cache_slots(parts, count, gpu_budget - sum(gpu.values()), moe_cache)
     if slots:

@@ -45,20 +45,25 @@ def test_parts_add_up_to_the_int4_artifact(model, parts):
     assert parts.attention == 2_230_848_512                          # 2.08 GiB: all that is not an expert
     assert parts.state_bytes_per_sequence == KDA_STATE == 43_417_600
     assert parts.kv_bytes_per_token == 8_064
+    # a prefill chunk's MLA attention per token of context, bf16: the latent 512 + 64, kv_b's
+    # 32 x (128 + 128), keys 32 x (128 + 64), values padded to the keys' 192
+    assert parts.prefill_bytes_per_token == 2 * (576 + 32 * 256 + 32 * 192 + 32 * 192) == 42_112
 
 
-def test_the_24_gib_plan_at_32k_offloads_six_layers(parts):
+def test_the_24_gib_plan_at_32k_offloads_seven_layers(parts):
     """By hand: the GPU must hold attention 2,230,848,512 + shared 103,514,112 + cache
     (8,064 x 32,768 = 264,241,152 of latents + 43,417,600 x 9 slots = 390,758,400)
-    + workspace 1,073,741,824 + context 805,306,368 = 4,868,410,368 B. 24 GiB = 25,769,803,776
-    leaves 20,901,393,408 for routed experts: 20 layers (20,384,317,440) fit, 21 do not, so the
-    first 26 - 20 = 6 MoE layers (1..6) go to RAM."""
+    + workspace (1,073,741,824 + a prefill's attention over 32,768 tokens, 42,112 x 32,768 =
+    1,379,926,016) + context 805,306,368 = 6,248,336,384 B. 24 GiB = 25,769,803,776 leaves
+    19,521,467,392 for routed experts: 19 layers (19,365,101,568) fit, 20 do not, so the first
+    26 - 19 = 7 MoE layers (1..7) go to RAM."""
     placement = plan_placement(parts, "cuda", 32768, 8, 24 * GiB)
     assert placement.gpu["cache"] == 654_999_552
-    assert placement.offloaded == frozenset(range(1, 7))
-    assert placement.gpu["routed experts"] == 20 * ROUTED_PER_LAYER
-    assert placement.ram == {"routed experts": 6 * ROUTED_PER_LAYER}
-    assert placement.gpu_total == 4_868_410_368 + 20 * ROUTED_PER_LAYER
+    assert placement.gpu["workspace"] == 2_453_667_840
+    assert placement.offloaded == frozenset(range(1, 8))
+    assert placement.gpu["routed experts"] == 19 * ROUTED_PER_LAYER
+    assert placement.ram == {"routed experts": 7 * ROUTED_PER_LAYER}
+    assert placement.gpu_total == 6_248_336_384 + 19 * ROUTED_PER_LAYER
     assert placement.reason == "planned for a 24.0 GiB GPU budget"
 
 
@@ -70,7 +75,8 @@ def test_counts_are_monotone_within_budget_and_minimal(parts):
             assert placement.gpu_total <= budget * GiB
             assert placement.gpu_total + placement.ram_total == (
                 parts.attention + parts.shared_experts + parts.routed_bytes
-                + parts.cache_bytes(context, 8) + WORKSPACE_BYTES + CUDA_CONTEXT_BYTES)
+                + parts.cache_bytes(context, 8) + WORKSPACE_BYTES
+                + parts.prefill_bytes_per_token * context + CUDA_CONTEXT_BYTES)
             k = counts[budget, context] = len(placement.offloaded)
             assert placement.offloaded == frozenset(range(1, k + 1))  # the first k MoE layers
             if k:  # one more layer on the GPU would not fit
@@ -81,25 +87,28 @@ def test_counts_are_monotone_within_budget_and_minimal(parts):
         assert all(counts[more, c] <= counts[budget, c] for c in CONTEXTS)
     for context, longer in itertools.pairwise(CONTEXTS):
         assert all(counts[b, longer] >= counts[b, context] for b in BUDGETS)
-    assert counts == {(16, 8192): 14, (16, 32768): 14, (16, 131072): 15,
-                      (24, 8192): 6, (24, 32768): 6, (24, 131072): 7,
-                      (32, 8192): 0, (32, 32768): 0, (32, 131072): 0}
+    assert counts == {(16, 8192): 15, (16, 32768): 16, (16, 131072): 21,
+                      (24, 8192): 6, (24, 32768): 7, (24, 131072): 12,
+                      (32, 8192): 0, (32, 32768): 0, (32, 131072): 4}
 
 
-def test_32_gib_holds_every_expert_even_at_128k(parts):
-    """26.85 GiB of weights + 0.62 GiB of cache at 8k + 1 GiB workspace + 0.75 GiB context =
-    29.0 GiB; at 128k the latents add 0.98 GiB (8,064 B x 131,072) and it is 30.0 GiB, still under 32."""
+def test_32_gib_holds_every_expert_at_8k_and_a_128k_prefill_moves_four(parts):
+    """26.85 GiB of weights + 0.62 GiB of cache at 8k + 1.32 GiB workspace (1 GiB + a prefill's
+    attention over 8k tokens, 42,112 B x 8,192) + 0.75 GiB context = 29.35 GiB. At 128k the
+    latents add 0.98 GiB (8,064 B x 131,072) and the prefill's attention 5.14 GiB (42,112 B x
+    131,072): 35.1 GiB, so the first 4 MoE layers' experts go to RAM."""
     at_8k = plan_placement(parts, "cuda", 8192, 8, 32 * GiB)
     assert not at_8k.offloaded and at_8k.ram_total == 0
-    assert at_8k.gpu_total == 31_169_842_176                         # 29.03 GiB
+    assert at_8k.gpu_total == 31_514_823_680                         # 29.35 GiB
     at_128k = plan_placement(parts, "cuda", 131072, 8, 32 * GiB)
-    assert not at_128k.offloaded and at_128k.gpu_total == 32_160_746_496  # 29.95 GiB
+    assert at_128k.offloaded == frozenset(range(1, 5))
+    assert at_128k.gpu_total == 33_603_587_072                       # 31.30 GiB
 
 
 def test_a_budget_below_what_must_stay_on_the_gpu_is_refused_with_the_numbers(parts):
     with pytest.raises(PlacementError) as err:
         plan_placement(parts, "cuda", 32768, 8, 2 * GiB)
-    assert "needs 4.5 GiB of the 2.0 GiB budget" in str(err.value)
+    assert "needs 5.8 GiB of the 2.0 GiB budget" in str(err.value)
     assert "--gpu-memory" in str(err.value)
     with pytest.raises(PlacementError, match="even with every routed expert in RAM"):
         plan_placement(parts, "cuda", 32768, 8, 2 * GiB, cpu_moe=True)
@@ -137,8 +146,8 @@ def test_describe_names_each_part_and_both_totals(parts):
     for part in ("attention", "shared experts", "routed experts", "cache", "workspace", "CUDA context"):
         assert any(line.lstrip().startswith(part) for line in lines), part
     total = next(line for line in lines if line.lstrip().startswith("total"))
-    assert total.split()[1:] == ["23.5", "GiB", "5.7", "GiB"]
-    assert "routed experts of 6 of 26 MoE layers in RAM (layers 1..6)" in text
+    assert total.split()[1:] == ["23.9", "GiB", "6.6", "GiB"]
+    assert "routed experts of 7 of 26 MoE layers in RAM (layers 1..7)" in text
     assert "24.0 GiB" in text
 
 
@@ -151,15 +160,15 @@ EXPERT = ROUTED_PER_LAYER // 256                                      # 3,981,31
 
 
 def test_the_expert_cache_takes_what_the_24_gib_plan_leaves_in_whole_experts(parts):
-    """The 24 GiB plan at 32k above leaves 25,769,803,776 - 4,868,410,368 - 20 x 1,019,215,872
-    = 517,075,968 B: 129 experts of 3,981,312 B (513,589,248 B)."""
+    """The 24 GiB plan at 32k above leaves 25,769,803,776 - 6,248,336,384 - 19 x 1,019,215,872
+    = 156,365,824 B: 39 experts of 3,981,312 B (155,271,168 B)."""
     assert parts.expert_bytes == EXPERT and parts.num_experts == 256
     placement = plan_placement(parts, "cuda", 32768, 8, 24 * GiB, moe_cache=MOE_CACHE_AUTO)
-    assert placement.cache_slots == 129 and placement.gpu["expert cache"] == 129 * EXPERT
+    assert placement.cache_slots == 39 and placement.gpu["expert cache"] == 39 * EXPERT
     assert placement.gpu_total <= 24 * GiB < placement.gpu_total + EXPERT
-    assert "expert cache: 129 experts, 489.8 MiB (--moe-cache)" in placement.describe()[-1]
-    sized = plan_placement(parts, "cuda", 32768, 8, 24 * GiB, moe_cache=256 * 2**20)
-    assert sized.cache_slots == 67                                     # 268,435,456 // EXPERT
+    assert "expert cache: 39 experts, 148.1 MiB (--moe-cache)" in placement.describe()[-1]
+    sized = plan_placement(parts, "cuda", 32768, 8, 24 * GiB, moe_cache=128 * 2**20)
+    assert sized.cache_slots == 33                                     # 134,217,728 // EXPERT
     off = plan_placement(parts, "cuda", 32768, 8, 24 * GiB)
     assert off.cache_slots == 0 and "expert cache" not in off.gpu
     assert off.describe()[-1] == "  expert cache: off"
@@ -169,7 +178,7 @@ def test_a_cache_that_does_not_fit_is_refused_with_the_numbers(parts):
     with pytest.raises(PlacementError) as err:
         plan_placement(parts, "cuda", 32768, 8, 24 * GiB, moe_cache=1 * GiB)
     assert "--moe-cache 1.0 GiB does not fit: 269 experts of 3.8 MiB need 1021.4 MiB" in str(err.value)
-    assert "leaves 493.1 MiB of the GPU budget" in str(err.value)
+    assert "leaves 149.1 MiB of the GPU budget" in str(err.value)
 
 
 def test_the_cache_is_for_experts_in_ram_and_never_larger_than_they_are(parts):
