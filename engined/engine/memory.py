@@ -33,14 +33,20 @@ class Budget:
     max_context: int
     cap_bytes: int  # 0 = no cap
     cap_source: str = "--memory-cap"
+    prefill_bytes_per_token: int = 0  # a prefill chunk's attention per token of context (MLA)
 
     @property
     def kv_bytes(self) -> int:
         return self.kv_bytes_per_token * self.max_context
 
     @property
+    def prefill_bytes(self) -> int:
+        """What a prefill chunk holds at once over a context of max_context tokens."""
+        return self.prefill_bytes_per_token * self.max_context
+
+    @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes
+        return self.weight_bytes + self.kv_bytes + self.prefill_bytes
 
     @property
     def is_over_cap(self) -> bool:
@@ -48,10 +54,12 @@ class Budget:
 
     def describe(self) -> str:
         cap = f"{format_size(self.cap_bytes)} ({self.cap_source})" if self.cap_bytes else "none"
+        prefill = (f" + prefill attention {format_size(self.prefill_bytes)} (x "
+                   f"{format_size(self.prefill_bytes_per_token)})" if self.prefill_bytes else "")
         return (f"weights {format_size(self.weight_bytes)} + KV cache "
                 f"{format_size(self.kv_bytes)} ({self.max_context} tokens x "
-                f"{format_size(self.kv_bytes_per_token)}) = {format_size(self.total_bytes)}; "
-                f"cap {cap}")
+                f"{format_size(self.kv_bytes_per_token)}){prefill} = "
+                f"{format_size(self.total_bytes)}; cap {cap}")
 
 
 UNLIMITED_V1 = 1 << 60  # v1 reports "no limit" as a page-rounded 2**63 - 1
@@ -154,13 +162,16 @@ def plan_budget(plan, max_context: int, requested_cap: int, device: str = "cpu",
     """plan: loader.LoadPlan (weight_bytes, kv_bytes_per_token) on `device`. On CUDA,
     requested_cap is --gpu-memory, `in_ram` (routed experts kept in RAM) is not the
     device's and `expert_cache` (its copies of hot ones) is; on the CPU it is --memory-cap
-    and every weight counts."""
+    and every weight counts. A MoE model's parts add what its prefill chunk's attention holds
+    over max_context tokens (MLA's keys and values expanded: 5 GiB at 128k for the 48B in bf16,
+    twice that in the CPU's fp32), which a long prompt needs beside the weights and the cache."""
     if device.startswith("cuda"):
         cap, source = cuda_cap(requested_cap, device)
         weights = int(plan.weight_bytes) - in_ram + expert_cache
     else:
         (cap, source), weights = effective_cap(requested_cap), int(plan.weight_bytes)
-    return Budget(weights, int(plan.kv_bytes_per_token), max_context, cap, source)
+    prefill = plan.parts.prefill_bytes_per_token if plan.parts is not None else 0
+    return Budget(weights, int(plan.kv_bytes_per_token), max_context, cap, source, prefill)
 
 
 def place(plan, config, device: str, max_context: int):

@@ -143,13 +143,15 @@ def config_of(spec: str) -> dict:
 
 
 def build(cfg: dict, device, int4: bool = True, seed: int = 0, fill: bool = True,
-          offload: frozenset[int] = frozenset(), cache_slots: int = 0) -> KimiLinearModel:
-    """The model with random weights on `device`: bf16 activations on CUDA, fp32 elsewhere;
+          offload: frozenset[int] = frozenset(), cache_slots: int = 0,
+          act_device=None) -> KimiLinearModel:
+    """The model with random weights on `device`: bf16 activations on CUDA (or act_device's:
+    a plan on the meta device sizes what that device will hold), fp32 elsewhere;
     int4: the selective plan (routed and shared experts packed), else dense bf16; offload:
     MoE layers whose routed experts are made in RAM (the same values, seed for seed);
     cache_slots: the device's expert cache for them (layers/expert_cache.py)."""
     config = parse_config(cfg)
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    dtype = torch.bfloat16 if torch.device(act_device or device).type == "cuda" else torch.float32
     model = KimiLinearModel(config, dtype, device, selective_int4(config) if int4 else {},
                             torch.bfloat16, offload, cache_slots)
     if fill:
@@ -163,7 +165,7 @@ def plan(spec: str, device="cpu") -> LoadPlan:
     """From shapes alone (the model is planned on the meta device)."""
     from engined.weights.placement import model_parts
 
-    model = build(config_of(spec), "meta", fill=False)
+    model = build(config_of(spec), "meta", fill=False, act_device=device)
     return LoadPlan(model.weight_bytes + model.state_bytes, model.kv_bytes_per_token,
                     model.config.context_length, model_parts(model))
 
