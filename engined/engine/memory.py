@@ -227,13 +227,14 @@ def check_host(in_ram: int, requested_cap: int):
 
 
 def enforce(budget: Budget):
-    """Refuse an over-cap plan; otherwise arm the counter and reserve the weights."""
+    """Refuse an over-cap plan; otherwise arm the counter and reserve the weights and the
+    prefill's room (so the prefix cache and the sequences' KV never take it)."""
     if budget.is_over_cap:
         raise MemoryCapError(
             f"refusing to start: the memory plan exceeds the cap: {budget.describe()}. "
             "Lower --max-context, or raise --memory-cap.")
     arm(budget.cap_bytes)
-    reserve(budget.weight_bytes)
+    reserve(budget.weight_bytes + budget.prefill_bytes)
 
 
 MemoryCapExceeded = helper.MemoryCapExceeded  # whichever counter refused

@@ -25,9 +25,19 @@ def test_the_cpu_budget_refuses_a_context_whose_prefill_would_not_fit():
     plan = loader.plan_model("synthetic:kimi-linear-48b", "cpu")
     budget = memory.plan_budget(plan, 131072, 0, "cpu")
     assert budget.prefill_bytes == 84_224 * 131072
-    assert budget.total_bytes == plan.weight_bytes + budget.kv_bytes + budget.prefill_bytes
-    tight = memory.Budget(budget.weight_bytes, budget.kv_bytes_per_token, 131072,
-                          budget.weight_bytes + budget.kv_bytes + GiB, "--memory-cap",
-                          budget.prefill_bytes_per_token)
+    tight = memory.plan_budget(plan, 131072, budget.weight_bytes + budget.kv_bytes + GiB, "cpu")
     with pytest.raises(memory.MemoryCapError, match=r"prefill attention 10\.3 GiB"):
         memory.enforce(tight)
+
+
+def test_the_prefills_room_is_reserved_so_the_cache_cannot_take_it(monkeypatch):
+    """Weights 700 and a prefill's 2 x 20 = 40 reserved at start against a cap of 1000: the
+    KV (10 x 20) still fits, one byte more than what is left does not (the prefix cache and
+    the sequences' KV reserve through the same counter, and evict or wait when refused)."""
+    monkeypatch.setattr(memory.helper, "available", lambda: False)
+    monkeypatch.setattr(memory, "_reservations", memory.Reservations())
+    memory.enforce(memory.Budget(700, 10, 20, 1000, "--memory-cap", prefill_bytes_per_token=2))
+    assert memory.reserved() == 740
+    memory.reserve(200)
+    with pytest.raises(memory.MemoryCapExceeded):
+        memory.reserve(61)
