@@ -12,6 +12,7 @@ import triton.language as tl
 
 from engined.ops import registry
 from engined.ops.gated_rmsnorm.reference import check_inputs
+from engined.ops.w4a16_gemv.triton import out_buffer
 
 BLOCK_ROWS = 16
 
@@ -36,10 +37,7 @@ def gated_rmsnorm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: f
     check_inputs(o, z, weight)
     if not (o.is_contiguous() and z.is_contiguous() and weight.is_contiguous()):
         raise registry.KernelError("gated_rmsnorm: o, z and weight must be contiguous")
-    if out is None:
-        out = torch.empty_like(o)
-    elif out.shape != o.shape or out.dtype != o.dtype or not out.is_contiguous():
-        raise registry.KernelError(f"gated_rmsnorm: out must be a contiguous {o.dtype} {list(o.shape)}")
+    out = out_buffer(out, tuple(o.shape), o.device, "gated_rmsnorm", o.dtype)
     rows, k = o.shape[0] * o.shape[1], o.shape[2]
     block_k = triton.next_power_of_2(k)
     gated_rmsnorm_kernel[(triton.cdiv(rows, BLOCK_ROWS),)](

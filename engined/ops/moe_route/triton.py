@@ -11,6 +11,7 @@ import triton.language as tl
 from engined.ops import registry
 from engined.ops.moe_decode.triton import top_k_routes
 from engined.ops.moe_route.reference import check_inputs
+from engined.ops.w4a16_gemv.triton import out_buffer
 
 
 @triton.jit
@@ -33,10 +34,7 @@ def moe_route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize:
     t, e = logits.shape
     if not (logits.is_contiguous() and bias.is_contiguous() and experts.is_contiguous()):
         raise registry.KernelError("moe_route: logits, bias and experts must be contiguous")
-    if out is None:
-        out = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
-    elif out.shape != (t, top_k) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise registry.KernelError(f"moe_route: out must be a contiguous fp32 [{t}, {top_k}]")
+    out = out_buffer(out, (t, top_k), logits.device, "moe_route")
     if t:
         moe_route_kernel[(t,)](logits, bias, experts, out, e, scaling, TOP_K=top_k,
                                RENORM=renormalize, BLOCK_E=triton.next_power_of_2(e),

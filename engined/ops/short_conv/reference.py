@@ -44,5 +44,5 @@ def check_inputs(x: torch.Tensor, weight: torch.Tensor, window: torch.Tensor, pa
 def short_conv_parts(x: torch.Tensor, weight: torch.Tensor, window: torch.Tensor, parts: int,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     check_inputs(x, weight, window, parts)
-    y = short_conv(x, weight, window).view(x.shape[0], parts, -1).transpose(0, 1).contiguous()
-    return y if out is None else out.copy_(y)
+    y = short_conv(x, weight, window).view(x.shape[0], parts, -1).transpose(0, 1)
+    return y.contiguous() if out is None else out.copy_(y)

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from engined.ops import registry
 from engined.ops.short_conv.reference import check_inputs
+from engined.ops.w4a16_gemv.triton import out_buffer
 
 BLOCK_T, BLOCK_C = 32, 128   # the first tile's tokens cover the window: BLOCK_T >= W - 1
 
@@ -62,11 +63,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, window: torch.Tensor, part
         raise registry.KernelError("short_conv: x, weight and window must be contiguous")
     if w - 1 > BLOCK_T:
         raise registry.KernelError(f"short_conv: at most {BLOCK_T + 1} taps, got {w}")
-    shape = (parts, t, c // parts)
-    if out is None:
-        out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    elif out.shape != shape or out.dtype != x.dtype or not out.is_contiguous():
-        raise registry.KernelError(f"short_conv: out must be a contiguous {x.dtype} {list(shape)}")
+    out = out_buffer(out, (parts, t, c // parts), x.device, "short_conv", x.dtype)
     short_conv_kernel[(triton.cdiv(t, BLOCK_T), triton.cdiv(c, BLOCK_C))](
         x, weight, window, out, t, c, c // parts, W=w, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C,
         BLOCK_W=max(1, triton.next_power_of_2(w - 1)), num_warps=4)
