@@ -238,9 +238,20 @@ static void w4a16_dots(const KhMoeRows *op, const KhRow *w, int count, int64_t r
 
 static const KhMoeDot w4a16 = {4, w4a16_floats, w4a16_at, w4a16_prepare, w4a16_dots};
 
+/* W4A16's dot for these shapes on this CPU, under the caps: the int16 one where it runs. */
+static const KhMoeDot *w4a16_dot(int64_t d, int64_t inner, int64_t group)
+{
+    return kh_moe_i16_runs(d, inner, group) ? &kh_moe_i16 : &w4a16;
+}
+
+int moe_grouped_w4a16_int16(int64_t d, int64_t inner, int64_t group)
+{
+    return w4a16_dot(d, inner, group) == &kh_moe_i16;
+}
+
 int64_t moe_grouped_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group)
 {
-    return kh_moe_work_floats(&w4a16, routes, d, inner, group);
+    return kh_moe_work_floats(w4a16_dot(d, inner, group), routes, d, inner, group);
 }
 
 int64_t moe_grouped_w4a8_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group)
@@ -253,7 +264,8 @@ int moe_grouped_w4a16(const KhExperts *bank, const float *x, int64_t tokens, int
                       int nthreads)
 {
     if (!bank || bank->gate.group % 2) return KH_EINVAL;
-    return kh_moe_grouped(&w4a16, bank, x, tokens, top_k, experts, weights, work, out, nthreads);
+    return kh_moe_grouped(w4a16_dot(bank->gate.k, bank->gate.n, bank->gate.group), bank, x,
+                          tokens, top_k, experts, weights, work, out, nthreads);
 }
 
 int moe_grouped_w4a8(const KhExperts *bank, const float *x, int64_t tokens, int64_t top_k,

@@ -6,14 +6,23 @@
 #include "kimi_helper.h"
 #include "kimi_simd.h"
 
+/* Rows rounded to int16 per block of 32 (kimi_moe_i16.c), per row: q [k] codes in the pair
+ * layout, d [k/32] the blocks' scales, gsum [k/group] = sum over a group's blocks of d sum(q). */
+typedef struct {
+    int16_t *q;
+    float *d, *gsum;
+} KhI16;
+
 /* The rows one phase's weights meet (x, then h), one per sorted route, as a dot prepared
- * them: de-interleaved with group sums (W4A16), or quantized per block of 32 (W4A8). */
+ * them: de-interleaved with group sums (W4A16's float kernels), or quantized per block of 32
+ * (W4A8; W4A16 on AVX-512 VNNI at 16 bits). */
 typedef struct {
     int64_t k, group;
     KhRowFn row_fn;
     float *xperm, *xsum;    /* W4A16: [rows, k], [rows, k/group] */
     KhQ8Plan plan;
     KhQ8 q8;                /* W4A8 */
+    KhI16 i16;              /* W4A16 on AVX-512 VNNI */
 } KhMoeRows;
 
 typedef struct {
@@ -31,6 +40,11 @@ typedef struct {
 
 /* W4A8's dot (kimi_moe_w4a8.c): x and h quantized per block of 32, integer dots. */
 extern const KhMoeDot kh_moe_w4a8;
+/* W4A16's integer dot (kimi_moe_i16.c): x and h rounded to int16 per block of 32. It runs
+ * where kh_moe_i16_runs says (AVX-512 VNNI under the caps, d % 64 == inner % 64 == 0, group %
+ * 32 == 0); elsewhere W4A16 takes the float kernels. */
+extern const KhMoeDot kh_moe_i16;
+int kh_moe_i16_runs(int64_t d, int64_t inner, int64_t group);
 
 int64_t kh_moe_work_floats(const KhMoeDot *dot, int64_t routes, int64_t d, int64_t inner,
                            int64_t group);

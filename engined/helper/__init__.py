@@ -27,7 +27,8 @@ the package (`from engined import helper`); its modules, re-exported here, are:
 - arrays.py: `unpack_int4`, `gemv_w4a16`, `grouped_gemv_w4a16`, `moe_swiglu_w4a16`: the
   same kernels on numpy arrays, returning new arrays (the known-answer tests, and
   dequantizing).
-- system.py: the SIMD caps (`gemv_simd`; `w4a8_simd` for the integer-dot kernels), `read_probe`, `pool_stats`, and
+- system.py: the SIMD caps (`gemv_simd`; `w4a8_simd` for the integer-dot kernels; `moe_int16`
+  says where moe_grouped's W4A16 dots are integer ones), `read_probe`, `pool_stats`, and
   memcap_*: the process-wide reservation budget. What the kernel will grant (cgroup limit,
   RSS) is engine/memory.py's.
 
@@ -50,5 +51,5 @@ from engined.helper.arrays import (  # noqa: F401
     unpack_int4)
 from engined.helper.system import (  # noqa: F401
     INT8_LEVELS, SIMD_LEVELS, gemv_simd, memcap_cap, memcap_init, memcap_peak,
-    memcap_release, memcap_reserve, memcap_reserved, pool_stats, read_probe, tiles_simd,
-    w4a8_simd)
+    memcap_release, memcap_reserve, memcap_reserved, moe_int16, pool_stats, read_probe,
+    tiles_simd, w4a8_simd)

@@ -29,6 +29,14 @@ def w4a8_simd(level: int | None = None) -> int:
     return int(lib.w4a8_simd(-1 if level is None else level))
 
 
+def moe_int16(d: int, inner: int, group: int) -> bool:
+    """Whether moe_grouped (W4A16) rounds x and h to int16 per block of 32 and takes integer
+    dots for experts of these shapes, under the current caps: AVX-512 VNNI at w4a8_simd's
+    level 3, d and inner multiples of 64, group of 32. Else it runs the float kernels."""
+    require()
+    return bool(lib.moe_grouped_w4a16_int16(d, inner, group))
+
+
 def tiles_simd() -> int:
     """The W4A8 tile kernel (tiles_w4a8) under w4a8_simd's cap, as an INT8_LEVELS key: 3
     AVX-512 VNNI, 1 AVX2 (also where AVX-VNNI is the cap: no 256-bit VNNI tile kernel), 0

@@ -28,9 +28,24 @@ def check_group(w1):
                                    f"{BLOCK}, got {w1.group_size} (use moe_grouped)")
 
 
-def q8(rows: torch.Tensor) -> torch.Tensor:
-    """[n, K] -> the float64 x the integer dots see."""
-    return dequantize_rows(*quantize_rows(rows))
+def q8(rows: torch.Tensor, top: int = 127) -> torch.Tensor:
+    """[n, K] -> the float64 x the integer dots see (top=32767: int16 codes)."""
+    return dequantize_rows(*quantize_rows(rows, top))
+
+
+def rounded_experts(x, w1, w3, w2, experts, weights, top: int = 127) -> torch.Tensor:
+    """moe_grouped with each projection's input rounded per block of 32 to codes in
+    -top..top: 127 is moe_grouped_w4a8, 32767 moe_grouped's W4A16 integer dots (where
+    helper.moe_int16 says they run). [T, D] fp32."""
+    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in torch.unique(experts).tolist():
+        tok, choice = (experts == e).nonzero(as_tuple=True)
+        w = [int4_format.dequantize(bank.expert(e)).double() for bank in (w1, w3, w2)]
+        xe = q8(x[tok].float(), top)                                      # [n, D] float64
+        h = F.silu((xe @ w[0].t()).float()) * (xe @ w[1].t()).float()    # [n, I] fp32
+        down = (q8(h, top) @ w[2].t()).float()                            # [n, D]
+        y.index_add_(0, tok, down * weights[tok, choice].float().unsqueeze(-1))
+    return y
 
 
 @registry.register("moe_grouped_w4a8", registry.REFERENCE,
@@ -38,12 +53,5 @@ def q8(rows: torch.Tensor) -> torch.Tensor:
 def moe_grouped_w4a8(x, w1, w3, w2, experts, weights, out=None) -> torch.Tensor:
     check_inputs(x, w1, w3, w2, experts, weights)
     check_group(w1)
-    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for e in torch.unique(experts).tolist():
-        tok, choice = (experts == e).nonzero(as_tuple=True)
-        w = [int4_format.dequantize(bank.expert(e)).double() for bank in (w1, w3, w2)]
-        xe = q8(x[tok].float())                                           # [n, D] float64
-        h = F.silu((xe @ w[0].t()).float()) * (xe @ w[1].t()).float()    # [n, I] fp32
-        down = (q8(h) @ w[2].t()).float()                                 # [n, D]
-        y.index_add_(0, tok, down * weights[tok, choice].float().unsqueeze(-1))
+    y = rounded_experts(x, w1, w3, w2, experts, weights)
     return y if out is None else out.copy_(y)

@@ -22,20 +22,22 @@ BLOCK = 32
 FLT_MIN = torch.finfo(torch.float32).tiny
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: [M, K] -> (xq int8 [M, K], d fp32 [M, K/32])."""
+def quantize_rows(x: torch.Tensor, top: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [M, K] -> (xq int8 [M, K], d fp32 [M, K/32]). top=32767: int16 codes, as
+    moe_grouped's W4A16 integer dots round (csrc/kimi_moe_i16.c)."""
     m, k = x.shape
     if k % BLOCK:
         raise registry.KernelError(f"w4a8_gemv: K must be a multiple of {BLOCK}, got {k}")
     xb = x.float().reshape(m, k // BLOCK, BLOCK)               # [M, B, 32]
-    d = xb.abs().amax(-1) / 127                                # fp32 [M, B]
+    d = xb.abs().amax(-1) / top                                # fp32 [M, B]
     d = torch.where(d >= FLT_MIN, d, torch.zeros_like(d))
     inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
     v = xb * inv[..., None]                                    # fp32, as C
     t = torch.trunc(v)
     frac = v - t                                               # exact
     q = t + (frac >= 0.5).float() - (frac <= -0.5).float()     # half away from zero
-    return q.clamp(-127, 127).to(torch.int8).reshape(m, k), d
+    codes = torch.int8 if top == 127 else torch.int16
+    return q.clamp(-top, top).to(codes).reshape(m, k), d
 
 
 def dequantize_rows(xq: torch.Tensor, d: torch.Tensor) -> torch.Tensor:

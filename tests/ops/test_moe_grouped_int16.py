@@ -1,0 +1,102 @@
+"""moe_grouped's W4A16 integer dots (csrc/kimi_moe_i16.c, AVX-512 VNNI): x and h rounded to
+int16 per block of 32. Checked against a plain float64 reference that rounds the same way
+(moe_grouped_w4a8's, at 16 bits), against the unrounded reference by the rounding's bound, and
+for the batch invariance the float kernels have: a token's result is the same bits alone, in
+a segment of up to 8 rows, or on 1 or 2 threads. Skips, and says so, where they do not run."""
+import pytest
+import torch
+
+from engined import helper
+from engined.ops import registry
+from engined.ops.moe_grouped_w4a8.reference import rounded_experts
+from engined.ops.w4a16_gemv import cpu_c
+from tests.ops.helpers import experts
+
+E, D, INNER, K = 16, 256, 128, 4        # D and INNER multiples of 64: the int16 dots' shapes
+
+
+def bank(seed: int, group: int, symmetric: bool):
+    gen = torch.Generator().manual_seed(seed)
+    w1, w3 = (experts(gen, E, INNER, D, group, symmetric) for _ in range(2))
+    return w1, w3, experts(gen, E, D, INNER, group, symmetric)
+
+
+def int16_dots(group: int = 32):
+    if not helper.moe_int16(D, INNER, group):
+        pytest.skip(f"moe_grouped's int16 dots did not run: this CPU has no AVX-512 VNNI (the "
+                    f"integer-dot level is {helper.INT8_LEVELS[helper.w4a8_simd()]}), so its "
+                    f"W4A16 stays on the float kernels that test_moe_grouped.py checks")
+
+
+def batch(seed: int, tokens: int, same_experts: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(tokens)])
+    if same_experts:
+        ids[:] = ids[0]                     # one segment of `tokens` rows per expert
+    x = torch.randn(tokens, D, generator=gen)
+    x[0, :32] *= 1e3                        # blocks of very different sizes in one row
+    x[1, 32:64] *= 1e-3
+    return x, ids, torch.rand(tokens, K, generator=gen)
+
+
+fn = registry.variants("moe_grouped")["cpu_c"].fn
+
+
+@pytest.mark.parametrize("group,symmetric", [(32, True), (32, False), (64, True)])
+def test_the_dots_are_exactly_x_and_h_rounded_to_int16(group, symmetric):
+    int16_dots(group)
+    banks = bank(group + symmetric, group, symmetric)
+    x, ids, weights = batch(1, 6)
+    got = fn(x, *banks, ids, weights)
+    rounded = rounded_experts(x, *banks, ids, weights, top=32767)
+    plain = registry.variants("moe_grouped")["reference"].fn(x, *banks, ids, weights)
+    norm = plain.abs().mean()
+    to_rounded = ((got - rounded).abs().mean() / norm).item()
+    to_plain = ((got - plain).abs().mean() / norm).item()
+    # fp32 sums against float64 ones, and now and then an h value on the other side of a
+    # rounding step (its fp32 sum is not the reference's): far nearer the rounded reference
+    assert to_rounded < 5e-6 and 5 * to_rounded < to_plain, (to_rounded, to_plain)
+    # the rounding's cost: 2^-16 of a block's largest value per input, far under bfloat16's
+    # 2^-9 of each value, and not nothing (the float kernels sit near 4e-7 here)
+    assert 1e-5 < to_plain < 3e-4, to_plain
+    assert ((got - plain).abs() / plain.abs().amax(-1, keepdim=True)).max() < 5e-4
+
+
+@pytest.mark.parametrize("tokens", [2, 5, 8])
+def test_a_segment_of_rows_gives_each_row_its_bits_alone(tokens):
+    int16_dots()
+    banks = bank(7, 32, True)
+    x, ids, weights = batch(tokens, tokens, same_experts=True)
+    together = fn(x, *banks, ids, weights)
+    alone = torch.cat([fn(x[t:t + 1], *banks, ids[t:t + 1], weights[t:t + 1])
+                       for t in range(tokens)])
+    assert torch.equal(together, alone)
+
+
+def test_thread_count_does_not_change_a_single_bit():
+    int16_dots()
+    banks = bank(8, 32, True)
+    x, ids, weights = batch(9, 32)
+    try:
+        cpu_c.set_num_threads(1)
+        one = fn(x, *banks, ids, weights)
+        cpu_c.set_num_threads(2)
+        assert torch.equal(fn(x, *banks, ids, weights), one)
+    finally:
+        cpu_c.set_num_threads(None)
+
+
+def test_the_integer_cap_turns_them_off_and_shapes_outside_them_stay_float():
+    int16_dots()
+    banks = bank(10, 32, True)
+    x, ids, weights = batch(3, 4)
+    int16 = fn(x, *banks, ids, weights)
+    try:
+        helper.w4a8_simd(1)
+        assert not helper.moe_int16(D, INNER, 32)
+        float_dots = fn(x, *banks, ids, weights)
+    finally:
+        helper.w4a8_simd(3)
+    assert not torch.equal(int16, float_dots)
+    assert ((int16 - float_dots).abs() / float_dots.abs().amax(-1, keepdim=True)).max() < 5e-4
+    assert not helper.moe_int16(D, 96, 32) and not helper.moe_int16(D + 32, INNER, 32)
