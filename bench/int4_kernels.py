@@ -292,6 +292,11 @@ def main():
     parser.add_argument("--avx2", action="store_true",
                         help="CPU: cap the C kernels at AVX2 (what an AVX2-only machine runs), "
                              "recorded as its own benchmark, gemv-cpu-avx2")
+    parser.add_argument("--kind", metavar="NAME",
+                        help="record as its own benchmark, gemv-DEVICE[-avx2]-NAME, beside the "
+                             "newest run of another machine kind (e.g. --kind xeon-amx)")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line for the record's notes (an A/B beside it, ...); repeatable")
     args = parser.parse_args()
     args.working_set = args.working_set_mib << 20
     global DEVICE
@@ -321,11 +326,13 @@ def main():
              f"MoE layer rows: tok/s through one layer = "
              + ", ".join(f"{r['tok_s']:.0f} (T={r['shape'].split('T=')[1].split(',')[0]})"
                          for r in rows if "tok_s" in r) + "."]
+    notes += args.note
     if DEVICE == "cpu":
         notes.append("GPU: not run (no GPU in this session); on a GPU machine: "
                      "`python bench/int4_kernels.py --device cuda`.")
     capped = " (kernels capped at AVX2)" if args.avx2 else ""
-    path = record(f"gemv-{DEVICE}" + ("-avx2" if args.avx2 else ""),
+    name = f"gemv-{DEVICE}" + ("-avx2" if args.avx2 else "") + (f"-{args.kind}" if args.kind else "")
+    path = record(name,
                   dict(hardware=where, command=command, device=DEVICE, threads=args.threads,
                        loop_timed=LOOP_TIMED, rows=rows),
                   f"INT4 GEMV on {DEVICE} ({where}){capped}, M=1, {args.threads} threads", command,
