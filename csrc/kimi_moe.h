@@ -13,16 +13,30 @@ typedef struct {
     float *d, *gsum;
 } KhI16;
 
+/* The int16-dot kernels of one instruction set (kimi_i16_body.h): rows4 meets one x row with
+ * 4 weight rows; rows meets 1..KH_MAX_ROWS x rows with one weight row, by the same operations
+ * per pair of rows. */
+typedef struct {
+    void (*rows4)(const KhRow *w, const KhI16 *x, float *y);
+    void (*rows)(const KhRow *w, const KhI16 *x, int64_t rows, float *y, int64_t y_stride);
+} KhI16Kernels;
+void kh_i16_rows4_vnni512(const KhRow *w, const KhI16 *x, float *y);
+void kh_i16_rows_vnni512(const KhRow *w, const KhI16 *x, int64_t rows, float *y,
+                         int64_t y_stride);
+void kh_i16_rows4_avx2(const KhRow *w, const KhI16 *x, float *y);
+void kh_i16_rows_avx2(const KhRow *w, const KhI16 *x, int64_t rows, float *y, int64_t y_stride);
+
 /* The rows one phase's weights meet (x, then h), one per sorted route, as a dot prepared
  * them: de-interleaved with group sums (W4A16's float kernels), or quantized per block of 32
- * (W4A8; W4A16 on AVX-512 VNNI at 16 bits). */
+ * (W4A8; W4A16 at 16 bits where int16 dots run). */
 typedef struct {
     int64_t k, group;
     KhRowFn row_fn;
     float *xperm, *xsum;    /* W4A16: [rows, k], [rows, k/group] */
     KhQ8Plan plan;
     KhQ8 q8;                /* W4A8 */
-    KhI16 i16;              /* W4A16 on AVX-512 VNNI */
+    KhI16 i16;              /* W4A16 as int16 dots */
+    KhI16Kernels i16k;
 } KhMoeRows;
 
 typedef struct {
@@ -41,8 +55,8 @@ typedef struct {
 /* W4A8's dot (kimi_moe_w4a8.c): x and h quantized per block of 32, integer dots. */
 extern const KhMoeDot kh_moe_w4a8;
 /* W4A16's integer dot (kimi_moe_i16.c): x and h rounded to int16 per block of 32. It runs
- * where kh_moe_i16_runs says (AVX-512 VNNI under the caps, d % 64 == inner % 64 == 0, group %
- * 32 == 0); elsewhere W4A16 takes the float kernels. */
+ * where kh_moe_i16_runs says (w4a8_simd's level >= 1: AVX2 or wider, d % 64 == inner % 64 ==
+ * 0, group % 32 == 0); elsewhere W4A16 takes the float kernels. */
 extern const KhMoeDot kh_moe_i16;
 int kh_moe_i16_runs(int64_t d, int64_t inner, int64_t group);
 

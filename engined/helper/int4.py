@@ -144,8 +144,8 @@ def moe_grouped(gate: Int4Weight, up: Int4Weight, down: Int4Weight, x, experts, 
     -> out [T, D] fp32, out[t] = sum_c weights[t, c] * (silu(x_t G_e^T) * (x_t U_e^T)) D_e^T.
     Each chosen expert is read once per call; an id out of range is KH_EINVAL. w4a8: x and h
     rounded to int8 per block of 32 and integer dots (moe_grouped_w4a8; group % 32 == 0).
-    Without it, x and h are rounded to int16 per block where `moe_int16` says so (AVX-512
-    VNNI: 2^-16 of a block's largest value), else met by the float kernels."""
+    Without it, x and h are rounded to int16 per block where `moe_int16` says so (AVX2 and
+    up: 2^-16 of a block's largest value), else met by the float kernels."""
     e, inner, d, group = gate.experts, gate.n, gate.k, gate.group
     if w4a8 and group % 32:
         raise ValueError(f"moe_grouped_w4a8 needs a group size that is a multiple of 32, "

@@ -1,5 +1,5 @@
-"""moe_grouped's W4A16 integer dots (csrc/kimi_moe_i16.c, AVX-512 VNNI): x and h rounded to
-int16 per block of 32. Checked against a plain float64 reference that rounds the same way
+"""moe_grouped's W4A16 integer dots (csrc/kimi_moe_i16.c; AVX-512 VNNI and AVX2 kernels): x and
+h rounded to int16 per block of 32, at each integer-dot level the CPU has. Checked against a plain float64 reference that rounds the same way
 (moe_grouped_w4a8's, at 16 bits), against the unrounded reference by the rounding's bound, and
 for the batch invariance the float kernels have: a token's result is the same bits alone, in
 a segment of up to 8 rows, or on 1 or 2 threads. Skips, and says so, where they do not run."""
@@ -21,11 +21,26 @@ def bank(seed: int, group: int, symmetric: bool):
     return w1, w3, experts(gen, E, D, INNER, group, symmetric)
 
 
+LEVELS = {3: "AVX-512 VNNI", 1: "AVX2"}   # the two kernel sets (w4a8_simd's levels)
+
+
+@pytest.fixture(params=sorted(LEVELS, reverse=True), ids=LEVELS.get)
+def level(request):
+    """Runs the test with the integer-dot kernels capped at this level; skips where the CPU
+    lacks it, naming what runs instead."""
+    try:
+        used = helper.w4a8_simd(request.param)
+        if used != request.param:
+            pytest.skip(f"this CPU has no {LEVELS[request.param]} integer dots (it runs "
+                        f"{helper.INT8_LEVELS[used]})")
+        print(f"moe_grouped's int16 dots at {LEVELS[used]}")
+        yield used
+    finally:
+        helper.w4a8_simd(3)
+
+
 def int16_dots(group: int = 32):
-    if not helper.moe_int16(D, INNER, group):
-        pytest.skip(f"moe_grouped's int16 dots did not run: this CPU has no AVX-512 VNNI (the "
-                    f"integer-dot level is {helper.INT8_LEVELS[helper.w4a8_simd()]}), so its "
-                    f"W4A16 stays on the float kernels that test_moe_grouped.py checks")
+    assert helper.moe_int16(D, INNER, group), "the int16 dots should run at this level"
 
 
 def batch(seed: int, tokens: int, same_experts: bool = False):
@@ -43,7 +58,7 @@ fn = registry.variants("moe_grouped")["cpu_c"].fn
 
 
 @pytest.mark.parametrize("group,symmetric", [(32, True), (32, False), (64, True)])
-def test_the_dots_are_exactly_x_and_h_rounded_to_int16(group, symmetric):
+def test_the_dots_are_exactly_x_and_h_rounded_to_int16(level, group, symmetric):
     int16_dots(group)
     banks = bank(group + symmetric, group, symmetric)
     x, ids, weights = batch(1, 6)
@@ -63,7 +78,7 @@ def test_the_dots_are_exactly_x_and_h_rounded_to_int16(group, symmetric):
 
 
 @pytest.mark.parametrize("tokens", [2, 5, 8])
-def test_a_segment_of_rows_gives_each_row_its_bits_alone(tokens):
+def test_a_segment_of_rows_gives_each_row_its_bits_alone(level, tokens):
     int16_dots()
     banks = bank(7, 32, True)
     x, ids, weights = batch(tokens, tokens, same_experts=True)
@@ -73,7 +88,7 @@ def test_a_segment_of_rows_gives_each_row_its_bits_alone(tokens):
     assert torch.equal(together, alone)
 
 
-def test_thread_count_does_not_change_a_single_bit():
+def test_thread_count_does_not_change_a_single_bit(level):
     int16_dots()
     banks = bank(8, 32, True)
     x, ids, weights = batch(9, 32)
@@ -86,17 +101,16 @@ def test_thread_count_does_not_change_a_single_bit():
         cpu_c.set_num_threads(None)
 
 
-def test_the_integer_cap_turns_them_off_and_shapes_outside_them_stay_float():
+def test_the_integer_cap_turns_them_off_and_shapes_outside_them_stay_float(level):
     int16_dots()
     banks = bank(10, 32, True)
     x, ids, weights = batch(3, 4)
     int16 = fn(x, *banks, ids, weights)
-    try:
-        helper.w4a8_simd(1)
-        assert not helper.moe_int16(D, INNER, 32)
-        float_dots = fn(x, *banks, ids, weights)
-    finally:
-        helper.w4a8_simd(3)
+    helper.w4a8_simd(0)                     # portable C: the float kernels
+    assert not helper.moe_int16(D, INNER, 32)
+    float_dots = fn(x, *banks, ids, weights)
     assert not torch.equal(int16, float_dots)
     assert ((int16 - float_dots).abs() / float_dots.abs().amax(-1, keepdim=True)).max() < 5e-4
+    helper.w4a8_simd(level)
     assert not helper.moe_int16(D, 96, 32) and not helper.moe_int16(D + 32, INNER, 32)
+    assert not helper.moe_int16(D, INNER, 16)
