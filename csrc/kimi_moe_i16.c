@@ -50,7 +50,9 @@ static void quantize_row(const float *src, int64_t k, int64_t group, int16_t *q,
         }
         memcpy(&amax, &top, sizeof amax);
         db = amax / 32767.0f;
-        if (!(db >= FLT_MIN)) db = 0.0f; /* also NaN: 1/d would overflow */
+        /* below FLT_MIN 1/d would overflow: 0. A NaN stays d (codes 0), so the token's output
+         * is NaN as the float kernels' would be, not a silent 0 */
+        if (!(db >= FLT_MIN)) db = amax == amax ? 0.0f : amax;
         inv = db > 0.0f ? 1.0f / db : 0.0f;
         for (j = 0; j < I16_BLOCK; j++) {
             float v = xb[j] * inv;

@@ -114,3 +114,12 @@ def test_the_integer_cap_turns_them_off_and_shapes_outside_them_stay_float(level
     helper.w4a8_simd(level)
     assert not helper.moe_int16(D, 96, 32) and not helper.moe_int16(D + 32, INNER, 32)
     assert not helper.moe_int16(D, INNER, 16)
+
+
+def test_a_nan_in_a_token_shows_in_its_output_not_in_the_others(level):
+    int16_dots()
+    banks = bank(12, 32, True)
+    x, ids, weights = batch(4, 3)
+    x[1, 40] = float("nan")
+    got = fn(x, *banks, ids, weights)
+    assert got[1].isnan().all() and not got[[0, 2]].isnan().any()
