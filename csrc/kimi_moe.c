@@ -241,17 +241,21 @@ static const KhMoeDot w4a16 = {4, w4a16_floats, w4a16_at, w4a16_prepare, w4a16_d
 /* W4A16's dot for these shapes on this CPU, under the caps: the int16 one where it runs. */
 static const KhMoeDot *w4a16_dot(int64_t d, int64_t inner, int64_t group)
 {
-    return kh_moe_i16_runs(d, inner, group) ? &kh_moe_i16 : &w4a16;
+    const KhMoeDot *i16 = kh_moe_i16_pick(d, inner, group);
+    return i16 ? i16 : &w4a16;
 }
 
 int moe_grouped_w4a16_int16(int64_t d, int64_t inner, int64_t group)
 {
-    return w4a16_dot(d, inner, group) == &kh_moe_i16;
+    return kh_moe_i16_pick(d, inner, group) != 0;
 }
 
+/* Sized for the float dot whichever runs: its rows (k + k/group floats) are longer than the
+ * int16 dot's (k/2 + k/32 + k/group), so a cap changed between sizing and the call cannot
+ * overrun the work. */
 int64_t moe_grouped_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group)
 {
-    return kh_moe_work_floats(w4a16_dot(d, inner, group), routes, d, inner, group);
+    return kh_moe_work_floats(&w4a16, routes, d, inner, group);
 }
 
 int64_t moe_grouped_w4a8_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group)

@@ -1,4 +1,4 @@
-/* kimi_moe_i16.c: moe_grouped_w4a16's dot where integer dots run (kh_moe_i16): each route's
+/* kimi_moe_i16.c: moe_grouped_w4a16's dot where integer dots run (kh_moe_i16_pick): each route's
  * x row, and each row of h, rounded to int16 per block of 32, then exact integer dots
  * (kimi_i16_simd.c: vpdpwssd on AVX-512 VNNI, vpmaddwd on AVX2).
  *
@@ -56,6 +56,7 @@ static void quantize_row(const float *src, int64_t k, int64_t group, int16_t *q,
         inv = db > 0.0f ? 1.0f / db : 0.0f;
         for (j = 0; j < I16_BLOCK; j++) {
             float v = xb[j] * inv;
+            if (!(v == v)) v = 0.0f; /* a NaN or inf block (inv = 0): no NaN reaches the cast */
             int32_t t = (int32_t)v; /* truncation; v - t is exact, so the tie test is too */
             float frac = v - (float)t;
             t += (frac >= 0.5f) - (frac <= -0.5f);
@@ -72,35 +73,17 @@ static void quantize_row(const float *src, int64_t k, int64_t group, int16_t *q,
     }
 }
 
-/* The kernels under the caps: AVX-512 VNNI at w4a8_simd's level 3, AVX2 at 1 and 2. */
-static KhI16Kernels i16_kernels(void)
-{
-    KhI16Kernels none = {0, 0};
-#if KH_HAVE_X86_SIMD
-    int level = w4a8_simd(-1);
-    if (level == 3) {
-        KhI16Kernels k = {kh_i16_rows4_vnni512, kh_i16_rows_vnni512};
-        return k;
-    }
-    if (level >= 1) {
-        KhI16Kernels k = {kh_i16_rows4_avx2, kh_i16_rows_avx2};
-        return k;
-    }
-#endif
-    return none;
-}
-
 /* Prepared rows: q [rows, k] int16 first (each row 64-byte aligned when base is: 2k bytes, k
  * % 64 == 0), then d [rows, k/32], gsum [rows, k/group]. */
 static int64_t i16_floats(int64_t rows, int64_t k, int64_t group)
 {
-    if (k % (2 * I16_BLOCK) || group % I16_BLOCK) return -1;
+    if (k <= 0 || group <= 0 || k % (2 * I16_BLOCK) || group % I16_BLOCK || k % group) return -1;
     return rows * (k / 2) + rows * (k / I16_BLOCK) + rows * (k / group);
 }
 
-static KhMoeRows i16_at(float *base, int64_t rows, int64_t k, int64_t group)
+static KhMoeRows i16_at(float *base, int64_t rows, int64_t k, int64_t group, KhI16Kernels set)
 {
-    KhMoeRows op = {.k = k, .group = group, .i16k = i16_kernels()};
+    KhMoeRows op = {.k = k, .group = group, .i16k = set};
     op.i16.q = (int16_t *)base;
     op.i16.d = base + rows * (k / 2);
     op.i16.gsum = op.i16.d + rows * (k / I16_BLOCK);
@@ -139,9 +122,33 @@ static void i16_dots(const KhMoeRows *op, const KhRow *w, int count, int64_t r0,
     for (t = 0; t < count; t++) op->i16k.rows(&w[t], &x, rows, y + t, y_stride);
 }
 
-int kh_moe_i16_runs(int64_t d, int64_t inner, int64_t group)
+#if KH_HAVE_X86_SIMD
+/* One dot per kernel set, so the set a call lays its rows out for is the set its dots run:
+ * the caps are read once, in kh_moe_i16_pick. */
+static KhMoeRows at_vnni512(float *base, int64_t rows, int64_t k, int64_t group)
 {
-    return i16_kernels().rows4 && i16_floats(1, d, group) > 0 && i16_floats(1, inner, group) > 0;
+    KhI16Kernels set = {kh_i16_rows4_vnni512, kh_i16_rows_vnni512};
+    return i16_at(base, rows, k, group, set);
 }
 
-const KhMoeDot kh_moe_i16 = {4, i16_floats, i16_at, i16_prepare, i16_dots};
+static KhMoeRows at_avx2(float *base, int64_t rows, int64_t k, int64_t group)
+{
+    KhI16Kernels set = {kh_i16_rows4_avx2, kh_i16_rows_avx2};
+    return i16_at(base, rows, k, group, set);
+}
+
+static const KhMoeDot i16_vnni512 = {4, i16_floats, at_vnni512, i16_prepare, i16_dots};
+static const KhMoeDot i16_avx2 = {4, i16_floats, at_avx2, i16_prepare, i16_dots};
+#endif
+
+const KhMoeDot *kh_moe_i16_pick(int64_t d, int64_t inner, int64_t group)
+{
+#if KH_HAVE_X86_SIMD
+    int level = w4a8_simd(-1); /* AVX-512 VNNI at 3, AVX2 at 1 and 2 */
+    if (level < 1 || i16_floats(1, d, group) < 0 || i16_floats(1, inner, group) < 0) return 0;
+    return level == 3 ? &i16_vnni512 : &i16_avx2;
+#else
+    (void)d, (void)inner, (void)group;
+    return 0;
+#endif
+}
