@@ -215,6 +215,18 @@ Q8_TILES = [
 ]
 
 
+def same_bits_on_1_and_2_threads(fn: Callable, *args):
+    """fn(*args) under the C helper's 1 and 2 threads: the same bits (the pool's split)."""
+    from engined.ops.w4a16_gemv import cpu_c
+    try:
+        cpu_c.set_num_threads(1)
+        one = fn(*args)
+        cpu_c.set_num_threads(2)
+        assert torch.equal(fn(*args), one)
+    finally:
+        cpu_c.set_num_threads(None)
+
+
 def experts(gen, e, n, k, group, symmetric: bool = False) -> PackedInt4Experts:
     return PackedInt4Experts(group_size=group, **random_int4(gen, n, k, group, lead=(e,),
                                                             symmetric=symmetric))

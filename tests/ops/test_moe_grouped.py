@@ -5,8 +5,7 @@ import torch
 
 from engined import helper
 from engined.ops import registry
-from engined.ops.w4a16_gemv import cpu_c
-from tests.ops.helpers import experts
+from tests.ops.helpers import experts, same_bits_on_1_and_2_threads
 
 E, D, INNER, K = 16, 256, 96, 4
 LEVELS = {level: name for level, name in helper.SIMD_LEVELS.items()}
@@ -61,13 +60,7 @@ def test_the_one_token_path_it_replaces_gives_the_same_bits(banks):
 def test_thread_count_does_not_change_a_single_bit(banks):
     fn = registry.variants("moe_grouped")["cpu_c"].fn
     x, ids, weights = batch(5, 32)                 # enough work to wake the pool
-    try:
-        cpu_c.set_num_threads(1)
-        one = fn(x, *banks, ids, weights)
-        cpu_c.set_num_threads(2)
-        assert torch.equal(fn(x, *banks, ids, weights), one)
-    finally:
-        cpu_c.set_num_threads(None)
+    same_bits_on_1_and_2_threads(fn, x, *banks, ids, weights)
 
 
 @pytest.mark.parametrize("variant", ["reference", "cpu_c"])

@@ -9,8 +9,7 @@ import torch
 from engined import helper
 from engined.ops import registry
 from engined.ops.moe_grouped_w4a8.reference import rounded_experts
-from engined.ops.w4a16_gemv import cpu_c
-from tests.ops.helpers import experts
+from tests.ops.helpers import experts, same_bits_on_1_and_2_threads
 
 E, D, INNER, K = 16, 256, 128, 4        # D and INNER multiples of 64: the int16 dots' shapes
 
@@ -100,13 +99,7 @@ def test_thread_count_does_not_change_a_single_bit(level):
     int16_dots()
     banks = bank(8, 32, True)
     x, ids, weights = batch(9, 32)
-    try:
-        cpu_c.set_num_threads(1)
-        one = fn(x, *banks, ids, weights)
-        cpu_c.set_num_threads(2)
-        assert torch.equal(fn(x, *banks, ids, weights), one)
-    finally:
-        cpu_c.set_num_threads(None)
+    same_bits_on_1_and_2_threads(fn, x, *banks, ids, weights)
 
 
 def test_the_integer_cap_turns_them_off_and_shapes_outside_them_stay_float(level):
