@@ -83,8 +83,11 @@ static I16_TARGET_AVX2 inline __m256i block_dots(const uint8_t *q, const int16_t
 static I16_TARGET_AVX2 inline I16Acc2 pair_avx2(I16Acc2 acc, __m256 sd, int p, const uint8_t *q,
                                                 const int16_t *xq)
 {
-    __m256 s0 = _mm256_permutevar8x32_ps(sd, _mm256_set1_epi32(2 * p));
-    __m256 s1 = _mm256_permutevar8x32_ps(sd, _mm256_set1_epi32(2 * p + 1));
+    float lanes[8];
+    __m256 s0, s1;
+    _mm256_storeu_ps(lanes, sd);
+    s0 = _mm256_broadcast_ss(&lanes[2 * p]);
+    s1 = _mm256_broadcast_ss(&lanes[2 * p + 1]);
     acc.even = _mm256_fmadd_ps(s0, _mm256_cvtepi32_ps(block_dots(q, xq, xq + 32)), acc.even);
     acc.odd = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(block_dots(q + 16, xq + 16, xq + 48)),
                               acc.odd);
