@@ -21,9 +21,9 @@
  * decode token) and the n-row one (a segment of several routes) run the same operations per
  * (weight row, x row), so a token's result is the same bits whatever shares the call.
  *
- * Used where w4a8_simd runs AVX2 or wider (its cap, and gemv_simd's 0 and 1, cap this too)
- * and both projections have k % 64 == 0; otherwise moe_grouped_w4a16 keeps the float
- * kernels. */
+ * Used where w4a8_simd runs AVX-512 VNNI, or AVX2 on a CPU (or under a cap) without AVX-512
+ * (its cap, and gemv_simd's, cap this too), and both projections have k % 64 == 0;
+ * otherwise moe_grouped_w4a16 keeps the float kernels. */
 #include "kimi_moe.h"
 
 #include <float.h>
@@ -144,8 +144,12 @@ static const KhMoeDot i16_avx2 = {4, i16_floats, at_avx2, i16_prepare, i16_dots}
 const KhMoeDot *kh_moe_i16_pick(int64_t d, int64_t inner, int64_t group)
 {
 #if KH_HAVE_X86_SIMD
-    int level = w4a8_simd(-1); /* AVX-512 VNNI at 3, AVX2 at 1 and 2 */
-    if (level < 1 || i16_floats(1, d, group) < 0 || i16_floats(1, inner, group) < 0) return 0;
+    /* AVX-512 VNNI at w4a8_simd's 3; AVX2 at 1 and 2, but not beside AVX-512's float kernels
+     * (an AVX-512 CPU without VNNI): capped at AVX2 on the Xeon the int16 dots read 60-65% of
+     * the probe at one token, AVX-512's float kernels 65-70% */
+    int level = w4a8_simd(-1);
+    if (level < 1 || (level < 3 && gemv_simd(-1) == 2)) return 0;
+    if (i16_floats(1, d, group) < 0 || i16_floats(1, inner, group) < 0) return 0;
     return level == 3 ? &i16_vnni512 : &i16_avx2;
 #else
     (void)d, (void)inner, (void)group;

@@ -31,9 +31,10 @@ def w4a8_simd(level: int | None = None) -> int:
 
 def moe_int16(d: int, inner: int, group: int) -> bool:
     """Whether moe_grouped (W4A16) rounds x and h to int16 per block of 32 and takes integer
-    dots for experts of these shapes, under the current caps: w4a8_simd at AVX2 or above
-    (AVX-512 VNNI's kernels at 3), d and inner multiples of 64, a group a multiple of 32.
-    Else it runs the float kernels."""
+    dots for experts of these shapes, under the current caps: w4a8_simd at AVX-512 VNNI, or
+    at AVX2 where gemv_simd is below AVX-512 (an AVX-512 CPU without VNNI keeps its float
+    kernels, the faster there); d and inner multiples of 64, a group a multiple of 32. Else
+    it runs the float kernels."""
     require()
     return bool(lib.moe_grouped_w4a16_int16(d, inner, group))
 

@@ -25,16 +25,18 @@ LEVELS = {3: "AVX-512 VNNI", 1: "AVX2"}   # the two kernel sets (w4a8_simd's lev
 
 @pytest.fixture(params=sorted(LEVELS, reverse=True), ids=LEVELS.get)
 def level(request):
-    """Runs the test with the integer-dot kernels capped at this level; skips where the CPU
-    lacks it, naming what runs instead."""
+    """Runs the test with the integer-dot kernels at this level (AVX2: every kernel capped
+    at AVX2, as on an AVX2-only CPU); skips where the CPU lacks it, naming what runs."""
     try:
-        used = helper.w4a8_simd(request.param)
+        used = helper.w4a8_simd(request.param) if request.param == 3 else (
+            helper.gemv_simd(1), helper.w4a8_simd())[1]
         if used != request.param:
             pytest.skip(f"this CPU has no {LEVELS[request.param]} integer dots (it runs "
                         f"{helper.INT8_LEVELS[used]})")
         print(f"moe_grouped's int16 dots at {LEVELS[used]}")
         yield used
     finally:
+        helper.gemv_simd(2)
         helper.w4a8_simd(3)
 
 
@@ -112,6 +114,9 @@ def test_the_integer_cap_turns_them_off_and_shapes_outside_them_stay_float(level
     float_dots = fn(x, *banks, ids, weights)
     assert not torch.equal(int16, float_dots)
     assert ((int16 - float_dots).abs() / float_dots.abs().amax(-1, keepdim=True)).max() < 5e-4
+    if helper.gemv_simd() == 2:             # AVX-512 without VNNI: its float kernels, not AVX2's int16
+        helper.w4a8_simd(1)
+        assert not helper.moe_int16(D, INNER, 32)
     helper.w4a8_simd(level)
     assert not helper.moe_int16(D, 96, 32) and not helper.moe_int16(D + 32, INNER, 32)
     assert not helper.moe_int16(D, INNER, 16) and not helper.moe_int16(D, INNER, 0)
