@@ -284,6 +284,9 @@ MOE = [
     moe_case(3, 11, 2, 64, 32, 32, seed=3),                   # > 8 rows of one expert: chunks
     moe_case(4, 4, 2, 160, 64, 32, seed=4),                   # 5 groups: odd group count
     moe_case(3, 3, 2, 48, 32, 16, seed=5),                    # group 16: the scalar C kernel
+    # D and I multiples of 64: the C variant's int16 dots, where AVX2 or AVX-512 VNNI runs
+    moe_case(8, 1, 4, 128, 64, 32, seed=6, symmetric=True),   # a decode token, Kimi's scheme
+    moe_case(8, 8, 4, 128, 128, 64, seed=7, symmetric=True),  # a batch, group 64
     moe_case(5, 5, 1, 64, 32, 32, seed=6, ids=[[2], [2], [2], [0], [2]]),  # top-1, one hot expert
     moe_case(5, 3, 2, 96, 64, 32, seed=7, symmetric=True),
     moe_case(3, 11, 2, 64, 32, 32, seed=8, symmetric=True),
