@@ -26,50 +26,26 @@
  * otherwise moe_grouped_w4a16 keeps the float kernels. */
 #include "kimi_moe.h"
 
-#include <float.h>
-#include <string.h>
-
 #define I16_BLOCK 32
 
-/* One row [k] -> its int16 codes in the pair layout, d [k/32] and gsum [k/group]. The loops
- * are plain so that the compiler vectorizes them (SSE2 at the baseline). */
+/* One row [k] -> its int16 codes in the pair layout, d [k/32] and gsum [k/group]. A NaN
+ * block keeps its NaN d (codes 0), so the token's output is NaN as the float kernels' would
+ * be, not a silent 0. */
 static void quantize_row(const float *src, int64_t k, int64_t group, int16_t *q, float *d,
                          float *gsum)
 {
     int64_t nb = k / I16_BLOCK, per_group = group / I16_BLOCK, b;
     for (b = 0; b < nb; b++) {
-        const float *xb = src + b * I16_BLOCK;
         int16_t *even = q + (b / 2) * 64 + (b % 2) * 16, *odd = even + 32;
-        int32_t bits[I16_BLOCK], c[I16_BLOCK], top = 0, total = 0;
-        float amax, db, inv;
+        int32_t c[I16_BLOCK], total;
         int j;
-        memcpy(bits, xb, sizeof bits); /* max |x| on the bits (a NaN above all) */
-        for (j = 0; j < I16_BLOCK; j++) {
-            int32_t a = bits[j] & 0x7fffffff;
-            top = a > top ? a : top;
-        }
-        memcpy(&amax, &top, sizeof amax);
-        db = amax / 32767.0f;
-        /* below FLT_MIN 1/d would overflow: 0. A NaN stays d (codes 0), so the token's output
-         * is NaN as the float kernels' would be, not a silent 0 */
-        if (!(db >= FLT_MIN)) db = amax == amax ? 0.0f : amax;
-        inv = db > 0.0f ? 1.0f / db : 0.0f;
-        for (j = 0; j < I16_BLOCK; j++) {
-            float v = xb[j] * inv;
-            if (!(v == v)) v = 0.0f; /* a NaN or inf block (inv = 0): no NaN reaches the cast */
-            int32_t t = (int32_t)v; /* truncation; v - t is exact, so the tie test is too */
-            float frac = v - (float)t;
-            t += (frac >= 0.5f) - (frac <= -0.5f);
-            c[j] = t > 32767 ? 32767 : (t < -32767 ? -32767 : t);
-        }
+        d[b] = kh_round_block(src + b * I16_BLOCK, 32767, 1, c, &total);
         for (j = 0; j < I16_BLOCK / 2; j++) {
             even[j] = (int16_t)c[2 * j];
             odd[j] = (int16_t)c[2 * j + 1];
         }
-        for (j = 0; j < I16_BLOCK; j++) total += c[j];
-        d[b] = db;
         if (b % per_group == 0) gsum[b / per_group] = 0.0f;
-        gsum[b / per_group] += db * (float)total;
+        gsum[b / per_group] += d[b] * (float)total;
     }
 }
 

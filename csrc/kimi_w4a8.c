@@ -16,13 +16,11 @@
 #include <float.h>
 #include <string.h>
 
-/* One x row block -> its int8 codes (de-interleaved, or in natural order for Q8_0 weights);
- * returns d and stores sum(xq). The loops are plain so that the compiler vectorizes them
- * (SSE2 at the baseline). */
-static float quantize_block(const float *src, int8_t *dst, int32_t *sum, int deinterleave)
+float kh_round_block(const float *src, int32_t limit, int keep_nan, int32_t *codes,
+                     int32_t *sum)
 {
     float amax, d, inv;
-    int32_t bits[KH_Q8_BLOCK], q[KH_Q8_BLOCK], top = 0, total = 0;
+    int32_t bits[KH_Q8_BLOCK], top = 0, total = 0;
     int j;
     /* max |x| on the bits: without the sign, floats order as their bits (a NaN above all) */
     memcpy(bits, src, sizeof bits);
@@ -31,16 +29,31 @@ static float quantize_block(const float *src, int8_t *dst, int32_t *sum, int dei
         top = a > top ? a : top;
     }
     memcpy(&amax, &top, sizeof amax);
-    d = amax / 127.0f;
-    if (!(d >= FLT_MIN)) d = 0.0f; /* also NaN */
+    d = amax / (float)limit;
+    if (!(d >= FLT_MIN)) d = keep_nan && amax != amax ? amax : 0.0f; /* 1/d would overflow */
     inv = d > 0.0f ? 1.0f / d : 0.0f;
     for (j = 0; j < KH_Q8_BLOCK; j++) {
         float v = src[j] * inv;
-        int32_t t = (int32_t)v; /* truncation; v - t is exact, so the tie test is too */
-        float frac = v - (float)t;
+        int32_t t;
+        float frac;
+        if (!(v == v)) v = 0.0f; /* a NaN or inf block (inv = 0): no NaN reaches the cast */
+        t = (int32_t)v;          /* truncation; v - t is exact, so the tie test is too */
+        frac = v - (float)t;
         t += (frac >= 0.5f) - (frac <= -0.5f);
-        q[j] = t > 127 ? 127 : (t < -127 ? -127 : t);
+        codes[j] = t > limit ? limit : (t < -limit ? -limit : t);
+        total += codes[j];
     }
+    *sum = total;
+    return d;
+}
+
+/* One x row block -> its int8 codes (de-interleaved, or in natural order for Q8_0 weights);
+ * returns d and stores sum(xq). */
+static float quantize_block(const float *src, int8_t *dst, int32_t *sum, int deinterleave)
+{
+    int32_t q[KH_Q8_BLOCK];
+    float d = kh_round_block(src, 127, 0, q, sum);
+    int j;
     if (deinterleave) {
         for (j = 0; j < KH_Q8_BLOCK / 2; j++) {
             dst[j] = (int8_t)q[2 * j];
@@ -49,8 +62,6 @@ static float quantize_block(const float *src, int8_t *dst, int32_t *sum, int dei
     } else {
         for (j = 0; j < KH_Q8_BLOCK; j++) dst[j] = (int8_t)q[j];
     }
-    for (j = 0; j < KH_Q8_BLOCK; j++) total += q[j];
-    *sum = total;
     return d;
 }
 
