@@ -57,15 +57,17 @@ def step_cost(model, context: int = 250, reps: int = 30) -> tuple[float, float]:
     return one - per_row, per_row
 
 
-def shipped(prompt: list[int], ref: list[int], cost) -> tuple[float, int, int, int]:
-    """The engine's lookup and draft length on ref -> (seconds, steps, drafted, accepted)."""
+def shipped(prompt: list[int], ref: list[int], cost,
+            engine: speculate.Acceptance) -> tuple[float, int, int, int]:
+    """The engine's lookup and draft length on ref -> (seconds, steps, drafted, accepted);
+    engine: the engine's acceptance counts, carried from turn to turn as a served engine's."""
     fixed, per_row = cost
-    lookup, length = speculate.PromptLookup(prompt), speculate.DraftLength()
-    beta = per_row / (fixed + per_row)
+    relative = (0.0, *((fixed + per_row * r) / (fixed + per_row) for r in range(1, speculate.K_MAX + 2)))
+    lookup, length = speculate.PromptLookup(prompt), speculate.DraftLength(engine)
     out, seconds, steps, drafted, accepted = [ref[0]], 0.0, 0, 0, 0
     while len(out) < len(ref):
-        k = length.choose(beta, len(ref) - len(out) - 1)
-        draft = lookup.draft(out, k) if k else []
+        draft = lookup.draft(out, min(speculate.K_MAX, len(ref) - len(out) - 1))
+        draft = draft[:length.choose(lookup.match, len(draft), relative)]
         stood = next((j for j, t in enumerate(draft) if ref[len(out) + j] != t), len(draft))
         if draft:
             length.verified(len(draft), stood)
@@ -115,7 +117,8 @@ def main(argv=None) -> int:
     for kind in ("edit", "prose"):
         mine = [(p, ref) for k, p, ref in turns if k == kind]
         plain = sum((fixed + per_row) * (len(ref) - 1) for _, ref in mine)
-        runs = [shipped(p, ref, cost) for p, ref in mine]
+        engine = speculate.Acceptance(decay=speculate.ENGINE_DECAY)
+        runs = [shipped(p, ref, cost, engine) for p, ref in mine]
         steps, drafted, accepted = (sum(r[i] for r in runs) for i in (1, 2, 3))
         bounds = [plain / sum(oracle(p, ref, cost, n) for p, ref in mine) for n in (3, 2, 1)]
         lines.append(f"| {kind} ({len(mine)}) | 1.00x | {plain / sum(r[0] for r in runs):.2f}x "

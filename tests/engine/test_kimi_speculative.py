@@ -61,6 +61,7 @@ def test_rejections_at_every_position_with_the_prefix_cache(kimi, monkeypatch, w
     longest = {tuple(p): n for p, n in zip(PROMPTS, (1, 3, 7))}
     oracle = Oracle(plain, longest, kimi.config.vocab_size)
     monkeypatch.setattr(speculate.PromptLookup, "draft", lambda lookup, out, k: oracle(lookup, out, k))
+    monkeypatch.setattr(speculate.DraftLength, "choose", lambda length, match, n, cost: n)  # all of it
     options = {"prefill_chunk": 8, "prefix_cache_bytes": 64 << 20}
     with RunningEngine(kimi, **options) as engine:
         if warm:
@@ -95,6 +96,7 @@ def test_a_request_cancelled_during_its_verify_step_gives_its_slots_back(kimi, m
         return decode_batch(tokens, caches, positions)
 
     monkeypatch.setattr(kimi, "decode_batch", cancelling)
+    monkeypatch.setattr(speculate.DraftLength, "choose", lambda length, match, n, cost: n)  # any match
     with RunningEngine(kimi, prefix_cache_bytes=0) as engine:
         victim.append(engine.submit(prompt, 64))
         deadline = time.monotonic() + 60   # a cancelled request gets no event: its client left

@@ -104,41 +104,88 @@ def test_a_request_can_turn_speculation_off(llama):
 def test_lookup_takes_the_most_recent_longest_match():
     lookup = speculate.PromptLookup([5, 1, 2, 3, 9, 1, 2, 3, 4, 7, 2, 3])
     assert lookup.draft([], 3) == [4, 7, 2]  # "2 3" last seen before 4 (and "7 2 3" never)
+    assert lookup.match == 2
     assert lookup.draft([4, 7, 2], 2) == [3, 4]  # output joins the context: "7 2" -> 3
     assert speculate.PromptLookup([1, 2]).draft([], 4) == []
     assert speculate.PromptLookup([8, 8]).draft([], 4) == [8]  # a token repeated
 
 
-def test_a_longer_match_wins_and_a_short_one_drafts_little():
+def test_a_longer_match_wins_and_says_how_long_it_was():
     """The suffix "1 2 3 4" picks the first copy, though "2 3 4" came last; a match of one
-    token drafts one, of two at most three (speculate.SHORT_MATCH)."""
+    token drafts as much as a long one, and `match` tells them apart."""
     lookup = speculate.PromptLookup([1, 2, 3, 4, 5, 9, 2, 3, 4, 6, 0, 1, 2, 3, 4])
     assert lookup.draft([], 4) == [5, 9, 2, 3]
-    assert speculate.PromptLookup([7, 1, 2, 3, 4, 5, 8, 7]).draft([], 4) == [1]
-    assert speculate.PromptLookup([6, 7, 1, 2, 3, 4, 5, 8, 6, 7]).draft([], 6) == [1, 2, 3]
+    assert lookup.match == 4
+    lookup = speculate.PromptLookup([7, 1, 2, 3, 4, 5, 8, 7])
+    assert lookup.draft([], 4) == [1, 2, 3, 4] and lookup.match == 1
+    lookup = speculate.PromptLookup([9, 7, 1, 2, 3, 4, 5, 8, 6, 7, 1, 2, 3, 4, 5, 8, 9, 7])
+    assert lookup.draft([], 6) == [1, 2, 3, 4, 5, 8] and lookup.match == 2
+    assert lookup.draft([1, 2, 3], 2) == [4, 5] and lookup.match == 5  # "9 7 1 2 3", not "6 7 ..."
+    assert [speculate.match_bucket(n) for n in (1, 2, 3, 4, 7, 8, 15, 16, 32)] == \
+        [0, 1, 2, 3, 3, 4, 4, 5, 5]
 
 
-def test_draft_length_grows_on_acceptance_and_rests_below_break_even():
+LINE = (0.0, *(1 + 0.25 * r for r in range(speculate.K_MAX + 1)))  # a row: 1/4 of a step
+CHEAP = (0.0, *(1 + 0.1 * r for r in range(speculate.K_MAX + 1)))
+
+
+def test_the_draft_length_follows_what_drafts_behind_such_a_match_did():
+    """The priors: the longer the match, the more drafts, and none for a one-token one; a
+    match whose drafts kept standing grows, one whose drafts kept failing rests, then probes
+    with one."""
     length = speculate.DraftLength()
-    for _ in range(6):
+    assert length.choose(32, 7, LINE) > length.choose(2, 7, LINE) > length.choose(1, 7, LINE) == 0
+    assert length.choose(32, 7, CHEAP) == 7
+    assert length.choose(32, 3, CHEAP) == 3                # no more than the lookup found
+    before = length.choose(2, 7, LINE)
+    for _ in range(12):                                    # two-token matches copied well here
+        length.choose(2, 7, LINE)
         length.verified(4, 4)
-    assert length.choose(beta=0.3, limit=100) == speculate.K_MAX
-    assert length.choose(beta=0.3, limit=2) == 2
-    for _ in range(12):  # the decayed memory of the good run fades
-        length.verified(2, 0)
-    assert length.choose(beta=0.3, limit=100) == 0
-    rests = [length.choose(beta=0.3, limit=100) for _ in range(speculate.COOLDOWN)]
+    assert length.choose(2, 7, LINE) > before
+    length.choose(20, 7, LINE)
+    for _ in range(24):                                    # long matches failed at once
+        length.verified(1, 0)
+    rests = [length.choose(20, 7, LINE) for _ in range(speculate.COOLDOWN)]
     assert rests == [0] * (speculate.COOLDOWN - 1) + [1]  # then one probe
+    assert length.choose(3, 7, LINE) > 0                  # other matches keep their rates
 
 
-def test_step_cost_fits_fixed_and_per_row_time_through_a_busy_host():
+def test_dearer_rows_draft_less():
+    """The same rates under a flat cost up to 4 rows and a steep one past them."""
+    length = speculate.DraftLength()
+    steep = (0.0, 1.0, 1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 5.0)
+    assert length.choose(3, 7, LINE) > 3
+    assert length.choose(3, 7, steep) == 3
+
+
+def test_a_sequence_learns_from_the_engines_counts_and_adds_its_own():
+    engine = speculate.Acceptance()
+    first = speculate.DraftLength(engine)
+    for _ in range(40):
+        first.choose(1, 7, LINE)
+        first.verified(7, 7)                               # one-token matches that copied
+    second = speculate.DraftLength(engine)                 # a later request starts from them
+    assert second.choose(1, 7, LINE) == 7
+    assert speculate.DraftLength().choose(1, 7, LINE) == 0  # an engine with no history: none
+    for _ in range(24):
+        second.choose(1, 7, LINE)
+        second.verified(1, 0)
+    assert second.choose(1, 7, LINE) == 0                  # its own failures outweigh them
+    assert speculate.DraftLength(engine).choose(1, 7, LINE) > 0
+
+
+def test_step_cost_per_row_count_through_a_busy_host():
     cost = speculate.StepCost()
     for rows in (1, 2, 4, 8) * 4:
         cost.samples.append((rows, 0.006 + 0.002 * rows))
     for rows in (1, 2, 4, 8):  # one step each slowed by other work
         cost.samples.append((rows, 0.1))
-    assert cost.beta == pytest.approx(0.002 / 0.008)
-    assert speculate.StepCost().beta == speculate.PRIOR_BETA
+    assert cost.relative == pytest.approx((0.0, *((0.006 + 0.002 * r) / 0.008 for r in range(1, 9))))
+    for _ in range(3):                                     # 3 rows measured dearer than the line
+        cost.samples.append((3, 0.02))
+    assert cost.relative[3] == pytest.approx(0.02 / 0.008)
+    assert cost.relative[4] == cost.relative[3]            # never cheaper with more rows
+    assert speculate.StepCost().relative == speculate.prior_cost()
 
 
 def test_the_response_carries_vllms_spec_metrics_when_asked(llama):
