@@ -7,7 +7,8 @@
  * sum of values) per query head, scores in fp32 as SDPA's CPU kernel keeps them. The caller then merges the ranges: M = max m_s, out = sum_s e^(m_s - M) acc_s /
  * sum_s e^(m_s - M) l_s. So a long context runs on every thread (a single sequence with 3 KV
  * heads was 3 tasks), and each key is converted from fp16 once for the group's heads (the
- * portable kernels below into a float buffer; the AVX2 ones, kimi_attn_avx2.c, in registers).
+ * portable kernels below into a float buffer; the AVX2 and AVX-512 ones, kimi_attn_avx2.c and
+ * kimi_attn_avx512.c, in registers; attention_simd says which runs).
  * Memory traffic: 2 * kv_heads * head_dim * 2 bytes per cached token of each row. */
 #include "kimi_attn.h"
 
@@ -92,13 +93,28 @@ static void attend_range_c(void *ctx, int64_t task)
     kh_attend_range(ctx, task, score_chunk_c, accumulate_chunk_c, exp_sum_c);
 }
 
+int attention_simd(int64_t head_dim)
+{
+#if KH_HAVE_X86_SIMD
+    int level = gemv_simd(-1);
+    if (level >= 2 && head_dim % 16 == 0) return 2;
+    if (level >= 1 && head_dim % 8 == 0) return 1;
+#endif
+    (void)head_dim;
+    return 0;
+}
+
 void kh_attention(const KhAttention *a, float *work, int nthreads)
 {
     KhAttnJob job;
     int64_t r, h, s, j, hd = a->head_dim, keys = 0;
     KhTask fn = attend_range_c;
 #if KH_HAVE_X86_SIMD
-    if (gemv_simd(-1) >= 1 && hd % 8 == 0) fn = kh_attend_range_avx2;
+    switch (attention_simd(hd)) {
+    case 2: fn = kh_attend_range_avx512; break;
+    case 1: fn = kh_attend_range_avx2; break;
+    default: break;
+    }
 #endif
     job.a = a;
     job.parts = work + (16 - ((uintptr_t)work / sizeof(float)) % 16) % 16; /* 64-byte lines */

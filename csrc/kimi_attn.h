@@ -1,5 +1,6 @@
 /* Internal to the C helper: decode attention's job and its per-task loop (kimi_attn.c), shared
- * with the AVX2 chunk kernels (kimi_attn_avx2.c) that the loop is instantiated with there. */
+ * with the AVX2 and AVX-512 chunk kernels (kimi_attn_avx2.c, kimi_attn_avx512.c) that the
+ * loop is instantiated with there. */
 #ifndef KIMI_ATTN_H
 #define KIMI_ATTN_H
 
@@ -51,6 +52,23 @@ static inline void kh_attn_prefetch(const uint16_t *rows, int64_t j, int64_t str
     for (i = 0; i < hd; i += 32) __builtin_prefetch(rows + j * stride + i);
 }
 
+/* The larger of m and the n scores at s, as the chain `m = s[j] > m ? s[j] : m` over j gives
+ * it, taken in 8 independent chains: the one chain, each step waiting on the last, was a fifth
+ * of attention's time at 2,000 keys. A NaN score never wins in either; the order can change
+ * only which zero's sign wins, which no exp(score - m) sees. */
+static inline float kh_attn_max(const float *s, int64_t n, float m)
+{
+    float part[8];
+    int64_t j;
+    int l;
+    for (l = 0; l < 8; l++) part[l] = m;
+    for (j = 0; j + 8 <= n; j += 8)
+        for (l = 0; l < 8; l++) part[l] = s[j + l] > part[l] ? s[j + l] : part[l];
+    for (; j < n; j++) part[0] = s[j] > part[0] ? s[j] : part[0];
+    for (l = 1; l < 8; l++) part[0] = part[l] > part[0] ? part[l] : part[0];
+    return part[0];
+}
+
 /* One task: the key range [j0, j1) of one row, for each query head of its KV heads (one, or
  * all of them: kh_attention says when): per chunk of keys and KV head, the scores, the
  * online-softmax rescale, then the values. With all KV heads in one task, a chunk's cache rows
@@ -93,8 +111,7 @@ static inline __attribute__((always_inline)) void kh_attend_range(
             score_chunk(q, kc + c0 * stride, stride, count, hd, group, scale, score, kv_f,
                         vc + c0 * stride);
             for (g = 0; g < group; g++) { /* rescale what came before to the new maximum */
-                float m = top[h0 + g], fix;
-                for (j = 0; j < count; j++) m = score[g][j] > m ? score[g][j] : m;
+                float m = kh_attn_max(score[g], count, top[h0 + g]), fix;
                 fix = expf(top[h0 + g] - m);
                 total[h0 + g] *= fix;
                 for (j = 0; j < hd; j++) acc[h0 + g][j] *= fix;
@@ -116,6 +133,12 @@ static inline __attribute__((always_inline)) void kh_attend_range(
 
 #if KH_HAVE_X86_SIMD
 void kh_attend_range_avx2(void *ctx, int64_t task);
+void kh_attend_range_avx512(void *ctx, int64_t task); /* head_dim % 16 == 0 */
+/* The AVX2 score kernel and exp-sum, which the AVX-512 kernels share (the same bits). */
+void kh_attn_score_chunk_avx2(const float *q, const uint16_t *k, int64_t stride, int64_t count,
+                              int64_t hd, int64_t group, float scale,
+                              float (*score)[KH_ATTN_CHUNK], float *kv_f, const uint16_t *ahead);
+float kh_attn_exp_sum_avx2(float *s, int64_t n, float m);
 #endif
 
 #endif

@@ -78,10 +78,10 @@ static KH_TARGET inline __attribute__((always_inline)) void score_heads(
     }
 }
 
-static KH_TARGET void score_chunk_avx2(const float *q, const uint16_t *k, int64_t stride,
-                                       int64_t count, int64_t hd, int64_t group, float scale,
-                                       float (*score)[KH_ATTN_CHUNK], float *kv_f,
-                                       const uint16_t *ahead)
+KH_TARGET void kh_attn_score_chunk_avx2(const float *q, const uint16_t *k, int64_t stride,
+                                        int64_t count, int64_t hd, int64_t group, float scale,
+                                        float (*score)[KH_ATTN_CHUNK], float *kv_f,
+                                        const uint16_t *ahead)
 {
     int64_t g0;
     (void)kv_f;
@@ -152,7 +152,7 @@ static KH_TARGET void accumulate_chunk_avx2(float (*acc)[KH_ATTN_MAX_DIM],
     }
 }
 
-static KH_TARGET float exp_sum_avx2(float *s, int64_t n, float m)
+KH_TARGET float kh_attn_exp_sum_avx2(float *s, int64_t n, float m)
 {
     __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
     float total;
@@ -172,7 +172,7 @@ static KH_TARGET float exp_sum_avx2(float *s, int64_t n, float m)
 
 KH_TARGET void kh_attend_range_avx2(void *ctx, int64_t task)
 {
-    kh_attend_range(ctx, task, score_chunk_avx2, accumulate_chunk_avx2, exp_sum_avx2);
+    kh_attend_range(ctx, task, kh_attn_score_chunk_avx2, accumulate_chunk_avx2, kh_attn_exp_sum_avx2);
 }
 
 #else

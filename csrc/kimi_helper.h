@@ -211,6 +211,10 @@ int llama_decode_layer(const KhLlamaLayer *layer, const float *h, int64_t rows,
                        uint16_t *const *v_cache, const int64_t *positions, float *work,
                        float *out, int nthreads);
 
+/* The decode attention kernels llama_decode_layer runs for this head_dim (kimi_attn.c): 2
+ * AVX-512 (head_dim % 16 == 0), 1 AVX2 (% 8), 0 the portable C; gemv_simd's cap caps them. */
+int attention_simd(int64_t head_dim);
+
 /* Memory read-bandwidth probe: reads every byte of buf [nbytes, a multiple of 8, 8-byte
  * aligned] once with nthreads threads of the GEMVs' pool; *checksum gets the sum of its
  * 64-bit words (so the reads cannot be dropped). Time it to get the read ceiling. */

@@ -50,6 +50,6 @@ from engined.helper.arrays import (  # noqa: F401
     _packed_arrays, _routed_arrays, _tensor, gemv_w4a16, grouped_gemv_w4a16, moe_swiglu_w4a16,
     unpack_int4)
 from engined.helper.system import (  # noqa: F401
-    INT8_LEVELS, SIMD_LEVELS, gemv_simd, memcap_cap, memcap_init, memcap_peak,
+    INT8_LEVELS, SIMD_LEVELS, attention_simd, gemv_simd, memcap_cap, memcap_init, memcap_peak,
     memcap_release, memcap_reserve, memcap_reserved, moe_int16, pool_stats, read_probe,
     tiles_simd, w4a8_simd)

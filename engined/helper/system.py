@@ -47,6 +47,14 @@ def tiles_simd() -> int:
     return int(lib.tiles_simd())
 
 
+def attention_simd(head_dim: int) -> int:
+    """The decode attention kernels llama_decode_layer runs for this head_dim, as a
+    SIMD_LEVELS key: 2 AVX-512 (head_dim % 16 == 0), 1 AVX2 (% 8), 0 portable C; gemv_simd's
+    cap caps them. AVX-512 gives the AVX2 kernels' bits."""
+    require()
+    return int(lib.attention_simd(head_dim))
+
+
 def read_probe(buf, threads: int = 1) -> int:
     """Read every byte of `buf` (a contiguous CPU tensor, nbytes a multiple of 8) with
     `threads` pool threads -> the sum of its 64-bit words mod 2**64. Timed, it is the memory

@@ -429,6 +429,10 @@ LLAMA_LAYER = [
     # 8); a long row's task takes every KV head, a short one's a KV head each
     llama_layer_case([900, 33], 64, 20, 4, 40, 96, seed=12),
     llama_layer_case([600], 64, 40, 4, 8, 96, seed=13),   # 40 heads: over a task's 32
+    # AVX-512 attention (hd % 16 == 0): groups of 4 (3 heads, then 1), long rows in ranges,
+    # keys past the last 8 (the AVX2 kernel's); hd 48, a pass of 3 x 16 elements
+    llama_layer_case([300, 5, 1100], 64, 8, 2, 32, 96, "w4a8_tiles", seed=14),
+    llama_layer_case([77, 130], 96, 4, 1, 48, 64, "w4a8_tiles", seed=15),
 ]
 
 

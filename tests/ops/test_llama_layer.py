@@ -53,6 +53,28 @@ def test_every_level_matches_the_block(level, case):
         assert int((written != reference).sum()) <= max(1, written.numel() // 100)
 
 
+TILED = [case for case in LLAMA_LAYER if "-w4a8-tiles" in case.id]
+
+
+@pytest.mark.parametrize("case", TILED, ids=lambda c: c.id)
+def test_avx512_attention_gives_the_avx2_bits(case):
+    """The projections' integer dots give the same bits at every level, so the layer at the
+    AVX-512 cap and at the AVX2 cap differ only in attention's kernels: the same bits too."""
+    args = fresh(case)
+    hd = args[1].head_dim
+    try:
+        gemv_level_or_skip(2)
+        assert helper.attention_simd(hd) == 2
+        wide, wide_kv = run("cpu_c", args)
+        gemv_level_or_skip(1)
+        assert helper.attention_simd(hd) == 1
+        narrow, narrow_kv = run("cpu_c", args)
+    finally:
+        helper.gemv_simd(2)
+    assert torch.equal(wide, narrow)
+    assert all(torch.equal(a, b) for a, b in zip(wide_kv, narrow_kv))
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads_do_not_change_the_result(threads):
     args = fresh()

@@ -1,0 +1,163 @@
+/* AVX-512 chunk kernels of decode attention (kimi_attn.h's loop), for head_dim % 16 == 0:
+ * the AVX2 kernels' operations (kimi_attn_avx2.c), each lane as there, half the instructions.
+ *
+ * Why: in a verify step of 8 rows (speculative decoding) at ~300 cached tokens, attention
+ * was a fifth of SmolLM2's step on the Intel CI kind, whose two 512-bit FMA ports the AVX2
+ * kernels used at half width.
+ *
+ * Scores: a 512-bit register holds two keys' 8-lane chains (key j low, key j + 1 high), each
+ * lane the AVX2 kernel's chain over the dims 8 at a time, the query's 8 dims broadcast to both
+ * halves; the halves then go through the AVX2 kernel's sum tree. Keys past the last whole 8
+ * go to the AVX2 kernel itself. Values: 16 elements a register, each element's chain over the
+ * keys in order, as the AVX2 kernel's 8. The exp-sums are the AVX2 kernel's. So every result
+ * is the AVX2 kernels' bits (tests/ops/test_llama_layer.py holds them to it). */
+#include "kimi_attn.h"
+
+#if KH_HAVE_X86_SIMD
+#include <immintrin.h>
+#define KH_TARGET __attribute__((target("avx2,fma,f16c,avx512f")))
+#define HEADS 3 /* query heads a pass: 12 accumulators + 3 queries + 4 key pairs */
+
+/* Keys j (low half) and j + 1 (high half), dims i..i+7 of each, as floats. */
+static KH_TARGET inline __m512 key_pair(const uint16_t *k, int64_t stride)
+{
+    __m128i lo = _mm_loadu_si128((const __m128i *)k);
+    __m128i hi = _mm_loadu_si128((const __m128i *)(k + stride));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
+/* 8 floats at p in both halves (AVX-512F: no DQ broadcast needed). */
+static KH_TARGET inline __m512 both_halves(const float *p)
+{
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+}
+
+static KH_TARGET inline __m256 high_half(__m512 v)
+{
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
+/* score[h][j + u] for HB heads and the 8 keys from j (kimi_attn_avx2.c's score4, twice). */
+static KH_TARGET inline __attribute__((always_inline)) void score8(
+    const float *q, const uint16_t *k, int64_t stride, int64_t hd, int hb, float scale,
+    float (*score)[KH_ATTN_CHUNK], int64_t j)
+{
+    __m512 a[HEADS][4], qv[HEADS];
+    int64_t i;
+    int h, p;
+    for (h = 0; h < hb; h++)
+        for (p = 0; p < 4; p++) a[h][p] = _mm512_setzero_ps();
+    for (i = 0; i < hd; i += 8) {
+        for (h = 0; h < hb; h++) qv[h] = both_halves(q + h * hd + i);
+        for (p = 0; p < 4; p++) {
+            __m512 kv = key_pair(k + (j + 2 * p) * stride + i, stride);
+            for (h = 0; h < hb; h++) a[h][p] = _mm512_fmadd_ps(qv[h], kv, a[h][p]);
+        }
+    }
+    for (h = 0; h < hb; h++)
+        for (p = 0; p < 4; p += 2) { /* keys j + 2p .. j + 2p + 3: the AVX2 tree of 4 chains */
+            __m256 t = _mm256_hadd_ps(
+                _mm256_hadd_ps(_mm512_castps512_ps256(a[h][p]), high_half(a[h][p])),
+                _mm256_hadd_ps(_mm512_castps512_ps256(a[h][p + 1]), high_half(a[h][p + 1])));
+            __m128 sum = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+            _mm_storeu_ps(score[h] + j + 2 * p, _mm_mul_ps(_mm_set1_ps(scale), sum));
+        }
+}
+
+static KH_TARGET inline __attribute__((always_inline)) void score_heads(
+    const float *q, const uint16_t *k, int64_t stride, int64_t count, int64_t hd, int hb,
+    float scale, float (*score)[KH_ATTN_CHUNK], const uint16_t *ahead)
+{
+    int64_t j;
+    int u;
+    for (j = 0; j + 8 <= count; j += 8) {
+        for (u = 0; u < 8; u++) kh_attn_prefetch(ahead, j + u, stride, hd);
+        score8(q, k, stride, hd, hb, scale, score, j);
+    }
+}
+
+static KH_TARGET void score_chunk_avx512(const float *q, const uint16_t *k, int64_t stride,
+                                         int64_t count, int64_t hd, int64_t group, float scale,
+                                         float (*score)[KH_ATTN_CHUNK], float *kv_f,
+                                         const uint16_t *ahead)
+{
+    int64_t g0, whole = count / 8 * 8;
+    const uint16_t *first = ahead;
+    for (g0 = 0; g0 < group; g0 += HEADS, ahead = NULL) {
+        const float *qg = q + g0 * hd;
+        switch (group - g0 < HEADS ? group - g0 : HEADS) { /* a constant in each call */
+        case 1: score_heads(qg, k, stride, count, hd, 1, scale, score + g0, ahead); break;
+        case 2: score_heads(qg, k, stride, count, hd, 2, scale, score + g0, ahead); break;
+        default: score_heads(qg, k, stride, count, hd, 3, scale, score + g0, ahead); break;
+        }
+    }
+    if (whole < count) /* the last keys: the AVX2 kernel's per-key dots, into the same rows */
+        kh_attn_score_chunk_avx2(q, k + whole * stride, stride, count - whole, hd, group, scale,
+                                 (float (*)[KH_ATTN_CHUNK])(score[0] + whole), kv_f,
+                                 first ? first + whole * stride : NULL);
+}
+
+/* acc[h][i0 ..] += sum_j score[h][j] * value j [i0 ..] for HB heads and LANES x 16 elements. */
+static KH_TARGET inline __attribute__((always_inline)) void accumulate_lanes(
+    float (*acc)[KH_ATTN_MAX_DIM], float (*score)[KH_ATTN_CHUNK], const uint16_t *v,
+    int64_t stride, int64_t count, int64_t hd, int hb, int lanes, int64_t i0,
+    const uint16_t *ahead)
+{
+    __m512 y[HEADS][4], w[HEADS];
+    int64_t j;
+    int h, u;
+    for (h = 0; h < hb; h++)
+        for (u = 0; u < lanes; u++) y[h][u] = _mm512_loadu_ps(acc[h] + i0 + 16 * u);
+    for (j = 0; j < count; j++) {
+        kh_attn_prefetch(ahead, j, stride, hd);
+        for (h = 0; h < hb; h++) w[h] = _mm512_set1_ps(score[h][j]);
+        for (u = 0; u < lanes; u++) {
+            const uint16_t *vp = v + j * stride + i0 + 16 * u;
+            __m512 vv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)vp));
+            for (h = 0; h < hb; h++) y[h][u] = _mm512_fmadd_ps(w[h], vv, y[h][u]);
+        }
+    }
+    for (h = 0; h < hb; h++)
+        for (u = 0; u < lanes; u++) _mm512_storeu_ps(acc[h] + i0 + 16 * u, y[h][u]);
+}
+
+/* 64 elements a pass (the last pass of a head_dim that is no multiple of 64: 16 to 48). */
+static KH_TARGET inline __attribute__((always_inline)) void accumulate_heads(
+    float (*acc)[KH_ATTN_MAX_DIM], float (*score)[KH_ATTN_CHUNK], const uint16_t *v,
+    int64_t stride, int64_t count, int64_t hd, int hb, const uint16_t *ahead)
+{
+    int64_t i0;
+    for (i0 = 0; i0 < hd; i0 += 64, ahead = NULL) {
+        switch (hd - i0 < 64 ? (int)(hd - i0) / 16 : 4) {
+        case 1: accumulate_lanes(acc, score, v, stride, count, hd, hb, 1, i0, ahead); break;
+        case 2: accumulate_lanes(acc, score, v, stride, count, hd, hb, 2, i0, ahead); break;
+        case 3: accumulate_lanes(acc, score, v, stride, count, hd, hb, 3, i0, ahead); break;
+        default: accumulate_lanes(acc, score, v, stride, count, hd, hb, 4, i0, ahead); break;
+        }
+    }
+}
+
+static KH_TARGET void accumulate_chunk_avx512(float (*acc)[KH_ATTN_MAX_DIM],
+                                              float (*score)[KH_ATTN_CHUNK], const uint16_t *v,
+                                              int64_t stride, int64_t count, int64_t hd,
+                                              int64_t group, float *kv_f, const uint16_t *ahead)
+{
+    int64_t g0;
+    (void)kv_f;
+    for (g0 = 0; g0 < group; g0 += HEADS, ahead = NULL) {
+        switch (group - g0 < HEADS ? group - g0 : HEADS) {
+        case 1: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 1, ahead); break;
+        case 2: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 2, ahead); break;
+        default: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 3, ahead); break;
+        }
+    }
+}
+
+KH_TARGET void kh_attend_range_avx512(void *ctx, int64_t task)
+{
+    kh_attend_range(ctx, task, score_chunk_avx512, accumulate_chunk_avx512, kh_attn_exp_sum_avx2);
+}
+
+#else
+typedef int kh_no_x86_simd; /* ISO C forbids an empty translation unit */
+#endif
