@@ -217,9 +217,10 @@ class Engine:
         accepted = 0
         for j, token_id in enumerate(token_ids):
             self._append_sampled(seq, logits[j], token_id)
-            if seq.is_finished or j == len(seq.draft) or token_id != seq.draft[j]:
+            stood = j < len(seq.draft) and token_id == seq.draft[j]
+            accepted += stood  # a draft that ends the request (a stop token) stood too
+            if seq.is_finished or not stood:
                 break
-            accepted += 1
         if seq.draft:
             seq.num_computed += accepted  # the accepted drafts' cache rows stand
             self.speculator.verified(seq, len(seq.draft), accepted)

@@ -4,10 +4,10 @@ decode step checks them.
 Drafting is prompt lookup, in the prompt and the output so far: among the recent earlier
 occurrences of the sequence's last 3 tokens (CANDIDATES of them), the one whose match runs
 furthest back (up to MAX_MATCH tokens; the most recent on a tie), and the tokens that followed
-it; else the last 2 tokens' most recent occurrence (at most 3 drafted), else the last token's
-(at most 1): short matches were the drafts most often wrong, and a long one picks the right
-copy among several (edit turns, tiles: 60% -> 70% accepted, 1.54x -> 1.58x). The index holds
-three entries a position, as the 3-gram lookup before it did.
+it; else the last 2 tokens' most recent occurrence, else the last token's. A long match picks
+the right copy among several (edit turns, tiles: 60% -> 70% accepted, 1.54x -> 1.58x); how
+many of its tokens are verified is the draft length's choice, by the match's length (below).
+The index holds three entries a position, as the 3-gram lookup before it did.
 An agent's edit re-emits the function it rewrites, a tool call repeats paths from the
 conversation: there the drafts are right.
 
@@ -152,7 +152,7 @@ class DraftLength:
             if expected / cost[k + 1] > best_value:
                 best, best_value = k, expected / cost[k + 1]
         self.idle = 0 if best else self.idle + 1
-        if self.idle >= COOLDOWN:  # a probe: the rates may be stale
+        if self.idle > COOLDOWN:  # a probe: the rates may be stale
             self.idle, best = 0, 1
         return best
 
@@ -197,17 +197,18 @@ class StepCost:
             by_rows[rows].append(seconds)
         points = {r: sorted(ts)[len(ts) // 4] for r, ts in by_rows.items() if len(ts) >= 3}
         line = self._line(list(points.items()))
-        if line is None:
+        if 1 not in points and line is None:
             return prior_cost()
-        fixed, per_row = line
-        times = [points.get(r, fixed + per_row * r) for r in range(1, K_MAX + 2)]
-        for i in range(1, len(times)):
-            times[i] = max(times[i], times[i - 1])
+        times = [points.get(1) or line[0] + line[1]]
+        for r in range(2, K_MAX + 2):  # a count not measured: the line, or (rows that cost
+            guess = line[0] + line[1] * r if line else times[-1]  # nothing more) the last
+            times.append(max(points.get(r, guess), times[-1]))
         return (0.0, *(t / times[0] for t in times))
 
     @staticmethod
     def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
-        """(fixed, per_row) through the points, or None while they cannot say."""
+        """(fixed, per_row) through the points, or None while they cannot say (fewer than
+        two, or a line that does not rise: on a GPU an extra row may cost nothing)."""
         if len(points) < 2:
             return None
         n = len(points)

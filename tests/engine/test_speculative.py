@@ -145,8 +145,8 @@ def test_the_draft_length_follows_what_drafts_behind_such_a_match_did():
     length.choose(20, 7, LINE)
     for _ in range(24):                                    # long matches failed at once
         length.verified(1, 0)
-    rests = [length.choose(20, 7, LINE) for _ in range(speculate.COOLDOWN)]
-    assert rests == [0] * (speculate.COOLDOWN - 1) + [1]  # then one probe
+    rests = [length.choose(20, 7, LINE) for _ in range(speculate.COOLDOWN + 1)]
+    assert rests == [0] * speculate.COOLDOWN + [1]        # then one probe
     assert length.choose(3, 7, LINE) > 0                  # other matches keep their rates
 
 
@@ -186,6 +186,30 @@ def test_step_cost_per_row_count_through_a_busy_host():
     assert cost.relative[3] == pytest.approx(0.02 / 0.008)
     assert cost.relative[4] == cost.relative[3]            # never cheaper with more rows
     assert speculate.StepCost().relative == speculate.prior_cost()
+
+
+def test_rows_measured_free_stay_free():
+    """A GPU step whose extra rows cost nothing (a line that does not rise) keeps what was
+    measured, rather than the prior's dear rows."""
+    cost = speculate.StepCost()
+    for rows in (1, 2, 4, 8) * 3:
+        cost.samples.append((rows, 0.004 - 0.0001 * rows))      # noise: more rows, less time
+    assert cost.relative[1:] == pytest.approx([1.0] * (speculate.K_MAX + 1))
+
+
+def test_a_draft_that_ends_the_request_counts_as_accepted(llama):
+    """The draw at a draft's place equals it and is a stop token: the draft stood."""
+    from tests.engine.batching_helpers import NullDecoder
+    from engined.engine.sequence import SamplingParams, Sequence
+    import torch
+    engine = RunningEngine(llama.model, prefix_cache_bytes=0).engine  # not started: one call
+    seq = Sequence([1, 2, 3], SamplingParams(16, temperature=0, stop_token_ids=frozenset({7})),
+                   NullDecoder())
+    seq.spec = (speculate.PromptLookup(seq.prompt_ids), speculate.DraftLength())
+    seq.draft = [6, 7, 8]
+    engine._append_drawn(seq, torch.zeros(4, 10), [6, 7, 8, 9])
+    assert seq.output_ids == [6, 7] and seq.finish_reason == "stop"
+    assert (seq.spec[1].num_drafted, seq.spec[1].num_accepted) == (3, 2)
 
 
 def test_the_response_carries_vllms_spec_metrics_when_asked(llama):
