@@ -1,8 +1,11 @@
 """llama_decode_layer beyond equivalence: every SIMD level present, both thread counts, the
 output written in place, and clear refusals of what the C call cannot take."""
+import ctypes
+
 import pytest
 import torch
 
+import engined._kimi_helper
 from engined import helper
 from engined.ops import registry
 from engined.ops.llama_decode_layer import cpu_c, reference
@@ -51,6 +54,54 @@ def test_every_level_matches_the_block(level, case):
         step = torch.finfo(torch.float16).eps * reference.abs().clamp_min(2.0 ** -14)
         assert ((written - reference).abs() <= step).all(), (written - reference).abs().max()
         assert int((written != reference).sum()) <= max(1, written.numel() // 100)
+
+
+class KhAttention(ctypes.Structure):
+    """csrc/kimi_simd.h's KhAttention: the helper's attention alone, its kernels compared bit
+    for bit (through the layer, o_proj's int8 rounding of its input could hide a last bit)."""
+    _fields_ = [(name, ctypes.c_int64) for name in ("rows", "heads", "kv_heads", "head_dim",
+                                                    "q_stride")] + \
+               [(name, ctypes.c_void_p) for name in ("q", "k_cache", "v_cache", "positions", "out")]
+
+
+def attention(q, cache, positions, kv_heads):
+    """Each row of q [B, heads, hd] over one fp16 cache [2, S, kv_heads, hd] (a verify step's
+    rows of one sequence) -> [B, heads * hd], on the kernels attention_simd names."""
+    lib = ctypes.CDLL(engined._kimi_helper.__file__)  # the loaded helper: its caps hold
+    rows, heads, hd = q.shape
+    assert rows <= helper.MAX_ROWS  # the C job's per-row arrays hold no more
+    keys = (ctypes.c_void_p * rows)(*[cache[0].data_ptr()] * rows)
+    values = (ctypes.c_void_p * rows)(*[cache[1].data_ptr()] * rows)
+    at = torch.tensor(positions, dtype=torch.int64)
+    out = torch.empty(rows, heads * hd)
+    lib.kh_attention_work_floats.restype = ctypes.c_int64
+    work = torch.empty(int(lib.kh_attention_work_floats(rows, heads, hd)) + 16)
+    a = KhAttention(rows, heads, kv_heads, hd, heads * hd, q.data_ptr(), ctypes.addressof(keys),
+                    ctypes.addressof(values), at.data_ptr(), out.data_ptr())
+    lib.kh_attention(ctypes.byref(a), ctypes.c_void_p(work.data_ptr()), 2)
+    return out
+
+
+@pytest.mark.parametrize("hd", [16, 32, 48, 64, 80, 112, 128])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (8, 2), (10, 2)])
+def test_avx512_attention_gives_the_avx2_bits_alone(hd, heads, kv_heads):
+    """8 rows (KH_MAX_ROWS) at 0, 7-9 (the last 8 keys whole or not), 63 and 65 (about a chunk
+    of 64), 300 and 1100 (ranges of keys); groups of 1, 3, 4 (3 + 1 heads), 5 (3 + 2); one or
+    more passes of 64 elements."""
+    gen = torch.Generator().manual_seed(hd * 100 + heads)
+    positions = [0, 7, 8, 9, 63, 65, 300, 1100]
+    cache = torch.randn((2, max(positions) + 1, kv_heads, hd), generator=gen).half()
+    q = torch.randn((len(positions), heads, hd), generator=gen)
+    try:
+        gemv_level_or_skip(2)
+        assert helper.attention_simd(hd) == 2
+        wide = attention(q, cache, positions, kv_heads)
+        gemv_level_or_skip(1)
+        narrow = attention(q, cache, positions, kv_heads)
+    finally:
+        helper.gemv_simd(2)
+    assert torch.equal(wide, narrow)
+    assert wide.isfinite().all() and wide.abs().sum() > 0
 
 
 TILED = [case for case in LLAMA_LAYER if "-w4a8-tiles" in case.id]
