@@ -49,7 +49,9 @@ PRIOR_FIRST = (0.25, 0.5, 0.7, 0.8, 0.9, 0.95)  # the first draft's acceptance, 
 PRIOR_NEXT = 0.85  # a later draft's, given the one before it stood
 PRIOR_WEIGHT = 4.0  # the priors count as this many drafts tested
 SEQ_WEIGHT = 8.0  # the engine's rates count as this many of a sequence's own tests
-ENGINE_DECAY = 0.995  # weight of the engine's past counts, per draft tested at a place
+SEQ_DECAY = 0.95  # weight of a sequence's past counts per draft tested at a place: a long
+# answer can turn from copying code to prose
+ENGINE_DECAY = 0.995  # the same for the engine's counts
 COOLDOWN = 16  # steps choosing no draft, in a row, before a probe with one
 PRIOR_BETA = 0.4  # one more row's cost relative to a one-row step, before any measurement
 
@@ -134,7 +136,8 @@ class DraftLength:
     accepted. engine: the engine's Acceptance for sequences of this kind."""
 
     def __init__(self, engine: "Acceptance | None" = None):
-        self.acceptance = Acceptance(engine if engine is not None else Acceptance(), SEQ_WEIGHT)
+        self.acceptance = Acceptance(engine if engine is not None else Acceptance(), SEQ_WEIGHT,
+                                     SEQ_DECAY)
         self.bucket = 0  # the bucket of the draft being verified
         self.idle = 0  # steps in a row that chose no draft
         self.num_drafted = self.num_accepted = self.num_steps = 0
