@@ -132,6 +132,62 @@ static inline __attribute__((always_inline)) void kh_attend_range(
 }
 
 #if KH_HAVE_X86_SIMD
+/* The head and element passes of the SIMD chunk kernels, written once for AVX2 and AVX-512
+ * (kimi_attn_avx2.c, kimi_attn_avx512.c). The includer defines KH_TARGET and the
+ * always-inline kernels for hb = 1..KH_ATTN_PASS_HEADS query heads of a KV group:
+ *   score_heads(q, k, stride, count, hd, hb, scale, score, ahead): their scores, and
+ *   accumulate_lanes(acc, score, v, stride, count, hd, hb, lanes, i0, ahead): their values'
+ *     sums for `lanes` registers of WIDTH elements from element i0;
+ * then KH_ATTN_PASSES(ACCUMULATE, WIDTH) gives score_groups (a group's heads, a pass of up to
+ * 3 at a time; `ahead` prefetched by the first) and ACCUMULATE, the accumulate-chunk kernel
+ * (the same passes of heads; passes of 4 registers of elements, hd a multiple of WIDTH), each
+ * count a constant in the calls, so that the accumulators stay in registers. */
+#define KH_ATTN_PASS_HEADS 3
+#define KH_ATTN_PASSES(ACCUMULATE, WIDTH)                                                      \
+    static KH_TARGET inline __attribute__((always_inline)) void score_groups(                  \
+        const float *q, const uint16_t *k, int64_t stride, int64_t count, int64_t hd,           \
+        int64_t group, float scale, float (*score)[KH_ATTN_CHUNK], const uint16_t *ahead)       \
+    {                                                                                          \
+        int64_t g0;                                                                            \
+        for (g0 = 0; g0 < group; g0 += KH_ATTN_PASS_HEADS, ahead = NULL) {                     \
+            const float *qg = q + g0 * hd;                                                     \
+            switch (group - g0 < KH_ATTN_PASS_HEADS ? group - g0 : KH_ATTN_PASS_HEADS) {       \
+            case 1: score_heads(qg, k, stride, count, hd, 1, scale, score + g0, ahead); break;  \
+            case 2: score_heads(qg, k, stride, count, hd, 2, scale, score + g0, ahead); break;  \
+            default: score_heads(qg, k, stride, count, hd, 3, scale, score + g0, ahead); break; \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+    static KH_TARGET inline __attribute__((always_inline)) void accumulate_heads(              \
+        float (*acc)[KH_ATTN_MAX_DIM], float (*score)[KH_ATTN_CHUNK], const uint16_t *v,       \
+        int64_t stride, int64_t count, int64_t hd, int hb, const uint16_t *ahead)              \
+    {                                                                                          \
+        int64_t i0;                                                                            \
+        for (i0 = 0; i0 < hd; i0 += 4 * (WIDTH), ahead = NULL) {                               \
+            switch (hd - i0 < 4 * (WIDTH) ? (int)(hd - i0) / (WIDTH) : 4) {                    \
+            case 1: accumulate_lanes(acc, score, v, stride, count, hd, hb, 1, i0, ahead); break; \
+            case 2: accumulate_lanes(acc, score, v, stride, count, hd, hb, 2, i0, ahead); break; \
+            case 3: accumulate_lanes(acc, score, v, stride, count, hd, hb, 3, i0, ahead); break; \
+            default: accumulate_lanes(acc, score, v, stride, count, hd, hb, 4, i0, ahead); break; \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+    static KH_TARGET void ACCUMULATE(float (*acc)[KH_ATTN_MAX_DIM],                            \
+                                     float (*score)[KH_ATTN_CHUNK], const uint16_t *v,         \
+                                     int64_t stride, int64_t count, int64_t hd, int64_t group, \
+                                     float *kv_f, const uint16_t *ahead)                       \
+    {                                                                                          \
+        int64_t g0;                                                                            \
+        (void)kv_f;                                                                            \
+        for (g0 = 0; g0 < group; g0 += KH_ATTN_PASS_HEADS, ahead = NULL) {                     \
+            switch (group - g0 < KH_ATTN_PASS_HEADS ? group - g0 : KH_ATTN_PASS_HEADS) {       \
+            case 1: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 1, ahead); break; \
+            case 2: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 2, ahead); break; \
+            default: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 3, ahead); break; \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
 void kh_attend_range_avx2(void *ctx, int64_t task);
 void kh_attend_range_avx512(void *ctx, int64_t task); /* head_dim % 16 == 0 */
 /* The AVX2 score kernel and exp-sum, which the AVX-512 kernels share (the same bits). */

@@ -13,7 +13,7 @@
 #if KH_HAVE_X86_SIMD
 #include <immintrin.h>
 #define KH_TARGET __attribute__((target("avx2,fma,f16c")))
-#define HEADS 3 /* query heads a pass: 12 accumulators + 3 broadcasts + 1 row of 16 ymm */
+#define HEADS KH_ATTN_PASS_HEADS /* 12 accumulators + 3 broadcasts + 1 row of 16 ymm */
 
 static KH_TARGET inline __m256 half8(const uint16_t *p)
 {
@@ -78,23 +78,6 @@ static KH_TARGET inline __attribute__((always_inline)) void score_heads(
     }
 }
 
-KH_TARGET void kh_attn_score_chunk_avx2(const float *q, const uint16_t *k, int64_t stride,
-                                        int64_t count, int64_t hd, int64_t group, float scale,
-                                        float (*score)[KH_ATTN_CHUNK], float *kv_f,
-                                        const uint16_t *ahead)
-{
-    int64_t g0;
-    (void)kv_f;
-    for (g0 = 0; g0 < group; g0 += HEADS, ahead = NULL) {
-        const float *qg = q + g0 * hd;
-        switch (group - g0 < HEADS ? group - g0 : HEADS) { /* a constant in each call */
-        case 1: score_heads(qg, k, stride, count, hd, 1, scale, score + g0, ahead); break;
-        case 2: score_heads(qg, k, stride, count, hd, 2, scale, score + g0, ahead); break;
-        default: score_heads(qg, k, stride, count, hd, 3, scale, score + g0, ahead); break;
-        }
-    }
-}
-
 /* acc[h][i0 ..] += sum_j score[h][j] * value j [i0 ..] for HB heads and LANES x 8 elements
  * held in registers across the keys: each element's chain takes the keys in order. */
 static KH_TARGET inline __attribute__((always_inline)) void accumulate_lanes(
@@ -119,37 +102,15 @@ static KH_TARGET inline __attribute__((always_inline)) void accumulate_lanes(
         for (u = 0; u < lanes; u++) _mm256_storeu_ps(acc[h] + i0 + 8 * u, y[h][u]);
 }
 
-/* 32 elements a pass (the last pass of a head_dim that is no multiple of 32: 8 to 24), the
- * element count a constant in each call; `ahead` prefetched by the first pass. */
-static KH_TARGET inline __attribute__((always_inline)) void accumulate_heads(
-    float (*acc)[KH_ATTN_MAX_DIM], float (*score)[KH_ATTN_CHUNK], const uint16_t *v,
-    int64_t stride, int64_t count, int64_t hd, int hb, const uint16_t *ahead)
-{
-    int64_t i0;
-    for (i0 = 0; i0 < hd; i0 += 32, ahead = NULL) {
-        switch (hd - i0 < 32 ? (int)(hd - i0) / 8 : 4) {
-        case 1: accumulate_lanes(acc, score, v, stride, count, hd, hb, 1, i0, ahead); break;
-        case 2: accumulate_lanes(acc, score, v, stride, count, hd, hb, 2, i0, ahead); break;
-        case 3: accumulate_lanes(acc, score, v, stride, count, hd, hb, 3, i0, ahead); break;
-        default: accumulate_lanes(acc, score, v, stride, count, hd, hb, 4, i0, ahead); break;
-        }
-    }
-}
+KH_ATTN_PASSES(accumulate_chunk_avx2, 8) /* 32 elements a pass */
 
-static KH_TARGET void accumulate_chunk_avx2(float (*acc)[KH_ATTN_MAX_DIM],
-                                            float (*score)[KH_ATTN_CHUNK], const uint16_t *v,
-                                            int64_t stride, int64_t count, int64_t hd,
-                                            int64_t group, float *kv_f, const uint16_t *ahead)
+KH_TARGET void kh_attn_score_chunk_avx2(const float *q, const uint16_t *k, int64_t stride,
+                                        int64_t count, int64_t hd, int64_t group, float scale,
+                                        float (*score)[KH_ATTN_CHUNK], float *kv_f,
+                                        const uint16_t *ahead)
 {
-    int64_t g0;
     (void)kv_f;
-    for (g0 = 0; g0 < group; g0 += HEADS, ahead = NULL) {
-        switch (group - g0 < HEADS ? group - g0 : HEADS) {
-        case 1: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 1, ahead); break;
-        case 2: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 2, ahead); break;
-        default: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 3, ahead); break;
-        }
-    }
+    score_groups(q, k, stride, count, hd, group, scale, score, ahead);
 }
 
 KH_TARGET float kh_attn_exp_sum_avx2(float *s, int64_t n, float m)

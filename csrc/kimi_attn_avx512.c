@@ -16,7 +16,7 @@
 #if KH_HAVE_X86_SIMD
 #include <immintrin.h>
 #define KH_TARGET __attribute__((target("avx2,fma,f16c,avx512f")))
-#define HEADS 3 /* query heads a pass: 12 accumulators + 3 queries + 4 key pairs */
+#define HEADS KH_ATTN_PASS_HEADS /* 12 accumulators + 3 queries + 4 key pairs */
 
 /* Keys j (low half) and j + 1 (high half), dims i..i+7 of each, as floats. */
 static KH_TARGET inline __m512 key_pair(const uint16_t *k, int64_t stride)
@@ -76,27 +76,6 @@ static KH_TARGET inline __attribute__((always_inline)) void score_heads(
     }
 }
 
-static KH_TARGET void score_chunk_avx512(const float *q, const uint16_t *k, int64_t stride,
-                                         int64_t count, int64_t hd, int64_t group, float scale,
-                                         float (*score)[KH_ATTN_CHUNK], float *kv_f,
-                                         const uint16_t *ahead)
-{
-    int64_t g0, whole = count / 8 * 8;
-    const uint16_t *first = ahead;
-    for (g0 = 0; g0 < group; g0 += HEADS, ahead = NULL) {
-        const float *qg = q + g0 * hd;
-        switch (group - g0 < HEADS ? group - g0 : HEADS) { /* a constant in each call */
-        case 1: score_heads(qg, k, stride, count, hd, 1, scale, score + g0, ahead); break;
-        case 2: score_heads(qg, k, stride, count, hd, 2, scale, score + g0, ahead); break;
-        default: score_heads(qg, k, stride, count, hd, 3, scale, score + g0, ahead); break;
-        }
-    }
-    if (whole < count) /* the last keys: the AVX2 kernel's per-key dots, into the same rows */
-        kh_attn_score_chunk_avx2(q, k + whole * stride, stride, count - whole, hd, group, scale,
-                                 (float (*)[KH_ATTN_CHUNK])(score[0] + whole), kv_f,
-                                 first ? first + whole * stride : NULL);
-}
-
 /* acc[h][i0 ..] += sum_j score[h][j] * value j [i0 ..] for HB heads and LANES x 16 elements. */
 static KH_TARGET inline __attribute__((always_inline)) void accumulate_lanes(
     float (*acc)[KH_ATTN_MAX_DIM], float (*score)[KH_ATTN_CHUNK], const uint16_t *v,
@@ -121,36 +100,19 @@ static KH_TARGET inline __attribute__((always_inline)) void accumulate_lanes(
         for (u = 0; u < lanes; u++) _mm512_storeu_ps(acc[h] + i0 + 16 * u, y[h][u]);
 }
 
-/* 64 elements a pass (the last pass of a head_dim that is no multiple of 64: 16 to 48). */
-static KH_TARGET inline __attribute__((always_inline)) void accumulate_heads(
-    float (*acc)[KH_ATTN_MAX_DIM], float (*score)[KH_ATTN_CHUNK], const uint16_t *v,
-    int64_t stride, int64_t count, int64_t hd, int hb, const uint16_t *ahead)
-{
-    int64_t i0;
-    for (i0 = 0; i0 < hd; i0 += 64, ahead = NULL) {
-        switch (hd - i0 < 64 ? (int)(hd - i0) / 16 : 4) {
-        case 1: accumulate_lanes(acc, score, v, stride, count, hd, hb, 1, i0, ahead); break;
-        case 2: accumulate_lanes(acc, score, v, stride, count, hd, hb, 2, i0, ahead); break;
-        case 3: accumulate_lanes(acc, score, v, stride, count, hd, hb, 3, i0, ahead); break;
-        default: accumulate_lanes(acc, score, v, stride, count, hd, hb, 4, i0, ahead); break;
-        }
-    }
-}
+KH_ATTN_PASSES(accumulate_chunk_avx512, 16) /* 64 elements a pass */
 
-static KH_TARGET void accumulate_chunk_avx512(float (*acc)[KH_ATTN_MAX_DIM],
-                                              float (*score)[KH_ATTN_CHUNK], const uint16_t *v,
-                                              int64_t stride, int64_t count, int64_t hd,
-                                              int64_t group, float *kv_f, const uint16_t *ahead)
+static KH_TARGET void score_chunk_avx512(const float *q, const uint16_t *k, int64_t stride,
+                                         int64_t count, int64_t hd, int64_t group, float scale,
+                                         float (*score)[KH_ATTN_CHUNK], float *kv_f,
+                                         const uint16_t *ahead)
 {
-    int64_t g0;
-    (void)kv_f;
-    for (g0 = 0; g0 < group; g0 += HEADS, ahead = NULL) {
-        switch (group - g0 < HEADS ? group - g0 : HEADS) {
-        case 1: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 1, ahead); break;
-        case 2: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 2, ahead); break;
-        default: accumulate_heads(acc + g0, score + g0, v, stride, count, hd, 3, ahead); break;
-        }
-    }
+    int64_t whole = count / 8 * 8;
+    score_groups(q, k, stride, whole, hd, group, scale, score, ahead);
+    if (whole < count) /* the last keys: the AVX2 kernel's per-key dots, into the same rows */
+        kh_attn_score_chunk_avx2(q, k + whole * stride, stride, count - whole, hd, group, scale,
+                                 (float (*)[KH_ATTN_CHUNK])(score[0] + whole), kv_f,
+                                 ahead ? ahead + whole * stride : NULL);
 }
 
 KH_TARGET void kh_attend_range_avx512(void *ctx, int64_t task)
