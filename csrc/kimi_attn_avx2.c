@@ -133,7 +133,8 @@ KH_TARGET float kh_attn_exp_sum_avx2(float *s, int64_t n, float m)
 
 KH_TARGET void kh_attend_range_avx2(void *ctx, int64_t task)
 {
-    kh_attend_range(ctx, task, kh_attn_score_chunk_avx2, accumulate_chunk_avx2, kh_attn_exp_sum_avx2);
+    kh_attend_range(ctx, task, kh_attn_score_chunk_avx2, accumulate_chunk_avx2,
+                    kh_attn_exp_sum_avx2);
 }
 
 #else

@@ -158,8 +158,8 @@ int64_t moe_grouped_work_floats(int64_t routes, int64_t d, int64_t inner, int64_
 /* 1 where moe_grouped_w4a16 rounds x and h to int16 per block of 32 (d = max|x| / 32767, half
  * away from zero; at most 2^-16 of a block's largest value off) and takes integer dots: at
  * w4a8_simd's level 3 (vpdpwssd, AVX-512 VNNI), or at 1 and 2 (vpmaddwd) where gemv_simd is
- * below AVX-512; with d % 64 == inner % 64 == 0 and group % 32 == 0. 0 where it runs the float kernels. Either way a
- * token's result does not depend on the tokens batched with it. */
+ * below AVX-512; with d % 64 == inner % 64 == 0 and group % 32 == 0. 0 where it runs the
+ * float kernels. Either way a token's result does not depend on the tokens batched with it. */
 int moe_grouped_w4a16_int16(int64_t d, int64_t inner, int64_t group);
 int moe_grouped_w4a16(const KhExperts *bank, const float *x, int64_t tokens, int64_t top_k,
                       const int64_t *experts, const float *weights, float *work, float *out,

@@ -54,9 +54,8 @@ typedef struct {
 
 /* W4A8's dot (kimi_moe_w4a8.c): x and h quantized per block of 32, integer dots. */
 extern const KhMoeDot kh_moe_w4a8;
-/* W4A16's integer dot (kimi_moe_i16.c): x and h rounded to int16 per block of 32. It runs
- * where kh_moe_i16_pick returns one (w4a8_simd's level >= 1: AVX2 or wider, d % 64 == inner % 64 ==
- * 0, group % 32 == 0); elsewhere W4A16 takes the float kernels. */
+/* W4A16's integer dot (kimi_moe_i16.c): x and h rounded to int16 per block of 32, for these
+ * shapes under the caps (its comment says where), or NULL: W4A16 takes the float kernels. */
 const KhMoeDot *kh_moe_i16_pick(int64_t d, int64_t inner, int64_t group); /* NULL: float */
 
 int64_t kh_moe_work_floats(const KhMoeDot *dot, int64_t routes, int64_t d, int64_t inner,

@@ -79,9 +79,6 @@ typedef struct {
     float *gsum;
 } KhQ8;
 
-/* x [rows, k] -> q8 (kimi_w4a8.c): per block of 32, d = max|x| / 127 and xq = x / d rounded
- * half away from zero; codes de-interleaved (the INT4 nibble order) or in natural order
- * (Q8_0 weights); gsum per group of `group` elements. */
 /* One block of 32 values rounded to codes in -limit..limit (kimi_w4a8.c): d = max|x| / limit
  * (0 below FLT_MIN; with keep_nan a NaN max stays d, else 0), codes = x * (1/d) rounded half
  * away from zero (0 where that is NaN). Returns d; codes [32], *sum = their sum. W4A8 rounds
@@ -89,6 +86,9 @@ typedef struct {
  * vectorize. */
 float kh_round_block(const float *src, int32_t limit, int keep_nan, int32_t *codes,
                      int32_t *sum);
+/* x [rows, k] -> q8 (kimi_w4a8.c): per block of 32, d = max|x| / 127 and xq = x / d rounded
+ * half away from zero; codes de-interleaved (the INT4 nibble order) or in natural order
+ * (Q8_0 weights); gsum per group of `group` elements. */
 void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int deinterleave,
                     KhQ8 *q8);
 /* De-interleaved codes of one row [k] (k % 64 == 0) -> the pair layout in place: per pair of

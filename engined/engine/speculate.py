@@ -202,10 +202,10 @@ class StepCost:
         line = self._line(list(points.items()))
         if 1 not in points and line is None:
             return prior_cost()
-        times = [points.get(1) or line[0] + line[1]]
-        for r in range(2, K_MAX + 2):  # a count not measured: the line, or (rows that cost
-            guess = line[0] + line[1] * r if line else times[-1]  # nothing more) the last
-            times.append(max(points.get(r, guess), times[-1]))
+        times = [points[1] if 1 in points else line[0] + line[1]]
+        for r in range(2, K_MAX + 2):  # unmeasured: the line, else (rows free) the count below
+            fitted = line[0] + line[1] * r if line else times[-1]
+            times.append(max(points.get(r, fitted), times[-1]))
         return (0.0, *(t / times[0] for t in times))
 
     @staticmethod
