@@ -214,16 +214,17 @@ class Engine:
         """token_ids[j]: the draw after input j (the last token, then the drafts). Draft j
         stands when draw j - 1 equals it; the draws up to the first that does not are the
         sequence's next tokens, exactly those a plain decode draws one step at a time."""
-        accepted = 0
-        for j, token_id in enumerate(token_ids):
-            self._append_sampled(seq, logits[j], token_id)
-            stood = j < len(seq.draft) and token_id == seq.draft[j]
-            accepted += stood  # a draft that ends the request (a stop token) stood too
-            if seq.is_finished or not stood:
+        draft = seq.draft
+        accepted = next((j for j, token_id in enumerate(draft) if token_ids[j] != token_id),
+                        len(draft))
+        if draft:  # counted before a token can end the request: its response reads the counts
+            self.speculator.verified(seq, len(draft), accepted)
+        for j in range(accepted + 1):
+            self._append_sampled(seq, logits[j], token_ids[j])
+            if seq.is_finished:  # a stop token, drafted or not
                 break
-        if seq.draft:
+        if draft:
             seq.num_computed += accepted  # the accepted drafts' cache rows stand
-            self.speculator.verified(seq, len(seq.draft), accepted)
             seq.draft = []
 
     def _fail(self, seq: Sequence, exc: Exception):
