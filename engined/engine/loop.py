@@ -221,7 +221,9 @@ class Engine:
             self.speculator.verified(seq, len(draft), accepted)
         for j in range(accepted + 1):
             self._append_sampled(seq, logits[j], token_ids[j])
-            if seq.is_finished:  # a stop token, drafted or not
+            # a stop token, drafted or not; or a client that left during the step: it reads
+            # none of the rest, and its sequence is dropped before the next step
+            if seq.is_finished or seq.is_cancelled:
                 break
         if draft:
             seq.num_computed += accepted  # the accepted drafts' cache rows stand

@@ -81,9 +81,12 @@ def test_rejections_at_every_position_with_the_prefix_cache(kimi, monkeypatch, w
 
 
 def test_a_request_cancelled_during_its_verify_step_gives_its_slots_back(kimi, monkeypatch):
+    """...and takes at most one of that step's tokens, though all its drafts stand (the
+    plain run's tokens): its client has left, and the rest would be waste."""
     prompt = PROMPTS[0]
     with RunningEngine(kimi, speculative=False, prefix_cache_bytes=0) as engine:
         want = engine.greedy(PROMPTS[2], 12)
+        plain = engine.greedy(prompt, 64)
     gc.collect()
     before = kimi.state_pool.num_used
     victim, verifying = [], []
@@ -96,6 +99,9 @@ def test_a_request_cancelled_during_its_verify_step_gives_its_slots_back(kimi, m
         return decode_batch(tokens, caches, positions)
 
     monkeypatch.setattr(kimi, "decode_batch", cancelling)
+    monkeypatch.setattr(speculate.PromptLookup, "draft",
+                        lambda lookup, out, k: plain[len(out):len(out) + k]
+                        if lookup.tokens[:lookup.num_prompt] == prompt else [])
     monkeypatch.setattr(speculate.DraftLength, "choose", lambda length, match, n, cost: n)  # any match
     with RunningEngine(kimi, prefix_cache_bytes=0) as engine:
         victim.append(engine.submit(prompt, 64))
@@ -104,6 +110,8 @@ def test_a_request_cancelled_during_its_verify_step_gives_its_slots_back(kimi, m
             time.sleep(0.01)
         assert verifying, "no verify step ran"
         assert engine.value("kimi_engine_cancelled_requests_total") == 1
+        assert verifying[0] > 2, verifying                   # a draft of 2 or more verified
+        assert engine.value("kimi_engine_tokens_after_cancel_total") <= 1
         assert engine.greedy(PROMPTS[2], 12) == want          # the engine serves on
     victim.clear()
     gc.collect()
