@@ -1,5 +1,6 @@
 /* kimi_i16_body.h: the W4A16 integer-dot kernels on x rounded to int16 (kimi_moe_i16.c says
- * what they compute), written once and compiled per instruction set by kimi_i16_simd.c.
+ * what they compute) in the pair layout, compiled by kimi_i16_simd.c for AVX-512 VNNI (and for
+ * tests/vnni_emulated.sh's stand-ins). AVX2's set is kimi_i16_avx2.c.
  * Not a header of its own: the includer defines
  *   I16_FN(name)            this set's name of a function;
  *   I16_TARGET              the function attribute;

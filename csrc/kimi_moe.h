@@ -7,7 +7,7 @@
 #include "kimi_simd.h"
 
 /* Rows rounded to int16 per block of 32 (kimi_moe_i16.c), per row: q [k] codes in the pair
- * layout, d [k/32] the blocks' scales, gsum [k/group] = sum over a group's blocks of d sum(q). */
+ * or planes layout (the kernel set's), d [k/32] the blocks' scales, gsum [k/group] = sum over a group's blocks of d sum(q). */
 typedef struct {
     int16_t *q;
     float *d, *gsum;
@@ -19,6 +19,7 @@ typedef struct {
 typedef struct {
     void (*rows4)(const KhRow *w, const KhI16 *x, float *y);
     void (*rows)(const KhRow *w, const KhI16 *x, int64_t rows, float *y, int64_t y_stride);
+    int planes; /* x codes in the planes layout (AVX2's set), else the pair layout */
 } KhI16Kernels;
 void kh_i16_rows4_vnni512(const KhRow *w, const KhI16 *x, float *y);
 void kh_i16_rows_vnni512(const KhRow *w, const KhI16 *x, int64_t rows, float *y,

@@ -1,6 +1,6 @@
 /* kimi_moe_i16.c: moe_grouped_w4a16's dot where integer dots run (kh_moe_i16_pick): each route's
  * x row, and each row of h, rounded to int16 per block of 32, then exact integer dots
- * (kimi_i16_simd.c: vpdpwssd on AVX-512 VNNI, vpmaddwd on AVX2).
+ * (vpdpwssd on AVX-512 VNNI: kimi_i16_simd.c; vpmaddwd on AVX2: kimi_i16_avx2.c).
  *
  * Why: the float kernel (kimi_gemv_body.h) spends 7 vector instructions on every 32 weights
  * (widen, two table permutes, shift, table multiply, two FMAs) on the two ports that run
@@ -12,9 +12,10 @@
  * Rounding: block b of a row, d = max|x| / 32767 and xq = x * (1/d) rounded half away from zero
  * (kimi_w4a8.c's steps at 16 bits). |x - d xq| <= d / 2 = max|x| / 65534: 2^-16 of the block's
  * largest value, where bfloat16 activations (a GPU's) are off by up to 2^-9 of each value.
- * Codes lie in the pair layout: per pair of blocks (j, j+1), [E_j E_j+1 | O_j O_j+1], 16 int16
- * each (E the even elements, which the low nibbles meet), so 32 code bytes widened to words
- * meet 32 contiguous x codes. Per weight row and x row:
+ * Codes lie in the kernel set's layout: AVX-512's pair layout, per pair of blocks (j, j+1),
+ * [E_j E_j+1 | O_j O_j+1], 16 int16 each (E the even elements, which the low nibbles meet), so
+ * 32 code bytes widened to words meet 32 contiguous x codes; or AVX2's planes layout
+ * (quantize_row, kimi_i16_avx2.c). Per weight row and x row:
  *     y = sum_pairs sum_lanes s_b d_b dot(q_b, xq_b) + sum_g m_g gsum_g,
  *     gsum_g = sum over the group's blocks of d_b sum(xq_b)   (symmetric rows: m_g = -8 s_g)
  * The dots are exact int32 (at most 4 * 15 * 32767 per lane). The 4-row kernel (one x row, a
@@ -28,22 +29,26 @@
 
 #define I16_BLOCK 32
 
-/* One row [k] -> its int16 codes in the pair layout, d [k/32] and gsum [k/group]. A NaN
+/* One row [k] -> its int16 codes, d [k/32] and gsum [k/group]. The codes of blocks (2p, 2p+1)
+ * take 64 int16 from 64p, in the pair layout (AVX-512's) or, with `planes`, in the planes
+ * layout (kimi_i16_avx2.c): element e of block b at (e % 4) * 16 + (b % 2) * 8 + e / 4. A NaN
  * block keeps its NaN d (codes 0), so the token's output is NaN as the float kernels' would
  * be, not a silent 0. */
-static void quantize_row(const float *src, int64_t k, int64_t group, int16_t *q, float *d,
-                         float *gsum)
+static void quantize_row(const float *src, int64_t k, int64_t group, int planes, int16_t *q,
+                         float *d, float *gsum)
 {
     int64_t nb = k / I16_BLOCK, per_group = group / I16_BLOCK, b;
     for (b = 0; b < nb; b++) {
         int16_t *even = q + (b / 2) * 64 + (b % 2) * 16, *odd = even + 32;
+        int16_t *plane = q + (b / 2) * 64 + (b % 2) * 8;
         int32_t c[I16_BLOCK], total;
         int j;
         d[b] = kh_round_block(src + b * I16_BLOCK, 32767, 1, c, &total);
-        for (j = 0; j < I16_BLOCK / 2; j++) {
+        for (j = 0; j < I16_BLOCK / 2 && !planes; j++) {
             even[j] = (int16_t)c[2 * j];
             odd[j] = (int16_t)c[2 * j + 1];
         }
+        for (j = 0; j < I16_BLOCK && planes; j++) plane[(j % 4) * 16 + j / 4] = (int16_t)c[j];
         if (b % per_group == 0) gsum[b / per_group] = 0.0f;
         gsum[b / per_group] += d[b] * (float)total;
     }
@@ -78,7 +83,7 @@ static void i16_prepare(const KhMoeRows *op, const float *src, int64_t row, int6
     int64_t r;
     for (r = 0; r < count; r++) {
         KhI16 x = i16_from(op, row + r);
-        quantize_row(src + r * op->k, op->k, op->group, x.q, x.d, x.gsum);
+        quantize_row(src + r * op->k, op->k, op->group, op->i16k.planes, x.q, x.d, x.gsum);
     }
 }
 
@@ -103,13 +108,13 @@ static void i16_dots(const KhMoeRows *op, const KhRow *w, int count, int64_t r0,
  * the caps are read once, in kh_moe_i16_pick. */
 static KhMoeRows at_vnni512(float *base, int64_t rows, int64_t k, int64_t group)
 {
-    KhI16Kernels set = {kh_i16_rows4_vnni512, kh_i16_rows_vnni512};
+    KhI16Kernels set = {kh_i16_rows4_vnni512, kh_i16_rows_vnni512, 0};
     return i16_at(base, rows, k, group, set);
 }
 
 static KhMoeRows at_avx2(float *base, int64_t rows, int64_t k, int64_t group)
 {
-    KhI16Kernels set = {kh_i16_rows4_avx2, kh_i16_rows_avx2};
+    KhI16Kernels set = {kh_i16_rows4_avx2, kh_i16_rows_avx2, 1};
     return i16_at(base, rows, k, group, set);
 }
 
