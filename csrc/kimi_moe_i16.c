@@ -39,16 +39,19 @@ static void quantize_row(const float *src, int64_t k, int64_t group, int planes,
 {
     int64_t nb = k / I16_BLOCK, per_group = group / I16_BLOCK, b;
     for (b = 0; b < nb; b++) {
-        int16_t *even = q + (b / 2) * 64 + (b % 2) * 16, *odd = even + 32;
-        int16_t *plane = q + (b / 2) * 64 + (b % 2) * 8;
+        int16_t *pair = q + (b / 2) * 64;
         int32_t c[I16_BLOCK], total;
         int j;
         d[b] = kh_round_block(src + b * I16_BLOCK, 32767, 1, c, &total);
-        for (j = 0; j < I16_BLOCK / 2 && !planes; j++) {
-            even[j] = (int16_t)c[2 * j];
-            odd[j] = (int16_t)c[2 * j + 1];
+        if (planes) {
+            for (j = 0; j < I16_BLOCK; j++)
+                pair[(j % 4) * 16 + (b % 2) * 8 + j / 4] = (int16_t)c[j];
+        } else {
+            for (j = 0; j < I16_BLOCK / 2; j++) {  /* even elements, then odd, 32 apart */
+                pair[(b % 2) * 16 + j] = (int16_t)c[2 * j];
+                pair[(b % 2) * 16 + 32 + j] = (int16_t)c[2 * j + 1];
+            }
         }
-        for (j = 0; j < I16_BLOCK && planes; j++) plane[(j % 4) * 16 + j / 4] = (int16_t)c[j];
         if (b % per_group == 0) gsum[b / per_group] = 0.0f;
         gsum[b / per_group] += d[b] * (float)total;
     }
@@ -127,7 +130,8 @@ const KhMoeDot *kh_moe_i16_pick(int64_t d, int64_t inner, int64_t group)
 #if KH_HAVE_X86_SIMD
     /* AVX-512 VNNI at w4a8_simd's 3; AVX2 at 1 and 2, but not beside AVX-512's float kernels
      * (an AVX-512 CPU without VNNI): capped at AVX2 on the Xeon the int16 dots read 60-65% of
-     * the probe at one token, AVX-512's float kernels 65-70% */
+     * the probe at one token, AVX-512's float kernels 65-70% (measured before
+     * kimi_i16_avx2.c's planes layout, not since) */
     int level = w4a8_simd(-1);
     if (level < 1 || (level < 3 && gemv_simd(-1) == 2)) return 0;
     if (i16_floats(1, d, group) < 0 || i16_floats(1, inner, group) < 0) return 0;

@@ -18,7 +18,8 @@ def prior_cost(monkeypatch):
     """Step costs fixed at the prior: which drafts are tried, and so how many stand, then
     follow the tokens alone. Measured costs follow the host: on a busy 2-core EPYC the draft
     length once tried only drafts whose first token fell, and none of 45 stood."""
-    monkeypatch.setattr(speculate.StepCost, "relative", property(lambda cost: speculate.prior_cost()))
+    monkeypatch.setattr(speculate.StepCost, "relative",
+                        property(lambda cost: speculate.prior_cost()))
 
 
 def edit_prompt(tokenizer) -> list[int]:
