@@ -73,6 +73,13 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
                const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work,
                float *out, int nthreads);
 int tiles_simd(void);
+/* Whether tiles_w4a8 runs KH_AMX_MIN_ROWS or more rows of x on Intel AMX (kimi_tiles_amx.c:
+ * the same bits): AMX-INT8 on the CPU, lent by Linux, tiles_simd at 3 and the switch on. mode
+ * 1 or 0 sets the switch (on by default), -1 only asks. Below 5 rows AVX-512 VNNI is faster
+ * (a tile's loads and stores cost more than the rows' vpdpbusd; 2-core Xeon, SmolLM2 layers). */
+#define KH_AMX_MIN_ROWS 5
+int tiles_amx(int mode);
+int64_t tiles_amx_calls(void); /* tiles_w4a8 calls that ran AMX, since the process started */
 /* The Q8_0 head in tiles (kimi_q8_tiles.c): as gemv_q8, any rows >= 1, with q [n/16, k/4, 16,
  * 4] int8 (byte i of row j, chunk c: the weight of input 4c + i) and scales [n/16, k/32, 16];
  * n % 16 == 0, k % 32 == 0. Per output: acc = fma(dot_b, s_b * d_b, acc) over the blocks in

@@ -55,6 +55,6 @@ int tiles_q8(const float *x, int64_t rows, const int8_t *tq, const uint16_t *ts,
     default: break;
     }
 #endif
-    kh_tiles_run(&w, kernel, n, k, k, 1, x, rows, work, out, nthreads);
+    kh_tiles_run(&w, kernel, 4, n, k, k, 1, x, rows, work, out, nthreads);
     return KH_OK;
 }

@@ -65,6 +65,7 @@ int64_t kh_tiles_work_floats(int64_t rows, int64_t k, int64_t group)
 typedef struct {
     const void *w;
     KhTileKernel kernel;
+    int mr_max;
     int64_t n, k, group, rows;
     KhQ8 x;
     int32_t *xsum;
@@ -100,19 +101,19 @@ static void tiles_rows(void *ctx, int64_t t0, int64_t end)
         int64_t b1 = b0 + per_block < end ? b0 + per_block : end;
         for (c0 = 0; c0 < job->rows; c0 += X_CHUNK) {
             int64_t c1 = c0 + X_CHUNK < job->rows ? c0 + X_CHUNK : job->rows;
-            for (r = c0; r < c1; r += 4)
+            for (r = c0; r < c1; r += job->mr_max)
                 job->kernel(job->w, b0, b1 - b0, &job->x, job->xsum, r,
-                            c1 - r < 4 ? (int)(c1 - r) : 4, job->out);
+                            c1 - r < job->mr_max ? (int)(c1 - r) : job->mr_max, job->out);
         }
     }
 }
 
-void kh_tiles_run(const void *w, KhTileKernel kernel, int64_t n, int64_t k, int64_t group,
-                  int block_sums, const float *x, int64_t rows, float *work, float *out,
-                  int nthreads)
+void kh_tiles_run(const void *w, KhTileKernel kernel, int mr_max, int64_t n, int64_t k,
+                  int64_t group, int block_sums, const float *x, int64_t rows, float *work,
+                  float *out, int nthreads)
 {
-    TilesJob job = {.w = w, .kernel = kernel, .n = n, .k = k, .group = group, .rows = rows,
-                    .xf = x, .out = out};
+    TilesJob job = {.w = w, .kernel = kernel, .mr_max = mr_max, .n = n, .k = k,
+                    .group = group, .rows = rows, .xf = x, .out = out};
     job.x = kh_q8_at(work, rows, k, group);
     job.xsum = block_sums ? (int32_t *)(work + kh_q8_floats(rows, k, group)) : NULL;
     if (rows >= 16 && nthreads > 1) /* prefill: quantizing is ~5% of the work */
@@ -133,12 +134,27 @@ int tiles_simd(void)
     return 0;
 }
 
+static int amx_allowed = 1; /* tiles_amx's switch */
+static int64_t amx_calls;
+
+int64_t tiles_amx_calls(void)
+{
+    return __atomic_load_n(&amx_calls, __ATOMIC_RELAXED);
+}
+
+int tiles_amx(int mode)
+{
+    if (mode == 0 || mode == 1) amx_allowed = mode;
+    return amx_allowed && tiles_simd() == 3 && kh_amx_ready();
+}
+
 int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
                const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work, float *out,
                int nthreads)
 {
     KhTiles w = {tq, ts, tm, n, k, group};
     KhTileKernel kernel = tiles_c;
+    int mr_max = 4;
     if (rows <= 0 || n <= 0 || n % KH_TILE || k % 8 || nthreads <= 0) return KH_EINVAL;
     if (tiles_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
     if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
@@ -149,6 +165,13 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
     default: break;
     }
 #endif
-    kh_tiles_run(&w, kernel, n, k, group, 0, x, rows, work, out, nthreads);
+#if KH_HAVE_AMX
+    if (rows >= KH_AMX_MIN_ROWS && tiles_amx(-1)) {
+        kernel = kh_tiles_amx;
+        mr_max = KH_AMX_ROWS;
+        __atomic_fetch_add(&amx_calls, 1, __ATOMIC_RELAXED);
+    }
+#endif
+    kh_tiles_run(&w, kernel, mr_max, n, k, group, 0, x, rows, work, out, nthreads);
     return KH_OK;
 }

@@ -33,12 +33,30 @@ typedef void (*KhTileKernel)(const void *w, int64_t t0, int64_t nt, const KhQ8 *
 
 /* The tile kernels' one driver (kimi_tiles.c): x [rows, k] quantized in natural order into
  * work (groups of `group` for gsum; the block sums after, at kh_tiles_work_floats's end),
- * then `kernel` over the n / 16 tiles on the pool, X_CHUNK rows of x at a time. block_sums:
- * the kernel reads xsum (else it gets NULL, and no decode step pays for the sums). */
+ * then `kernel` over the n / 16 tiles on the pool, X_CHUNK rows of x at a time, `mr_max`
+ * rows a call (the SIMD kernels 4, AMX 16). block_sums: the kernel reads xsum (else it gets
+ * NULL, and no decode step pays for the sums). */
 int64_t kh_tiles_work_floats(int64_t rows, int64_t k, int64_t group);
-void kh_tiles_run(const void *w, KhTileKernel kernel, int64_t n, int64_t k, int64_t group,
-                  int block_sums, const float *x, int64_t rows, float *work, float *out,
-                  int nthreads);
+void kh_tiles_run(const void *w, KhTileKernel kernel, int mr_max, int64_t n, int64_t k,
+                  int64_t group, int block_sums, const float *x, int64_t rows, float *work,
+                  float *out, int nthreads);
+
+/* Intel AMX (kimi_tiles_amx.c): Linux on x86-64 with a compiler that has its intrinsics;
+ * not in the SIMDe build (tests/vnni_emulated.sh), which has no AMX to stand in for. */
+#if KH_HAVE_X86_SIMD && defined(__linux__) && !defined(KH_VNNI_EMULATE) \
+    && ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) \
+        || (defined(__clang__) && __clang_major__ >= 12))
+#define KH_HAVE_AMX 1
+#else
+#define KH_HAVE_AMX 0
+#endif
+#define KH_AMX_ROWS 16 /* x rows per AMX call: a tile's rows */
+/* Whether this CPU has AMX-INT8 and Linux lent this process the tiles (asked once). */
+int kh_amx_ready(void);
+#if KH_HAVE_AMX
+void kh_tiles_amx(const void *w, int64_t t0, int64_t nt, const KhQ8 *x, const int32_t *xsum,
+                  int64_t r0, int mr, float *out);
+#endif
 
 /* A Q8_0 matrix in tiles (see kimi_helper.h, tiles_q8): q [n/16, k/4, 16, 4] int8 (4 inputs
  * of 16 rows per 64 bytes), s [n/16, k/32, 16] half bits. Each output (r, row):

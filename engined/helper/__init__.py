@@ -28,7 +28,8 @@ the package (`from engined import helper`); its modules, re-exported here, are:
   same kernels on numpy arrays, returning new arrays (the known-answer tests, and
   dequantizing).
 - system.py: the SIMD caps (`gemv_simd`; `w4a8_simd` for the integer-dot kernels; `moe_int16`
-  says where moe_grouped's W4A16 dots are integer ones), `read_probe`, `pool_stats`, and
+  says where moe_grouped's W4A16 dots are integer ones; `tiles_amx` whether tiles_w4a8 runs
+  5+ rows on Intel AMX), `read_probe`, `pool_stats`, and
   memcap_*: the process-wide reservation budget. What the kernel will grant (cgroup limit,
   RSS) is engine/memory.py's.
 
@@ -52,4 +53,4 @@ from engined.helper.arrays import (  # noqa: F401
 from engined.helper.system import (  # noqa: F401
     INT8_LEVELS, SIMD_LEVELS, attention_simd, gemv_simd, memcap_cap, memcap_init, memcap_peak,
     memcap_release, memcap_reserve, memcap_reserved, moe_int16, pool_stats, read_probe,
-    tiles_simd, w4a8_simd)
+    tiles_amx, tiles_amx_calls, tiles_kernels, tiles_simd, w4a8_simd)

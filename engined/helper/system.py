@@ -47,6 +47,27 @@ def tiles_simd() -> int:
     return int(lib.tiles_simd())
 
 
+def tiles_amx(on: bool | None = None) -> bool:
+    """Whether tiles_w4a8 runs calls of KH_AMX_MIN_ROWS (5) or more rows on Intel AMX, the same
+    bits as tiles_simd's kernel: the CPU has AMX-INT8, Linux lent the tiles, tiles_simd is 3
+    (AVX-512 VNNI) and the switch is on. `on` sets the switch (on by default)."""
+    require()
+    return bool(lib.tiles_amx(-1 if on is None else int(on)))
+
+
+def tiles_amx_calls() -> int:
+    """tiles_w4a8 calls that ran on AMX since the process started (the tests' proof it ran)."""
+    require()
+    return int(lib.tiles_amx_calls())
+
+
+def tiles_kernels() -> str:
+    """The W4A8 tile kernels under the current caps, for the log: "AVX-512 VNNI, AMX from 5
+    rows", "AVX2", ..."""
+    name = INT8_LEVELS[tiles_simd()]
+    return f"{name}, AMX from {int(lib.KH_AMX_MIN_ROWS)} rows" if tiles_amx() else name
+
+
 def attention_simd(head_dim: int) -> int:
     """The decode attention kernels llama_decode_layer runs for this head_dim, as a
     SIMD_LEVELS key: 2 AVX-512 (head_dim % 16 == 0), 1 AVX2 (% 8), 0 portable C; gemv_simd's

@@ -143,7 +143,7 @@ def _cpu_kernels(model) -> str:
     line = (f"CPU kernels: {helper.SIMD_LEVELS[helper.gemv_simd()]} fp32 dots, "
             f"{helper.INT8_LEVELS[helper.w4a8_simd()]} integer dots")
     if model.decode_gemv == "w4a8_tiles":
-        return f"{line}; projections w4a8_tiles ({helper.INT8_LEVELS[helper.tiles_simd()]})"
+        return f"{line}; projections w4a8_tiles ({helper.tiles_kernels()})"
     return f"{line}; decode GEMV {model.decode_gemv}" if model.decode_gemv else line
 
 

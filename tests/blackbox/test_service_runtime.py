@@ -66,7 +66,7 @@ def test_units_start_from_their_exact_execstart(engine, proxy, root):
     from engined import helper  # the kernels are chosen at run time, and said at start
     from engined.models import llama
     op = llama.decode_gemv_op("cpu")
-    said = (f"projections w4a8_tiles ({helper.INT8_LEVELS[helper.tiles_simd()]})"
+    said = (f"projections w4a8_tiles ({helper.tiles_kernels()})"
             if op == "w4a8_tiles" else f"decode GEMV {op}")
     assert f"integer dots; {said}" in engine.log.read_text()
 

@@ -131,3 +131,37 @@ def test_tiling_in_place_a_block_at_a_time_is_tiling_whole(symmetric):
         int4_format.tile_in_place_(replace(copy, tiles=True), back=True, block_rows=block_rows)
         assert torch.equal(copy.qweight, w.qweight) and torch.equal(copy.scales, w.scales)
 
+
+
+@pytest.fixture
+def amx():
+    """Skips unless tiles_w4a8 runs AMX here; the switch is back on after."""
+    if not helper.tiles_amx():
+        pytest.skip(f"no AMX tile kernel: this CPU or its kernel lends no AMX-INT8 tiles, or "
+                    f"the tile level is {helper.INT8_LEVELS[helper.tiles_simd()]}")
+    yield
+    helper.tiles_amx(True)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("group", [32, 96])
+def test_amx_gives_the_bits_of_vnni_and_portable_c(amx, group, symmetric):
+    """Intel AMX (5+ rows a call, 16 at most) against the AVX-512 VNNI kernel and the portable
+    C text: row counts around the 5-row switch and the 16-row tile; k = 672 is 21 blocks (two
+    at a time: one left over), and groups of 96 (3 blocks) split across the pairs."""
+    w = int4_format.to_tiles(packed(112, 672, group, symmetric, seed=group + symmetric))
+    x = torch.randn(70, 672, generator=torch.Generator().manual_seed(8)) * 3
+    for rows in (4, 5, 9, 16, 17, 33, 70):
+        before = helper.tiles_amx_calls()
+        got = cpu_c.w4a8_tiles(x[:rows], w)
+        assert helper.tiles_amx_calls() == before + (rows >= 5), rows
+        helper.tiles_amx(False)
+        assert not helper.tiles_amx()
+        assert torch.equal(got, cpu_c.w4a8_tiles(x[:rows], w)), rows
+        helper.tiles_amx(True)
+    helper.w4a8_simd(0)
+    try:
+        assert torch.equal(cpu_c.w4a8_tiles(x, w), got)
+    finally:
+        helper.w4a8_simd(3)
+    assert helper.tiles_kernels() == "AVX-512 VNNI, AMX from 5 rows"
