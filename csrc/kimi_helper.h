@@ -75,9 +75,10 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
 int tiles_simd(void);
 /* Whether tiles_w4a8 runs KH_AMX_MIN_ROWS or more rows of x on Intel AMX (kimi_tiles_amx.c:
  * the same bits): AMX-INT8 on the CPU, lent by Linux, tiles_simd at 3 and the switch on. mode
- * 1 or 0 sets the switch (on by default), -1 only asks. Below 5 rows AVX-512 VNNI is faster
- * (a tile's loads and stores cost more than the rows' vpdpbusd; 2-core Xeon, SmolLM2 layers). */
-#define KH_AMX_MIN_ROWS 5
+ * 1 or 0 sets the switch (on by default), -1 only asks. Below 7 rows AVX-512 VNNI is as fast
+ * or faster (a tile's loads and stores cost more than the rows' vpdpbusd; 2-core Xeon,
+ * SmolLM2's layers: 5 rows 6.4 against 6.8 ms a step, 8 rows 8.6 against 8.4). */
+#define KH_AMX_MIN_ROWS 7
 int tiles_amx(int mode);
 int64_t tiles_amx_calls(void); /* tiles_w4a8 calls that ran AMX, since the process started */
 /* The Q8_0 head in tiles (kimi_q8_tiles.c): as gemv_q8, any rows >= 1, with q [n/16, k/4, 16,

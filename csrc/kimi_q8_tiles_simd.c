@@ -32,21 +32,21 @@ static TARGET512 inline __attribute__((always_inline)) void body512(
     const int64_t k = w->k, nb = k / KH_Q8_BLOCK, chunks = k / 4;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const int8_t *tq[4];
-    __m512 acc[4][4];
+    __m512 acc[KH_TILES_MR512][4];
     int64_t b;
     int r, t, c;
     for (t = 0; t < NT; t++) tq[t] = w->q + (t0 + t) * chunks * 64;
     for (r = 0; r < MR; r++)
         for (t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     for (b = 0; b < nb; b++) {
-        __m512i dot[4][4];
+        __m512i dot[KH_TILES_MR512][4];
         for (r = 0; r < MR; r++) {
             __m512i start = _mm512_set1_epi32(-128 * xsum[(r0 + r) * nb + b]);
             for (t = 0; t < NT; t++) dot[r][t] = start;
         }
         for (c = 0; c < 8; c++) {
             int64_t cc = 8 * b + c;
-            __m512i xv[4];
+            __m512i xv[KH_TILES_MR512];
             for (r = 0; r < MR; r++) xv[r] = _mm512_set1_epi32(load4(x->q + (r0 + r) * k + 4 * cc));
             for (t = 0; t < NT; t++) {
                 __m512i u = _mm512_xor_si512(_mm512_loadu_si512((const void *)(tq[t] + cc * 64)), flip);

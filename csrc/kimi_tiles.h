@@ -80,9 +80,12 @@ typedef struct {
     {                                                                                          \
         body512(w, t0, NT, x, xsum, r0, MR, out);                                              \
     }
+#define KH_TILES_MR512 8 /* x rows a call of the AVX-512 kernels may take: 5..8 as one block */
 #define KH_TILES_ENTRIES(TILES, NAME512, NAME2)                                                \
     KH_TILES_BLOCK512(TILES, 1, 1) KH_TILES_BLOCK512(TILES, 2, 1)                              \
     KH_TILES_BLOCK512(TILES, 3, 1) KH_TILES_BLOCK512(TILES, 4, 1)                              \
+    KH_TILES_BLOCK512(TILES, 5, 1) KH_TILES_BLOCK512(TILES, 6, 1)                              \
+    KH_TILES_BLOCK512(TILES, 7, 1) KH_TILES_BLOCK512(TILES, 8, 1)                              \
     KH_TILES_BLOCK512(TILES, 1, 2) KH_TILES_BLOCK512(TILES, 2, 2)                              \
     KH_TILES_BLOCK512(TILES, 3, 2) KH_TILES_BLOCK512(TILES, 4, 2)                              \
     KH_TILES_BLOCK512(TILES, 1, 4) KH_TILES_BLOCK512(TILES, 2, 4)                              \
@@ -91,14 +94,16 @@ typedef struct {
     {                                                                                          \
         typedef void (*Block)(const TILES *, int64_t, const KhQ8 *, const int32_t *, int64_t,  \
                               float *);                                                        \
-        static const Block by1[5] = {0, block512_1_1, block512_2_1, block512_3_1, block512_4_1}; \
+        static const Block by1[9] = {0, block512_1_1, block512_2_1, block512_3_1, block512_4_1, \
+                                     block512_5_1, block512_6_1, block512_7_1, block512_8_1}; \
         static const Block by2[5] = {0, block512_1_2, block512_2_2, block512_3_2, block512_4_2}; \
         static const Block by4[3] = {0, block512_1_4, block512_2_4};                           \
         const TILES *w = tiles;                                                                \
         int64_t t = t0, end = t0 + nt;                                                         \
         if (mr <= 2)                                                                           \
             for (; t + 4 <= end; t += 4) by4[mr](w, t, x, xsum, r0, out);                      \
-        for (; t + 2 <= end; t += 2) by2[mr](w, t, x, xsum, r0, out);                          \
+        if (mr <= 4)                                                                           \
+            for (; t + 2 <= end; t += 2) by2[mr](w, t, x, xsum, r0, out);                      \
         for (; t < end; t++) by1[mr](w, t, x, xsum, r0, out);                                  \
     }                                                                                          \
     static TARGET2 void block2_1(const TILES *w, int64_t t, const KhQ8 *x, int64_t r0, float *out) \

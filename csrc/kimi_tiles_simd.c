@@ -40,7 +40,7 @@ static TARGET512 inline __attribute__((always_inline)) void body512(
     const __m512i mask = _mm512_set1_epi8(0x0f);
     const uint8_t *tq[4];
     (void)xsum;
-    __m512 acc[4][4];
+    __m512 acc[KH_TILES_MR512][4];
     int64_t g, b;
     int r, t, c;
     for (t = 0; t < NT; t++) tq[t] = w->q + (t0 + t) * chunks * 64;
@@ -55,12 +55,12 @@ static TARGET512 inline __attribute__((always_inline)) void body512(
                         : _mm512_mul_ps(s[t], _mm512_set1_ps(-8.0f));
         }
         for (b = g * per_group; b < (g + 1) * per_group; b++) {
-            __m512i dot[4][4];
+            __m512i dot[KH_TILES_MR512][4];
             for (r = 0; r < MR; r++)
                 for (t = 0; t < NT; t++) dot[r][t] = _mm512_setzero_si512();
             for (c = 0; c < 4; c++) {
                 int64_t cc = 4 * b + c;
-                __m512i xa[4], xb[4];
+                __m512i xa[KH_TILES_MR512], xb[KH_TILES_MR512];
                 for (r = 0; r < MR; r++) {
                     const int8_t *xp = x->q + (r0 + r) * k + 8 * cc;
                     xa[r] = _mm512_set1_epi32(load4(xp));

@@ -48,7 +48,7 @@ def tiles_simd() -> int:
 
 
 def tiles_amx(on: bool | None = None) -> bool:
-    """Whether tiles_w4a8 runs calls of KH_AMX_MIN_ROWS (5) or more rows on Intel AMX, the same
+    """Whether tiles_w4a8 runs calls of KH_AMX_MIN_ROWS (7) or more rows on Intel AMX, the same
     bits as tiles_simd's kernel: the CPU has AMX-INT8, Linux lent the tiles, tiles_simd is 3
     (AVX-512 VNNI) and the switch is on. `on` sets the switch (on by default)."""
     require()
@@ -62,7 +62,7 @@ def tiles_amx_calls() -> int:
 
 
 def tiles_kernels() -> str:
-    """The W4A8 tile kernels under the current caps, for the log: "AVX-512 VNNI, AMX from 5
+    """The W4A8 tile kernels under the current caps, for the log: "AVX-512 VNNI, AMX from 7
     rows", "AVX2", ..."""
     name = INT8_LEVELS[tiles_simd()]
     return f"{name}, AMX from {int(lib.KH_AMX_MIN_ROWS)} rows" if tiles_amx() else name

@@ -60,16 +60,23 @@ def test_shapes_that_do_not_tile_are_refused():
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("group", [32, 64])
 def test_every_kernel_level_gives_the_portable_bits(level, group, symmetric):
-    """AVX-512 VNNI and AVX2 tile kernels against the portable C text, for rows 1..9 and 70."""
+    """AVX-512 VNNI and AVX2 tile kernels against the portable C text, for rows 1..9 (AVX-512
+    VNNI takes up to 8 as one block) and 70; AMX off, so that the level's own kernel runs."""
     ran = helper.tiles_simd()
     if ran != level:
         pytest.skip(f"no {helper.INT8_LEVELS[level]} tile kernel: {helper.INT8_LEVELS[ran]} ran")
     w = int4_format.to_tiles(packed(112, 576, group, symmetric, seed=group))
     x = torch.randn(70, 576, generator=torch.Generator().manual_seed(1)) * 3
-    got = cpu_c.w4a8_tiles(x, w)
+    counts = (*range(1, 10), 70)
+    helper.tiles_amx(False)
+    try:
+        got = [cpu_c.w4a8_tiles(x[:rows], w) for rows in counts]
+    finally:
+        helper.tiles_amx(True)
     helper.w4a8_simd(0)
     assert helper.tiles_simd() == 0
-    assert torch.equal(got, cpu_c.w4a8_tiles(x, w))
+    for rows, want in zip(counts, got):
+        assert torch.equal(want, cpu_c.w4a8_tiles(x[:rows], w)), rows
 
 
 def test_a_row_is_the_same_bits_in_any_batch():
@@ -146,15 +153,15 @@ def amx():
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("group", [32, 96])
 def test_amx_gives_the_bits_of_vnni_and_portable_c(amx, group, symmetric):
-    """Intel AMX (5+ rows a call, 16 at most) against the AVX-512 VNNI kernel and the portable
-    C text: row counts around the 5-row switch and the 16-row tile; k = 672 is 21 blocks (two
+    """Intel AMX (7+ rows a call, 16 at most) against the AVX-512 VNNI kernel and the portable
+    C text: row counts around the 7-row switch and the 16-row tile; k = 672 is 21 blocks (two
     at a time: one left over), and groups of 96 (3 blocks) split across the pairs."""
     w = int4_format.to_tiles(packed(112, 672, group, symmetric, seed=group + symmetric))
     x = torch.randn(70, 672, generator=torch.Generator().manual_seed(8)) * 3
-    for rows in (4, 5, 9, 16, 17, 33, 70):
+    for rows in (6, 7, 9, 16, 17, 33, 70):
         before = helper.tiles_amx_calls()
         got = cpu_c.w4a8_tiles(x[:rows], w)
-        assert helper.tiles_amx_calls() == before + (rows >= 5), rows
+        assert helper.tiles_amx_calls() == before + (rows >= 7), rows
         helper.tiles_amx(False)
         assert not helper.tiles_amx()
         assert torch.equal(got, cpu_c.w4a8_tiles(x[:rows], w)), rows
@@ -164,4 +171,4 @@ def test_amx_gives_the_bits_of_vnni_and_portable_c(amx, group, symmetric):
         assert torch.equal(cpu_c.w4a8_tiles(x, w), got)
     finally:
         helper.w4a8_simd(3)
-    assert helper.tiles_kernels() == "AVX-512 VNNI, AMX from 5 rows"
+    assert helper.tiles_kernels() == "AVX-512 VNNI, AMX from 7 rows"
