@@ -142,10 +142,16 @@ int64_t tiles_amx_calls(void)
     return __atomic_load_n(&amx_calls, __ATOMIC_RELAXED);
 }
 
+/* AMX for a call at this tiles_simd level: the switch on, AVX-512 VNNI's level, tiles lent. */
+static int amx_runs(int level)
+{
+    return amx_allowed && level == 3 && kh_amx_ready();
+}
+
 int tiles_amx(int mode)
 {
     if (mode == 0 || mode == 1) amx_allowed = mode;
-    return amx_allowed && tiles_simd() == 3 && kh_amx_ready();
+    return amx_runs(tiles_simd());
 }
 
 int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
@@ -154,12 +160,12 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
 {
     KhTiles w = {tq, ts, tm, n, k, group};
     KhTileKernel kernel = tiles_c;
-    int mr_max = 4;
+    int mr_max = 4, level = tiles_simd();
     if (rows <= 0 || n <= 0 || n % KH_TILE || k % 8 || nthreads <= 0) return KH_EINVAL;
     if (tiles_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
     if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
 #if KH_HAVE_X86_SIMD
-    switch (tiles_simd()) {
+    switch (level) {
     case 3: /* a verify step's 5..8 rows as one block: W unpacked once, not twice (5-7 rows
              * 4-5% faster a step); prefill keeps blocks of 4 rows by 2 tiles (8 by 1 was
              * 3-10% slower a chunk) */
@@ -171,7 +177,7 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
     }
 #endif
 #if KH_HAVE_AMX
-    if (rows >= KH_AMX_MIN_ROWS && tiles_amx(-1)) {
+    if (rows >= KH_AMX_MIN_ROWS && amx_runs(level)) {
         kernel = kh_tiles_amx;
         mr_max = KH_AMX_ROWS;
         __atomic_fetch_add(&amx_calls, 1, __ATOMIC_RELAXED);

@@ -1,8 +1,8 @@
-/* The W4A8 tile kernel (kimi_tiles.h) on Intel AMX, for 2..16 rows of x at once: a verify
- * step's k + 1 rows and prefill. One TDPBSUD takes a block of 32 inputs of up to 16 x rows
- * (signed codes, tile A, read in place from x's codes) against the same 32 inputs of one
- * tile's 16 output rows (unsigned nibbles, tile B): 16 x 16 exact int32 dots, where AVX-512
- * VNNI spends 8 vpdpbusd per x row. The float steps then run per x row on those dots exactly
+/* The W4A8 tile kernel (kimi_tiles.h) on Intel AMX, up to 16 rows of x at once, for calls of
+ * KH_AMX_MIN_ROWS rows or more (tiles_w4a8): long verify steps and prefill. One TDPBSUD takes
+ * a block of 32 inputs of up to 16 x rows (signed codes, tile A, read in place from x's codes)
+ * against the same 32 inputs of one tile's 16 output rows (unsigned nibbles, tile B): 16 x 16
+ * exact int32 dots, where AVX-512 VNNI spends 8 vpdpbusd per x row. The float steps then run per x row on those dots exactly
  * as kimi_tiles_simd.c's do (a cvt, s * d, an FMA per block; m * gsum per group), so every
  * output has tiles_c's bits and a row's result does not depend on its batch.
  *
@@ -159,12 +159,12 @@ static AMX_TARGET inline __attribute__((always_inline)) void body_amx(
     {                                                                                          \
         body_amx(w, t, x, r0, MR, out);                                                        \
     }
-AMX_BLOCK(1) AMX_BLOCK(2) AMX_BLOCK(3) AMX_BLOCK(4) AMX_BLOCK(5) AMX_BLOCK(6) AMX_BLOCK(7) AMX_BLOCK(8)
-AMX_BLOCK(9) AMX_BLOCK(10) AMX_BLOCK(11) AMX_BLOCK(12) AMX_BLOCK(13) AMX_BLOCK(14)
+AMX_BLOCK(1) AMX_BLOCK(2) AMX_BLOCK(3) AMX_BLOCK(4) AMX_BLOCK(5) AMX_BLOCK(6) AMX_BLOCK(7)
+AMX_BLOCK(8) AMX_BLOCK(9) AMX_BLOCK(10) AMX_BLOCK(11) AMX_BLOCK(12) AMX_BLOCK(13) AMX_BLOCK(14)
 AMX_BLOCK(15) AMX_BLOCK(16)
 
-/* mr 1..KH_AMX_ROWS rows of x (1: the last of a batch) by tiles t0..t0+nt-1 (kimi_tiles.c's driver gives one call
- * per block of tiles and group of rows). */
+/* mr 1..KH_AMX_ROWS rows of x (1: the last of a batch) by tiles t0..t0+nt-1 (kimi_tiles.c's
+ * driver gives one call per block of tiles and group of rows). */
 AMX_TARGET void kh_tiles_amx(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,
                              const int32_t *xsum, int64_t r0, int mr, float *out)
 {

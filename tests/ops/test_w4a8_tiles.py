@@ -75,8 +75,8 @@ def test_every_kernel_level_gives_the_portable_bits(level, group, symmetric):
         helper.tiles_amx(True)
     helper.w4a8_simd(0)
     assert helper.tiles_simd() == 0
-    for rows, want in zip(counts, got):
-        assert torch.equal(want, cpu_c.w4a8_tiles(x[:rows], w)), rows
+    for rows, fast in zip(counts, got):
+        assert torch.equal(fast, cpu_c.w4a8_tiles(x[:rows], w)), rows
 
 
 def test_a_row_is_the_same_bits_in_any_batch():
@@ -137,7 +137,6 @@ def test_tiling_in_place_a_block_at_a_time_is_tiling_whole(symmetric):
         assert symmetric or torch.equal(copy.mins, whole.mins)
         int4_format.tile_in_place_(replace(copy, tiles=True), back=True, block_rows=block_rows)
         assert torch.equal(copy.qweight, w.qweight) and torch.equal(copy.scales, w.scales)
-
 
 
 @pytest.fixture
