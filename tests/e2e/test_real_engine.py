@@ -9,6 +9,8 @@ hint at what to serve.
 Slow on CPU: the engine loads in 5-30 s and prefills opencode's 7.7k-token prompt in minutes
 on two busy cores, hence the long timeouts.
 """
+import json
+
 import pytest
 
 from tests.e2e.harness import EngineRun, check_printed_answer, printed_text, run_client
@@ -22,6 +24,12 @@ TOKENIZE = "POST /tokenize"
 # opencode-chat's title request is capped at side-max-tokens by the proxy: uncapped, it could
 # fill the 8k cache so that the 7.7k-token agent turn timed out in the queue.
 TEXT_CLIENTS = ["aider", "cline", "opencode-chat"]
+# Greedy, as aider and Cline are by their presets: opencode sends no temperature for a model it
+# does not know, so the engine sampled at 1.0, and one CI run's answer was the one word
+# "Successful." (below MIN_WORDS). A user sets this the same way, per agent (opencode 1.18's
+# schema). Greedy, the answer was the same 6 words under every SIMD cap and with AMX.
+CLIENT_ENV = {"opencode-chat": {"OPENCODE_CONFIG_CONTENT": json.dumps(
+    {"agents": {"build": {"request": {"body": {"temperature": 0}}}}})}}
 CLIENT_TIMEOUT_S, ENGINE_WAIT_S = 900, 300
 
 pytestmark = [pytest.mark.realclient, pytest.mark.timeout(CLIENT_TIMEOUT_S + ENGINE_WAIT_S + 180)]
@@ -42,13 +50,16 @@ def refused_before_sent(engine: EngineRun) -> bool:
 def test_text_turn_prints_the_engines_answer(client, tmp_path):
     engine = EngineRun(tmp_path)
     run = run_client(client, PROMPT, engine.server_cmd(), tmp_path,
-                     timeout_s=CLIENT_TIMEOUT_S, wait_s=ENGINE_WAIT_S)
+                     timeout_s=CLIENT_TIMEOUT_S, wait_s=ENGINE_WAIT_S, **CLIENT_ENV.get(client, {}))
     context = run.context() + "\n" + engine.logs()
     assert run.returncode == 0, context
     served = chat_lines(engine)
     assert served and all(r["status"] == "200" for r in served), context
     recorded = [c for c in engine.recorded() if c["request"]["path"].endswith("/chat/completions")]
     assert len(recorded) == len(served), context
+    if client in CLIENT_ENV:
+        turn = max(recorded, key=lambda c: len(str(c["upstream"]["request"])))
+        assert turn["upstream"]["request"].get("temperature") == 0, f"not greedy\n{context}"
     check_printed_answer(run, engine, context)
 
 
