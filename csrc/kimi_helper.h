@@ -89,6 +89,8 @@ int64_t tiles_amx_calls(void); /* tiles_w4a8 calls that ran AMX, since the proce
 int64_t tiles_q8_work_floats(int64_t rows, int64_t k);
 int tiles_q8(const float *x, int64_t rows, const int8_t *tq, const uint16_t *ts, int64_t n,
              int64_t k, float *work, float *out, int nthreads);
+/* tiles_q8 runs calls of this many rows or more on AMX where tiles_w4a8 would (tiles_amx). */
+#define KH_Q8_AMX_MIN_ROWS 6
 
 /* Q8_0 GEMV, the tied LM head as the GGUF ships it: out[r, i] = sum_k xq[r, k] * d[r, k/32]
  * * qweight[i, k] * scales[i, k/32] for r < rows (1..KH_MAX_ROWS), x quantized per block of

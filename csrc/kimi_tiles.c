@@ -148,6 +148,13 @@ static int amx_runs(int level)
     return amx_allowed && level == 3 && kh_amx_ready();
 }
 
+int kh_amx_call(int64_t rows, int64_t min_rows, int level)
+{
+    if (rows < min_rows || !amx_runs(level)) return 0;
+    __atomic_fetch_add(&amx_calls, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
 int tiles_amx(int mode)
 {
     if (mode == 0 || mode == 1) amx_allowed = mode;
@@ -177,10 +184,9 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
     }
 #endif
 #if KH_HAVE_AMX
-    if (rows >= KH_AMX_MIN_ROWS && amx_runs(level)) {
+    if (kh_amx_call(rows, KH_AMX_MIN_ROWS, level)) {
         kernel = kh_tiles_amx;
         mr_max = KH_AMX_ROWS;
-        __atomic_fetch_add(&amx_calls, 1, __ATOMIC_RELAXED);
     }
 #endif
     kh_tiles_run(&w, kernel, mr_max, n, k, group, 0, x, rows, work, out, nthreads);

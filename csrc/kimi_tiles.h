@@ -53,9 +53,14 @@ void kh_tiles_run(const void *w, KhTileKernel kernel, int mr_max, int64_t n, int
 #define KH_AMX_ROWS 16 /* x rows per AMX call: a tile's rows */
 /* Whether this CPU has AMX-INT8 and Linux lent this process the tiles (asked once). */
 int kh_amx_ready(void);
+/* Whether a call of `rows` rows at tiles_simd level `level` runs AMX (from min_rows, the
+ * switch on, the tiles lent): counted in tiles_amx_calls when it does (kimi_tiles.c). */
+int kh_amx_call(int64_t rows, int64_t min_rows, int level);
 #if KH_HAVE_AMX
 void kh_tiles_amx(const void *w, int64_t t0, int64_t nt, const KhQ8 *x, const int32_t *xsum,
                   int64_t r0, int mr, float *out);
+void kh_q8_tiles_amx(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
+                     const int32_t *xsum, int64_t r0, int mr, float *out);
 #endif
 
 /* A Q8_0 matrix in tiles (see kimi_helper.h, tiles_q8): q [n/16, k/4, 16, 4] int8 (4 inputs

@@ -1,5 +1,6 @@
 /* The W4A8 tile kernel (kimi_tiles.h) on Intel AMX, up to 16 rows of x at once, for calls of
- * KH_AMX_MIN_ROWS rows or more (tiles_w4a8): long verify steps and prefill. One TDPBSUD takes
+ * KH_AMX_MIN_ROWS rows or more (tiles_w4a8): long verify steps and prefill; and the Q8_0
+ * head's (tiles_q8, from KH_Q8_AMX_MIN_ROWS rows), whose B tiles are its codes as they lie. One TDPBSUD takes
  * a block of 32 inputs of up to 16 x rows (signed codes, tile A, read in place from x's codes)
  * against the same 32 inputs of one tile's 16 output rows (unsigned nibbles, tile B): 16 x 16
  * exact int32 dots, where AVX-512 VNNI spends 8 vpdpbusd per x row. The float steps then run per x row on those dots exactly
@@ -111,6 +112,21 @@ static AMX_TARGET inline __attribute__((always_inline)) void scale_block(
             acc[r] = _mm512_fmadd_ps(*m, _mm512_set1_ps(x->gsum[(r0 + r) * groups + g]), acc[r]);
 }
 
+/* tiles_q8's float step for block bi (its dots [MR][16] from the tiles) into acc. */
+static AMX_TARGET inline __attribute__((always_inline)) void scale_q8_block(
+    const KhQ8Tiles *w, int64_t t, const KhQ8 *x, int64_t r0, const int MR, int64_t bi,
+    int32_t dots[16][16], __m512 *acc)
+{
+    const int64_t nb = w->k / KH_Q8_BLOCK;
+    __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->s + (t * nb + bi) * KH_TILE)));
+    int r;
+    for (r = 0; r < MR; r++) {
+        __m512 d = _mm512_set1_ps(x->d[(r0 + r) * nb + bi]);
+        __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)dots[r]));
+        acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s, d), acc[r]);
+    }
+}
+
 /* One tile, MR rows: blocks in pairs, a pair's B unpacked one pair ahead and its dots scaled
  * one pair behind, so that no tile load waits on the stores it reads, nor a vector load on
  * the tile store it reads (each waits for the data to reach the cache). */
@@ -153,29 +169,73 @@ static AMX_TARGET inline __attribute__((always_inline)) void body_amx(
     for (r = 0; r < MR; r++) _mm512_storeu_ps(out + (r0 + r) * w->n + t * KH_TILE, acc[r]);
 }
 
-#define AMX_BLOCK(MR)                                                                          \
-    static AMX_TARGET void block_##MR(const KhTiles *w, int64_t t, const KhQ8 *x, int64_t r0,  \
+/* One Q8_0 tile (KhQ8Tiles), MR rows: as body_amx, with B read in place (a block's 8 chunks
+ * of 16 rows x 4 signed codes are TDPBSSD's B as they lie) and tiles_q8's float steps. */
+static AMX_TARGET inline __attribute__((always_inline)) void body_q8_amx(
+    const KhQ8Tiles *w, int64_t t, const KhQ8 *x, int64_t r0, const int MR, float *out)
+{
+    const int64_t k = w->k, nb = k / KH_Q8_BLOCK, block_bytes = 8 * 64;
+    const int8_t *tq = w->q + t * (k / 4) * 64, *xq = x->q + r0 * k;
+    int32_t dots[4][16][16] __attribute__((aligned(64)));
+    __m512 acc[16];
+    int64_t b;
+    int r;
+    for (r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    for (b = 0; b < nb; b += 2) {
+        int two = b + 1 < nb, line;
+        for (line = 0; line < 16; line++)
+            _mm_prefetch((const char *)(tq + (b + 4) * block_bytes + 64 * line), _MM_HINT_T0);
+        _tile_loadd(TB0, tq + b * block_bytes, 64);
+        _tile_loadd(TA0, xq + b * KH_Q8_BLOCK, k);
+        _tile_zero(TC0);
+        _tile_dpbssd(TC0, TA0, TB0);
+        if (two) {
+            _tile_loadd(TB1, tq + (b + 1) * block_bytes, 64);
+            _tile_loadd(TA1, xq + (b + 1) * KH_Q8_BLOCK, k);
+            _tile_zero(TC1);
+            _tile_dpbssd(TC1, TA1, TB1);
+        }
+        _tile_stored(TC0, dots[b % 4], 64);
+        if (two) _tile_stored(TC1, dots[(b + 1) % 4], 64);
+        if (b >= 2) /* the pair before */
+            for (int64_t bi = b - 2; bi < b; bi++) scale_q8_block(w, t, x, r0, MR, bi, dots[bi % 4], acc);
+    }
+    for (b = (nb - 1) / 2 * 2; b < nb; b++)
+        scale_q8_block(w, t, x, r0, MR, b, dots[b % 4], acc);
+    for (r = 0; r < MR; r++) _mm512_storeu_ps(out + (r0 + r) * w->n + t * KH_TILE, acc[r]);
+}
+
+typedef void (*AmxBlock)(const void *, int64_t, const KhQ8 *, int64_t, float *);
+#define AMX_BLOCK(NAME, BODY, TILES, MR)                                                       \
+    static AMX_TARGET void NAME##_##MR(const void *w, int64_t t, const KhQ8 *x, int64_t r0,    \
                                       float *out)                                              \
     {                                                                                          \
-        body_amx(w, t, x, r0, MR, out);                                                        \
+        BODY((const TILES *)w, t, x, r0, MR, out);                                             \
     }
-AMX_BLOCK(1) AMX_BLOCK(2) AMX_BLOCK(3) AMX_BLOCK(4) AMX_BLOCK(5) AMX_BLOCK(6) AMX_BLOCK(7)
-AMX_BLOCK(8) AMX_BLOCK(9) AMX_BLOCK(10) AMX_BLOCK(11) AMX_BLOCK(12) AMX_BLOCK(13) AMX_BLOCK(14)
-AMX_BLOCK(15) AMX_BLOCK(16)
+#define AMX_BLOCKS(NAME, BODY, TILES)                                                          \
+    AMX_BLOCK(NAME, BODY, TILES, 1) AMX_BLOCK(NAME, BODY, TILES, 2)                            \
+    AMX_BLOCK(NAME, BODY, TILES, 3) AMX_BLOCK(NAME, BODY, TILES, 4)                            \
+    AMX_BLOCK(NAME, BODY, TILES, 5) AMX_BLOCK(NAME, BODY, TILES, 6)                            \
+    AMX_BLOCK(NAME, BODY, TILES, 7) AMX_BLOCK(NAME, BODY, TILES, 8)                            \
+    AMX_BLOCK(NAME, BODY, TILES, 9) AMX_BLOCK(NAME, BODY, TILES, 10)                           \
+    AMX_BLOCK(NAME, BODY, TILES, 11) AMX_BLOCK(NAME, BODY, TILES, 12)                          \
+    AMX_BLOCK(NAME, BODY, TILES, 13) AMX_BLOCK(NAME, BODY, TILES, 14)                          \
+    AMX_BLOCK(NAME, BODY, TILES, 15) AMX_BLOCK(NAME, BODY, TILES, 16)                          \
+    static const AmxBlock NAME[17] = {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5,     \
+                                      NAME##_6, NAME##_7, NAME##_8, NAME##_9, NAME##_10,       \
+                                      NAME##_11, NAME##_12, NAME##_13, NAME##_14, NAME##_15,   \
+                                      NAME##_16};
+AMX_BLOCKS(w4a8_blocks, body_amx, KhTiles)
+AMX_BLOCKS(q8_blocks, body_q8_amx, KhQ8Tiles)
 
 /* mr 1..KH_AMX_ROWS rows of x (1: the last of a batch) by tiles t0..t0+nt-1 (kimi_tiles.c's
- * driver gives one call per block of tiles and group of rows). */
-AMX_TARGET void kh_tiles_amx(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,
-                             const int32_t *xsum, int64_t r0, int mr, float *out)
+ * driver gives one call per block of tiles and group of rows): both kernels' tile shapes are
+ * the same (A [mr, 32] int8, B [8, 64], C [mr, 16] int32). */
+static AMX_TARGET void run_amx(const AmxBlock *by_rows, const void *w, int64_t t0, int64_t nt,
+                               const KhQ8 *x, int64_t r0, int mr, float *out)
 {
-    typedef void (*Block)(const KhTiles *, int64_t, const KhQ8 *, int64_t, float *);
-    static const Block by_rows[17] = {
-        0, block_1, block_2, block_3, block_4, block_5, block_6, block_7, block_8, block_9,
-        block_10, block_11, block_12, block_13, block_14, block_15, block_16};
-    const KhTiles *w = tiles;
     TileConfig cfg;
     int64_t t;
-    (void)xsum;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     cfg.rows[TC0] = cfg.rows[TC1] = (uint8_t)mr, cfg.colsb[TC0] = cfg.colsb[TC1] = 64;
@@ -185,6 +245,20 @@ AMX_TARGET void kh_tiles_amx(const void *tiles, int64_t t0, int64_t nt, const Kh
     _tile_loadconfig(&cfg);
     for (t = t0; t < t0 + nt; t++) by_rows[mr](w, t, x, r0, out);
     _tile_release();
+}
+
+void kh_tiles_amx(const void *w, int64_t t0, int64_t nt, const KhQ8 *x, const int32_t *xsum,
+                  int64_t r0, int mr, float *out)
+{
+    (void)xsum;
+    run_amx(w4a8_blocks, w, t0, nt, x, r0, mr, out);
+}
+
+void kh_q8_tiles_amx(const void *w, int64_t t0, int64_t nt, const KhQ8 *x, const int32_t *xsum,
+                     int64_t r0, int mr, float *out)
+{
+    (void)xsum; /* TDPBSSD takes the signed codes as they are */
+    run_amx(q8_blocks, w, t0, nt, x, r0, mr, out);
 }
 
 #else

@@ -48,24 +48,29 @@ def tiles_simd() -> int:
 
 
 def tiles_amx(on: bool | None = None) -> bool:
-    """Whether tiles_w4a8 runs calls of KH_AMX_MIN_ROWS (7) or more rows on Intel AMX, the same
-    bits as tiles_simd's kernel: the CPU has AMX-INT8, Linux lent the tiles, tiles_simd is 3
-    (AVX-512 VNNI) and the switch is on. `on` sets the switch (on by default)."""
+    """Whether tiles_w4a8 runs calls of KH_AMX_MIN_ROWS (7) or more rows on Intel AMX, and
+    tiles_q8 calls of KH_Q8_AMX_MIN_ROWS (6) or more, the same bits as tiles_simd's kernel:
+    the CPU has AMX-INT8, Linux lent the tiles, tiles_simd is 3 (AVX-512 VNNI) and the switch
+    is on. `on` sets the switch (on by default)."""
     require()
     return bool(lib.tiles_amx(-1 if on is None else int(on)))
 
 
 def tiles_amx_calls() -> int:
-    """tiles_w4a8 calls that ran on AMX since the process started (the tests' proof it ran)."""
+    """tiles_w4a8 and tiles_q8 calls that ran on AMX since the process started (the tests'
+    proof it ran)."""
     require()
     return int(lib.tiles_amx_calls())
 
 
 def tiles_kernels() -> str:
-    """The W4A8 tile kernels under the current caps, for the log: "AVX-512 VNNI, AMX from 7
-    rows", "AVX2", ..."""
+    """The tile kernels (W4A8 projections, the Q8_0 head) under the current caps, for the log:
+    "AVX-512 VNNI, AMX from 7 rows (the head from 6)", "AVX2", ..."""
     name = INT8_LEVELS[tiles_simd()]
-    return f"{name}, AMX from {int(lib.KH_AMX_MIN_ROWS)} rows" if tiles_amx() else name
+    if not tiles_amx():
+        return name
+    return (f"{name}, AMX from {int(lib.KH_AMX_MIN_ROWS)} rows "
+            f"(the head from {int(lib.KH_Q8_AMX_MIN_ROWS)})")
 
 
 def attention_simd(head_dim: int) -> int:

@@ -8,7 +8,7 @@ from engined import helper
 from engined.layers.embedding import Q8TiedEmbedding, TiedEmbedding
 from engined.ops.q8_gemv import cpu_c, reference
 from tests.ops.helpers import random_q8
-from tests.support.simd import int8_level_or_skip, level_ids
+from tests.support.simd import amx, int8_level_or_skip, level_ids  # noqa: F401 (amx: a fixture)
 
 LEVELS = helper.INT8_LEVELS
 
@@ -113,6 +113,31 @@ def test_the_tiles_give_the_same_bits_at_every_level_and_batch(level):
         assert torch.equal(cpu_c.q8_tiles(x[:rows], tiled), got[:rows])
     helper.w4a8_simd(0)
     assert torch.equal(cpu_c.q8_tiles(x, tiled), got)
+
+
+def test_amx_gives_the_head_the_bits_of_vnni_and_portable_c(amx):
+    """Intel AMX for the head (6+ rows a call, TDPBSSD on the tiles' codes in place) against
+    the AVX-512 VNNI kernel and the portable C text: rows around the switch and the 16-row tile,
+    k = 608 (19 blocks: two at a time, one left over), codes -128 and 127 against x = 127."""
+    gen = torch.Generator().manual_seed(10)
+    w = random_q8(gen, 112, 608)
+    w.q[:8] = -128
+    w.q[8:16] = 127
+    tiled = w.in_tiles()
+    x = torch.randn(70, 608, generator=gen) * 2
+    x[0] = 1.0
+    for rows in (5, 6, 7, 16, 17, 33, 70):
+        before = helper.tiles_amx_calls()
+        got = cpu_c.q8_tiles(x[:rows], tiled)
+        assert helper.tiles_amx_calls() == before + (rows >= 6), rows
+        helper.tiles_amx(False)
+        assert torch.equal(got, cpu_c.q8_tiles(x[:rows], tiled)), rows
+        helper.tiles_amx(True)
+    helper.w4a8_simd(0)
+    try:
+        assert torch.equal(cpu_c.q8_tiles(x, tiled), got)
+    finally:
+        helper.w4a8_simd(3)
 
 
 def test_the_tiles_layout_and_the_lookup():

@@ -13,7 +13,7 @@ from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
 from engined.ops.w4a8_tiles import cpu_c
 from tests.ops.helpers import random_int4
-from tests.support.simd import int8_levels
+from tests.support.simd import amx, int8_levels  # noqa: F401 (amx: a fixture)
 
 level = int8_levels()
 
@@ -139,16 +139,6 @@ def test_tiling_in_place_a_block_at_a_time_is_tiling_whole(symmetric):
         assert torch.equal(copy.qweight, w.qweight) and torch.equal(copy.scales, w.scales)
 
 
-@pytest.fixture
-def amx():
-    """Skips unless tiles_w4a8 runs AMX here; the switch is back on after."""
-    if not helper.tiles_amx():
-        pytest.skip(f"no AMX tile kernel: this CPU or its kernel lends no AMX-INT8 tiles, or "
-                    f"the tile level is {helper.INT8_LEVELS[helper.tiles_simd()]}")
-    yield
-    helper.tiles_amx(True)
-
-
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("group", [32, 96])
 def test_amx_gives_the_bits_of_vnni_and_portable_c(amx, group, symmetric):
@@ -170,4 +160,4 @@ def test_amx_gives_the_bits_of_vnni_and_portable_c(amx, group, symmetric):
         assert torch.equal(cpu_c.w4a8_tiles(x, w), got)
     finally:
         helper.w4a8_simd(3)
-    assert helper.tiles_kernels() == "AVX-512 VNNI, AMX from 7 rows"
+    assert helper.tiles_kernels() == "AVX-512 VNNI, AMX from 7 rows (the head from 6)"

@@ -52,3 +52,14 @@ def _run_or_skip(cap, names: dict[int, str], level: int) -> int:
                     f"(this CPU has no {names[level]})")
     print(f"\n{names[level]} ran")
     return ran
+
+
+@pytest.fixture
+def amx():
+    """Skips unless the tile kernels (tiles_w4a8, tiles_q8) run AMX here; the switch is back on
+    after."""
+    if not helper.tiles_amx():
+        pytest.skip(f"no AMX tile kernel: this CPU or its kernel lends no AMX-INT8 tiles, or "
+                    f"the tile level is {helper.INT8_LEVELS[helper.tiles_simd()]}")
+    yield
+    helper.tiles_amx(True)
