@@ -10,7 +10,7 @@ from engined import helper
 from engined.ops import registry
 from engined.ops.llama_decode_layer import cpu_c, reference
 from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
-from tests.ops.helpers import LLAMA_LAYER
+from tests.ops.layer_cases import LLAMA_LAYER
 from tests.support.simd import gemv_level_or_skip, level_ids
 
 LEVELS = helper.SIMD_LEVELS

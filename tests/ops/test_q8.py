@@ -8,7 +8,7 @@ from engined import helper
 from engined.layers.embedding import Q8TiedEmbedding, TiedEmbedding
 from engined.ops.q8_gemv import cpu_c, reference
 from tests.ops.helpers import random_q8
-from tests.support.simd import amx, int8_level_or_skip, level_ids  # noqa: F401 (amx: a fixture)
+from tests.support.simd import amx, check_amx_bits, int8_level_or_skip, level_ids  # noqa: F401
 
 LEVELS = helper.INT8_LEVELS
 
@@ -94,19 +94,25 @@ def test_vnni_kernels_are_the_avx2_kernels_bits(level):
         assert torch.equal(y, ref)
 
 
+def extreme_tiles(seed: int, n: int, k: int):
+    """A random Q8_0 head (w), the same in tiles, and x [70, k]: codes -128 in rows 0-7 and
+    127 in rows 8-15 of w, and x's row 0 all ones, so that its codes are all 127."""
+    gen = torch.Generator().manual_seed(seed)
+    w = random_q8(gen, n, k)
+    w.q[:8] = -128
+    w.q[8:16] = 127
+    x = torch.randn(70, k, generator=gen) * 2
+    x[0] = 1.0
+    return w, w.in_tiles(), x
+
+
 def test_the_tiles_give_the_same_bits_at_every_level_and_batch(level):
     """q8_tiles: AVX-512 VNNI (w ^ 0x80 from -128 * sum(x)) and AVX2 (|w|, sign) against the
     portable C text bitwise, for a row alone and in batches of 2..70; codes -128 and 127."""
     ran = helper.tiles_simd()
     if ran != level:
         pytest.skip(f"no {LEVELS[level]} tile kernel: {LEVELS[ran]} ran")
-    gen = torch.Generator().manual_seed(9)
-    w = random_q8(gen, 96, 576)
-    w.q[:8] = -128
-    w.q[8:16] = 127
-    tiled = w.in_tiles()
-    x = torch.randn(70, 576, generator=gen) * 2
-    x[0] = 1.0                                                # xq = 127 everywhere
+    w, tiled, x = extreme_tiles(9, 96, 576)
     got = cpu_c.q8_tiles(x, tiled)
     assert torch.allclose(got, reference.q8_gemv(x, w), atol=1e-6 * 576, rtol=1e-5)
     for rows in (1, 2, 8, 9):
@@ -119,25 +125,8 @@ def test_amx_gives_the_head_the_bits_of_vnni_and_portable_c(amx):
     """Intel AMX for the head (6+ rows a call, TDPBSSD on the tiles' codes in place) against
     the AVX-512 VNNI kernel and the portable C text: rows around the switch and the 16-row tile,
     k = 608 (19 blocks: two at a time, one left over), codes -128 and 127 against x = 127."""
-    gen = torch.Generator().manual_seed(10)
-    w = random_q8(gen, 112, 608)
-    w.q[:8] = -128
-    w.q[8:16] = 127
-    tiled = w.in_tiles()
-    x = torch.randn(70, 608, generator=gen) * 2
-    x[0] = 1.0
-    for rows in (5, 6, 7, 16, 17, 33, 70):
-        before = helper.tiles_amx_calls()
-        got = cpu_c.q8_tiles(x[:rows], tiled)
-        assert helper.tiles_amx_calls() == before + (rows >= 6), rows
-        helper.tiles_amx(False)
-        assert torch.equal(got, cpu_c.q8_tiles(x[:rows], tiled)), rows
-        helper.tiles_amx(True)
-    helper.w4a8_simd(0)
-    try:
-        assert torch.equal(cpu_c.q8_tiles(x, tiled), got)
-    finally:
-        helper.w4a8_simd(3)
+    _, tiled, x = extreme_tiles(10, 112, 608)
+    check_amx_bits(lambda xs: cpu_c.q8_tiles(xs, tiled), x, (5, 6, 7, 16, 17, 33, 70), 6)
 
 
 def test_the_tiles_layout_and_the_lookup():

@@ -10,7 +10,7 @@ from engined.layers.linear import Linear
 from engined.ops import registry
 from engined.ops.rowwise import rowwise
 from tests.ops.decode_cases import KDA_DECODE, kda_decode_case
-from tests.ops.helpers import PAGED_MLA
+from tests.ops.layer_cases import PAGED_MLA
 
 
 @pytest.mark.parametrize("case", [c for c in PAGED_MLA if not c.id.startswith("B1-")], ids=lambda c: c.id)

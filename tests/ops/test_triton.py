@@ -16,7 +16,8 @@ from engined.ops import registry  # noqa: E402
 from engined.ops.int4_format import PackedInt4  # noqa: E402
 from engined.ops.paged_mla_decode import triton as mla_triton  # noqa: E402
 from engined.ops.w4a16_gemv import triton as gemv_triton  # noqa: E402
-from tests.ops.helpers import PAGED_MLA, experts, random_int4, run_fresh  # noqa: E402
+from tests.ops.helpers import experts, random_int4, run_fresh  # noqa: E402
+from tests.ops.layer_cases import PAGED_MLA  # noqa: E402
 
 in_process = pytest.mark.skipif(TRITON_TOO_EARLY, reason="runs in test_in_a_fresh_process")
 

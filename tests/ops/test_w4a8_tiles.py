@@ -13,7 +13,7 @@ from engined.ops.int4_format import PackedInt4
 from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
 from engined.ops.w4a8_tiles import cpu_c
 from tests.ops.helpers import random_int4
-from tests.support.simd import amx, int8_levels  # noqa: F401 (amx: a fixture)
+from tests.support.simd import amx, check_amx_bits, int8_levels  # noqa: F401 (amx: a fixture)
 
 level = int8_levels()
 
@@ -147,17 +147,5 @@ def test_amx_gives_the_bits_of_vnni_and_portable_c(amx, group, symmetric):
     at a time: one left over), and groups of 96 (3 blocks) split across the pairs."""
     w = int4_format.to_tiles(packed(112, 672, group, symmetric, seed=group + symmetric))
     x = torch.randn(70, 672, generator=torch.Generator().manual_seed(8)) * 3
-    for rows in (6, 7, 9, 16, 17, 33, 70):
-        before = helper.tiles_amx_calls()
-        got = cpu_c.w4a8_tiles(x[:rows], w)
-        assert helper.tiles_amx_calls() == before + (rows >= 7), rows
-        helper.tiles_amx(False)
-        assert not helper.tiles_amx()
-        assert torch.equal(got, cpu_c.w4a8_tiles(x[:rows], w)), rows
-        helper.tiles_amx(True)
-    helper.w4a8_simd(0)
-    try:
-        assert torch.equal(cpu_c.w4a8_tiles(x, w), got)
-    finally:
-        helper.w4a8_simd(3)
+    check_amx_bits(lambda xs: cpu_c.w4a8_tiles(xs, w), x, (6, 7, 9, 16, 17, 33, 70), 7)
     assert helper.tiles_kernels() == "AVX-512 VNNI, AMX from 7 rows (the head from 6)"

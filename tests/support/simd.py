@@ -3,6 +3,7 @@ CPU without the named one a lower kernel would run, and pass, under the higher n
 reason names the level that ran (pytest -rs). Callers restore the default cap (in a finally);
 tests/support/as_avx2.py runs a suite as an AVX2-only CPU would."""
 import pytest
+import torch
 
 from engined import helper
 
@@ -63,3 +64,25 @@ def amx():
                     f"the tile level is {helper.INT8_LEVELS[helper.tiles_simd()]}")
     yield
     helper.tiles_amx(True)
+
+
+def check_amx_bits(run, x: torch.Tensor, row_counts, min_rows: int):
+    """run(x[:rows]) (a tile op) for each count: AMX ran exactly when rows >= min_rows (one call
+    more in tiles_amx_calls), with the bits of the same call with AMX off; then the portable C
+    text on all of x gives the last count's bits (the counts end at len(x))."""
+    for rows in row_counts:
+        before = helper.tiles_amx_calls()
+        got = run(x[:rows])
+        assert helper.tiles_amx_calls() == before + (rows >= min_rows), rows
+        helper.tiles_amx(False)
+        try:
+            assert not helper.tiles_amx()
+            assert torch.equal(got, run(x[:rows])), rows
+        finally:
+            helper.tiles_amx(True)
+    assert rows == len(x)
+    helper.w4a8_simd(0)
+    try:
+        assert torch.equal(run(x), got)
+    finally:
+        helper.w4a8_simd(3)
