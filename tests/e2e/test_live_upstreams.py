@@ -52,7 +52,9 @@ def llama_server(tmp: pathlib.Path):
         pytest.fail("bench/llamacpp_build.sh could not build llama-server (cmake, a C++ compiler)")
     yarn = ("--rope-scaling", "yarn", "--rope-scale", str(YARN_FACTOR),
             "--yarn-orig-ctx", str(TRAINED_CONTEXT))  # else it caps each slot at 8k
-    with llama.Server(bin_dir, default_gguf_path(), threads=2, ctx=CONTEXT, extra=yarn) as server:
+    greedy = ("--temp", "0")  # for requests that send none (GREEDY_DEFAULT)
+    with llama.Server(bin_dir, default_gguf_path(), threads=2, ctx=CONTEXT,
+                      extra=yarn + greedy) as server:
         yield f"http://127.0.0.1:{server.port}/v1"
 
 
@@ -73,7 +75,8 @@ def vllm_server(tmp: pathlib.Path):
         [paths["VLLM_PYTHON"], "-m", "vllm.entrypoints.openai.api_server", "--model",
          paths["VLLM_MODEL_DIR"], "--served-model-name", "smollm2", "--host", "127.0.0.1",
          "--port", str(port), "--max-model-len", str(CONTEXT), "--hf-overrides", json.dumps(yarn),
-         "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],  # as agents' servers run
+         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",  # as agents' servers run
+         "--override-generation-config", json.dumps({"temperature": 0.0})],  # GREEDY_DEFAULT
         stdout=subprocess.DEVNULL, stderr=open(tmp / "vllm.err", "w"), env=env)
     try:
         eventually(lambda: server.poll() is not None or http_health(port) == 200, timeout=VLLM_START_S)
@@ -202,6 +205,10 @@ def test_an_overflow_is_each_dialects_own_error(proxy_url):
 
 # Greedy, the 135M model loops on "Say hello in a full sentence." in Cline's prompt behind
 # llama-server until the context is full; this one it answers in a sentence behind both servers.
+# GREEDY_DEFAULT: Codex sends no temperature (aider and Cline send 0), so both servers start
+# with a greedy default, as a user serving agents may; else llama-server sampled at its 0.8
+# and vLLM at 1.0, and a short sampled answer could fail MIN_WORDS (the engine's opencode
+# turn did once in CI, tests/e2e/test_real_engine.py).
 AGENT_PROMPT = "What is the capital of France? Answer in one sentence."
 AGENT_TIMEOUT_S = 600  # Codex's 9.1k-token prompt, prefilled on two cores
 
