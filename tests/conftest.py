@@ -32,6 +32,13 @@ def shared_dir() -> pathlib.Path:
     return SHARED
 
 
+@pytest.fixture(scope="session")
+def engine_cache(tmp_path_factory) -> pathlib.Path:
+    """One XDG cache for the session's engine daemons (tests/engine's in-process engines set
+    the same one), so the default model is repacked once."""
+    return tmp_path_factory.getbasetemp() / "engine-cache"
+
+
 @pytest.fixture
 def kimi_cache(tmp_path, monkeypatch) -> pathlib.Path:
     """A private XDG cache so tests never share or pollute the user's repacked models."""

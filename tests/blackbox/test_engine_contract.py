@@ -16,11 +16,6 @@ METRICS = ["kimi_engine_time_to_first_token_seconds", "kimi_engine_decode_tokens
            "kimi_engine_resident_bytes", "kimi_engine_memory_reserved_bytes"]
 
 
-@pytest.fixture(scope="session")
-def engine_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "engine-cache"
-
-
 @pytest.fixture(scope="module")
 def sock(engine_cache):
     daemon = Daemon(engine_cache, "--max-context", "512").start()

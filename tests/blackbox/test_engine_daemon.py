@@ -16,12 +16,6 @@ from tests.support.engine import Daemon, eventually, get, metric, post, stream
 CAPITAL = [{"role": "user", "content": "Name the capital of France."}]
 
 
-@pytest.fixture(scope="session")
-def engine_cache(tmp_path_factory):
-    """One XDG cache for the whole session, so the default model is repacked once."""
-    return tmp_path_factory.getbasetemp() / "engine-cache"
-
-
 @pytest.fixture(scope="module")
 def engine(engine_cache):
     daemon = Daemon(engine_cache, "--max-context", "1024", "--threads", "2").start()

@@ -15,11 +15,6 @@ from tests.support.engine import Daemon, eventually, metric, post, run_cli, shor
 CAPITAL = [{"role": "user", "content": "Which city is the capital of France?"}]
 
 
-@pytest.fixture(scope="session")
-def engine_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "engine-cache"
-
-
 @pytest.fixture
 def workdir():
     path = short_tmpdir()

@@ -15,11 +15,6 @@ MAX_CONTEXT = 1024  # room for a holder stream that outlives a queue timeout on 
 QUEUE_TIMEOUT_S = 1.0
 
 
-@pytest.fixture(scope="session")
-def engine_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "engine-cache"  # shared with the engine tests
-
-
 @pytest.fixture(scope="module")
 def engine(engine_cache):
     daemon = Daemon(engine_cache, "--max-context", str(MAX_CONTEXT), "--threads", "1",

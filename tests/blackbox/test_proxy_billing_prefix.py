@@ -22,11 +22,6 @@ HIT = "kimi_engine_prefix_cache_hit_tokens_total"
 SYSTEM_CHARS, REMINDER_CHARS, TOOLS, DESCRIPTION_CHARS = 3000, 800, ("Bash", "Read"), 300
 
 
-@pytest.fixture(scope="session")
-def engine_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "engine-cache"  # shared with the engine tests
-
-
 def claude_turns() -> tuple[dict, list[dict]]:
     """(headers, [turn 1, turn 2]) with the same cuts on both turns and a per-turn cch=."""
     records = [json.loads(line) for line in gzip.open(CAPTURE, "rt")]

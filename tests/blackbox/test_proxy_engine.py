@@ -1,19 +1,13 @@
 """Black-box: the real `kimi-engine` (default model, temporary socket) behind the real
 `kimi-proxy` (subprocess, temporary port), driven by the official SDKs."""
-import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 
 import anthropic
 import openai
 import pytest
 
-from tests.support.engine import Daemon
+from tests.support.engine import Daemon, proxy_in_front
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Not "Which city is the capital of France?": with the prompt run through W4A8 (int8 activations
 # per 32, as llama.cpp quantizes them), greedy, the 135M model answers it "Le Grand Château,
 # also known as the City of Light, ..." as native llama-server does on the same GGUF; this one
@@ -21,32 +15,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 QUESTION = [{"role": "user", "content": "Name the capital of France."}]
 
 
-@pytest.fixture(scope="session")
-def engine_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "engine-cache"  # shared with the engine tests
-
-
 @pytest.fixture(scope="module")
 def stack(engine_cache, tmp_path_factory):
     engine = Daemon(engine_cache, "--max-context", "1024", "--threads", "2").start()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    state = tmp_path_factory.mktemp("proxy-state")
-    proxy = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port),
-                              "--upstream", "unix://" + engine.sock, "--ledger", str(state / "ledger.sqlite")],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert proxy.poll() is None and time.monotonic() < deadline, proxy.stderr.read()
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    proxy.terminate()
-    proxy.wait(15)
+    with proxy_in_front(engine, tmp_path_factory.mktemp("proxy-state")) as port:
+        yield f"http://127.0.0.1:{port}"
     engine.stop()
     shutil.rmtree(engine.dir, ignore_errors=True)
 

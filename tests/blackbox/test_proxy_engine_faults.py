@@ -2,48 +2,23 @@
 and when a non-stream client leaves (issue 13, items 1 and 2)."""
 import http.client
 import json
-import os
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from tests.support.engine import Daemon, metric
+from tests.support.engine import Daemon, metric, proxy_in_front
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUESTION = [{"role": "user", "content": "Which city is the capital of France?"}]
-
-
-@pytest.fixture(scope="session")
-def engine_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "engine-cache"  # shared with the engine tests
 
 
 @pytest.fixture(scope="module")
 def stack(engine_cache, tmp_path_factory):
     engine = Daemon(engine_cache, "--max-context", "2048", "--threads", "2").start()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    state = tmp_path_factory.mktemp("proxy-state")
-    proxy = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port),
-                              "--upstream", "unix://" + engine.sock, "--ledger", str(state / "ledger.sqlite")],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert proxy.poll() is None and time.monotonic() < deadline, proxy.stderr.read()
-            time.sleep(0.1)
-    yield engine, port
-    proxy.terminate()
-    proxy.wait(15)
+    with proxy_in_front(engine, tmp_path_factory.mktemp("proxy-state")) as port:
+        yield engine, port
     engine.stop()
     shutil.rmtree(engine.dir, ignore_errors=True)
 

@@ -17,11 +17,6 @@ from tests.support.engine import get, short_tmpdir
 RUN_PY = pathlib.Path(__file__).resolve().parents[2] / "tools" / "run.py"
 
 
-@pytest.fixture(scope="session")
-def engine_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "engine-cache"  # shared with the engine tests
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

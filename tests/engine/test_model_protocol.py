@@ -5,9 +5,9 @@ import inspect
 import pathlib
 
 import pytest
-import torch
 
 from engined.models.protocol import Cache, Model
+from tests.support.batching import decode_together_and_alone
 from tests.support.engine import ScriptedModel
 
 ENGINED = pathlib.Path(__file__).resolve().parents[2] / "engined"
@@ -42,21 +42,8 @@ def test_decode_batch_rows_equal_lone_forwards_on_kimi(kimi):
     a lone forward per sequence at different positions, step after step: the same greedy
     tokens, logits within 1e-5 of their scale (fp32 on the CPU)."""
     prompts = [[3, 5, 7], [11, 2], [9, 9, 9, 4], [8]]
-    together, alone = [kimi.new_cache(16) for _ in prompts], [kimi.new_cache(16) for _ in prompts]
-    tokens = []
-    for ids, a, b in zip(prompts, together, alone):
-        tokens.append(int(kimi.forward(torch.tensor(ids), a, 0).argmax()))
-        kimi.forward(torch.tensor(ids), b, 0)
-    positions = [len(p) for p in prompts]
-    for _ in range(3):
-        batched = kimi.decode_batch(torch.tensor(tokens), together, positions)  # [4, V]
-        for i, cache in enumerate(alone):
-            lone = kimi.forward(torch.tensor(tokens[i:i + 1]), cache, positions[i])[0]
-            assert (batched[i] - lone).abs().max() <= 1e-5 * lone.abs().max()
-            assert int(batched[i].argmax()) == int(lone.argmax())
-        tokens = [int(row.argmax()) for row in batched]
-        positions = [p + 1 for p in positions]
-    assert [c.num_tokens for c in together] == positions
+    together, _ = decode_together_and_alone(kimi, prompts, capacity=16, steps=3)
+    assert [c.num_tokens for c in together] == [len(p) + 3 for p in prompts]
 
 
 def test_the_engine_never_probes_the_model():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engined.models.latent_pool import BLOCK, LatentPool
+from tests.support.batching import decode_together_and_alone
 
 
 def test_a_cache_holds_the_blocks_of_its_max_tokens_until_released(kimi):
@@ -71,20 +72,7 @@ def test_batched_decode_across_block_edges_equals_lone_forwards(kimi):
     """Rows whose next position is the last of a block, the first of the next, and deep in a
     third, decoded together through paged_mla_decode, against the prefill path's gather."""
     prompts = [list(range(1, BLOCK)), list(range(2, BLOCK + 2)), list(range(3, 2 * BLOCK + 6)), [5]]
-    together = [kimi.new_cache(3 * BLOCK) for _ in prompts]
-    alone = [kimi.new_cache(3 * BLOCK) for _ in prompts]
-    tokens = []
-    for ids, a, b in zip(prompts, together, alone):
-        tokens.append(int(kimi.forward(torch.tensor(ids), a, 0).argmax()))
-        kimi.forward(torch.tensor(ids), b, 0)
-    positions = [len(p) for p in prompts]
-    for _ in range(3):
-        batched = kimi.decode_batch(torch.tensor(tokens), together, positions)  # [4, V]
-        for i, cache in enumerate(alone):
-            lone = kimi.forward(torch.tensor(tokens[i:i + 1]), cache, positions[i])[0]
-            assert (batched[i] - lone).abs().max() <= 1e-5 * lone.abs().max()
-        tokens = [int(row.argmax()) for row in batched]
-        positions = [p + 1 for p in positions]
+    together, alone = decode_together_and_alone(kimi, prompts, capacity=3 * BLOCK, same_argmax=False)
     for a, b in zip(together, alone):
         for i, rows in a.read_rows(0, a.num_tokens).items():
             torch.testing.assert_close(rows, b.read_rows(0, b.num_tokens)[i], atol=1e-6, rtol=1e-5)
