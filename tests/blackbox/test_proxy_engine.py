@@ -6,7 +6,8 @@ import anthropic
 import openai
 import pytest
 
-from tests.support.engine import Daemon, proxy_in_front
+from tests.support.engine import Daemon
+from tests.support.stack import proxy_in_front
 
 # Not "Which city is the capital of France?": with the prompt run through W4A8 (int8 activations
 # per 32, as llama.cpp quantizes them), greedy, the 135M model answers it "Le Grand Château,

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.support.engine import Daemon, metric, proxy_in_front
+from tests.support.engine import Daemon, metric
+from tests.support.stack import proxy_in_front
 
 QUESTION = [{"role": "user", "content": "Which city is the capital of France?"}]
 

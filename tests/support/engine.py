@@ -2,7 +2,6 @@
 
 Every call has a timeout; nothing leaves the machine.
 """
-import contextlib
 import http.client
 import json
 import os
@@ -15,7 +14,6 @@ import tempfile
 import time
 
 BIN = pathlib.Path(sys.executable).parent
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
 
 
@@ -168,32 +166,6 @@ def stop_process(proc: subprocess.Popen, timeout: float = 60) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait(10)
-
-
-@contextlib.contextmanager
-def proxy_in_front(engine: "Daemon", state_dir: pathlib.Path):
-    """The real kimi-proxy (`python -m proxy serve`, its ledger in state_dir) on a free
-    loopback port in front of a started engine: yields the port once it accepts connections,
-    and stops the proxy after (the engine is the caller's)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proxy = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port),
-                              "--upstream", "unix://" + engine.sock,
-                              "--ledger", str(state_dir / "ledger.sqlite")],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proxy.poll() is None and time.monotonic() < deadline, proxy.stderr.read()
-                time.sleep(0.1)
-        yield port
-    finally:
-        stop_process(proxy, 15)
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300
