@@ -42,15 +42,6 @@ def chat(text):
     return text[1]
 
 
-@pytest.fixture(scope="module")
-def reference(default_gguf, tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf")))
-        return transformers.AutoTokenizer.from_pretrained(str(default_gguf.parent), gguf_file=default_gguf.name)
-
-
 def test_template_is_the_ggufs(chat, reference):
     assert chat.source == reference.chat_template and not chat.supports_tools
 
