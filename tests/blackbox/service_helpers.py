@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from tests.support.engine import stop_process
+from tests.support.engine import Stoppable
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
@@ -112,7 +112,7 @@ class Notifications:
         self.sock.close()
 
 
-class Service:
+class Service(Stoppable):
     """One daemon started from its unit's ExecStart line."""
 
     def __init__(self, root: ServiceRoot, unit: str, health):
@@ -147,16 +147,8 @@ class Service:
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
 
-    def signal(self, signum: int):
-        self.proc.send_signal(signum)
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc is None:
-            return 0
-        try:
-            return stop_process(self.proc, timeout)
-        finally:
-            self.notify.close()
+    def _close(self):
+        self.notify.close()
 
 
 def http_health(port: int) -> int:

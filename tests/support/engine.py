@@ -107,7 +107,27 @@ def short_tmpdir() -> pathlib.Path:
     return pathlib.Path(tempfile.mkdtemp(prefix="kimi-t-", dir="/tmp"))
 
 
-class Daemon:
+class Stoppable:
+    """signal() and stop() for a helper that starts `proc` (None until then); the subclass's
+    _close() releases what it opened once the process is gone."""
+    proc: subprocess.Popen | None = None
+
+    def signal(self, signum: int):
+        self.proc.send_signal(signum)
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc is None:
+            return 0
+        try:
+            return stop_process(self.proc, timeout)
+        finally:
+            self._close()
+
+    def _close(self):
+        pass
+
+
+class Daemon(Stoppable):
     """A real `kimi-engine serve` subprocess on a temporary socket."""
 
     def __init__(self, cache_dir: pathlib.Path, *args: str, env: dict | None = None,
@@ -145,16 +165,8 @@ class Daemon:
     def stderr(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def signal(self, signum: int):
-        self.proc.send_signal(signum)
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc is None:
-            return 0
-        try:
-            return stop_process(self.proc, timeout)
-        finally:
-            self._stderr.close()
+    def _close(self):
+        self._stderr.close()
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 60) -> int:
