@@ -38,17 +38,23 @@ def conversation(tokenizer, lengths: tuple[int, ...]) -> list[list[int]]:
     return [ids[:n] for n in lengths]
 
 
+def greedy_turns(engine, prompts: list[list[int]]) -> tuple[list[list[int]], list[float]]:
+    """Each prompt's greedy tokens in turn, and the prefix-cache hit tokens each turn added."""
+    got, hits = [], []
+    for prompt in prompts:
+        before = engine.value(HIT)
+        got.append(engine.greedy(prompt, NEW))
+        hits.append(engine.value(HIT) - before)
+    return got, hits
+
+
 def test_llama_turns_hit_the_cache_and_match_cold_output(llama):
     prompts = conversation(llama.tokenizer, (150, 230, 300))
     with RunningEngine(llama.model, prefix_cache_bytes=0, prefill_chunk=128) as cold:
         want = [cold.greedy(p, NEW) for p in prompts]
         assert cold.value(HIT) == 0
     with RunningEngine(llama.model, prefill_chunk=128) as warm:
-        got, hits = [], []
-        for prompt in prompts:
-            before = warm.value(HIT)
-            got.append(warm.greedy(prompt, NEW))
-            hits.append(warm.value(HIT) - before)
+        got, hits = greedy_turns(warm, prompts)
         assert got == want
         # turn N resumes at the last whole chunk that turn N-1 completed (128: neither 150
         # nor 230 completes the chunk at 256)
@@ -85,11 +91,7 @@ def test_kimi_turns_restore_snapshots_and_match_cold_output(kimi):
                        prefill_chunk=64) as cold:
         want = [cold.greedy(p, NEW) for p in prompts]
     with RunningEngine(kimi.model, max_context=512, prefill_chunk=64) as warm:
-        got, hits = [], []
-        for prompt in prompts:
-            before = warm.value(HIT)
-            got.append(warm.greedy(prompt, NEW))
-            hits.append(warm.value(HIT) - before)
+        got, hits = greedy_turns(warm, prompts)
     assert got == want
     # turn 1's snapshot at 128 is restored twice (reference §8 pitfall 2: restores must not
     # mutate it); the repeated turn 2 resumes at its snapshot at 256
