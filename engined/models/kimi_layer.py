@@ -15,7 +15,8 @@ from engined.ops import registry
 
 
 class DecoderLayer:
-    """Attribute names follow the checkpoint (self_attn, mlp | block_sparse_moe)."""
+    """Attribute names follow the checkpoint (self_attn, mlp | block_sparse_moe); `moe` says
+    which, for code that is not loading weights by name (None: a dense layer)."""
 
     def __init__(self, cfg: KimiLinearConfig, i: int, dtype, device, int4: dict[str, int],
                  host_experts: HostExperts | None = None):
@@ -28,8 +29,9 @@ class DecoderLayer:
             MLA(d, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim,
                 cfg.qk_rope_head_dim, cfg.v_head_dim, dtype, device, attn) if self.is_mla else
             KDA(d, cfg.kda_num_heads, cfg.kda_head_dim, cfg.conv_kernel_size, eps, dtype, device, attn))
+        self.moe: MoE | None = None  # the routed FFN where this layer has one (else a dense mlp)
         if cfg.is_moe(i):
-            self.block_sparse_moe = self.ffn = MoE(
+            self.block_sparse_moe = self.ffn = self.moe = MoE(
                 d, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_token,
                 cfg.num_shared_experts, cfg.moe_renormalize, cfg.routed_scaling_factor,
                 dtype, device, scope(int4, "block_sparse_moe"), host_experts)

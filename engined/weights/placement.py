@@ -79,7 +79,7 @@ def model_parts(model) -> ModelParts:
     remains of model.weight_bytes once the experts are taken out, so the parts add up exactly."""
     shared, routed, int4, num_experts = 0, [], True, 0
     for i, layer in enumerate(model.layers):
-        moe = getattr(layer, "block_sparse_moe", None)
+        moe = layer.moe
         if moe is None:
             continue
         routed.append((i, moe.w1.nbytes + moe.w3.nbytes + moe.w2.nbytes))

@@ -55,22 +55,29 @@ def test_the_engine_never_probes_the_model():
 
 
 def names_a_model(node: ast.expr) -> bool:
-    """`model`, `self.model`, `loaded.model`, `kimi_model`: an expression naming a model."""
+    """`model`, `self.model`, `loaded.model`, `kimi_model`, `layer`, `self.layers[i]`: an
+    expression naming a model or one of its layers."""
+    if isinstance(node, ast.Subscript):
+        node = node.value
     name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
-    return "model" in name.lower()
+    return "model" in name.lower() or "layer" in name.lower()
 
 
 def model_probes(source: str) -> list[int]:
-    """Lines of hasattr/getattr calls whose object names a model."""
+    """Lines of hasattr calls, and getattr calls with a default, whose object names a model or
+    a layer: what asks whether it has something. getattr(layer, name) without a default reads
+    an attribute that must be there (weights by their checkpoint names)."""
     return [node.lineno for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id in ("hasattr", "getattr") and node.args and names_a_model(node.args[0])]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args
+            and (node.func.id == "hasattr" or node.func.id == "getattr" and len(node.args) == 3)
+            and names_a_model(node.args[0])]
 
 
 def test_the_scan_finds_a_model_probe():
     source = ("x = getattr(model, 'decode_gemv', None)\nhasattr(self.model, 'graph_step')\n"
-              "getattr(layer, 'block_sparse_moe', None)\n")
-    assert model_probes(source) == [1, 2]
+              "getattr(layer, 'block_sparse_moe', None)\ngetattr(layer, name)\n"
+              "hasattr(self.layers[i], 'moe')\ngetattr(config, 'rope', None)\n")
+    assert model_probes(source) == [1, 2, 3, 5]
 
 
 def test_nothing_in_engined_probes_a_model():
