@@ -94,6 +94,12 @@ class ChatFormat:
         self.stop_token_ids = frozenset(i for i in ends if i is not None and i in tokenizer.special_ids | {tokenizer.eos_id})
         self.stop_strings = tuple(tokenizer.id_to_token(i) for i in sorted(self.stop_token_ids))
 
+    def output_parser(self, tools_enabled: bool, in_reasoning: bool = False):
+        """The streaming parser for this format's output: hermes <tool_call> and <think>
+        (engined/chat/output.py)."""
+        from engined.chat.output import OutputParser
+        return OutputParser(tools_enabled, in_reasoning)
+
     def tool_grammar(self, tools: list[dict], forced: str, is_parallel: bool):
         """The grammar of this format's tool calls (hermes <tool_call>, which output.py
         reads) -> (Lark source, lazy trigger or None); forced as messages.forced_tool."""

@@ -12,7 +12,7 @@ from engined.serving import parse as api
 from engined.serving import structured
 from engined.chat.errors import PromptTooLong
 from engined.chat.messages import forced_tool, normalize_tools
-from engined.chat.output import ContentDelta, OutputParser
+from engined.chat.output import ContentDelta
 from engined.errors import ContextLengthExceeded, EngineError, InvalidRequest, QueueTimeout
 from engined.serving.bodies import (DONE, LogprobFormat, Shaper, chat_finish_reason, chat_message,
                                delta_dict, merge_deltas, sse, usage)
@@ -151,11 +151,9 @@ def send_events(seq: Sequence, ex, text: str, last: bool = False):
 
 # -- POST /v1/chat/completions -------------------------------------------------------------
 def new_output_parser(chat, is_tools: bool, prompt: str):
-    """The chat format's own parser (e.g. Kimi K2's tool-call tokens), else the hermes one.
-    A generation prompt that opens <think> makes the output start as reasoning."""
-    in_reasoning = prompt.rstrip().endswith("<think>")
-    make = getattr(chat, "output_parser", None) or OutputParser
-    return make(is_tools, in_reasoning)
+    """The chat format's parser (Kimi K2's tool-call tokens, or the Jinja formats' hermes
+    one). A generation prompt that opens <think> makes the output start as reasoning."""
+    return chat.output_parser(is_tools, prompt.rstrip().endswith("<think>"))
 
 
 def chat_completions(served: Served, ex):

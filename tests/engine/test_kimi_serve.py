@@ -66,15 +66,12 @@ K2_CALL = ('<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather
 
 
 @pytest.fixture()
-def scripted_kimi(served, monkeypatch):
-    """The Kimi tokenizer and chat format around a scripted model. The server still builds the
-    hermes OutputParser itself; until it asks the chat format (`chat.output_parser`), this test
-    substitutes the K2 parser at that one point."""
+def scripted_kimi(served):
+    """The Kimi tokenizer and chat format around a scripted model: the server parses the
+    output with the chat format's own parser (`chat.output_parser`, K2's markers)."""
     from tests.support.engine import ScriptedModel
 
-    import engined.serving.generate
     _, loaded = served
-    monkeypatch.setattr(engined.serving.generate, "OutputParser", loaded.chat.output_parser)
     model = ScriptedModel(loaded.tokenizer.vocab_size)
     model.script = loaded.tokenizer.encode(K2_CALL) + [loaded.tokenizer.token_to_id("<|im_end|>")]
     with InProcessEngine(model, loaded.tokenizer, loaded.chat) as engine:

@@ -18,15 +18,16 @@ def test_held_back_text_is_released_when_it_is_not_a_stop():
     assert matcher.flush() == "</en"
 
 
-def test_a_prompt_that_opens_think_starts_the_output_as_reasoning():
-    from engined.chat.output import ContentDelta, ReasoningDelta
+def test_a_prompt_that_opens_think_starts_the_output_as_reasoning(default_gguf, kimi_cache):
+    from engined.chat import load_text
+    from engined.chat.output import ContentDelta, OutputParser, ReasoningDelta
     from engined.serving.generate import new_output_parser
 
-    class PlainChat:  # a chat format without its own parser: the hermes one is used
-        pass
+    _, chat = load_text(default_gguf)  # the GGUF's Jinja format: the hermes parser
+    assert type(new_output_parser(chat, False, "")) is OutputParser
 
     def split(prompt):
-        parser = new_output_parser(PlainChat(), False, prompt)
+        parser = new_output_parser(chat, False, prompt)
         deltas = parser.feed("Let me see.</think>Paris.") + parser.finish()
         return ("".join(d.text for d in deltas if isinstance(d, ReasoningDelta)),
                 "".join(d.text for d in deltas if isinstance(d, ContentDelta)))
