@@ -34,8 +34,7 @@ class Services:
     def served_info(self) -> dict:
         """The upstream's model id and context: asked once, or again 30 s after it gave none."""
         if "id" not in self._served and time.monotonic() >= self._next_ask:
-            ask = getattr(self.upstream, "served_info", None)
-            self._served = ask() if ask else {}
+            self._served = self.upstream.served_info()
             self._next_ask = time.monotonic() + 30.0
         return self._served
 
@@ -46,7 +45,7 @@ class Services:
         """Lower max_tokens to the context left after the prompt; a prompt that cannot fit is
         refused here (proxy.upstream.context). Agents ask for 32k completion tokens whatever
         the model; an upstream with an 8k context would refuse the request outright."""
-        context = self.served_info().get("max_model_len") or getattr(self.upstream, "max_model_len", None)
+        context = self.served_info().get("max_model_len") or self.upstream.max_model_len
         return fit(self.upstream, payload, body_bytes, context)
 
     def init_app(self, app) -> None:

@@ -68,6 +68,11 @@ class _ReplayUpstream:
     def tokenize(self, messages, tools, model):
         return None
 
+    max_model_len = None  # no live server: no context known, no model name asked
+
+    def served_info(self) -> dict:
+        return {}
+
     def health(self):
         return True, "replay"
 

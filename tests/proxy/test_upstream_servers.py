@@ -34,6 +34,10 @@ class Server:
     """A scripted OpenAI-compatible server answering as `name` documents (stream or JSON)."""
 
     url = "scripted://k3"
+    max_model_len = None  # it answers no GET /v1/models
+
+    def served_info(self) -> dict:
+        return {}
 
     def __init__(self, name: str, text: str = "", calls: bool = True, stop: str | None = None):
         self.keys, self.stop_key = SERVERS[name]

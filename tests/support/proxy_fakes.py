@@ -244,7 +244,14 @@ def _handler_for(fake: FakeUpstream):
 
 
 class InProcessClient:
-    """Duck-types proxy.upstream.client.Upstream without any socket."""
+    """Duck-types proxy.upstream.client.Upstream without any socket. It answers no GET
+    /v1/models (served_info {}, no max_model_len), so requests keep the client's model name;
+    FakeUpstream.serve's socket server answers it."""
+
+    max_model_len = None
+
+    def served_info(self) -> dict:
+        return {}
 
     def __init__(self, fake: FakeUpstream):
         self.fake = fake
