@@ -74,13 +74,14 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
                float *out, int nthreads);
 int tiles_simd(void);
 /* Whether tiles_w4a8 runs KH_AMX_MIN_ROWS or more rows of x on Intel AMX (kimi_tiles_amx.c:
- * the same bits): AMX-INT8 on the CPU, lent by Linux, tiles_simd at 3 and the switch on. mode
- * 1 or 0 sets the switch (on by default), -1 only asks. Below 7 rows AVX-512 VNNI is as fast
- * or faster (a tile's loads and stores cost more than the rows' vpdpbusd; 2-core Xeon,
- * SmolLM2's layers: 5 rows 6.4 against 6.8 ms a step, 8 rows 8.6 against 8.4). */
+ * the same bits), and tiles_q8 KH_Q8_AMX_MIN_ROWS or more: AMX-INT8 on the CPU, lent by
+ * Linux, tiles_simd at 3 and the switch on. mode 1 or 0 sets the switch (on by default), -1
+ * only asks. Below 7 rows AVX-512 VNNI is as fast or faster for the projections (a tile's
+ * loads and stores cost more than the rows' vpdpbusd; 2-core Xeon, SmolLM2's layers: 5 rows
+ * 6.4 against 6.8 ms a step, 8 rows 8.6 against 8.4). */
 #define KH_AMX_MIN_ROWS 7
 int tiles_amx(int mode);
-int64_t tiles_amx_calls(void); /* tiles_w4a8 calls that ran AMX, since the process started */
+int64_t tiles_amx_calls(void); /* tiles_w4a8 and tiles_q8 calls that ran AMX, since start */
 /* The Q8_0 head in tiles (kimi_q8_tiles.c): as gemv_q8, any rows >= 1, with q [n/16, k/4, 16,
  * 4] int8 (byte i of row j, chunk c: the weight of input 4c + i) and scales [n/16, k/32, 16];
  * n % 16 == 0, k % 32 == 0. Per output: acc = fma(dot_b, s_b * d_b, acc) over the blocks in
@@ -89,7 +90,8 @@ int64_t tiles_amx_calls(void); /* tiles_w4a8 calls that ran AMX, since the proce
 int64_t tiles_q8_work_floats(int64_t rows, int64_t k);
 int tiles_q8(const float *x, int64_t rows, const int8_t *tq, const uint16_t *ts, int64_t n,
              int64_t k, float *work, float *out, int nthreads);
-/* tiles_q8 runs calls of this many rows or more on AMX where tiles_w4a8 would (tiles_amx). */
+/* tiles_q8 runs calls of this many rows or more on AMX where tiles_w4a8 would (tiles_amx):
+ * no nibbles to unpack, so it pays from fewer rows than KH_AMX_MIN_ROWS. */
 #define KH_Q8_AMX_MIN_ROWS 6
 
 /* Q8_0 GEMV, the tied LM head as the GGUF ships it: out[r, i] = sum_k xq[r, k] * d[r, k/32]

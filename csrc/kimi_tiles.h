@@ -34,8 +34,8 @@ typedef void (*KhTileKernel)(const void *w, int64_t t0, int64_t nt, const KhQ8 *
 /* The tile kernels' one driver (kimi_tiles.c): x [rows, k] quantized in natural order into
  * work (groups of `group` for gsum; the block sums after, at kh_tiles_work_floats's end),
  * then `kernel` over the n / 16 tiles on the pool, X_CHUNK rows of x at a time, `mr_max`
- * rows a call (4; AVX-512 VNNI up to 8 in a call of at most 8 rows; AMX 16). block_sums: the kernel reads xsum (else it gets
- * NULL, and no decode step pays for the sums). */
+ * rows a call (4; AVX-512 VNNI up to 8 in a call of at most 8 rows; AMX 16). block_sums:
+ * the kernel reads xsum (else it gets NULL, and no decode step pays for the sums). */
 int64_t kh_tiles_work_floats(int64_t rows, int64_t k, int64_t group);
 void kh_tiles_run(const void *w, KhTileKernel kernel, int mr_max, int64_t n, int64_t k,
                   int64_t group, int block_sums, const float *x, int64_t rows, float *work,

@@ -1,11 +1,12 @@
 /* The W4A8 tile kernel (kimi_tiles.h) on Intel AMX, up to 16 rows of x at once, for calls of
  * KH_AMX_MIN_ROWS rows or more (tiles_w4a8): long verify steps and prefill; and the Q8_0
- * head's (tiles_q8, from KH_Q8_AMX_MIN_ROWS rows), whose B tiles are its codes as they lie. One TDPBSUD takes
- * a block of 32 inputs of up to 16 x rows (signed codes, tile A, read in place from x's codes)
- * against the same 32 inputs of one tile's 16 output rows (unsigned nibbles, tile B): 16 x 16
- * exact int32 dots, where AVX-512 VNNI spends 8 vpdpbusd per x row. The float steps then run per x row on those dots exactly
- * as kimi_tiles_simd.c's do (a cvt, s * d, an FMA per block; m * gsum per group), so every
- * output has tiles_c's bits and a row's result does not depend on its batch.
+ * head's (tiles_q8, from KH_Q8_AMX_MIN_ROWS rows), whose B tiles are its codes as they lie.
+ * One TDPBSUD takes a block of 32 inputs of up to 16 x rows (signed codes, tile A, read in
+ * place from x's codes) against the same 32 inputs of one tile's 16 output rows (unsigned
+ * nibbles, tile B): 16 x 16 exact int32 dots, where AVX-512 VNNI spends 8 vpdpbusd per x row.
+ * The float steps then run per x row on those dots exactly as kimi_tiles_simd.c's do (a cvt,
+ * s * d, an FMA per block; m * gsum per group), so every output has tiles_c's bits and a
+ * row's result does not depend on its batch.
  *
  * B for one block is built in a 512-byte buffer: chunk c of the block (8 inputs, 64 bytes,
  * 4 per output row) gives B's row 2c (its low nibbles: inputs 8c..8c+3 of the 16 rows, the
@@ -87,6 +88,20 @@ static AMX_TARGET inline __attribute__((always_inline)) void unpack_block(const 
     }
 }
 
+/* acc[r] = fma(float(dot_r), s * d_r, acc[r]) for block bi of rows r0..r0+MR-1: the float
+ * step both kernels share (their dots [MR][16] from the tiles, s the block's 16 scales). */
+static AMX_TARGET inline __attribute__((always_inline)) void scale_dots(
+    __m512 s, const KhQ8 *x, int64_t r0, const int MR, int64_t nb, int64_t bi,
+    int32_t dots[16][16], __m512 *acc)
+{
+    int r;
+    for (r = 0; r < MR; r++) {
+        __m512 d = _mm512_set1_ps(x->d[(r0 + r) * nb + bi]);
+        __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)dots[r]));
+        acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s, d), acc[r]);
+    }
+}
+
 /* The float steps of block bi (its dots [MR][16] from the tiles) into acc, in tiles_c's order:
  * a group's scales at its first block, its mins after its last. */
 static AMX_TARGET inline __attribute__((always_inline)) void scale_block(
@@ -102,11 +117,7 @@ static AMX_TARGET inline __attribute__((always_inline)) void scale_block(
         *m = w->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + at)))
                   : _mm512_mul_ps(*s, _mm512_set1_ps(-8.0f));
     }
-    for (r = 0; r < MR; r++) {
-        __m512 d = _mm512_set1_ps(x->d[(r0 + r) * nb + bi]);
-        __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)dots[r]));
-        acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(*s, d), acc[r]);
-    }
+    scale_dots(*s, x, r0, MR, nb, bi, dots, acc);
     if (bi % per_group == per_group - 1)
         for (r = 0; r < MR; r++)
             acc[r] = _mm512_fmadd_ps(*m, _mm512_set1_ps(x->gsum[(r0 + r) * groups + g]), acc[r]);
@@ -118,13 +129,9 @@ static AMX_TARGET inline __attribute__((always_inline)) void scale_q8_block(
     int32_t dots[16][16], __m512 *acc)
 {
     const int64_t nb = w->k / KH_Q8_BLOCK;
-    __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->s + (t * nb + bi) * KH_TILE)));
-    int r;
-    for (r = 0; r < MR; r++) {
-        __m512 d = _mm512_set1_ps(x->d[(r0 + r) * nb + bi]);
-        __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)dots[r]));
-        acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s, d), acc[r]);
-    }
+    const uint16_t *s = w->s + (t * nb + bi) * KH_TILE;
+    scale_dots(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s)), x, r0, MR, nb, bi, dots,
+               acc);
 }
 
 /* One tile, MR rows: blocks in pairs, a pair's B unpacked one pair ahead and its dots scaled
@@ -197,8 +204,10 @@ static AMX_TARGET inline __attribute__((always_inline)) void body_q8_amx(
         }
         _tile_stored(TC0, dots[b % 4], 64);
         if (two) _tile_stored(TC1, dots[(b + 1) % 4], 64);
-        if (b >= 2) /* the pair before */
-            for (int64_t bi = b - 2; bi < b; bi++) scale_q8_block(w, t, x, r0, MR, bi, dots[bi % 4], acc);
+        if (b >= 2) { /* the pair before */
+            scale_q8_block(w, t, x, r0, MR, b - 2, dots[(b - 2) % 4], acc);
+            scale_q8_block(w, t, x, r0, MR, b - 1, dots[(b - 1) % 4], acc);
+        }
     }
     for (b = (nb - 1) / 2 * 2; b < nb; b++)
         scale_q8_block(w, t, x, r0, MR, b, dots[b % 4], acc);

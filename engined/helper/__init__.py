@@ -29,7 +29,7 @@ the package (`from engined import helper`); its modules, re-exported here, are:
   dequantizing).
 - system.py: the SIMD caps (`gemv_simd`; `w4a8_simd` for the integer-dot kernels; `moe_int16`
   says where moe_grouped's W4A16 dots are integer ones; `tiles_amx` whether tiles_w4a8 runs
-  7+ rows on Intel AMX), `read_probe`, `pool_stats`, and
+  7+ rows, and tiles_q8 6+, on Intel AMX), `read_probe`, `pool_stats`, and
   memcap_*: the process-wide reservation budget. What the kernel will grant (cgroup limit,
   RSS) is engine/memory.py's.
 
