@@ -144,9 +144,10 @@ class KimiLinearModel:
         """Once the weights are loaded: every INT4 linear and expert bank on the model's device
         gets its codes in the GPU kernels' order, in place (int4_format.gpu_order); experts kept
         in RAM for the C helper keep the disk's order. A view (q_proj, rows of qkv) is marked,
-        its base permuted."""
+        its base permuted. By the device's kind: a CUDA tensor says cuda:0, the model was
+        given "cuda", and torch.device("cuda:0") != torch.device("cuda")."""
         for part in int4_parts(self):
-            if part.qweight.device != self.device:
+            if part.qweight.device.type != self.device.type:
                 continue
             if isinstance(part, Linear):
                 part.to_gpu_order_(permute=part.qweight._base is None)

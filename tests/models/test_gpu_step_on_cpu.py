@@ -8,7 +8,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from engined.models.kimi_linear import KimiLinearModel  # noqa: E402
+from engined.models.kimi_linear import KimiLinearModel, int4_parts  # noqa: E402
 from engined.models.kimi_linear_config import parse_config  # noqa: E402
 from engined.ops import registry  # noqa: E402
 from engined.weights import synthetic  # noqa: E402
@@ -75,6 +75,21 @@ def test_the_gpu_step_reads_the_codes_repacked_for_it(monkeypatch):
         got_tokens, got_logits = greedy(repacked, gpu_step=True)
     assert got_tokens == want_tokens
     torch.testing.assert_close(got_logits, want_logits, atol=2e-4, rtol=1e-4)
+
+
+def test_a_device_named_without_its_index_still_repacks_every_int4_part():
+    """A model made for "cuda" holds tensors that say cuda:0, and torch.device("cuda:0") !=
+    torch.device("cuda"): compared that way, to_gpu_order_ skipped every part on the GPU (the
+    kernels then read the disk's order). The same mismatch on the CPU: a model made for
+    "cpu:0", whose tensors say cpu."""
+    config = parse_config(synthetic.CONFIGS["tiny"])
+    model = KimiLinearModel(config, torch.float32, "cpu:0", synthetic.selective_int4(config),
+                            torch.bfloat16)
+    synthetic.fill_random(model, seed=3)
+    parts = int4_parts(model)
+    assert parts and all(p.qweight.device != model.device for p in parts)
+    model.to_gpu_order_()
+    assert [p for p in parts if not p.packed.gpu_order] == []
 
 
 @pytest.mark.skipif(interpreter_ready(), reason="the tests above ran in this process")
