@@ -21,6 +21,9 @@ runs):
 - verify: what Kimi-Linear's speculative verify costs, k = 1, 2, 4, 8 drafts as k + 1 rows of
   one eager step, all accepted and all rejected, against the eager one-row step
   (bench/kimi_verify.py), the served step's ms beside them.
+The phases' short prompts go through KDA's reference prefill (PREFILL): fla-core's chunk_kda,
+CUDA's default, autotunes its kernels on first call, dozens of compiles that a 120-s section
+cannot spare, and it is the prefill section's to measure; a decode step never calls it.
 """
 import argparse
 import functools
@@ -38,7 +41,9 @@ import kimi_verify  # noqa: E402
 from common import copy_bandwidth, device_name, record_line  # noqa: E402
 
 from engined.commands import bench as synthetic_bench  # noqa: E402
+from engined.ops import registry  # noqa: E402
 
+PREFILL = ("kda_prefill", "reference")  # the variant the phases' prompts prefill with
 TOP = 15
 WALL_STEPS = 10
 COPIES = ("Memcpy", "Memset")
@@ -267,7 +272,7 @@ def main(argv=None) -> int:
         (key, functools.partial(measure_profile, args, result, state, key))
         for key in ("profile_graph", "profile_eager")] + [
         ("verify", lambda: measure_verify(args, result, state))]
-    with torch.inference_mode():
+    with torch.inference_mode(), registry.using(*PREFILL):
         for name, phase in phases:
             if name in ("profile_graph", "profile_eager", "verify") and "runner" not in state:
                 break

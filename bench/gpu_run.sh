@@ -20,7 +20,8 @@
 #   quick    120 s  the environment (nvidia-smi, torch, CUDA and triton versions), then
 #                   bench/gpu_quick.py: synthetic:kimi-linear-48b INT4, batch-1 decode in
 #                   process under the engine's CUDA graph runner (3 runs of 32 tokens, vs the
-#                   roofline; this is the INT4 decode line of the run's record), then one
+#                   roofline; this is the INT4 decode line of the run's record; the short
+#                   prompts prefill through KDA's reference, not fla's autotuned kernels), then one
 #                   decode step under torch.profiler, as a graph replay and as an eager
 #                   model.decode_rows: kernels per step, GPU-busy vs wall ms, the top 15
 #                   kernels. quick.json and quick.txt are written as each phase ends.

@@ -226,6 +226,21 @@ def test_served_decode_rate_counts_the_window_where_every_stream_decodes(monkeyp
     assert serve_streams.steady_rate([ticks(0, 2), ticks(5, 7)]) == 4 / 7
 
 
+def test_gpu_quick_decodes_without_the_fla_prefill_kernel(monkeypatch, tmp_path):
+    """quick's prompts prefill through KDA's reference, whatever the device's default: on a
+    GPU that is fla-core's chunk_kda, which autotunes on first call (the prefill section
+    measures it). Here the environment asks for fla, which refuses the CPU: the decode still
+    runs."""
+    gpu_quick = bench_module("gpu_quick", monkeypatch)
+    monkeypatch.setenv("KIMI_KERNELS", "kda_prefill=fla")
+    for phase in ("measure_profile", "measure_verify"):  # the decode is what is asked
+        monkeypatch.setattr(gpu_quick, phase, lambda *args: [])
+    assert gpu_quick.main(["--dry-run", "--out", str(tmp_path), "--runs", "1",
+                           "--new-tokens", "2"]) == 0
+    quick = json.loads((tmp_path / "quick.json").read_text())
+    assert quick["errors"] == {} and quick["decode"]["tok_s"] > 0
+
+
 def test_gpu_quick_counts_kernels_and_merges_their_intervals(monkeypatch):
     gpu_quick = bench_module("gpu_quick", monkeypatch)
     spans = [("gemv", 0.0, 10.0), ("kda", 5.0, 15.0), ("Memcpy HtoD (Pageable -> Device)", 20.0, 22.0),
