@@ -187,12 +187,16 @@ def _sum(routed: torch.Tensor, cached_out, shared_out, dtype) -> torch.Tensor:
 
 
 def _registered(t: torch.Tensor) -> torch.Tensor:
-    """t's memory page-locked while t lives."""
+    """t's memory page-locked while it lives: until its storage is freed, not until t's
+    Python object goes. Under inference_mode a view keeps no link to its base tensor, so the
+    rows a graph step takes (HostBuffers.take, views) outlived the base tensors, and a
+    finalizer on those unregistered every row before the capture: copies from pageable
+    memory, which a CUDA graph refuses."""
     cudart = torch.cuda.cudart()
     err = cudart.cudaHostRegister(t.data_ptr(), t.nbytes, 0)
     if int(err) != 0:
         raise RuntimeError(f"cudaHostRegister of {t.nbytes} B failed: CUDA error {int(err)}")
-    weakref.finalize(t, cudart.cudaHostUnregister, t.data_ptr())
+    weakref.finalize(t.untyped_storage(), cudart.cudaHostUnregister, t.data_ptr())
     return t
 
 

@@ -3,10 +3,13 @@ the CPU: the GPU segments eagerly, the CPU experts between them. synthetic:tiny 
 offloaded layers gives the plain model's logits bit for bit, batched and not; the step has a
 segment per offloaded MoE layer plus one; and the runner, believing it is on CUDA, captures
 it piece by piece (graphs faked) and decodes the same tokens."""
+import gc
+
 import pytest
 import torch
 
 from engined.engine import runner
+from engined.layers.moe_offload import HostBuffers
 from engined.models.kimi_piecewise import KimiPiecewiseStep
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 from engined.weights import synthetic
@@ -91,3 +94,34 @@ def test_the_runner_captures_the_pieces_in_order_and_replays_them(monkeypatch):
             logits = run.decode(tokens, caches, [caches[0].num_tokens])
         assert torch.equal(logits, want)
         tokens = logits.argmax(-1).tolist()
+
+
+class FakeCudart:
+    """torch.cuda.cudart() for host registration on a machine without CUDA: what is locked."""
+
+    def __init__(self):
+        self.locked: set[int] = set()
+
+    def cudaHostRegister(self, ptr, size, flags):
+        self.locked.add(ptr)
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        self.locked.discard(ptr)
+        return 0
+
+
+def test_host_rows_stay_page_locked_while_their_memory_lives(monkeypatch):
+    """KimiPiecewiseStep keeps only the rows it takes (views) of a HostBuffers it drops, and is
+    built under inference_mode (the engine's capture): the rows must stay registered until
+    their memory goes, or the graphs copy from pageable memory. It failed on the code before:
+    every row was unregistered as the constructor returned."""
+    cudart = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    with torch.inference_mode():
+        rows = HostBuffers(16, 2, "cuda", for_graphs=True).take(4)
+        gc.collect()
+        assert {t.data_ptr() for t in rows} <= cudart.locked
+        del rows
+        gc.collect()
+        assert not cudart.locked  # nothing stays locked once its memory is freed
