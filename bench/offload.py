@@ -35,8 +35,8 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from common import hardware, record_line  # noqa: E402
-from serve_streams import (decode_rates, decode_steps, prefill_ttft, prompt_tokens,  # noqa: E402
-                           sizes, stream_prompts)
+from serve_streams import (GRAPH_FAILURES, NOT_EXPOSED, decode_rates, decode_steps,  # noqa: E402
+                           prefill_ttft, prompt_tokens, sizes, stream_prompts)
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
 PLACEMENT_RE = re.compile(r"kimi-engine: (placement on .*|  routed experts of (\d+) of (\d+) "
@@ -115,7 +115,8 @@ def offload_counts(metrics: dict[str, float]) -> dict:
     return {"moe_calls": metrics.get(OFFLOAD_CALLS, 0),
             "bytes_to_host": metrics.get(OFFLOAD_BYTES % "to_host", 0),
             "bytes_to_device": metrics.get(OFFLOAD_BYTES % "to_device", 0),
-            "decode_steps": decode_steps(metrics)}
+            "decode_steps": decode_steps(metrics),
+            "graph_capture_failures": metrics.get(GRAPH_FAILURES, NOT_EXPOSED)}
 
 
 def measure_placement(args, name: str, flags: tuple[str, ...], row: dict, save):
@@ -184,6 +185,14 @@ def goals(r: dict) -> dict[str, bool]:
     return verdicts
 
 
+def steps_text(off: dict) -> str:
+    """How the decode steps ran (a piecewise graph, or eager after a capture failed)."""
+    steps = ", ".join(f"{n:.0f} {mode}" for mode, n in off.get("decode_steps", {}).items())
+    failures = off.get("graph_capture_failures", NOT_EXPOSED)
+    failed = f"{failures:.0f}" if isinstance(failures, (int, float)) else failures
+    return f"decode steps {steps or 'not counted'}, graph capture failures {failed}"
+
+
 def summary(r: dict) -> list[str]:
     bw = r.get("ram_read", {})
     lines = [f"offload {r['model']} on {r.get('device_name', r['device'])}, host {r['host']}, "
@@ -198,7 +207,8 @@ def summary(r: dict) -> list[str]:
                          for n, v in row.get("prefill", {}).items())
         part = [f"  --{name.replace('=', ' ')}: experts of {place.get('layers_in_ram', '?')} of "
                 f"{place.get('moe_layers', '?')} MoE layers in RAM; decode {rates or 'not measured'}; "
-                f"{ttft or 'prefill not measured'}; offload calls {off.get('moe_calls', 0):.0f}"]
+                f"{ttft or 'prefill not measured'}; offload calls {off.get('moe_calls', 0):.0f}; "
+                f"{steps_text(off)}"]
         cap, peak = row.get("ram_cap"), row.get("peak_memory")
         if cap:
             reached = f", served batch 1 = {cap['pct']:.0f}% of it" if cap["pct"] is not None else ""

@@ -192,6 +192,17 @@ def test_offload_bench_stops_before_any_engine_without_the_helper(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_offload_summary_says_how_the_steps_ran_and_what_failed_to_capture(monkeypatch):
+    """A piecewise step that failed to capture decodes eagerly, still correct: the summary
+    says so beside the rates, or a run measures eager decode as the hybrid graph's."""
+    offload = bench_module("offload", monkeypatch)
+    row = {"placement": {}, "decode_tok_s": {"1": 9.5}, "offload": {
+        "moe_calls": 12, "decode_steps": {"eager": 40}, "graph_capture_failures": 3}}
+    text = "\n".join(offload.summary({"model": "m", "device": "cuda", "host": "h", "threads": 16,
+                                      "placements": {"cpu-moe": row}}))
+    assert "decode steps 40 eager, graph capture failures 3" in text
+
+
 def test_offload_placements_join_flags_and_judge_the_expert_cache(monkeypatch):
     """bench/offload.py: '+' joins flags of one placement, and a budget measured with and
     without the expert cache is judged against issue 30's 1.25x."""
