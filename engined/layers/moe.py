@@ -96,7 +96,9 @@ class MoE:
         self.top_k, self.renormalize, self.scaling = top_k, renormalize, scaling
         # router [E, D] kept in fp32 (logits are fp32 as in HF/vLLM): no per-step cast of a bf16 copy
         self.gate = torch.empty(num_experts, hidden, dtype=torch.float32, device=device)
-        self.e_score_correction_bias = torch.empty(num_experts, dtype=dtype, device=device)
+        # its bias too (vLLM keeps it fp32): in bf16, a checkpoint's fp32 bias loses the
+        # differences that pick between near-tied experts
+        self.e_score_correction_bias = torch.empty(num_experts, dtype=torch.float32, device=device)
         self.w1 = ExpertBank(num_experts, inner, hidden, dtype, bank_device, int4.get("w1"))
         self.w3 = ExpertBank(num_experts, inner, hidden, dtype, bank_device, int4.get("w3"))
         self.w2 = ExpertBank(num_experts, hidden, inner, dtype, bank_device, int4.get("w2"))

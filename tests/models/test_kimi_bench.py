@@ -27,8 +27,8 @@ def test_bytes_per_token_of_the_real_shape_matches_reference_arithmetic():
     model = KimiLinearModel(cfg, torch.bfloat16, "meta", synthetic_weights.selective_int4(cfg), torch.bfloat16)
     int4_params = 1_656_225_792 + 754_974_720 + 194_510_848 + 63_700_992     # §7.2 INT4 rows
     bf16_params = 377_487_360 + 34_242_560 + 9_289_728                       # lm_head, low-rank, kv_a
-    router = 15_335_424 * 4                                                  # router weights held in fp32
-    small = 983_040 * 2 + 132_864 * 2 + 82_560 * 4 + 6_656 * 2 + 2304 * 2    # convs, norms, A_log/dt_bias, bias, 1 row
+    router = (15_335_424 + 6_656) * 4                                        # router and its bias held in fp32
+    small = 983_040 * 2 + 132_864 * 2 + 82_560 * 4 + 2304 * 2                # convs, norms, A_log/dt_bias, 1 row
     weights = int4_params * 9 // 16 + bf16_params * 2 + router + small       # our INT4: 4 bits + fp16 s per 32
     state = 20 * (32 * 128 * 128 * 4 + 3 * 4096 * 3 * 2)                      # S fp32 + 3 conv taps of q/k/v, bf16
     assert model.state_bytes == state
@@ -40,9 +40,9 @@ def test_full_size_int4_weight_bytes_match_reference_counts():
     cfg = parse_config(synthetic_weights.KIMI_LINEAR_48B)
     model = KimiLinearModel(cfg, torch.bfloat16, "meta", synthetic_weights.selective_int4(cfg), torch.bfloat16)
     # §5.4: 48,307,634,176 quantized params (x 0.5625 B in format version 2: codes + one fp16
-    # scale per 32, symmetric so no min) + 1,630,260,224 B kept, + 30,670,848 B because the
-    # router is held in fp32.
-    assert model.weight_bytes == 48_307_634_176 * 9 // 16 + 1_630_260_224 + 15_335_424 * 2
+    # scale per 32, symmetric so no min) + 1,630,260,224 B kept, + 30,684,160 B because the
+    # router and its bias are held in fp32.
+    assert model.weight_bytes == 48_307_634_176 * 9 // 16 + 1_630_260_224 + (15_335_424 + 6_656) * 2
 
 
 GPU_IMAGE_CHECK = """

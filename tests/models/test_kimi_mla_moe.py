@@ -114,6 +114,16 @@ def test_router_bias_selects_but_never_mixes():
     assert sum(got.values()) == pytest.approx(2.0, rel=1e-6)
 
 
+def test_router_bias_keeps_its_fp32_values_under_bf16_activations():
+    """On a GPU the activations are bf16; a checkpoint's fp32 bias 1 + 2**-10 must still beat
+    1.0, as in fp32 routing (in bf16 both are 1.0: a tie, which topk gives expert 1)."""
+    moe = MoE(D, 16, 4, 1, 0, True, 1.0, torch.bfloat16)
+    moe.gate.zero_()                                   # every expert scores sigmoid(0)
+    moe.e_score_correction_bias.copy_(torch.tensor([1.0 + 2 ** -10, 1.0, 0.0, 0.0]))
+    experts, _ = moe.route_rows(torch.randn(1, D).to(torch.bfloat16))
+    assert experts.tolist() == [[0]]
+
+
 @pytest.mark.parametrize("t", [1, 4])
 def test_int4_moe_matches_loop_on_dequantized_experts(t):
     """INT4 banks: decode runs the registered grouped kernels, prefill dequantizes per expert."""

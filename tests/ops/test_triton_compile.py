@@ -69,12 +69,12 @@ for has_mins in (True, False):  # asymmetric, symmetric (format version 2: no mi
     # the decode MoE at Kimi-Linear's shapes: 256 experts, top-8, a shared expert
     routing = {"TOP_K": 8, "RENORM": True, "SHARED": True, "GROUP": 32, "HAS_MINS": has_mins,
                "BLOCK_E": 256, "BLOCK_K": 8, "GPU_ORDER": True}
-    gate_up = {"x_ptr": "*bf16", "logits_ptr": "*fp32", "bias_ptr": "*bf16"}
+    gate_up = {"x_ptr": "*bf16", "logits_ptr": "*fp32", "bias_ptr": "*fp32"}
     for prefix in ("g", "u", "s"):
         gate_up.update({f"{prefix}q_ptr": "*i32", f"{prefix}s_ptr": "*fp16", f"{prefix}m_ptr": "*fp16"})
     gate_up.update({"h_ptr": "*fp32", "E": "i32", "N": "i32", "K": "i32", "scaling": "fp32"})
     cases.append((moe_gate_up_kernel, gate_up, {**routing, **tile(1024, 2304)}))
-    down = {"h_ptr": "*fp32", "logits_ptr": "*fp32", "bias_ptr": "*bf16"}
+    down = {"h_ptr": "*fp32", "logits_ptr": "*fp32", "bias_ptr": "*fp32"}
     for prefix in ("d", "s"):
         down.update({f"{prefix}q_ptr": "*i32", f"{prefix}s_ptr": "*fp16", f"{prefix}m_ptr": "*fp16"})
     down.update({"y_ptr": "*bf16", "E": "i32", "N": "i32", "K": "i32", "scaling": "fp32"})
@@ -136,7 +136,7 @@ cases.append((gated_rmsnorm_kernel, gated, {"BLOCK_R": BLOCK_ROWS, "BLOCK_K": 12
 conv = {"x_ptr": "*bf16", "w_ptr": "*bf16", "win_ptr": "*bf16", "y_ptr": "*bf16", "T": "i32",
         "C": "i32", "CP": "i32"}
 cases.append((short_conv_kernel, conv, {"W": 4, "BLOCK_T": CONV_T, "BLOCK_C": CONV_C, "BLOCK_W": 4}))
-route = {"logits_ptr": "*fp32", "bias_ptr": "*bf16", "experts_ptr": "*i64", "weights_ptr": "*fp32",
+route = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "experts_ptr": "*i64", "weights_ptr": "*fp32",
          "E": "i32", "scaling": "fp32"}
 cases.append((moe_route_kernel, route, {"TOP_K": 8, "RENORM": True, "BLOCK_E": 256, "BLOCK_K": 8}))
 for fn, sig, meta in cases:

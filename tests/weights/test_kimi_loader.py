@@ -142,7 +142,7 @@ def test_full_size_header_contract_plan_and_selective_policy(tmp_path):
     plan = plan_kimi_linear(path, device="cuda")                            # bf16 activations
     state = 20 * (32 * 128 * 128 * 4 + 3 * 4096 * 3 * 2)
     assert plan.kv_bytes_per_token == 8_064 and plan.context_length == 1_048_576
-    assert plan.weight_bytes == 98_245_528_576 + 15_335_424 * 2 + state     # router held in fp32
+    assert plan.weight_bytes == 98_245_528_576 + (15_335_424 + 6_656) * 2 + state  # router, bias fp32
     decisions = plan_tensors(ckpt.headers, "selective", 32)
     assert sum(d == "int4" for d in decisions.values()) == 20_150
 
@@ -168,7 +168,7 @@ def test_full_size_int4_artifact_is_planned_at_26_8_gib(tmp_path):
     assert planned + int4_params // 16 == 31_822_531_584  # what version 1's mins added
     model = KimiLinearModel(ckpt.config, torch.bfloat16, "meta", selective_int4(ckpt.config),
                             torch.bfloat16)
-    assert model.weight_bytes == planned + 15_335_424 * 2  # router held in fp32
+    assert model.weight_bytes == planned + (15_335_424 + 6_656) * 2  # router and its bias in fp32
 
 
 def test_tied_embeddings_share_one_tensor(tmp_path):
