@@ -19,6 +19,8 @@ from types import SimpleNamespace
 
 import torch
 
+from engined.models.protocol import StaleGraphs
+
 BUCKETS = (1, 2, 4, 8, 16)
 
 
@@ -87,7 +89,7 @@ class Runner:
         graph, step = self.graphs[bucket]
         try:
             step.load(tokens, caches, positions)   # per-step values into the static tensors, padded
-        except Exception as exc:  # noqa: BLE001 - e.g. a pool moved: the graphs are stale
+        except StaleGraphs as exc:  # a pool moved: every graph reads stale addresses
             self.log(f"kimi-engine: decode graphs dropped, decoding eagerly from now on: {exc!r}")
             self.graphs.clear()
             return self.decode(tokens, caches, positions)

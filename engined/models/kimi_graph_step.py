@@ -19,6 +19,7 @@ import torch
 
 from engined.layers.moe_offload import event_after_copies
 from engined.models.kimi_cache import DecodeRows
+from engined.models.protocol import StaleGraphs
 
 
 class Crossing(NamedTuple):
@@ -33,7 +34,7 @@ class Crossing(NamedTuple):
     cached: Callable[[], None] | None = None
 
 
-class PoolsMoved(RuntimeError):
+class PoolsMoved(StaleGraphs):
     """A pool was reallocated after this step was built: its graph reads stale addresses."""
 
 

@@ -9,6 +9,12 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 
+class StaleGraphs(RuntimeError):
+    """A graph step's captured addresses are no longer its tensors' (a pool was reallocated
+    after capture): every graph of the model is stale, and decode runs eagerly from then on.
+    Any other error of a step's load is that step's (its requests fail, as they would eagerly)."""
+
+
 @runtime_checkable
 class Cache(Protocol):
     """One sequence's cache: per-position rows (KV, latents) and, for recurrent models, state."""

@@ -6,6 +6,7 @@ import torch
 from engined.config import ConfigError, EngineConfig
 from engined.engine import runner
 from engined.metrics import EngineMetrics
+from engined.models.protocol import StaleGraphs
 from tests.support.engine import ScriptedModel
 
 
@@ -74,7 +75,7 @@ class FakeStep:
 
     def load(self, tokens, caches, positions):
         if self.fail_load:
-            raise RuntimeError("the pools moved")
+            raise self.fail_load
         self.loaded = (tokens, positions)
         self.caches = caches
 
@@ -135,8 +136,24 @@ def test_a_failed_capture_is_counted_and_that_bucket_runs_eagerly(monkeypatch):
 
 def test_a_step_that_cannot_load_drops_the_graphs_and_decodes_eagerly(monkeypatch):
     model = ScriptedModel(vocab_size=8, script=[4])
-    run, metrics, lines, _ = cuda_runner(monkeypatch, model, fail_load=True, max_batch=1)
+    run, metrics, lines, _ = cuda_runner(monkeypatch, model, fail_load=StaleGraphs("moved"),
+                                         max_batch=1)
     logits = run.decode([1], [model.new_cache(8)], [0])
     assert logits.argmax(-1).tolist() == [4] and run.graphs == {}
     assert "decoding eagerly from now on" in lines[-1]
     assert metric(metrics, "kimi_engine_decode_steps_total", mode="eager", bucket="1") == 1
+
+
+def test_a_load_error_of_one_step_fails_that_step_and_keeps_the_graphs(monkeypatch):
+    """A request whose position does not fit its cache fails its step, as it would eagerly;
+    the graphs stay: before, any load error dropped every graph for good."""
+    model = ScriptedModel(vocab_size=8, script=[4])
+    run, metrics, lines, _ = cuda_runner(monkeypatch, model, max_batch=1)
+    graph, step = run.graphs[1]
+    step.fail_load = ValueError("position 9 does not fit a cache of 8 tokens")
+    with pytest.raises(ValueError, match="does not fit"):
+        run.decode([1], [model.new_cache(8)], [9])
+    assert sorted(run.graphs) == [1]
+    step.fail_load = False
+    assert run.decode([1], [model.new_cache(8)], [0]).argmax(-1).tolist() == [4]
+    assert metric(metrics, "kimi_engine_decode_steps_total", mode="graph", bucket="1") == 1
