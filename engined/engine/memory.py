@@ -194,7 +194,7 @@ def place(plan, config, device: str, max_context: int):
         budget = config.gpu_memory or placement.default_gpu_budget(torch.cuda.mem_get_info(device)[0])
     return placement.plan_placement(plan.parts, "cuda" if on_cuda else "cpu", max_context,
                                     config.max_batch, budget, config.cpu_moe, config.n_cpu_moe,
-                                    config.moe_cache)
+                                    config.moe_cache, config.prefix_cache_bytes)
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def _ranges(layers: list[int]) -> str:
 
 def plan_placement(parts: ModelParts, device: str, max_context: int, max_batch: int,
                    gpu_budget: int = 0, cpu_moe: bool = False, n_cpu_moe: int = 0,
-                   moe_cache: int = 0) -> Placement:
+                   moe_cache: int = 0, prefix_cache: int = 0) -> Placement:
     """Where every part lives. cuda: explicit --cpu-moe (all MoE layers) or --n-cpu-moe N (the
     first N) is checked against gpu_budget; without them, the fewest first layers are offloaded
     that let the GPU part fit. cpu_moe wins over n_cpu_moe when both are given. cpu: every byte
@@ -175,7 +175,8 @@ def plan_placement(parts: ModelParts, device: str, max_context: int, max_batch: 
     plays no part. Raises PlacementError with the numbers, and for BF16 routed experts that
     must leave the GPU, with the quantize command (before anything is loaded). moe_cache:
     bytes of expert cache for the offloaded layers on cuda (MOE_CACHE_AUTO: what the budget
-    leaves; 0: none), refused when it does not fit."""
+    leaves; 0: none), refused when it does not fit. prefix_cache: --prefix-cache-bytes, which
+    the cache fills with rows and states on the model's device (on cuda, part of the budget)."""
     num = parts.num_moe_layers
     if n_cpu_moe < 0 or n_cpu_moe > num:
         raise PlacementError(f"--n-cpu-moe {n_cpu_moe}: this model has {num} MoE layers, "
@@ -192,14 +193,16 @@ def plan_placement(parts: ModelParts, device: str, max_context: int, max_batch: 
         raise PlacementError(f"a GPU budget of {format_size(gpu_budget)}: the caller passes "
                              "--gpu-memory, or default_gpu_budget(free memory)")
     return _on_cuda(parts, cache, parts.workspace_bytes(max_context), gpu_budget, explicit, flag,
-                    moe_cache)
+                    moe_cache, prefix_cache)
 
 
 def _on_cuda(parts: ModelParts, cache: int, workspace: int, gpu_budget: int,
-             explicit: int | None, flag: str, moe_cache: int = 0) -> Placement:
+             explicit: int | None, flag: str, moe_cache: int = 0,
+             prefix_cache: int = 0) -> Placement:
     """explicit: the number of first MoE layers a flag put in RAM, or None to plan."""
     fixed = {"attention": parts.attention, "shared experts": parts.shared_experts,
-             "cache": cache, "workspace": workspace, "CUDA context": CUDA_CONTEXT_BYTES}
+             "cache": cache, **({"prefix cache": prefix_cache} if prefix_cache else {}),
+             "workspace": workspace, "CUDA context": CUDA_CONTEXT_BYTES}
     need = sum(fixed.values())  # what the GPU holds with every routed expert in RAM
     if need > gpu_budget:
         raise PlacementError(
@@ -224,8 +227,8 @@ def _on_cuda(parts: ModelParts, cache: int, workspace: int, gpu_budget: int,
     offloaded = frozenset(i for i, _ in parts.routed[:count])
     on_gpu = _routed_from(parts, count)
     gpu = {"attention": parts.attention, "shared experts": parts.shared_experts,
-           "routed experts": on_gpu, "cache": cache, "workspace": workspace,
-           "CUDA context": CUDA_CONTEXT_BYTES}
+           "routed experts": on_gpu,
+           **{k: v for k, v in fixed.items() if k not in ("attention", "shared experts")}}
     slots = cache_slots(parts, count, gpu_budget - sum(gpu.values()), moe_cache)
     if slots:
         gpu["expert cache"] = slots * parts.expert_bytes

@@ -2,11 +2,13 @@
 only: the real 48B layout as header-only shards, built on the meta device with the selective
 INT4 layouts, so every size below is the artifact's, byte for byte."""
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from engined.config import MOE_CACHE_AUTO
+from engined.config import MOE_CACHE_AUTO, EngineConfig
+from engined.engine import memory as memcap
 from engined.weights.placement import (
     CUDA_CONTEXT_BYTES, DEFAULT_MARGIN_BYTES, WORKSPACE_BYTES, GiB, PlacementError, default_gpu_budget,
     model_parts, plan_placement)
@@ -51,11 +53,11 @@ def test_parts_add_up_to_the_int4_artifact(model, parts):
 
 
 def test_the_24_gib_plan_at_32k_offloads_seven_layers(parts):
-    """By hand: the GPU must hold attention 2,230,848,512 + shared 103,514,112 + cache
+    """By hand: the GPU must hold attention 2,230,861,824 + shared 103,514,112 + cache
     (8,064 x 32,768 = 264,241,152 of latents + 43,417,600 x 9 slots = 390,758,400)
     + workspace (1,073,741,824 + a prefill's attention over 32,768 tokens, 42,112 x 32,768 =
-    1,379,926,016) + context 805,306,368 = 6,248,336,384 B. 24 GiB = 25,769,803,776 leaves
-    19,521,467,392 for routed experts: 19 layers (19,365,101,568) fit, 20 do not, so the first
+    1,379,926,016) + context 805,306,368 = 6,248,349,696 B. 24 GiB = 25,769,803,776 leaves
+    19,521,454,080 for routed experts: 19 layers (19,365,101,568) fit, 20 do not, so the first
     26 - 19 = 7 MoE layers (1..7) go to RAM."""
     placement = plan_placement(parts, "cuda", 32768, 8, 24 * GiB)
     assert placement.gpu["cache"] == 654_999_552
@@ -65,6 +67,20 @@ def test_the_24_gib_plan_at_32k_offloads_seven_layers(parts):
     assert placement.ram == {"routed experts": 7 * ROUTED_PER_LAYER}
     assert placement.gpu_total == 6_248_349_696 + 19 * ROUTED_PER_LAYER
     assert placement.reason == "planned for a 24.0 GiB GPU budget"
+
+
+def test_the_prefix_cache_is_part_of_the_gpu_plan(parts):
+    """--prefix-cache-bytes fills with latent rows and KDA states on the GPU: the 24 GiB plan
+    at 32k above leaves 156,352,512 B beside its 19 layers of experts, so a 256 MiB prefix
+    cache moves an eighth layer to RAM; serve's plan (memory.place) passes the flag's value."""
+    placement = plan_placement(parts, "cuda", 32768, 8, 24 * GiB, prefix_cache=256 << 20)
+    assert placement.gpu["prefix cache"] == 256 << 20
+    assert placement.offloaded == frozenset(range(1, 9))
+    assert placement.gpu_total == 6_248_349_696 + (256 << 20) + 18 * ROUTED_PER_LAYER <= 24 * GiB
+    config = EngineConfig(model="synthetic:kimi-linear-48b", gpu_memory="24GiB", moe_cache=0)
+    served = memcap.place(SimpleNamespace(parts=parts), config, "cuda", 32768)
+    assert served.gpu["prefix cache"] == config.prefix_cache_bytes == 256 << 20
+    assert served.offloaded == placement.offloaded
 
 
 def test_counts_are_monotone_within_budget_and_minimal(parts):
