@@ -179,12 +179,19 @@ def test_mla_prefill_after_a_prefix_matches_loop_with_no_float_score_matrix(monk
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("e,ev", [(192, 192), (576, 576)])    # expanded (flash), absorbed widths
-def test_cuda_attention_after_a_prefix_is_lower_right_causal(e, ev):
-    """CUDA's causal_lower_right (no mask tensor) attends as the CPU's [T, S] bool mask."""
+@pytest.mark.parametrize("e,ev,shared", [(192, 192, False), (576, 576, False), (576, 576, True)])
+def test_cuda_attention_after_a_prefix_is_lower_right_causal(e, ev, shared):
+    """CUDA's causal_lower_right (no mask tensor) attends as the CPU's [T, S] bool mask: widths
+    of the expanded path (flash) and of the absorbed one, which passes one latent row per key,
+    a stride-0 view over the heads, as both K and V (MLA._absorbed, as served)."""
     g = torch.Generator().manual_seed(6)
     q, k, v = torch.randn(32, 300, e, generator=g), torch.randn(32, 1000, e, generator=g), \
         torch.randn(32, 1000, ev, generator=g)
+    if shared:  # one latent row per key for every head, K and V the same view
+        row = torch.randn(1, 1000, e, generator=g)
+        k = v = row.expand(32, -1, -1)
     want = mla_module.attend(q, k, v, 700, e ** -0.5)
-    got = mla_module.attend(*(x.cuda().bfloat16() for x in (q, k, v)), 700, e ** -0.5)
+    k_gpu = row.cuda().bfloat16().expand(32, -1, -1) if shared else k.cuda().bfloat16()
+    v_gpu = k_gpu if shared else v.cuda().bfloat16()
+    got = mla_module.attend(q.cuda().bfloat16(), k_gpu, v_gpu, 700, e ** -0.5)
     assert (got.float().cpu() - want).norm() / want.norm() < 2e-2
