@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engined import helper
+from engined.ops import registry
 from tests.support import graph_steps
 
 pytestmark = [pytest.mark.gpu,
@@ -39,15 +40,15 @@ def test_the_expert_cache_runs_hits_on_the_gpu_inside_the_captured_step():
     every = frozenset({1, 2, 3})
     model = synthetic.build(synthetic.CONFIGS["tiny"], "cuda", seed=1, offload=every, cache_slots=8)
     plain = synthetic.build(synthetic.CONFIGS["tiny"], "cuda", seed=1, offload=every)
-    lines = []
+    lines, metrics = [], synthetic_bench.runner_metrics()
     with torch.inference_mode():
-        runner = Runner(model, synthetic_bench.runner_metrics(), lines.append, max_batch=1,
-                        max_context=256)
+        runner = Runner(model, metrics, lines.append, max_batch=1, max_context=256)
         runner.capture()
         assert "4 segments around the CPU experts" in lines[-1], lines
         caches = [model.new_cache(64)], [plain.new_cache(64)]
-        tokens = [int(m.forward(torch.tensor([3, 5, 7], device="cuda"), c[0], 0).argmax())
-                  for m, c in zip((model, plain), caches)][:1]
+        with registry.using(*graph_steps.PREFILL):
+            tokens = [int(m.forward(torch.tensor([3, 5, 7], device="cuda"), c[0], 0).argmax())
+                      for m, c in zip((model, plain), caches)][:1]
         for _ in range(12):
             got = runner.decode(tokens, caches[0], [caches[0][0].num_tokens])
             want = plain.decode_batch(torch.tensor(tokens, device="cuda"), caches[1],
@@ -56,3 +57,4 @@ def test_the_expert_cache_runs_hits_on_the_gpu_inside_the_captured_step():
             tokens = want.argmax(-1).tolist()
     counted = model.expert_cache.counters
     assert counted.uploads > 0 and sum(counted.hits.values()) > 0, counted
+    assert dict(metrics.decode_steps.counts) == {("graph", "1"): 12}, lines  # every step replayed
