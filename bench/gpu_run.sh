@@ -99,7 +99,9 @@
 # RESULTS.add.md (the scripts' result lines and one line for the whole run), gpu_run-DATE.json
 # (the run's record: those lines as its table; copy it into bench/results/ and run
 # bench/results_md.py to show it in bench/RESULTS.md); and $BUNDLE (default
-# $OUT/gpu-run.tar.gz): all of these in one file, remade after each section.
+# $OUT/gpu-run.tar.gz): all of these in one file, remade every BUNDLE_EVERY seconds while a
+# section runs, after each section, and on SIGTERM or SIGINT: a command the lease cuts short
+# still brings back what its scripts had saved.
 #
 # --dry-run: the same sections on the CPU, no GPU needed: gpu_quick.py --dry-run (synthetic
 # tiny, its aten ops profiled); int4_kernels.py's CPU variants with an 8 MiB working set; the
@@ -109,7 +111,7 @@
 # CPU --gpu-memory is ignored) served with 8 tokens and a 256-token prefill, a 64 MiB probe.
 # OUT defaults to a temporary folder and nothing is recorded. `make test` runs
 # it (tests/blackbox/test_scripts.py; 40-80 s on 2 shared cores), so the script is tested
-# before its one GPU shot. Env: PYTHON (default python3), OUT, BUNDLE, BF16.
+# before its one GPU shot. Env: PYTHON (default python3), OUT, BUNDLE, BUNDLE_EVERY (20), BF16.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -278,8 +280,13 @@ print("wrote", common.record("gpu_run", {"hardware": sys.argv[2]}, "GPU run: " +
 }
 
 bundle() {  # everything under $OUT in one file: a lease brings back at most 8 files
-  tar -C "$OUT" --exclude="./${BUNDLE##*/}" -czf "$KIMI_BENCH_PIDS.tar.gz" . &&
-    mv "$KIMI_BENCH_PIDS.tar.gz" "$BUNDLE"
+  local part=$KIMI_BENCH_PIDS.$BASHPID.tar.gz  # one per caller: the periodic one may overlap
+  tar -C "$OUT" --exclude="./${BUNDLE##*/}" -czf "$part" . 2>/dev/null
+  [ $? -le 1 ] && mv -f "$part" "$BUNDLE"  # 1: a file changed while read, still a good archive
+}
+
+bundle_every() {  # the bundle remade every $1 s, in the background, while a section runs
+  while sleep "$1" && kill -0 "$$" 2>/dev/null; do bundle; done  # ends with the script
 }
 
 DRY=0
@@ -315,12 +322,19 @@ BUNDLE=${BUNDLE:-$OUT/gpu-run.tar.gz}
 RESULTS=$OUT/RESULTS.add.md  # the scripts' --record lines
 KIMI_BENCH_PIDS=$(mktemp -d "${TMPDIR:-/tmp}/kimi-bench-pids.XXXXXX")
 export OUT KIMI_BENCH_PIDS
-trap 'kill_engines; rm -rf "$KIMI_BENCH_PIDS" "$KIMI_BENCH_PIDS.tar.gz"' EXIT
+keeper=
+trap 'kill $keeper 2>/dev/null; kill_engines; rm -rf "$KIMI_BENCH_PIDS" "$KIMI_BENCH_PIDS".*.tar.gz' EXIT
+trap 'kill_engines; bundle; exit 143' TERM
+trap 'kill_engines; bundle; exit 130' INT
 echo "gpu_run.sh: sections ${SECTIONS[*]}${DRY_FLAG[*]:+ (dry run on the CPU)}; results in $OUT"
 : > "$OUT/summary.txt"
 FAILED=0
 for name in "${SECTIONS[@]}"; do
+  bundle_every "${BUNDLE_EVERY:-20}" &
+  keeper=$!
   run_section "$name"
+  kill "$keeper" 2>/dev/null
+  wait "$keeper" 2>/dev/null
   bundle
 done
 if [ "$DRY" != 1 ]; then

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -76,11 +77,23 @@ def test_gpu_run_dry_run_measures_every_section(tmp_path):
     carry is hidden from every process of the run, as it is there (tests/support/gpu_image.py):
     the engine's grammar import (llguidance) would have stopped serve and offload on it."""
     out, results_md = tmp_path / "out", (BENCH / "RESULTS.md").read_text()
-    done = subprocess.run(["bash", str(BENCH / "gpu_run.sh"), "--dry-run"], cwd=ROOT,
-                          env=gpu_image.env({**os.environ, "PYTHON": sys.executable,
-                                             "OUT": str(out)}, log=tmp_path / "hid.log"),
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    printed = tmp_path / "printed.txt"
+    with printed.open("w") as sink:  # a file, not a pipe: polled below, never read till the end
+        run = subprocess.Popen(["bash", str(BENCH / "gpu_run.sh"), "--dry-run"], cwd=ROOT,
+                               env=gpu_image.env({**os.environ, "PYTHON": sys.executable,
+                                                  "OUT": str(out), "BUNDLE_EVERY": "2"},
+                                                 log=tmp_path / "hid.log"),
+                               stdout=sink, stderr=subprocess.STDOUT, text=True)
+        first_bundle = None  # the sections done when the bundle first appeared
+        deadline = time.monotonic() + 300
+        while run.poll() is None and time.monotonic() < deadline:
+            if first_bundle is None and (out / "gpu-run.tar.gz").exists():
+                first_bundle = (out / "summary.txt").read_text().count("\n")
+            time.sleep(0.25)
+        returncode = run.wait(timeout=max(1.0, deadline - time.monotonic()))
+    assert returncode == 0, printed.read_text()[-6000:]
+    # a lease that cuts the command short brings back the bundle: remade while quick ran
+    assert first_bundle == 0
     summary = (out / "summary.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in summary] == ["quick", "kernels", "prefill", "serve", "long",
                                                         "offload"]
