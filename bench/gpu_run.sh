@@ -13,7 +13,9 @@
 # at most 8 files of its $OUT, and a run writes more: the results go to a folder of their own
 # and only the bundle of them (BUNDLE, see Output) to the lease's $OUT. The device call:
 #   command: BUNDLE=$OUT/gpu-run.tar.gz OUT=/tmp/gpu-run bash bench/gpu_run.sh quick kernels serve
-#   timeout_s: 540          (BUNDLE first: it takes the lease's $OUT before OUT is set anew)
+#   timeout_s: 540          (BUNDLE first: it takes the lease's $OUT before OUT is set anew;
+#                           each command its own OUT: on a warm machine /tmp stays, and a
+#                           second run in the same OUT would record the first one's lines again)
 #   carry:   [".gpu-carry/wheels"]   (`make gpu-carry` first: llguidance, which serve
 #                           imports, and fla-core, whose chunk_kda is the KDA prefill on
 #                           CUDA, are not on the image)
@@ -36,7 +38,8 @@
 #                   `python -m engined.commands.bench` BF16 decode (beyond the limit unless
 #                   kernels runs alone).
 #   prefill  150 s  the prefill path's gpu-marked tests (issue 29), its own command
-#                   (`bash bench/gpu_run.sh prefill`, timeout_s 200, carry .gpu-carry/wheels):
+#                   (`BUNDLE=$OUT/gpu-run-prefill.tar.gz OUT=/tmp/gpu-run-prefill bash
+#                   bench/gpu_run.sh prefill`, timeout_s 200, carry .gpu-carry/wheels):
 #                   fla-core's chunk_kda against our chunk form (T = 1000, 64, 7 at 48B head
 #                   sizes, from a nonzero state), the Triton W4A16 GEMM at q/k/v, o_proj and
 #                   expert shapes (M = 9, 256, 2048), moe_grouped's tl.dot variant on a
@@ -53,7 +56,7 @@
 #   long     240 s  bench/serve_streams.py --streams none --prefill 131072 --name long: an
 #                   engine of its own at --max-context 131200, the 128k-token TTFT (issue 29:
 #                   <= 15 s), its own command: `BUNDLE=$OUT/gpu-run-long.tar.gz
-#                   OUT=/tmp/gpu-run bash bench/gpu_run.sh long`, timeout_s 280, carry
+#                   OUT=/tmp/gpu-run-long bash bench/gpu_run.sh long`, timeout_s 280, carry
 #                   [".gpu-carry/wheels"].
 #   offload  380 s  tests/models/test_gpu_offload.py (the piecewise decode step captured
 #                   around the CPU experts, and the expert cache in it: 60 s), then
@@ -85,7 +88,7 @@
 # engine's grammars, imported when serve starts), and fla-core with einops (pure Python, the
 # CUDA KDA prefill), ~21 MB in .gpu-carry/wheels. Then the
 # session's device tool runs, as one call (its carry takes ignored paths, 64 MiB in all):
-#   command: BUNDLE=$OUT/gpu-run-offload.tar.gz OUT=/tmp/gpu-run bash bench/gpu_run.sh offload
+#   command: BUNDLE=$OUT/gpu-run-offload.tar.gz OUT=/tmp/gpu-run-offload bash bench/gpu_run.sh offload
 #   timeout_s: 420
 #   carry:   ["engined/_kimi_helper.abi3.so", ".gpu-carry/wheels"]
 # Here the wheels that match the running python (cp312 or abi3 there; none on the build

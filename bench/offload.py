@@ -269,8 +269,8 @@ def main(argv=None) -> int:
         row = result["placements"][name] = {"flags": list(flags)}
         try:
             measure_placement(args, name, flags, row, save)
-        except (RuntimeError, OSError) as exc:  # one placement failing leaves the other's numbers
-            row["error"], failed = str(exc), True
+        except Exception as exc:  # noqa: BLE001 - one placement failing leaves the other's numbers
+            row["error"], failed = f"{type(exc).__name__}: {exc}", True
         row["ram_cap"] = ram_cap(row, per_layer, bandwidth)
         save()
     if args.device == "cuda":

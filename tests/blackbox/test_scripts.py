@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -216,6 +217,49 @@ def test_offload_summary_says_how_the_steps_ran_and_what_failed_to_capture(monke
     assert "decode steps 40 eager, graph capture failures 3" in text
 
 
+def test_offload_goes_on_to_the_next_placement_whatever_the_first_raised(monkeypatch, tmp_path):
+    """A stream that got a non-200 reply surfaces as a KeyError, a garbled one as a
+    JSONDecodeError: the placement is recorded as failed and the next one is measured (it
+    stopped the script, losing --cpu-moe's numbers, when only RuntimeError and OSError were
+    caught)."""
+    offload = bench_module("offload", monkeypatch)
+    monkeypatch.setattr(offload, "helper_missing", lambda: None)
+    monkeypatch.setattr(offload, "on_sigterm", lambda: None)
+    monkeypatch.setattr(offload, "ram_read_bandwidth", lambda threads, mib: 2e10)
+    monkeypatch.setattr(offload, "routed_bytes_per_token", lambda model: [1000])
+    measured = []
+
+    def measure(args, name, flags, row, save):
+        measured.append(name)
+        if len(measured) == 1:
+            raise KeyError("chunks")  # common.concurrent_chunks after a stream's non-200 reply
+        row["decode_tok_s"] = {"1": 5.0}
+
+    monkeypatch.setattr(offload, "measure_placement", measure)
+    code = offload.main(["--device", "cpu", "--out", str(tmp_path),
+                         "--placements", "n-cpu-moe=1,cpu-moe"])
+    rows = json.loads((tmp_path / "offload.json").read_text())["placements"]
+    assert code == 1 and measured == ["n-cpu-moe=1", "cpu-moe"]
+    assert rows["n-cpu-moe=1"]["error"] == "KeyError: 'chunks'"
+    assert rows["cpu-moe"]["decode_tok_s"] == {"1": 5.0}
+
+
+def test_gpu_quick_records_its_decode_line_before_the_later_phases(monkeypatch, tmp_path):
+    """The run's headline goes to --record as soon as it is measured: a step cut at its limit
+    during the profile or verify phases (here, an exit) keeps it."""
+    gpu_quick = bench_module("gpu_quick", monkeypatch)
+
+    def cut(*args):
+        raise SystemExit(124)
+
+    monkeypatch.setattr(gpu_quick, "measure_profile", cut)
+    record = tmp_path / "RESULTS.add.md"
+    with pytest.raises(SystemExit):
+        gpu_quick.main(["--dry-run", "--out", str(tmp_path), "--runs", "1", "--new-tokens", "2",
+                        "--record", str(record)])
+    assert "decode synthetic tiny INT4" in record.read_text()
+
+
 def test_offload_placements_join_flags_and_judge_the_expert_cache(monkeypatch):
     """bench/offload.py: '+' joins flags of one placement, and a budget measured with and
     without the expert cache is judged against issue 30's 1.25x."""
@@ -307,13 +351,29 @@ def test_an_engine_stops_with_its_bench_script_when_a_time_limit_ends_it(tmp_pat
     assert "kimi-engine: serving synthetic:tiny" in (out / "serve-engine.log").read_text()
 
 
-def test_gpu_memory_sampler_prefers_the_engine_process_row(tmp_path, monkeypatch):
+def test_gpu_memory_sampler_has_a_sample_as_soon_as_it_starts(tmp_path, monkeypatch):
+    """serve records the peak at start right after start_for: it read 0 before the sampling
+    thread's first wait of 0.5 s ended."""
+    fake_nvidia_smi(tmp_path, monkeypatch)
+    served = bench_module("served", monkeypatch)
+    sampler = served.GpuMemorySampler.start_for(SimpleNamespace(proc=SimpleNamespace(pid=4242)))
+    try:
+        assert sampler.peak()["bytes"] == 70000 << 20
+    finally:
+        sampler.result()
+
+
+def fake_nvidia_smi(tmp_path, monkeypatch):
     fake = tmp_path / "nvidia-smi"
     fake.write_text('#!/bin/sh\ncase "$1" in\n'
                     '  --query-compute-apps*) printf "17, 500\\n4242, 70000\\n" ;;\n'
                     '  *) echo 90000 ;;\nesac\n')  # MiB: two processes' rows, then the GPU's
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+def test_gpu_memory_sampler_prefers_the_engine_process_row(tmp_path, monkeypatch):
+    fake_nvidia_smi(tmp_path, monkeypatch)
     served = bench_module("served", monkeypatch)
     engine_row, no_row = served.GpuMemorySampler(4242), served.GpuMemorySampler(99)
     for sampler in (engine_row, no_row):
