@@ -87,10 +87,12 @@ def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float 
         stop()
         raise RuntimeError(f"the stream beside the prefill did not decode: {failure or arrivals}")
     ids = random.Random(seed).choices(range(256), k=num_tokens)
+    # encoded before the clock starts: 32k ids take milliseconds of this process's GIL, which
+    # the reader thread would count as a gap between the stream's tokens
+    request = json.dumps({"model": "default", "prompt": ids, "max_tokens": 1, "temperature": 0})
     sent = time.perf_counter()
     try:
-        conn, resp = unix_post(sock, "/v1/completions", {
-            "model": "default", "prompt": ids, "max_tokens": 1, "temperature": 0})
+        conn, resp = unix_post(sock, "/v1/completions", request)
         body = json.loads(resp.read())
         conn.close()
     except Exception:

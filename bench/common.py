@@ -143,7 +143,8 @@ def unix_metrics(sock: str) -> dict[str, float]:
             if name}
 
 
-def unix_post(sock: str, path: str, body: dict, stream: bool = False):
+def unix_post(sock: str, path: str, body: "dict | str", stream: bool = False):
+    """POST body (a dict, or its JSON already encoded) to the engine's socket."""
     import http.client
     import socket
 
@@ -153,7 +154,8 @@ def unix_post(sock: str, path: str, body: dict, stream: bool = False):
             self.sock.connect(sock)
 
     conn = Conn("engine", timeout=600)
-    conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+    conn.request("POST", path, body if isinstance(body, str) else json.dumps(body),
+                 {"content-type": "application/json"})
     resp = conn.getresponse()
     return conn, resp
 

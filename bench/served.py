@@ -118,6 +118,7 @@ class GpuMemorySampler(threading.Thread):
         if not shutil.which("nvidia-smi"):
             return None
         sampler = cls(engine.proc.pid)
+        sampler.sample_once()  # now: the peak at start is read right after start_for
         sampler.start()
         return sampler
 
@@ -132,12 +133,15 @@ class GpuMemorySampler(threading.Thread):
         self.process_peak = max([self.process_peak] + [m << 20 for m in mib])
         self.gpu_peak = max(self.gpu_peak, int(gpu[0][0]) << 20 if gpu else 0)
 
+    def sample_once(self):
+        try:
+            self.sample()
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+            print(f"nvidia-smi sample skipped: {exc!r}", file=sys.stderr)
+
     def run(self):
         while not self.is_done.wait(0.5):
-            try:
-                self.sample()
-            except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
-                print(f"nvidia-smi sample skipped: {exc!r}", file=sys.stderr)
+            self.sample_once()
 
     def result(self) -> dict:
         """The peak so far, and the sampling stops."""
