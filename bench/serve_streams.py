@@ -313,14 +313,22 @@ def main(argv=None) -> int:
     result["device_name"], bandwidth = copy_bandwidth(args.device, args.bandwidth_mib)
     result["copy_bandwidth_gbs"] = bandwidth / 1e9
     save()
-    measure(args, result, save)
+    command = " ".join(["python bench/serve_streams.py", *(argv or sys.argv[1:])])
+    try:
+        measure(args, result, save)
+    except BaseException:  # a section's limit (SIGTERM) or a failing phase: what was measured
+        result["partial"] = True   # still goes to the record, marked so
+        save()
+        if args.record:
+            record_line(args.record, ["(partial: cut short) " + summary(result)[0],
+                                      *summary(result)[1:]], command)
+        raise
     result["goals_met"] = goals(result) if args.device == "cuda" else {}
     save()
     lines = summary(result)
     print("\n".join(lines))
     if args.record:
-        record_line(args.record, lines,
-                    " ".join(["python bench/serve_streams.py", *(argv or sys.argv[1:])]))
+        record_line(args.record, lines, command)
     return 0
 
 

@@ -244,6 +244,26 @@ def test_offload_goes_on_to_the_next_placement_whatever_the_first_raised(monkeyp
     assert rows["cpu-moe"]["decode_tok_s"] == {"1": 5.0}
 
 
+def test_serve_streams_records_what_it_measured_when_cut_short(monkeypatch, tmp_path):
+    """The serve section's limit (SIGTERM -> SystemExit) during its last phase, the 32k prefill
+    beside a stream: the rates measured before still reach --record, marked partial."""
+    serve_streams = bench_module("serve_streams", monkeypatch)
+    monkeypatch.setattr(serve_streams, "on_sigterm", lambda: None)
+    monkeypatch.setattr(serve_streams, "copy_bandwidth", lambda device, mib: ("cpu", 1e10))
+
+    def measure(args, result, save):
+        result["decode_tok_s"] = {"1": 85.0, "8": 400.0}
+        raise SystemExit(143)
+
+    monkeypatch.setattr(serve_streams, "measure", measure)
+    record = tmp_path / "RESULTS.add.md"
+    with pytest.raises(SystemExit):
+        serve_streams.main(["--device", "cpu", "--out", str(tmp_path), "--record", str(record)])
+    line = record.read_text()
+    assert "(partial: cut short)" in line and "decode 8 stream(s): 400.0 tok/s" in line
+    assert json.loads((tmp_path / "serve.json").read_text())["partial"] is True
+
+
 def test_gpu_quick_records_its_decode_line_before_the_later_phases(monkeypatch, tmp_path):
     """The run's headline goes to --record as soon as it is measured: a step cut at its limit
     during the profile or verify phases (here, an exit) keeps it."""
