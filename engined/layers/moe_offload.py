@@ -65,7 +65,7 @@ class HostBuffers:
     def _grow(self, rows: int):
         def new(*shape, dtype=torch.float32):
             if self.is_pinned and self.for_graphs:
-                return _registered(torch.empty(shape, dtype=dtype))
+                return page_locked(torch.empty(shape, dtype=dtype))
             return torch.empty(shape, dtype=dtype, pin_memory=self.is_pinned)
         self.x, self.out = new(rows, self.hidden), new(rows, self.hidden)
         self.ids = new(rows, self.top_k, dtype=torch.int64)
@@ -186,7 +186,7 @@ def _sum(routed: torch.Tensor, cached_out, shared_out, dtype) -> torch.Tensor:
     return routed if shared_out is None else routed + shared_out
 
 
-def _registered(t: torch.Tensor) -> torch.Tensor:
+def page_locked(t: torch.Tensor) -> torch.Tensor:
     """t's memory page-locked while it lives: until its storage is freed, not until t's
     Python object goes. Under inference_mode a view keeps no link to its base tensor, so the
     rows a graph step takes (HostBuffers.take, views) outlived the base tensors, and a

@@ -158,6 +158,7 @@ def build(cfg: dict, device, int4: bool = True, seed: int = 0, fill: bool = True
         fill_random(model, seed)
         if model.device.type == "cuda":
             model.to_gpu_order_()
+            model.page_lock_offloaded_()
     return model
 
 

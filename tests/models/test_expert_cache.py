@@ -9,6 +9,7 @@ import torch
 from engined.layers.expert_cache import ExpertCache, Split
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 from engined.weights import synthetic
+from tests.support.cudart import FakeCudart
 
 TINY = synthetic.CONFIGS["tiny"]  # layer 0 dense, layers 1..3 MoE (8 experts, top-2)
 MOE_LAYERS = frozenset({1, 2, 3})
@@ -131,3 +132,20 @@ def test_metrics_give_each_offloaded_layers_hits_and_misses():
             assert got == want
     assert sample("kimi_engine_moe_cache_uploads_total", {}) == counted.uploads > 0
     assert sample("kimi_engine_moe_cache_upload_bytes_total", {}) == counted.upload_bytes
+
+
+def test_the_offloaded_banks_are_page_locked_when_a_cache_uploads_from_them(monkeypatch):
+    """On CUDA (synthetic.build and the checkpoint loader call it there) the cache's uploads
+    must come from page-locked memory, or each one stages through a pinned buffer on the
+    decode thread: every tensor of every offloaded bank is registered once, and nothing else;
+    without a cache nothing is."""
+    cudart = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    offloaded = frozenset({1, 3})
+    model = _model(offload=offloaded, cache_slots=4)
+    model.page_lock_offloaded_()
+    want = {t.data_ptr() for layer in offloaded for bank in _banks(model, layer)
+            for t in (bank.qweight, bank.scales, bank.mins) if t is not None}
+    assert cudart.locked == want and len(want) >= 6
+    _model(offload=offloaded).page_lock_offloaded_()          # no cache: no uploads to speed
+    assert cudart.locked == want

@@ -10,6 +10,7 @@ import torch
 
 from engined.engine import runner
 from engined.layers.moe_offload import HostBuffers
+from tests.support.cudart import FakeCudart
 from engined.models.kimi_piecewise import KimiPiecewiseStep
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 from engined.weights import synthetic
@@ -94,21 +95,6 @@ def test_the_runner_captures_the_pieces_in_order_and_replays_them(monkeypatch):
             logits = run.decode(tokens, caches, [caches[0].num_tokens])
         assert torch.equal(logits, want)
         tokens = logits.argmax(-1).tolist()
-
-
-class FakeCudart:
-    """torch.cuda.cudart() for host registration on a machine without CUDA: what is locked."""
-
-    def __init__(self):
-        self.locked: set[int] = set()
-
-    def cudaHostRegister(self, ptr, size, flags):
-        self.locked.add(ptr)
-        return 0
-
-    def cudaHostUnregister(self, ptr):
-        self.locked.discard(ptr)
-        return 0
 
 
 def test_host_rows_stay_page_locked_while_their_memory_lives(monkeypatch):
