@@ -192,9 +192,19 @@ def place(plan, config, device: str, max_context: int):
     if on_cuda:
         import torch
         budget = config.gpu_memory or placement.default_gpu_budget(torch.cuda.mem_get_info(device)[0])
-    return placement.plan_placement(plan.parts, "cuda" if on_cuda else "cpu", max_context,
-                                    config.max_batch, budget, config.cpu_moe, config.n_cpu_moe,
-                                    config.moe_cache, config.prefix_cache_bytes)
+    placed = placement.plan_placement(plan.parts, "cuda" if on_cuda else "cpu", max_context,
+                                      config.max_batch, budget, config.cpu_moe, config.n_cpu_moe,
+                                      config.moe_cache, config.prefix_cache_bytes)
+    if on_cuda and placed.offloaded and not helper.available():
+        # beside a GPU the experts in RAM run on the helper's kernels (the CPU's reference ops
+        # are for a CPU-only engine): without it the engine would start, then fail every request
+        raise placement.PlacementError(
+            f"{placed.reason}: the routed experts of {len(placed.offloaded)} MoE layers would "
+            "run in RAM on the C helper, which is not built here (`make setup` builds it; on a "
+            "machine without a compiler, copy engined/_kimi_helper.abi3.so from one): build "
+            "it, or give the GPU every expert (a larger --gpu-memory, no --cpu-moe or "
+            "--n-cpu-moe)")
+    return placed
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,18 @@ def test_the_prefix_cache_is_part_of_the_gpu_plan(parts):
     assert served.offloaded == placement.offloaded
 
 
+def test_experts_in_ram_beside_a_gpu_need_the_c_helper(parts, monkeypatch):
+    """Without the helper the engine would start, then fail every request at its first
+    offloaded layer: the plan refuses at once, saying why; a plan that keeps every expert
+    on the GPU needs no helper."""
+    monkeypatch.setattr(memcap.helper, "available", lambda: False)
+    config = EngineConfig(model="synthetic:kimi-linear-48b", gpu_memory="24GiB", moe_cache=0)
+    with pytest.raises(PlacementError, match="C helper, which is not built here"):
+        memcap.place(SimpleNamespace(parts=parts), config, "cuda", 32768)
+    roomy = EngineConfig(model="synthetic:kimi-linear-48b", gpu_memory="64GiB", moe_cache=0)
+    assert not memcap.place(SimpleNamespace(parts=parts), roomy, "cuda", 32768).offloaded
+
+
 def test_counts_are_monotone_within_budget_and_minimal(parts):
     counts = {}
     for budget in BUDGETS:
