@@ -189,9 +189,10 @@ def place(plan, config, device: str, max_context: int):
     if plan.parts is None:
         return None
     on_cuda, budget = device.startswith("cuda"), 0
-    if on_cuda:
+    if on_cuda:  # --gpu-memory lowered to the free memory, as cuda_cap enforces it
         import torch
-        budget = config.gpu_memory or placement.default_gpu_budget(torch.cuda.mem_get_info(device)[0])
+        free = torch.cuda.mem_get_info(device)[0]
+        budget = min(config.gpu_memory, free) if config.gpu_memory else placement.default_gpu_budget(free)
     placed = placement.plan_placement(plan.parts, "cuda" if on_cuda else "cpu", max_context,
                                       config.max_batch, budget, config.cpu_moe, config.n_cpu_moe,
                                       config.moe_cache, config.prefix_cache_bytes)
@@ -242,7 +243,10 @@ def enforce(budget: Budget):
     if budget.is_over_cap:
         raise MemoryCapError(
             f"refusing to start: the memory plan exceeds the cap: {budget.describe()}. "
-            "Lower --max-context, or raise --memory-cap.")
+            + ("Lower --max-context or --max-batch, or free GPU memory (other processes) or "
+               "raise --gpu-memory." if budget.cap_source == "--gpu-memory"
+               or budget.cap_source.startswith("free memory of")  # cuda_cap's sources
+               else "Lower --max-context, or raise --memory-cap."))
     arm(budget.cap_bytes)
     reserve(budget.weight_bytes + budget.prefill_bytes)
 

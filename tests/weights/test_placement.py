@@ -95,6 +95,20 @@ def test_experts_in_ram_beside_a_gpu_need_the_c_helper(parts, monkeypatch):
     assert not memcap.place(SimpleNamespace(parts=parts), roomy, "cuda", 32768).offloaded
 
 
+def test_a_gpu_memory_above_the_free_memory_plans_with_what_is_free(parts, monkeypatch):
+    """--gpu-memory 64GiB where 24 GiB are free: the plan is made for the 24 the cap will
+    hold (it planned 64 and then refused the start, telling a GPU user to raise
+    --memory-cap); an over-cap plan on the GPU names the GPU's flags."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (24 * GiB, 80 * GiB))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a test GPU")
+    config = EngineConfig(model="synthetic:kimi-linear-48b", gpu_memory="64GiB", moe_cache=0)
+    placed = memcap.place(SimpleNamespace(parts=parts), config, "cuda", 32768)
+    assert placed.gpu_budget == 24 * GiB and placed.offloaded == frozenset(range(1, 9))
+    over = memcap.Budget(30 * GiB, 0, 0, 24 * GiB, "free memory of a test GPU")
+    with pytest.raises(memcap.MemoryCapError, match="raise --gpu-memory"):
+        memcap.enforce(over)
+
+
 def test_counts_are_monotone_within_budget_and_minimal(parts):
     counts = {}
     for budget in BUDGETS:
