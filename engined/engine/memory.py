@@ -189,10 +189,14 @@ def place(plan, config, device: str, max_context: int):
     if plan.parts is None:
         return None
     on_cuda, budget = device.startswith("cuda"), 0
-    if on_cuda:  # --gpu-memory lowered to the free memory, as cuda_cap enforces it
-        import torch
-        free = torch.cuda.mem_get_info(device)[0]
-        budget = min(config.gpu_memory, free) if config.gpu_memory else placement.default_gpu_budget(free)
+    if on_cuda:  # --gpu-memory lowered to the free memory, as cuda_cap enforces it (a plan
+        import torch  # made where no GPU is, doctor's or a test's, takes the flag as given)
+        if not config.gpu_memory:
+            budget = placement.default_gpu_budget(torch.cuda.mem_get_info(device)[0])
+        elif torch.cuda.is_available():
+            budget = min(config.gpu_memory, torch.cuda.mem_get_info(device)[0])
+        else:
+            budget = config.gpu_memory
     placed = placement.plan_placement(plan.parts, "cuda" if on_cuda else "cpu", max_context,
                                       config.max_batch, budget, config.cpu_moe, config.n_cpu_moe,
                                       config.moe_cache, config.prefix_cache_bytes)

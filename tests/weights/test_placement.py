@@ -99,6 +99,7 @@ def test_a_gpu_memory_above_the_free_memory_plans_with_what_is_free(parts, monke
     """--gpu-memory 64GiB where 24 GiB are free: the plan is made for the 24 the cap will
     hold (it planned 64 and then refused the start, telling a GPU user to raise
     --memory-cap); an over-cap plan on the GPU names the GPU's flags."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (24 * GiB, 80 * GiB))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a test GPU")
     config = EngineConfig(model="synthetic:kimi-linear-48b", gpu_memory="64GiB", moe_cache=0)
