@@ -189,14 +189,13 @@ def place(plan, config, device: str, max_context: int):
     if plan.parts is None:
         return None
     on_cuda, budget = device.startswith("cuda"), 0
-    if on_cuda:  # --gpu-memory lowered to the free memory, as cuda_cap enforces it (a plan
-        import torch  # made where no GPU is, doctor's or a test's, takes the flag as given)
+    if on_cuda:
+        import torch
         if not config.gpu_memory:
             budget = placement.default_gpu_budget(torch.cuda.mem_get_info(device)[0])
-        elif torch.cuda.is_available():
-            budget = min(config.gpu_memory, torch.cuda.mem_get_info(device)[0])
-        else:
-            budget = config.gpu_memory
+        else:  # the cap cuda_cap enforces; a plan made where no GPU is takes the flag as given
+            budget = (cuda_cap(config.gpu_memory, device)[0] if torch.cuda.is_available()
+                      else config.gpu_memory)
     placed = placement.plan_placement(plan.parts, "cuda" if on_cuda else "cpu", max_context,
                                       config.max_batch, budget, config.cpu_moe, config.n_cpu_moe,
                                       config.moe_cache, config.prefix_cache_bytes)

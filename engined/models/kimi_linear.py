@@ -157,6 +157,13 @@ class KimiLinearModel:
             else:
                 part.to_gpu_order_()
 
+    def settle_on_device_(self):
+        """Once the weights are loaded (the checkpoint loader, synthetic.build): on CUDA, the
+        codes in the GPU kernels' order and the offloaded banks page-locked."""
+        if self.device.type == "cuda":
+            self.to_gpu_order_()
+            self.page_lock_offloaded_()
+
     def page_lock_offloaded_(self):
         """With an expert cache, on CUDA once loaded: the offloaded layers' banks page-locked
         in place (cudaHostRegister until their memory is freed), so that the cache's uploads

@@ -250,9 +250,7 @@ def load_kimi_linear(path, device="cpu", threads=None, progress=True, dtype=None
         raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the model only "
                               f"{ckpt.config.vocab_size}")
     load_weights(ckpt, model, progress)
-    if model.device.type == "cuda":
-        model.to_gpu_order_()
-        model.page_lock_offloaded_()
+    model.settle_on_device_()
     chat = KimiChatFormat.from_dir(ckpt.path, tokenizer)
     return LoadedModel(ckpt.path.name, model, tokenizer, chat, ckpt.config.context_length,
                        ckpt.path, model.offload_counters)

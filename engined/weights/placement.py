@@ -200,9 +200,9 @@ def _on_cuda(parts: ModelParts, cache: int, workspace: int, gpu_budget: int,
              explicit: int | None, flag: str, moe_cache: int = 0,
              prefix_cache: int = 0) -> Placement:
     """explicit: the number of first MoE layers a flag put in RAM, or None to plan."""
-    fixed = {"attention": parts.attention, "shared experts": parts.shared_experts,
-             "cache": cache, **({"prefix cache": prefix_cache} if prefix_cache else {}),
-             "workspace": workspace, "CUDA context": CUDA_CONTEXT_BYTES}
+    beside = {"cache": cache, **({"prefix cache": prefix_cache} if prefix_cache else {}),
+              "workspace": workspace, "CUDA context": CUDA_CONTEXT_BYTES}  # not weights
+    fixed = {"attention": parts.attention, "shared experts": parts.shared_experts, **beside}
     need = sum(fixed.values())  # what the GPU holds with every routed expert in RAM
     if need > gpu_budget:
         raise PlacementError(
@@ -227,8 +227,7 @@ def _on_cuda(parts: ModelParts, cache: int, workspace: int, gpu_budget: int,
     offloaded = frozenset(i for i, _ in parts.routed[:count])
     on_gpu = _routed_from(parts, count)
     gpu = {"attention": parts.attention, "shared experts": parts.shared_experts,
-           "routed experts": on_gpu,
-           **{k: v for k, v in fixed.items() if k not in ("attention", "shared experts")}}
+           "routed experts": on_gpu, **beside}
     slots = cache_slots(parts, count, gpu_budget - sum(gpu.values()), moe_cache)
     if slots:
         gpu["expert cache"] = slots * parts.expert_bytes

@@ -156,9 +156,7 @@ def build(cfg: dict, device, int4: bool = True, seed: int = 0, fill: bool = True
                             torch.bfloat16, offload, cache_slots)
     if fill:
         fill_random(model, seed)
-        if model.device.type == "cuda":
-            model.to_gpu_order_()
-            model.page_lock_offloaded_()
+        model.settle_on_device_()
     return model
 
 
