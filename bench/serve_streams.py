@@ -320,8 +320,8 @@ def main(argv=None) -> int:
         result["partial"] = True   # still goes to the record, marked so
         save()
         if args.record:
-            record_line(args.record, ["(partial: cut short) " + summary(result)[0],
-                                      *summary(result)[1:]], command)
+            first, *rest = summary(result)
+            record_line(args.record, ["(partial: cut short) " + first, *rest], command)
         raise
     result["goals_met"] = goals(result) if args.device == "cuda" else {}
     save()
