@@ -40,6 +40,7 @@ from engined import ops  # noqa: E402,F401  (registers every variant)
 from engined.ops import int4_format, registry  # noqa: E402
 from engined.ops.w4a16_gemv import cpu_c  # noqa: E402
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts  # noqa: E402
+from engined.weights import kimi_checkpoint  # noqa: E402
 
 GROUP = 32
 DENSE = [("SmolLM2 q/o", 576, 576), ("SmolLM2 k/v", 192, 576), ("SmolLM2 gate/up", 1536, 576),
@@ -171,7 +172,7 @@ def bench_dense(label, n, k, args) -> list[dict]:
         weights = [int4_format.PackedInt4(group_size=GROUP,
                                           **random_packed(n, k, symmetric=symmetric))
                    for _ in range(copies_for(nbytes, args.working_set))]
-        x = torch.randn(1, k, device=DEVICE)
+        x = torch.randn(1, k, device=DEVICE).to(kimi_checkpoint.act_dtype(DEVICE))  # bf16 on CUDA
         for op in ("w4a16_gemv", "w4a8_gemv"):  # W4A8: x rounded to int8 per 32-block first
             for name, variant in measured_variants(op, args):
                 shown = name if op == "w4a16_gemv" else f"w4a8 {name}"
@@ -200,7 +201,7 @@ def bench_routed(label, n, k, args) -> list[dict]:
         stack = PackedInt4Experts(group_size=GROUP,
                                   **random_packed(n, k, lead=(experts,), symmetric=symmetric))
         gen = torch.Generator().manual_seed(0)
-        picks = [(torch.randn(1, k, device=DEVICE), stack,
+        picks = [(torch.randn(1, k, device=DEVICE).to(kimi_checkpoint.act_dtype(DEVICE)), stack,
                   torch.randperm(experts, generator=gen)[:ROUTES].to(DEVICE)) for _ in range(16)]
         for name, variant in measured_variants("w4a16_grouped_gemv", args):
             if name == registry.REFERENCE:
@@ -218,6 +219,20 @@ MOE_EXPERTS, MOE_TOP_K, MOE_D, MOE_I = 256, 8, 2304, 1024
 MOE_TOKENS = (1, 2, 4, 8, 256)  # decode batches, then a prefill chunk
 
 
+def moe_inputs(tokens: int, gen: torch.Generator, calls: int = 8) -> list[tuple]:
+    """`calls` sets of a MoE layer's (x [T, D], experts [T, 8], weights [T, 8] fp32) on DEVICE,
+    x in the dtype the model's hidden states have there (bf16 on CUDA): triton_dot takes its
+    tensor-core product for bf16 and a CUDA-core fp32 one for fp32 x, which the model never
+    runs."""
+    out = []
+    for _ in range(calls):
+        picks = torch.stack([torch.randperm(MOE_EXPERTS, generator=gen)[:MOE_TOP_K]
+                             for _ in range(tokens)]).to(DEVICE)
+        x = torch.randn(tokens, MOE_D, device=DEVICE).to(kimi_checkpoint.act_dtype(DEVICE))
+        out.append((x, picks, torch.rand(tokens, MOE_TOP_K, device=DEVICE)))
+    return out
+
+
 def bench_moe_layer(args) -> list[dict]:
     """One Kimi-Linear MoE layer's routed experts at real shapes (256 experts of w1/w3 [1024,
     2304] and w2 [2304, 1024], symmetric INT4, top-8) through moe_grouped and its W4A8 form
@@ -233,12 +248,7 @@ def bench_moe_layer(args) -> list[dict]:
     expert_bytes = 3 * MOE_I * MOE_D * 9 // 16            # codes + one fp16 scale per 32
     rows = []
     for tokens in MOE_TOKENS if DEVICE == "cpu" else (1, 256):   # the GPU section's time
-        calls = []
-        for _ in range(8):
-            picks = torch.stack([torch.randperm(MOE_EXPERTS, generator=gen)[:MOE_TOP_K]
-                                 for _ in range(tokens)]).to(DEVICE)
-            calls.append((torch.randn(tokens, MOE_D, device=DEVICE), *banks, picks,
-                          torch.rand(tokens, MOE_TOP_K, device=DEVICE)))
+        calls = [(x, *banks, picks, weights) for x, picks, weights in moe_inputs(tokens, gen)]
         chosen = statistics.mean(len(torch.unique(c[4])) for c in calls) * expert_bytes
         for op in ("moe_grouped", "moe_grouped_w4a8"):  # W4A8: x and h rounded to int8 first
             for name, variant in measured_variants(op, args):
