@@ -4,6 +4,8 @@ import math
 import pytest
 import torch
 
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
 from engined.layers import mla as mla_module
 from engined.layers.mla import MLA
 from engined.layers.moe import MoE, route
@@ -183,7 +185,10 @@ def test_mla_prefill_after_a_prefix_matches_loop_with_no_float_score_matrix(monk
 def test_cuda_attention_after_a_prefix_is_lower_right_causal(e, ev, shared):
     """CUDA's causal_lower_right (no mask tensor) attends as the CPU's [T, S] bool mask: widths
     of the expanded path (flash) and of the absorbed one, which passes one latent row per key,
-    a stride-0 view over the heads, as both K and V (MLA._absorbed, as served)."""
+    a stride-0 view over the heads, as both K and V (MLA._absorbed, as served). Only flash and
+    the memory-efficient kernel may run it: were the served views to fall back to the math
+    kernel, a short chunk at 128k of context would make a [H, T, S] score matrix (1-2 GB), and
+    this test would still pass; so such a fallback fails it, with torch's reasons."""
     g = torch.Generator().manual_seed(6)
     q, k, v = torch.randn(32, 300, e, generator=g), torch.randn(32, 1000, e, generator=g), \
         torch.randn(32, 1000, ev, generator=g)
@@ -193,5 +198,6 @@ def test_cuda_attention_after_a_prefix_is_lower_right_causal(e, ev, shared):
     want = mla_module.attend(q, k, v, 700, e ** -0.5)
     k_gpu = row.cuda().bfloat16().expand(32, -1, -1) if shared else k.cuda().bfloat16()
     v_gpu = k_gpu if shared else v.cuda().bfloat16()
-    got = mla_module.attend(q.cuda().bfloat16(), k_gpu, v_gpu, 700, e ** -0.5)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        got = mla_module.attend(q.cuda().bfloat16(), k_gpu, v_gpu, 700, e ** -0.5)
     assert (got.float().cpu() - want).norm() / want.norm() < 2e-2
