@@ -8,6 +8,9 @@ flags (q/k L2 norm, the softplus gate with A_log and dt_bias, beta's sigmoid) ap
 `naive_kda_gate`, then `naive_chunk_kda`. That checks everything our adapter decides (layouts,
 flags, the state in and out); the gpu-marked test checks the real kernel.
 """
+import inspect
+import warnings
+
 import pytest
 import torch
 
@@ -54,3 +57,29 @@ def test_real_chunk_kda_matches_reference_at_48b_head_sizes(t):
     o_ref = reference.kda_prefill(*args[:7], S_ref, args[8])
     for got, want in ((o_fla, o_ref), (S_fla, S_ref)):
         assert (got - want).norm() / want.norm() < 1e-2
+
+
+FLA_READS_FROM_KWARGS = {"A_log", "dt_bias", "chunk_size"}  # fla-core 0.6.0, fla/ops/kda/chunk.py
+
+
+def test_every_keyword_the_adapter_passes_is_one_the_real_chunk_kda_reads(monkeypatch):
+    """fla's chunk_kda takes **kwargs, so a flag it renamed (or we misspelled) would be ignored
+    with no error, the GPU would compute another function, and the naive stand-in above, whose
+    keywords are ours, would not see it. The adapter's call is bound to the installed
+    chunk_kda's signature: each keyword is a named parameter or one it reads from kwargs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                       # fla: "Triton is not supported"
+        from fla.ops.kda import chunk_kda
+    params = inspect.signature(chunk_kda).parameters
+    seen = {}
+
+    def spy(*args, **kwargs):
+        inspect.signature(chunk_kda).bind(*args, **kwargs)
+        seen["positional"], seen["keywords"] = len(args), set(kwargs)
+        return fla_naive_chunk_kda(*args, **kwargs)
+
+    monkeypatch.setattr(fla_variant, "chunk_kda", spy)
+    fla_variant.kda_prefill(*kda_prefill_case(5, 2, 16, 8).make(torch.Generator().manual_seed(0)))
+    assert list(params)[:5] == ["q", "k", "v", "g", "beta"] and seen["positional"] == 5
+    named = {name for name, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    assert not seen["keywords"] - named - FLA_READS_FROM_KWARGS, "chunk_kda would ignore these"
