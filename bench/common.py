@@ -177,11 +177,13 @@ def stream_text_times(sock: str, prompt, max_tokens: int) -> tuple[float, float,
     return first, last, count
 
 
-def token_chunks(sock: str, prompt: str, max_tokens: int, key) -> list[tuple[float, list[int]]]:
-    """One greedy stream -> [(arrival time, token ids in the chunk), ...], chunks with ids."""
+def token_chunks(sock: str, prompt: str, max_tokens: int, key,
+                 speculative: bool = True) -> list[tuple[float, list[int]]]:
+    """One greedy stream -> [(arrival time, token ids in the chunk), ...], chunks with ids.
+    speculative=False: the request asks for plain decode (the engine speculates by default)."""
     conn, resp = unix_post(sock, "/v1/completions", {
         "model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "stream": True, "ignore_eos": True, "return_token_ids": True})
+        "stream": True, "ignore_eos": True, "return_token_ids": True, "speculative": speculative})
     if resp.status != 200:  # raised in the stream's thread: its traceback shows the reply
         raise RuntimeError(f"stream {key}: HTTP {resp.status}: {resp.read()[:300]!r}")
     chunks = []
@@ -195,12 +197,13 @@ def token_chunks(sock: str, prompt: str, max_tokens: int, key) -> list[tuple[flo
     return chunks
 
 
-def concurrent_chunks(sock: str, prompts: list[str], max_tokens: int) -> list[list]:
+def concurrent_chunks(sock: str, prompts: list[str], max_tokens: int,
+                      speculative: bool = True) -> list[list]:
     """One greedy stream per prompt, all at once -> each stream's token_chunks, in order."""
     results: dict[int, list] = {}
 
     def run(i: int, prompt: str):
-        results[i] = token_chunks(sock, prompt, max_tokens, i)
+        results[i] = token_chunks(sock, prompt, max_tokens, i, speculative)
 
     threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(prompts)]
     for t in threads:

@@ -13,7 +13,8 @@ measured):
   build exposes it, else "not exposed by this build", never a 0 it did not report) and peak
   memory, with its source (bench/served.py: the engine's own metric when exposed, else
   nvidia-smi's used memory of the engine's process, CUDA context included, else the VmHWM);
-- decode: aggregate tok/s of 1 and 8 concurrent greedy streams of --new-tokens each, over
+- decode: aggregate tok/s of 1 and 8 concurrent greedy streams of --new-tokens each, plain
+  decode (each request says "speculative": false; the drafts tested are recorded: 0), over
   the window where every stream decodes (from the last stream's first token to the first
   stream's last), the median of --runs after one short warm-up at each count; then the
   decode steps by how they ran (graph replay or eager), from the engine's metrics;
@@ -46,6 +47,7 @@ from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E4
 
 GRAPH_FAILURES = "kimi_engine_graph_capture_failures_total"
 DECODE_STEPS = "kimi_engine_decode_steps_total{"
+SPEC_DRAFTS = "kimi_engine_spec_draft_tokens_total"
 NOT_EXPOSED = "not exposed by this build"
 CAPTURED_RE = re.compile(r"captured the decode step for (\d+) rows")
 FAILED_RE = re.compile(r"CUDA graph capture failed for (\d+) rows")
@@ -80,8 +82,11 @@ def steady_rate(streams: list[list[tuple[float, int]]]) -> float:
 
 
 def run_streams(sock: str, prompts: list[str], max_tokens: int) -> float:
+    """Plain decode ("speculative": false): the rate the roofline bounds. Where the model
+    verifies drafts (Kimi-Linear on the CPU; not yet on a GPU), a synthetic model's drafts
+    say nothing of real text's; kimi_verify's rows in quick time the verify."""
     return steady_rate([[(t, len(ids)) for t, ids in chunks]
-                        for chunks in concurrent_chunks(sock, prompts, max_tokens)])
+                        for chunks in concurrent_chunks(sock, prompts, max_tokens, False)])
 
 
 def decode_rates(engine: Engine, args):
@@ -241,7 +246,9 @@ def measure(args, result: dict, save):
             if n == 1 and "roofline" in result:
                 result["roofline"]["pct"] = 100 * rate / result["roofline"]["tok_s"]
             save()
-        result["decode_steps"] = decode_steps(engine.metrics())
+        metrics = engine.metrics()
+        result["decode_steps"] = decode_steps(metrics)
+        result["spec_draft_tokens"] = metrics.get(SPEC_DRAFTS, NOT_EXPOSED)  # 0: plain decode
         save()
         if args.prefill:
             prefill_ttft(engine, min(512, *args.prefill), seed=0)  # warm-up: the prefill kernels

@@ -108,6 +108,7 @@ def test_gpu_run_dry_run_measures_every_section(tmp_path):
     assert set(serve["decode_tok_s"]) == {"1", "2"}
     assert all(rate > 0 for rate in serve["decode_tok_s"].values())
     assert serve["generated_tokens"] > 0 and serve["decode_steps"]["eager"] > 0
+    assert serve["spec_draft_tokens"] == 0  # plain decode: the engine drafted here by default
     prefill, roofline = serve["prefill"]["256"], serve["roofline"]
     assert prefill["prompt_tokens"] == 256 and prefill["ttft_s"] > 0
     assert roofline["bytes_per_token"] > 5e6 and roofline["bandwidth_gbs"] > 0
