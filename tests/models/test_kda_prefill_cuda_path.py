@@ -20,11 +20,15 @@ in_process = pytest.mark.skipif(not interpreter_ready(), reason="runs in test_in
 
 
 @in_process
+@pytest.mark.parametrize("prefill", ["fla", "reference"])
 @pytest.mark.parametrize("split", [70, 2])
-def test_layer_prefill_on_the_cuda_path_resumes_mid_prompt(monkeypatch, split):
+def test_layer_prefill_on_the_cuda_path_resumes_mid_prompt(monkeypatch, split, prefill):
     """`split` tokens, then the rest from the state and conv windows they left (2: a chunk
     shorter than the window, which keeps one of its old inputs), equal the same 120 tokens
-    one decode step each: outputs, recurrent state and windows."""
+    one decode step each: outputs, recurrent state and windows. kda_prefill through fla (the
+    CUDA default) and through our reference, which bench/gpu_quick.py and the GPU graph tests
+    select on CUDA (fla's first call autotunes): its output went to the Triton gated norm
+    strided, which refused it."""
     monkeypatch.setattr(fla_variant, "chunk_kda", fla_naive_chunk_kda)
     torch.manual_seed(0)
     layer = KDA(hidden=48, num_heads=2, head_dim=16, conv_size=4, eps=1e-5, dtype=torch.float32)
@@ -33,9 +37,9 @@ def test_layer_prefill_on_the_cuda_path_resumes_mid_prompt(monkeypatch, split):
         w.copy_(torch.randn_like(w) * 0.3)
     a = torch.randn(120, 48)
     chunks, steps = layer.new_state(torch.float32, "cpu"), layer.new_state(torch.float32, "cpu")
-    with registry.standing_in("cpu", "cuda"):
+    with registry.standing_in("cpu", "cuda"), registry.using("kda_prefill", prefill):
         assert [registry.resolve(op, "cpu").name for op in ("short_conv", "kda_prefill",
-                                                            "gated_rmsnorm")] == ["triton", "fla", "triton"]
+                                                            "gated_rmsnorm")] == ["triton", prefill, "triton"]
         got = torch.cat([layer(a[:split], chunks), layer(a[split:], chunks)])
     want = torch.cat([layer(a[i:i + 1], steps) for i in range(120)])
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

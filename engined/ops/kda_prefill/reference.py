@@ -14,6 +14,8 @@ rule in the chunkwise WY/UT form, CHUNK tokens a Python step).
 | S         | [H, K, V]    | fp32, the sequence's state, updated        |
 | out       | [T, H, V]    | fp32 (a variant may return q's dtype)      |
 
+`out` is contiguous in every variant: the Triton gated norm after it takes no strides.
+
 g = -exp(A_log) softplus(r + dt_bias); beta = sigmoid(b); q, k <- x / sqrt(|x|^2 + 1e-6);
 then T recurrent steps (S <- exp(g) S; S <- S + beta k (v - k S); o = scale q S) in chunks.
 """
@@ -51,7 +53,7 @@ def kda_prefill(q, k, v, r, b, A_log, dt_bias, S, scale: float, out=None) -> tor
     check_inputs(q, k, v, r, b, A_log, dt_bias, S)
     g = kda_gate(r, A_log, dt_bias)
     o = chunked_kda(l2norm(q.float()), l2norm(k.float()), v, g, torch.sigmoid(b.float()), S, scale)
-    return o if out is None else out.copy_(o)
+    return o.contiguous() if out is None else out.copy_(o)  # the chunk form's is [H, T, V] transposed
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
