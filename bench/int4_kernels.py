@@ -60,13 +60,18 @@ def packed_bytes(n: int, k: int, symmetric: bool = False) -> int:
 
 
 def random_packed(n: int, k: int, lead=(), symmetric: bool = False) -> dict:
+    """Random codes and scales on DEVICE. Off the CPU the codes are flagged in the GPU
+    kernels' order, the loop the engine serves there (KimiLinearModel.settle_on_device_
+    reorders every bank on CUDA): random codes reordered are as random, so the flag alone
+    picks the kernels' loop."""
     groups = (*lead, n, k // GROUP)
     # random bytes drawn 4 at a time: a MoE layer's 256 experts are 0.9 GB of codes, and
     # torch draws uint8 one by one (18 s of the dry run on a 2-core EPYC)
     codes = torch.randint(-2**31, 2**31 - 1, (*lead, n, k // 8), dtype=torch.int32, device=DEVICE)
     return dict(qweight=codes.view(torch.uint8),
                 scales=(torch.rand(groups, device=DEVICE) * 0.02).half(),
-                mins=None if symmetric else (torch.rand(groups, device=DEVICE) * -0.1).half())
+                mins=None if symmetric else (torch.rand(groups, device=DEVICE) * -0.1).half(),
+                gpu_order=DEVICE != "cpu")
 
 
 def seconds_per_call(fn, args_list, min_time: float, what: str = "") -> float:

@@ -17,3 +17,17 @@ def test_moe_timing_x_has_the_models_activation_dtype(monkeypatch):
     for x, picks, weights in kernels.moe_inputs(3, torch.Generator().manual_seed(0), calls=2):
         assert x.dtype == torch.bfloat16 and x.shape == (3, kernels.MOE_D)
         assert picks.shape == (3, kernels.MOE_TOP_K) and weights.dtype == torch.float32
+
+
+def test_weights_off_the_cpu_take_the_gpu_order_the_engine_serves(monkeypatch):
+    """On CUDA the engine reorders every INT4 bank into the GPU kernels' order, so the timed
+    weights must be flagged so too (before, the kernels section timed the disk order's loop,
+    which no CUDA request runs). "meta" stands in for the GPU here."""
+    kernels = bench.load("int4_kernels")
+    on_cpu = kernels.PackedInt4Experts(group_size=32, **kernels.random_packed(16, 64, (2,)))
+    assert on_cpu.gpu_order is False
+    monkeypatch.setattr(kernels, "DEVICE", "meta")
+    for symmetric in (True, False):
+        w = kernels.int4_format.PackedInt4(group_size=32,
+                                           **kernels.random_packed(16, 64, symmetric=symmetric))
+        assert w.gpu_order and w.qweight.device.type == "meta"
