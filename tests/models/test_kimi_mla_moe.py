@@ -3,7 +3,6 @@ import math
 
 import pytest
 import torch
-
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engined.layers import mla as mla_module
