@@ -67,12 +67,23 @@ def check_triton(config: EngineConfig) -> Check:
 
 
 def check_helper(config: EngineConfig) -> Check:
+    """On the CPU the helper runs every INT4 op (without it, their reference kernels: correct,
+    many times slower). On a GPU only routed experts kept in RAM and --moe-w4a8 use it; the
+    memory plan's line fails when it plans experts in RAM without it."""
+    import torch
+
     from engined import helper
 
+    fix = "make setup (builds engined/_kimi_helper)"
     try:
         helper.require()
     except helper.HelperError as exc:
-        return Check("C helper", False, str(exc), "make setup (builds engined/_kimi_helper)")
+        on_cuda = config.device != "cpu" and torch.cuda.is_available()
+        if on_cuda and not config.moe_w4a8:
+            return Check("C helper", True, f"{exc}: the GPU path does not use it (experts kept "
+                         "in RAM would: the memory plan line says if any are)")
+        why = "--moe-w4a8 needs it" if on_cuda else "the CPU would run reference kernels, many times slower"
+        return Check("C helper", False, f"{exc}: {why}", fix)
     return Check("C helper", True, f"built ({pathlib.Path(helper.__file__).parents[1].name}/_kimi_helper)")
 
 

@@ -123,6 +123,25 @@ def test_gpu_check_follows_the_device(kimi_cache):
         assert not forced.is_ok and "no CUDA device" in forced.detail
 
 
+@pytest.mark.parametrize("device,cuda,w4a8,is_ok", [
+    ("auto", True, False, True), ("cuda", True, False, True), ("cuda", True, True, False),
+    ("cpu", True, False, False), ("auto", False, False, False)])
+def test_the_helper_is_needed_on_the_cpu_not_on_a_gpu(monkeypatch, device, cuda, w4a8, is_ok):
+    """Without the C helper: a GPU serve runs (only experts in RAM, which the memory plan
+    refuses without it, and --moe-w4a8 use it); a CPU serve falls back to reference kernels."""
+    from engined import helper
+
+    def missing():
+        raise helper.HelperError("C helper not built")
+
+    monkeypatch.setattr(helper, "require", missing)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    check = doctor.check_helper(EngineConfig(device=device, moe_w4a8=w4a8))
+    assert check.is_ok == is_ok and check.detail.startswith("C helper not built"), check
+    if not is_ok:
+        assert "make setup" in check.fix
+
+
 def test_a_check_that_raises_is_one_failed_line():
     def check_boom(config):
         raise RuntimeError("boom")
