@@ -135,14 +135,20 @@ class HostExperts:
         rows.ids.copy_(experts, non_blocking=pinned)
         rows.weights.copy_(weights, non_blocking=pinned)
 
-    def decide(self, rows: HostRows):
+    def decide(self, rows: HostRows, live: int | None = None):
         """With the cache, once the routing is in host rows: which chosen experts it holds,
-        and each side's routes (rows.slots and rows.device_weights for run_cached)."""
-        chosen = torch.unique(rows.ids).tolist()
+        and each side's routes (rows.slots and rows.device_weights for run_cached). live: the
+        first rows that are a batch's (a graph step's padding after them is looked up for no
+        expert, and the cache runs nothing for it: weight 0)."""
+        ids, weights = (rows.ids, rows.weights) if live is None else (rows.ids[:live], rows.weights[:live])
+        chosen = torch.unique(ids).tolist()
         self._found = self.cache.lookup(self.layer, chosen)
-        self._split = Split(rows.ids, rows.weights, self._found, self.cache.num_experts)
-        rows.slots.copy_(self._split.slots)
-        rows.device_weights.copy_(self._split.device_weights)
+        self._split = Split(ids, weights, self._found, self.cache.num_experts)
+        n = ids.shape[0]
+        rows.slots[:n].copy_(self._split.slots)
+        rows.device_weights[:n].copy_(self._split.device_weights)
+        rows.slots[n:] = 0  # a slot there always is, at weight 0
+        rows.device_weights[n:] = 0.0
 
     def run_cached(self, f: torch.Tensor, rows: HostRows) -> torch.Tensor:
         """The cached experts' routes on the device (weight 0 elsewhere) -> [T, D] fp32."""
@@ -150,19 +156,24 @@ class HostExperts:
         return registry.resolve("moe_grouped", f.device.type).fn(
             f, *self.cache.pool, rows.slots.to(**move), rows.device_weights.to(**move))
 
-    def compute(self, rows: HostRows, banks):
+    def compute(self, rows: HostRows, banks, live: int | None = None):
         """The routed experts on the CPU threads: rows.out = Σ_k weight_k Expert_k(x), over
-        the routes the cache does not run; then the cache's misses are uploaded."""
+        the routes the cache does not run; then the cache's misses are uploaded. live: the
+        first rows that are a batch's; the padding of a graph step's bucket after them costs
+        the CPU nothing (its out rows are zeros)."""
         packed = tuple(bank.packed for bank in banks)
         split, self._split = self._split, None
+        n = rows.x.shape[0] if live is None else live
+        x, ids, out = rows.x[:n], rows.ids[:n], rows.out[:n]
+        rows.out[n:].zero_()
         if split is None:
-            self._grouped(rows.x, *packed, rows.ids, rows.weights, out=rows.out)
+            self._grouped(x, *packed, ids, rows.weights[:n], out=out)
         elif split.has_cpu:
-            self._grouped(rows.x, *packed, split.cpu_ids, split.cpu_weights, out=rows.out)
+            self._grouped(x, *packed, split.cpu_ids, split.cpu_weights, out=out)
         else:
-            rows.out.zero_()
+            out.zero_()
         if split is not None:
-            missed = [e for e in torch.unique(rows.ids).tolist() if e not in self._found]
+            missed = [e for e in torch.unique(ids).tolist() if e not in self._found]
             self.cache.admit(self.layer, missed, packed, set(self._found.values()))
         self._count(rows)
 

@@ -49,6 +49,7 @@ class KimiGraphStep:
                                  torch.zeros(rows, dtype=torch.int64, device=device))     # positions
         self.addresses = model.pool_addresses()
         self.logits: torch.Tensor | None = None
+        self.live = rows  # the rows `load` filled with the batch's; scratch padding after them
         self.segments: list[Callable[[], None]] = [self._whole]
         self.crossings: list[Crossing] = []
         self.load_scratch()
@@ -61,6 +62,7 @@ class KimiGraphStep:
 
     def load_scratch(self):
         """Every row on the scratch sequence (warm-up and capture)."""
+        self.live = self.rows
         self._copy_in([0] * self.rows, [self.scratch] * self.rows, [0] * self.rows)
 
     def load(self, tokens: list[int], caches: list, positions: list[int]):
@@ -72,6 +74,7 @@ class KimiGraphStep:
                 raise ValueError(f"position {pos} does not fit a cache of {cache.max_tokens} tokens")
             cache.resume(pos)    # after an eager step that verified drafts: that row's slot
         pad = self.rows - len(tokens)
+        self.live = len(tokens)
         self._copy_in(tokens + [0] * pad, caches + [self.scratch] * pad, positions + [0] * pad)
 
     def _copy_in(self, tokens: list[int], caches: list, positions: list[int]):

@@ -69,7 +69,7 @@ class KimiPiecewiseStep(KimiGraphStep):
         self.shared_out[k] = self._moe(k).shared_experts(self.f[k])
 
     def _decide(self, k: int):
-        self._moe(k).host_experts.decide(self.host)
+        self._moe(k).host_experts.decide(self.host, self.live)
 
     @torch.inference_mode()
     def _cached(self, k: int):
@@ -77,4 +77,4 @@ class KimiPiecewiseStep(KimiGraphStep):
 
     def _compute(self, k: int):
         moe = self._moe(k)
-        moe.host_experts.compute(self.host, (moe.w1, moe.w3, moe.w2))
+        moe.host_experts.compute(self.host, (moe.w1, moe.w3, moe.w2), self.live)

@@ -115,6 +115,25 @@ def test_the_piecewise_step_with_the_cache_gives_the_same_logits():
     assert torch.equal(out[0], out[1])
 
 
+def test_a_buckets_padding_is_looked_up_for_no_expert():
+    """3 sequences in the bucket of 4: the cache looks up (and so admits and uploads) only the
+    experts the 3 rows chose, and runs nothing for the scratch row (weight 0)."""
+    model = _model(offload=frozenset({2}), cache_slots=6)
+    caches = [model.new_cache(32) for _ in range(3)]
+    tokens = [int(model.forward(torch.tensor(p), c, 0)[-1].argmax())
+              for p, c in zip([[3, 5, 7, 11], [2, 9], [40, 41, 42]], caches)]
+    step, looked = model.graph_step(4, 256), []
+    lookup = model.expert_cache.lookup
+    model.expert_cache.lookup = lambda layer, experts: looked.append(experts) or lookup(layer, experts)
+    positions = [c.num_tokens for c in caches]
+    step.load(tokens, caches, positions)
+    with torch_single_threaded():
+        step.run()
+    host = step.host
+    assert looked == [sorted(set(host.ids[:3].flatten().tolist()))]
+    assert host.device_weights[3:].eq(0).all() and host.slots[3:].eq(0).all()
+
+
 def test_a_cache_without_offloaded_layers_is_refused():
     with pytest.raises(ValueError, match="experts are in RAM"):
         _model(offload=frozenset(), cache_slots=4)

@@ -72,6 +72,22 @@ def test_the_piecewise_step_gives_the_plain_models_logits_bit_for_bit(prompts, b
     assert model.offload_counters.moe_calls - calls == 4 * len(offload)
 
 
+def test_a_buckets_padding_costs_the_cpu_experts_nothing():
+    """3 sequences in the bucket of 4: the CPU experts run the 3 rows (the scratch row's
+    routes cost it a fourth more before); the bit-for-bit test above holds the 3 rows'
+    logits to the plain model's."""
+    model = _model(frozenset({1, 3}))
+    caches, tokens = _prefilled(model, PROMPTS)
+    step, ran = model.graph_step(4, 256), []
+    for layer in (1, 3):
+        host = model.layers[layer].block_sparse_moe.host_experts
+        host._grouped = (lambda grouped: lambda x, *a, **k: ran.append(x.shape[0]) or grouped(x, *a, **k))(host._grouped)
+    step.host.out.fill_(float("nan"))  # padding rows' outputs are written, not left
+    _run(step, caches, tokens)
+    assert ran == [3, 3]
+    assert step.host.out[3:].eq(0).all()
+
+
 def test_the_runner_captures_the_pieces_in_order_and_replays_them(monkeypatch):
     """On CUDA the runner records each piece (here: graphs faked by the pieces themselves)
     in one pool per bucket, and a decode replays them with the CPU experts between."""
