@@ -203,7 +203,8 @@ class Engine:
         if seq.params.max_tokens == 0:  # scoring only (echo + logprobs)
             seq.finish("length")
         else:
-            self._append_drawn(seq, logits[len(logits) - len(token_ids):], token_ids)
+            with seq.step_events:
+                self._append_drawn(seq, logits[len(logits) - len(token_ids):], token_ids)
         if seq.is_finished:
             self._observe_finished(seq)
             self.scheduler.finish(seq)

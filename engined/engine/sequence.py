@@ -112,6 +112,9 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    # held by the model thread while it appends one step's tokens (several when drafts
+    # stood): a reader that takes it after its first event then finds the step's events whole
+    step_events: threading.Lock = field(default_factory=threading.Lock)
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _admitted: threading.Event = field(default_factory=threading.Event)
 

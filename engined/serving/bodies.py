@@ -38,6 +38,18 @@ def delta_dict(delta) -> dict:
     raise TypeError(f"unknown delta {delta!r}")
 
 
+def merge_adjacent(deltas: list) -> list:
+    """Runs of content, or of reasoning, as one delta each (a stream's chunk of several
+    tokens); tool-call deltas as they are."""
+    merged = []
+    for delta in deltas:
+        if merged and type(delta) is type(merged[-1]) and isinstance(delta, (ContentDelta, ReasoningDelta)):
+            merged[-1] = type(delta)(merged[-1].text + delta.text)
+        else:
+            merged.append(delta)
+    return merged
+
+
 def merge_deltas(deltas: list) -> tuple[str, str]:
     """-> (content, reasoning) concatenated from a list of deltas."""
     content = "".join(d.text for d in deltas if isinstance(d, ContentDelta))

@@ -1,30 +1,26 @@
 """The two generating routes, run on HTTP threads: validate, template, tokenize, submit a
-Sequence, then turn its events into a JSON body or an SSE stream.
+Sequence, then turn its events into a JSON body or an SSE stream: a chunk for each batch
+of events (event_stream.py), so the tokens of a step that accepted drafts go out together.
 
 A client that goes away is noticed between events (a failed write, or EOF seen by a
 socket peek) and its sequence is cancelled, which the model loop honours next step.
 """
-import queue
 import time
 from dataclasses import dataclass
 
 from engined.serving import parse as api
 from engined.serving import structured
+from engined.serving.event_stream import (LIVENESS_POLL_S, ClientGone, IdStream, event_batches,
+                                          events, send_events, start_stream)
 from engined.chat.errors import PromptTooLong
 from engined.chat.messages import forced_tool, normalize_tools
 from engined.chat.output import ContentDelta
 from engined.errors import ContextLengthExceeded, EngineError, InvalidRequest, QueueTimeout
 from engined.serving.bodies import (DONE, LogprobFormat, Shaper, chat_finish_reason, chat_message,
-                               delta_dict, merge_deltas, sse, usage)
+                               delta_dict, merge_adjacent, merge_deltas, sse, usage)
 from engined.engine import speculate
-from engined.engine.sequence import (ErrorEvent, FinishEvent, PromptLogprobsEvent, SamplingParams,
-                              Sequence, TokenEvent)
-
-LIVENESS_POLL_S = 0.05
-
-
-class ClientGone(Exception):
-    """The client closed its connection; its generation was cancelled."""
+from engined.engine.sequence import (FinishEvent, PromptLogprobsEvent, SamplingParams, Sequence,
+                              TokenEvent)
 
 
 @dataclass
@@ -42,27 +38,6 @@ class Served:
 
     def logprob_format(self, token_ids: api.TokenIds = api.TokenIds()) -> LogprobFormat:
         return LogprobFormat(self.tokenizer, token_ids.is_logprob_ids)
-
-
-class IdStream:
-    """return_token_ids in a stream: each chunk carries the ids released since the last one;
-    the final chunk carries the rest of FinishEvent.token_ids (a stop token included)."""
-
-    def __init__(self, is_on: bool):
-        self.is_on, self.pending, self.num_sent = is_on, [], 0
-
-    def add(self, event):
-        if self.is_on and isinstance(event, TokenEvent):
-            self.pending.append(event.token_id)
-
-    def take(self, finish: FinishEvent | None = None) -> dict:
-        """The choice fields for the next chunk ({} when the option is off)."""
-        if not self.is_on:
-            return {}
-        ids = list(finish.token_ids[self.num_sent:]) if finish is not None else self.pending
-        self.num_sent += len(ids)
-        self.pending = []
-        return {"token_ids": ids}
 
 
 def encode_prompt(served: Served, text: str, add_bos: bool = False) -> list[int]:
@@ -108,45 +83,6 @@ def await_admission(served: Served, seq: Sequence, ex):
             raise QueueTimeout(f"the request waited {waited:.0f} s in the engine's queue "
                                f"without starting (--queue-timeout-s "
                                f"{served.queue_timeout_s:g}); retry later")
-
-
-def events(seq: Sequence, ex):
-    """Yield the sequence's events up to its FinishEvent; ErrorEvent raises its error."""
-    last_check = time.monotonic()
-    while True:
-        try:
-            event = seq.events.get(timeout=LIVENESS_POLL_S)
-        except queue.Empty:
-            event = None
-        if time.monotonic() - last_check >= LIVENESS_POLL_S:
-            last_check = time.monotonic()
-            if not ex.is_client_alive():
-                seq.cancel()
-                raise ClientGone()
-        if event is None:
-            continue
-        if isinstance(event, ErrorEvent):
-            raise event.error
-        yield event
-        if isinstance(event, FinishEvent):
-            return
-
-
-def start_stream(seq: Sequence, ex, text: str):
-    try:
-        ex.start_stream(text)
-    except OSError:
-        seq.cancel()
-        raise ClientGone() from None
-
-
-def send_events(seq: Sequence, ex, text: str, last: bool = False):
-    """A write that fails means the client is gone: cancel the generation."""
-    try:
-        ex.end_stream(text) if last else ex.send_event(text)
-    except OSError:
-        seq.cancel()
-        raise ClientGone() from None
 
 
 # -- POST /v1/chat/completions -------------------------------------------------------------
@@ -212,20 +148,25 @@ def _stream_chat(seq, ex, parser, shaper, lp, req, prompt_ids):
     start_stream(seq, ex, sse(first))
     pending = []  # logprob entries not yet attached to a chunk
     try:
-        for event in events(seq, ex):
-            ids.add(event)
-            if isinstance(event, TokenEvent) and lp and event.logprob:
-                pending.append(lp.chat_entry(event.logprob))
-            deltas = parser.feed(event.text)
+        for batch in event_batches(seq, ex):
+            deltas = []
+            for event in batch:
+                ids.add(event)
+                if isinstance(event, TokenEvent) and lp and event.logprob:
+                    pending.append(lp.chat_entry(event.logprob))
+                deltas += parser.feed(event.text)
             if isinstance(event, FinishEvent):
                 deltas += parser.finish()
-            for delta in deltas:
+            chunks = []
+            for delta in merge_adjacent(deltas):
                 if isinstance(delta, ContentDelta) and not delta.text:
                     continue
                 chunk = shaper.chat_chunk(delta_dict(delta), logprobs=pending if lp else None)
                 chunk["choices"][0].update(ids.take())
-                send_events(seq, ex, sse(chunk))
+                chunks.append(sse(chunk))
                 pending = []
+            if chunks:
+                send_events(seq, ex, "".join(chunks))
         finish = chat_finish_reason(event.reason, parser.tool_calls)
         last = shaper.chat_chunk({}, finish, logprobs=pending if pending else None,
                                  stop_reason=user_stop(event, req.sampling))
@@ -287,25 +228,33 @@ def _stream_completion(seq, ex, shaper, lp, req, prompt_text: str, prompt_ids: l
     start_stream(seq, ex, sse(shaper.completion(first)))
     prompt_offset, offset = 0, len(echoed)  # text_offset of the next prompt / generated token
     try:
-        for event in events(seq, ex):
-            ids.add(event)
+        for batch in event_batches(seq, ex):
+            chunks, tokens = [], [e for e in batch if isinstance(e, TokenEvent)]
+            for event in batch:
+                if isinstance(event, PromptLogprobsEvent):  # echo: logprobs of the prompt tokens
+                    entries, start = list(event.entries), prompt_offset
+                    prompt_offset += sum(len(lp.text(e.token_id)) for e in entries)
+                    logprobs = lp.legacy(entries, start) if is_logprobs and entries else None
+                    chunks.append(sse(shaper.completion({**shaper.text_choice("", None, logprobs),
+                                                         **ids.take()})))
+                ids.add(event)
+            if tokens:  # the batch's tokens in one chunk
+                text = "".join(e.text for e in tokens)
+                entries = [e.logprob for e in tokens if e.logprob]
+                logprobs = lp.legacy(entries, offset) if is_logprobs and entries else None
+                offset += len(text)
+                chunks.append(sse(shaper.completion({**shaper.text_choice(text, None, logprobs),
+                                                     **ids.take()})))
+            event = batch[-1]
             if isinstance(event, FinishEvent):
                 last = shaper.text_choice(event.text, event.reason, None)
-                tail = sse(shaper.completion({**last, **ids.take(event)}))
+                chunks.append(sse(shaper.completion({**last, **ids.take(event)})))
                 if req.include_usage:
-                    tail += sse(with_spec_metrics(shaper.usage_chunk(
+                    chunks.append(sse(with_spec_metrics(shaper.usage_chunk(
                         "text_completion", event.num_prompt_tokens,
-                        event.num_completion_tokens), seq, req.sampling))
-                return send_events(seq, ex, tail + DONE, last=True)
-            if isinstance(event, PromptLogprobsEvent):  # echo: logprobs of the prompt tokens
-                text, entries, start = "", list(event.entries), prompt_offset
-                prompt_offset += sum(len(lp.text(e.token_id)) for e in entries)
-            else:
-                text, entries, start = event.text, [event.logprob] if event.logprob else [], offset
-                offset += len(text)
-            logprobs = lp.legacy(entries, start) if is_logprobs and entries else None
-            choice = {**shaper.text_choice(text, None, logprobs), **ids.take()}
-            send_events(seq, ex, sse(shaper.completion(choice)))
+                        event.num_completion_tokens), seq, req.sampling)))
+                return send_events(seq, ex, "".join(chunks) + DONE, last=True)
+            send_events(seq, ex, "".join(chunks))
     except EngineError as exc:
         send_events(seq, ex, sse(exc.body()) + DONE, last=True)
         ex.status = exc.status

@@ -9,7 +9,8 @@ from engined.serving import generate
 from engined.chat.errors import ChatInputError
 from engined.errors import (EngineError, InternalError, InvalidRequest, MethodNotAllowed, NotFound,
                             Unavailable)
-from engined.serving.generate import ClientGone, Served
+from engined.serving.event_stream import ClientGone
+from engined.serving.generate import Served
 from engined.serving.logs import LogSink, request_line
 from engined.metrics import EngineMetrics
 from engined.serving.bodies import DONE, sse

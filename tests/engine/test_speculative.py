@@ -238,3 +238,33 @@ def test_the_response_carries_vllms_spec_metrics_when_asked(llama):
     assert plain["metrics"]["speculative_decoding"]["num_draft_tokens"] == 0
     assert "metrics" not in asked_not
     assert plain["choices"][0]["message"] == reply["choices"][0]["message"]
+
+
+def test_a_steps_accepted_drafts_stream_as_one_chunk(llama):
+    """The tokens a verify step accepts reach the client in one SSE chunk (one write), with
+    their ids and logprobs, chat and completions alike; the streams join to the whole reply.
+    Before, each token was a chunk and a write of its own, on an HTTP thread that shares the
+    cores with the model."""
+    from tests.support.engine import InProcessEngine, post, stream
+    prompt = "Repeat exactly:\n" + CODE * 2
+    chat = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 40,
+            "temperature": 0, "return_token_ids": True, "logprobs": True, "top_logprobs": 1}
+    text = {"prompt": prompt + "\n" + CODE, "max_tokens": 40, "temperature": 0,
+            "return_token_ids": True, "logprobs": 1}
+    with InProcessEngine(llama.model, llama.tokenizer, llama.chat, max_context=4096) as engine:
+        whole = post(engine.sock, "/v1/chat/completions", chat).json()["choices"][0]
+        chunks = [c["choices"][0] for c in stream(engine.sock, "/v1/chat/completions",
+                                                  {**chat, "stream": True})[:-1] if c["choices"]]
+        whole_text = post(engine.sock, "/v1/completions", text).json()["choices"][0]
+        text_chunks = [c["choices"][0] for c in stream(engine.sock, "/v1/completions",
+                                                       {**text, "stream": True})[:-1]]
+    assert max(len(c.get("token_ids", [])) for c in chunks) > 1
+    assert [t for c in chunks for t in c.get("token_ids", [])] == whole["token_ids"]
+    assert "".join(c["delta"].get("content") or "" for c in chunks) == whole["message"]["content"]
+    for c in chunks[1:-1]:  # a content chunk's logprobs: one entry per token it carries
+        assert len(c["logprobs"]["content"]) == len(c["token_ids"]), c
+    assert max(len(c["token_ids"]) for c in text_chunks) > 1
+    assert [t for c in text_chunks for t in c["token_ids"]] == whole_text["token_ids"]
+    assert "".join(c["text"] for c in text_chunks) == whole_text["text"]
+    offsets = [o for c in text_chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+    assert offsets == whole_text["logprobs"]["text_offset"]
