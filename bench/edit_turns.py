@@ -4,7 +4,10 @@ socket. 20 edit turns (rename, type hints, a docstring, a unified diff, on funct
 repository) and 5 prose turns with nothing to copy: bench/edit_turns.json, sha256-pinned.
 
 Per turn and mode: decode tok/s (tokens after the first over the time from the first token
-to the last), and for "on" the drafted and accepted tokens from the engine's counters. The
+to the last), and for "on" the request's own drafted and accepted tokens and verifying steps
+(vLLM's metrics.speculative_decoding, asked for with "spec_decode_metrics"): the acceptance
+rate, and the draft length as drafts per verifying step. llama-server's n-gram row reports
+its drafts tested and accepted from its timings. The
 tokens of the two modes must be identical on every turn (greedy): a difference fails the run.
 Native llama-server (bench/llamacpp_build.sh, the same GGUF and threads) runs the same turns
 through its own chat template, plain and with its n-gram speculation as its docs recommend for
@@ -28,9 +31,7 @@ from engined.weights.default_model import default_gguf_path
 
 TURNS = pathlib.Path(__file__).resolve().parent / "edit_turns.json"
 TURNS_SHA256 = "f731baf603e78bda816bba673e718e8d98d79b8b23d245813808d4d20384a4f7"
-DRAFTED = "kimi_engine_spec_draft_tokens_total"
 LLAMA_SPEC = ("--spec-type", "ngram-simple", "--spec-draft-n-max", "64")
-ACCEPTED = "kimi_engine_spec_accepted_tokens_total"
 
 
 def frozen_turns() -> list[dict]:
@@ -40,43 +41,51 @@ def frozen_turns() -> list[dict]:
     return json.loads(data)["turns"]
 
 
-def stream_turn(sock: str, messages: list[dict], max_tokens: int) -> tuple[list[int], float]:
-    """One greedy streamed chat turn -> (token ids, decode seconds from first to last token)."""
+def stream_turn(sock: str, messages: list[dict], max_tokens: int) -> tuple[list[int], float, dict]:
+    """One greedy streamed chat turn -> (token ids, decode seconds from first to last token,
+    the request's own speculative decoding counts: vLLM's metrics.speculative_decoding, on
+    the stream's usage chunk)."""
     conn, resp = unix_post(sock, "/v1/chat/completions", {
         "model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-        "stream": True, "return_token_ids": True})
+        "stream": True, "return_token_ids": True, "stream_options": {"include_usage": True},
+        "spec_decode_metrics": True})
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-    ids, first, last = [], None, None
+    ids, first, last, spec = [], None, None, None
     for raw in resp:
         line = raw.strip()
         if line.startswith(b"data: {"):
-            got = (json.loads(line[6:])["choices"] or [{}])[0].get("token_ids") or []
+            chunk = json.loads(line[6:])
+            spec = (chunk.get("metrics") or {}).get("speculative_decoding") or spec
+            got = (chunk["choices"] or [{}])[0].get("token_ids") or []
             if got:
                 last = time.perf_counter()
                 first = first or last
                 ids += got
     conn.close()
-    return ids, (last - first) if first else 0.0
+    if spec is None:
+        raise RuntimeError("the stream's usage chunk carried no metrics.speculative_decoding")
+    return ids, (last - first) if first else 0.0, spec
 
 
 def run_turn(engine: Engine, turn: dict, max_tokens: int) -> dict:
-    before = engine.metrics()
-    ids, seconds = stream_turn(engine.sock, turn["messages"], max_tokens)
-    after = engine.metrics()
+    ids, seconds, spec = stream_turn(engine.sock, turn["messages"], max_tokens)
     return {"ids": ids, "tok_s": (len(ids) - 1) / seconds if seconds > 0 else 0.0,
-            "drafted": after.get(DRAFTED, 0) - before.get(DRAFTED, 0),
-            "accepted": after.get(ACCEPTED, 0) - before.get(ACCEPTED, 0)}
+            "drafted": spec["num_draft_tokens"], "accepted": spec["num_accepted_draft_tokens"],
+            "verify_steps": spec["num_spec_steps"]}
 
 
 def summarize(rows: list[tuple[dict, dict]]) -> dict:
-    """rows: (off, on) per turn -> median tok/s of each, their ratio, acceptance."""
+    """rows: (off, on) per turn -> median tok/s of each, their ratio, acceptance, and the
+    draft length: drafts per verifying step (a step with at least one draft)."""
     off = statistics.median(r[0]["tok_s"] for r in rows)
     on = statistics.median(r[1]["tok_s"] for r in rows)
     drafted, accepted = sum(r[1]["drafted"] for r in rows), sum(r[1]["accepted"] for r in rows)
+    steps = sum(r[1]["verify_steps"] for r in rows)
     return {"off_tok_s": off, "on_tok_s": on, "ratio": on / off if off else 0.0,
             "drafted": drafted, "accepted": accepted,
-            "acceptance": accepted / drafted if drafted else 0.0}
+            "acceptance": accepted / drafted if drafted else 0.0, "verify_steps": steps,
+            "draft_length": drafted / steps if steps else 0.0}
 
 
 def llama_server_rows(turns: list[dict], args) -> dict:
@@ -85,20 +94,26 @@ def llama_server_rows(turns: list[dict], args) -> dict:
     bin_dir = llamacpp_native.binaries()
     if bin_dir is None:
         return {}
-    rows, configs = {}, {}
+    rows, configs, drafts = {}, {}, {}
     for name, extra in (("llama-server", ()), ("llama-server ngram-simple", LLAMA_SPEC)):
         speeds: dict[str, list[float]] = {"edit": [], "prose": []}
+        tested = {"edit": [0, 0], "prose": [0, 0]}  # drafts tested, accepted (its timings)
         with llamacpp_native.Server(bin_dir, default_gguf_path(), args.threads, 4096,
                                     extra) as server:
             for _ in range(args.reps):
                 for turn in turns:
-                    count, seconds = server.chat_timed(turn["messages"], args.max_tokens)
+                    count, seconds, timings = server.chat_timed(turn["messages"], args.max_tokens)
                     if seconds > 0:
                         speeds[turn["kind"]].append((count - 1) / seconds)
+                    tested[turn["kind"]][0] += timings.get("draft_n", 0)
+                    tested[turn["kind"]][1] += timings.get("draft_n_accepted", 0)
             configs[name] = server.config
         rows[name] = {kind: statistics.median(v) for kind, v in speeds.items()}
-        print(f"{name}: {rows[name]}", flush=True)
-    return {"version": llamacpp_native.version(bin_dir), "rows": rows, "configs": configs}
+        if extra:
+            drafts[name] = {kind: {"drafted": d, "accepted": a} for kind, (d, a) in tested.items()}
+        print(f"{name}: {rows[name]} {drafts.get(name, '')}", flush=True)
+    return {"version": llamacpp_native.version(bin_dir), "rows": rows, "configs": configs,
+            "drafts": drafts}
 
 
 def main():
@@ -130,15 +145,21 @@ def main():
             engine.stop()
     summary = {kind: summarize(rows) for kind, rows in by_kind.items()}
     llama = {} if args.no_llama_server else llama_server_rows(turns, args)
-    lines = ["| turns | off tok/s | on tok/s | on ÷ off | accepted / drafted |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| turns | off tok/s | on tok/s | on ÷ off | accepted / drafted | drafts a verify step |",
+             "|---|---:|---:|---:|---:|---:|"]
     for kind, s in summary.items():
         lines.append(f"| {kind} ({len(by_kind[kind]) // args.reps}) | {s['off_tok_s']:.1f} | "
                      f"{s['on_tok_s']:.1f} | {s['ratio']:.2f}x | {s['accepted']:.0f} / "
-                     f"{s['drafted']:.0f} ({100 * s['acceptance']:.0f}%) |")
+                     f"{s['drafted']:.0f} ({100 * s['acceptance']:.0f}%) | "
+                     f"{s['draft_length']:.2f} ({s['verify_steps']:.0f} steps) |")
     for name, speeds in llama.get("rows", {}).items():
+        tested = llama["drafts"].get(name, {}).get("edit")
+        accepted = (f"{tested['accepted']} / {tested['drafted']}"
+                    + (f" ({100 * tested['accepted'] / tested['drafted']:.0f}%)" if tested["drafted"] else "")
+                    if tested else "")
         lines.append(f"| {name}, edit | {speeds['edit']:.1f} tok/s | prose {speeds['prose']:.1f} "
-                     f"tok/s | engine on ÷ this, edit: {summary['edit']['on_tok_s'] / speeds['edit']:.2f}x | |")
+                     f"tok/s | engine on ÷ this, edit: {summary['edit']['on_tok_s'] / speeds['edit']:.2f}x | "
+                     f"{accepted} | |")
     lines += ["", "Greedy tokens identical, speculation on and off, on every turn.",
               f"llama-server: {llama.get('version', 'not run')}"]
     lines += [f"{name}: {config}" for name, config in llama.get("configs", {}).items()

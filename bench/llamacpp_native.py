@@ -120,39 +120,41 @@ class Server:
         conn, resp = _post(self.port, "/completion", {
             "prompt": ids, "n_predict": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "cache_prompt": False})
-        first, last, count = self._read(resp)
+        first, last, count, _ = self._read(resp)
         conn.close()
         decode = (count - 1) / (last - first) if count > 1 and last > first else float("nan")
         return first - start, decode, count
 
-    def chat_timed(self, messages: list[dict], max_tokens: int) -> tuple[int, float]:
-        """One greedy streamed chat turn (the GGUF's own template) -> (tokens, decode s)."""
+    def chat_timed(self, messages: list[dict], max_tokens: int) -> tuple[int, float, dict]:
+        """One greedy streamed chat turn (the GGUF's own template) -> (tokens, decode s, the
+        server's timings: with speculation, draft_n drafts tested and draft_n_accepted)."""
         conn, resp = _post(self.port, "/v1/chat/completions", {
             "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "timings_per_token": False})
-        first, last, count = self._read(resp)
+        first, last, count, timings = self._read(resp)
         conn.close()
-        return count, (last - first) if first else 0.0
+        return count, (last - first) if first else 0.0, timings
 
     @staticmethod
-    def _read(resp) -> tuple[float, float, int]:
+    def _read(resp) -> tuple[float, float, int, dict]:
         """A stream -> (first content time, last, tokens: the server's predicted_n where it
-        reports timings, else content events)."""
+        reports timings, else content events; its last timings, {} where none)."""
         if resp.status != 200:
             raise RuntimeError(f"llama-server: HTTP {resp.status}: {resp.read()[:500]!r}")
         first = last = None
-        events, predicted = 0, None
+        events, predicted, timings = 0, None, {}
         for raw in resp:
             line = raw.strip()
             if not line.startswith(b"data: {"):
                 continue
             event = json.loads(line[6:])
-            predicted = (event.get("timings") or {}).get("predicted_n") or predicted
+            timings = event.get("timings") or timings
+            predicted = timings.get("predicted_n") or predicted
             delta = event.get("content") or ((event.get("choices") or [{}])[0].get("delta") or {}).get("content")
             if delta:
                 last = time.perf_counter()
                 first, events = first or last, events + 1
-        return first, last, predicted or events
+        return first, last, predicted or events, timings
 
 
 def llama_bench(bin_dir: pathlib.Path, gguf: pathlib.Path, threads: int, prompt: int,

@@ -51,8 +51,8 @@ def test_completion_stream_counts_the_servers_predicted_tokens():
              b'data: {"index":0,"content":" world","tokens":[1917],"stop":false}\n',
              b'data: {"index":0,"content":"","stop":true,"timings":{"prompt_n":17,'
              b'"predicted_n":64,"predicted_per_second":90.5}}\n']
-    first, last, count = native().Server._read(Stream(lines))
-    assert count == 64 and last >= first
+    first, last, count, timings = native().Server._read(Stream(lines))
+    assert count == 64 and last >= first and timings["prompt_n"] == 17
 
 
 def test_chat_stream_counts_content_deltas_without_timings():
@@ -61,8 +61,8 @@ def test_chat_stream_counts_content_deltas_without_timings():
              b'data: {"choices":[{"index":0,"delta":{"content":" f"}}]}\n',
              b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n',
              b"data: [DONE]\n"]
-    first, last, count = native().Server._read(Stream(lines))
-    assert count == 2 and last >= first
+    first, last, count, timings = native().Server._read(Stream(lines))
+    assert count == 2 and last >= first and timings == {}
 
 
 # Stand-ins for the two binaries: each dies of SIGILL in its default configuration (as

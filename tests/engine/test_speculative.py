@@ -240,6 +240,34 @@ def test_the_response_carries_vllms_spec_metrics_when_asked(llama):
     assert plain["choices"][0]["message"] == reply["choices"][0]["message"]
 
 
+def test_edit_turns_bench_reports_the_requests_acceptance_and_draft_length(llama, monkeypatch):
+    """bench/edit_turns.py reads each streamed turn's own drafted, accepted and verifying-step
+    counts from its usage chunk (the issue asks for the acceptance rate and the draft length),
+    the same counts the engine's counters add up."""
+    import importlib.util
+    import pathlib
+    import sys
+    from tests.support.engine import InProcessEngine, metric
+    bench = pathlib.Path(__file__).resolve().parents[2] / "bench"
+    monkeypatch.setattr(sys, "path", [str(bench), *sys.path])
+    spec = importlib.util.spec_from_file_location("bench_edit_turns", bench / "edit_turns.py")
+    edit_turns = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(edit_turns)
+    messages = [{"role": "user", "content": "Repeat exactly:\n" + CODE * 2}]
+    with InProcessEngine(llama.model, llama.tokenizer, llama.chat, max_context=4096) as engine:
+        ids, seconds, counts = edit_turns.stream_turn(engine.sock, messages, 40)
+        drafted, accepted = metric(engine.sock, DRAFTED), metric(engine.sock, ACCEPTED)
+    assert len(ids) == 40 and seconds > 0
+    assert (counts["num_draft_tokens"], counts["num_accepted_draft_tokens"]) == (drafted, accepted)
+    steps = counts["num_spec_steps"]
+    assert 0 < steps < len(ids) and drafted >= steps
+    turn = {"ids": ids, "tok_s": 1.0, "drafted": drafted, "accepted": accepted,
+            "verify_steps": steps}
+    summary = edit_turns.summarize([({**turn, "drafted": 0}, turn)])
+    assert summary["draft_length"] == drafted / steps and summary["verify_steps"] == steps
+    assert summary["acceptance"] == accepted / drafted
+
+
 def test_a_steps_accepted_drafts_stream_as_one_chunk(llama):
     """The tokens a verify step accepts reach the client in one SSE chunk (one write), with
     their ids and logprobs, chat and completions alike; the streams join to the whole reply.
