@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from engined.engine import memory, sampler, speculate
+from engined.engine import memory, penalties, sampler, speculate
 from engined.errors import InternalError
 from engined.metrics import EngineMetrics
 from engined.models.protocol import Model
@@ -183,6 +183,7 @@ class Engine:
             parts = [logits[i][-n:] for i, n in zip(drawing, counts)]
             rows = parts[0] if len(parts) == 1 else torch.cat(parts)  # [R, V]
             each = [(s, r) for s, n in zip(seqs, counts) for r in range(n)]
+            rows = penalties.adjusted(rows, each)  # logit_bias and the penalties, row r after r drafts
             grammars = [g for s, n in zip(seqs, counts) for g in (
                 s.grammar.draft_rows(s.draft) if s.grammar is not None and s.draft else [s.grammar] * n)]
             drawn = iter(sampler.sample_rows(

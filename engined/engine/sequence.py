@@ -25,10 +25,24 @@ class SamplingParams:
     num_top_logprobs: int | None = None  # None = no logprobs; 0 = the chosen token's only
     is_prompt_logprobs: bool = False  # /v1/completions echo + logprobs
     speculative: bool = True  # drafts verified when the model can (engine/speculate.py)
+    presence_penalty: float = 0.0  # the four below: engine/penalties.py
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether the output so far changes the logits (a penalty is set)."""
+        return bool(self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return self.penalizes or bool(self.logit_bias)
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,7 @@ class Sequence:
     grammar: object = None  # grammar.matcher.GrammarMatcher constraining the output, or None
     draft: list[int] = field(default_factory=list)  # tokens this decode step verifies
     spec: object = None  # (speculate.PromptLookup, speculate.DraftLength) once it drafts
+    history: object = None  # penalties.History once a penalized step has run
     seed: int = 0  # int64 draw seed (the request's, else random), set by the engine
     said_held: bool = False  # the engine logged why it waits for KV room (once)
     finish_reason: str | None = None

@@ -56,9 +56,15 @@ def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling:
            num_top: int | None, is_prompt_logprobs: bool = False, grammar=None) -> Sequence:
     stop_ids = frozenset() if sampling.ignore_eos else served.chat.stop_token_ids
     stops = sampling.stop + (() if sampling.ignore_eos else tuple(served.chat.stop_strings))
+    bad = [t for t, _ in sampling.logit_bias if not 0 <= t < served.tokenizer.vocab_size]
+    if bad:
+        raise InvalidRequest(f"logit_bias: token id {bad[0]} is not in the vocabulary "
+                             f"[0, {served.tokenizer.vocab_size})", param="logit_bias")
     params = SamplingParams(max_tokens, sampling.temperature, sampling.top_p, sampling.top_k,
                             sampling.seed, stops, stop_ids, num_top, is_prompt_logprobs,
-                            sampling.speculative)
+                            sampling.speculative, sampling.presence_penalty,
+                            sampling.frequency_penalty, sampling.repetition_penalty,
+                            sampling.logit_bias)
     seq = Sequence(prompt_ids, params, served.decoder_factory(served.tokenizer), ex.request_id,
                    grammar=grammar)
     served.engine.submit(seq)  # a full queue raises QueueFull: 429

@@ -23,6 +23,10 @@ class Sampling:
     ignore_eos: bool = False
     speculative: bool = True  # false: no drafts for this request (engine/speculate.py)
     spec_metrics: bool = False  # vLLM's metrics.speculative_decoding on the response
+    presence_penalty: float = 0.0  # these four: engine/penalties.py
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); ids checked at submit
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,30 @@ def parse_sampling(body: dict) -> Sampling:
     ignore_eos = _get(body, "ignore_eos", (bool,), "a boolean", False)
     speculative = _get(body, "speculative", (bool,), "a boolean", True)
     spec_metrics = _get(body, "spec_decode_metrics", (bool,), "a boolean", False)
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):  # OpenAI's range
+        penalties[name] = float(_get(body, name, _NUMBER, "a number", 0.0))
+        _check(-2 <= penalties[name] <= 2, name, "must be between -2 and 2")
+    repetition = float(_get(body, "repetition_penalty", _NUMBER, "a number", 1.0))
+    _check(0 < repetition <= 100, "repetition_penalty", "must be in (0, 100] (1: off)")
     return Sampling(temperature, top_p, max(top_k, 0), seed, stop, ignore_eos, speculative,
-                    spec_metrics)
+                    spec_metrics, penalties["presence_penalty"], penalties["frequency_penalty"],
+                    repetition, _logit_bias(body))
+
+
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} -> ((id, bias), ...)."""
+    given = _get(body, "logit_bias", (dict,), "an object mapping token ids to biases", {})
+    pairs = []
+    for key, bias in given.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise InvalidRequest(f"logit_bias: {key!r} is not a token id", param="logit_bias") from None
+        _check(isinstance(bias, _NUMBER) and not isinstance(bias, bool) and -100 <= bias <= 100,
+               "logit_bias", f"values must be numbers between -100 and 100, got {bias!r} for {key!r}")
+        pairs.append((token_id, float(bias)))
+    return tuple(pairs)
 
 
 def _parse_stream(body: dict) -> tuple[bool, bool]:

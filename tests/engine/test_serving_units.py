@@ -28,11 +28,29 @@ def test_parse_chat_fields():
      "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "stream_options": []}, "stream_options"),
     ({"messages": {}}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5}, "presence_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": "1"}, "frequency_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0}, "repetition_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"7": 100.5}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"seven": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": [[7, 1]]}, "logit_bias"),
 ])
 def test_parse_chat_rejects(body, param):
     with pytest.raises(InvalidRequest) as info:
         api.parse_chat(body)
     assert info.value.param == param and info.value.status == 400
+
+
+def test_parse_sampling_penalties_and_logit_bias():
+    """Once silently ignored (unknown fields are): now parsed for engine/penalties.py."""
+    sampling = api.parse_completion({"prompt": "x", "presence_penalty": -2, "frequency_penalty": 0.5,
+                                     "repetition_penalty": 1.2,
+                                     "logit_bias": {"7": -100, "12": 2.5}}).sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (-2.0, 0.5)
+    assert sampling.repetition_penalty == 1.2 and sampling.logit_bias == ((7, -100.0), (12, 2.5))
+    plain = api.parse_sampling({})
+    assert (plain.presence_penalty, plain.frequency_penalty, plain.repetition_penalty,
+            plain.logit_bias) == (0.0, 0.0, 1.0, ())
 
 
 def test_parse_completion_prompts():

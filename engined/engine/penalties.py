@@ -1,0 +1,82 @@
+"""The logits a token is drawn from, adjusted by the request: OpenAI's logit_bias,
+presence_penalty and frequency_penalty, and vLLM's repetition_penalty, in vLLM's order:
+
+    logits[t] += logit_bias[t]
+    logits[t] = logits[t] / r if logits[t] > 0 else logits[t] * r   for t in prompt or output
+    logits[t] -= frequency * count(t) + presence * (count(t) > 0)    count: in the output
+
+Greedy rows too (the argmax of the adjusted logits). Logprobs stay the model's own (vLLM's
+default, raw logprobs); a grammar's mask still applies after (sampler.sample_rows).
+
+A sequence's counts live in a History on its device, kept up to date as tokens come, so a
+step costs a few vector ops per adjusted row, not a pass over the prompt. Row r of a
+speculating sequence is drawn after its first r drafts: its counts include them, the counts
+plain decoding would have at that step, so its tokens stay those of decoding without drafts.
+"""
+import torch
+
+
+class History:
+    """Which tokens the prompt holds and how often each came in the output, for one sequence
+    and one vocabulary size (made at its first adjusted step, on the logits' device)."""
+
+    def __init__(self, prompt_ids: list[int], vocab: int, device: torch.device):
+        ids = torch.tensor([i for i in prompt_ids if 0 <= i < vocab], dtype=torch.int64)
+        self.in_prompt = torch.zeros(vocab, dtype=torch.bool, device=device)     # [V]
+        self.in_prompt[ids.to(device)] = True
+        self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)     # [V] output
+        self.num_counted = 0
+
+    def counted(self, output_ids: list[int]) -> torch.Tensor:
+        """counts after output_ids (the sequence's output so far; it only grows)."""
+        new = output_ids[self.num_counted:]
+        if new:
+            self._add(self.counts, new)
+            self.num_counted = len(output_ids)
+        return self.counts
+
+    def _add(self, counts: torch.Tensor, ids: list[int]):
+        ids_t = torch.tensor([i for i in ids if 0 <= i < counts.shape[0]], dtype=torch.int64,
+                             device=counts.device)
+        counts.index_add_(0, ids_t, torch.ones(ids_t.shape[0], device=counts.device))
+
+    def with_drafts(self, output_ids: list[int], drafts: list[int]) -> torch.Tensor:
+        """The counts plain decoding has once these drafts have been accepted."""
+        counts = self.counted(output_ids)
+        if not drafts:
+            return counts
+        counts = counts.clone()
+        self._add(counts, drafts)
+        return counts
+
+
+def adjusted(logits: torch.Tensor, rows: list[tuple[object, int]]) -> torch.Tensor:
+    """logits: [R, V], row i drawn for rows[i] = (sequence, r): its r-th row this step (r
+    drafts before it) -> the logits to draw from: the same tensor when no row's request
+    adjusts them, else a copy (fp32) with those rows adjusted."""
+    if not any(seq.params.adjusts_logits for seq, _ in rows):
+        return logits
+    out = logits.float().clone()
+    vocab = out.shape[-1]
+    for i, (seq, r) in enumerate(rows):
+        p = seq.params
+        if not p.adjusts_logits:
+            continue
+        row = out[i]                                                       # [V], a view
+        if p.logit_bias:
+            ids = torch.tensor([t for t, _ in p.logit_bias], device=row.device)
+            row.index_add_(0, ids, torch.tensor([b for _, b in p.logit_bias], device=row.device))
+        if not p.penalizes:
+            continue
+        if seq.history is None:
+            seq.history = History(seq.prompt_ids, vocab, row.device)
+        counts = seq.history.with_drafts(seq.output_ids, seq.draft[:r])   # [V] output counts
+        if p.repetition_penalty != 1.0:
+            seen = seq.history.in_prompt | (counts > 0)
+            penalized = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
+            row.copy_(torch.where(seen, penalized, row))
+        if p.frequency_penalty:
+            row.sub_(p.frequency_penalty * counts)
+        if p.presence_penalty:
+            row.sub_(p.presence_penalty * (counts > 0).float())
+    return out
