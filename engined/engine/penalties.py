@@ -1,6 +1,8 @@
-"""The logits a token is drawn from, adjusted by the request: OpenAI's logit_bias,
-presence_penalty and frequency_penalty, and vLLM's repetition_penalty, in vLLM's order:
+"""The logits a token is drawn from, adjusted by the request: vLLM's min_tokens, OpenAI's
+logit_bias, presence_penalty and frequency_penalty, and vLLM's repetition_penalty, in vLLM's
+order:
 
+    logits[t] = -inf for the stop tokens, while the output is shorter than min_tokens
     logits[t] += logit_bias[t]
     logits[t] = logits[t] / r if logits[t] > 0 else logits[t] * r   for t in prompt or output
     logits[t] -= frequency * count(t) + presence * (count(t) > 0)    count: in the output
@@ -54,15 +56,18 @@ def adjusted(logits: torch.Tensor, rows: list[tuple[object, int]]) -> torch.Tens
     """logits: [R, V], row i drawn for rows[i] = (sequence, r): its r-th row this step (r
     drafts before it) -> the logits to draw from: the same tensor when no row's request
     adjusts them, else a copy (fp32) with those rows adjusted."""
-    if not any(seq.params.adjusts_logits for seq, _ in rows):
+    if not any(_adjusts(seq, r) for seq, r in rows):
         return logits
     out = logits.float().clone()
     vocab = out.shape[-1]
     for i, (seq, r) in enumerate(rows):
         p = seq.params
-        if not p.adjusts_logits:
+        if not _adjusts(seq, r):
             continue
         row = out[i]                                                       # [V], a view
+        if _too_soon(seq, r):
+            stops = [t for t in sorted(p.stop_token_ids) if t < vocab]
+            row[torch.tensor(stops, dtype=torch.int64, device=row.device)] = float("-inf")
         if p.logit_bias:
             ids = torch.tensor([t for t, _ in p.logit_bias], device=row.device)
             row.index_add_(0, ids, torch.tensor([b for _, b in p.logit_bias], device=row.device))
@@ -80,3 +85,13 @@ def adjusted(logits: torch.Tensor, rows: list[tuple[object, int]]) -> torch.Tens
         if p.presence_penalty:
             row.sub_(p.presence_penalty * (counts > 0).float())
     return out
+
+
+def _too_soon(seq, r: int) -> bool:
+    """Row r comes before min_tokens output tokens: its stop tokens cannot be drawn."""
+    return len(seq.output_ids) + r < seq.params.min_tokens and bool(seq.params.stop_token_ids)
+
+
+def _adjusts(seq, r: int) -> bool:
+    p = seq.params
+    return p.penalizes or bool(p.logit_bias) or _too_soon(seq, r)

@@ -55,9 +55,10 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[
         temperature = torch.tensor([params[b].temperature for b in drawn], device=device)
         top_k = torch.tensor([params[b].top_k for b in drawn], device=device)
         top_p = torch.tensor([params[b].top_p for b in drawn], device=device)
+        min_p = torch.tensor([params[b].min_p for b in drawn], device=device)
         u = uniforms(torch.tensor([seeds[b] for b in drawn], device=device),
                      torch.tensor([counters[b] for b in drawn], device=device))
-        chosen[rows] = _draw(logits[rows].float() / temperature[:, None], top_k, top_p, u)
+        chosen[rows] = _draw(logits[rows].float() / temperature[:, None], top_k, top_p, u, min_p)
     return chosen.tolist()
 
 
@@ -81,15 +82,20 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _draw(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-          u: torch.Tensor) -> torch.Tensor:
+          u: torch.Tensor, min_p: torch.Tensor | None = None) -> torch.Tensor:
     """scaled: [R, V] logits / temperature; top_k [R] (<= 0 or >= V: all); top_p [R];
-    u [R] -> ids [R]. Tokens in descending order; keep the top k, then the smallest head
-    whose mass reaches top_p (at least one), renormalize, and invert the CDF at u."""
+    u [R]; min_p [R] (0: off) -> ids [R]. Tokens in descending order; drop those less likely
+    than min_p x the first (vLLM's order: min_p, then top-k and top-p), keep the top k, then
+    the smallest head whose mass reaches top_p (at least one), renormalize, and invert the
+    CDF at u."""
     v = scaled.shape[-1]
     ordered, order = torch.sort(scaled, dim=-1, descending=True)       # [R, V]
     rank = torch.arange(v, device=scaled.device)
     k = torch.where((top_k > 0) & (top_k < v), top_k, v)
     ordered = ordered.masked_fill(rank[None, :] >= k[:, None], float("-inf"))
+    if min_p is not None and bool((min_p > 0).any()):  # p_t >= min_p p_max: t's logit >= top + log(min_p)
+        floor = ordered[:, :1] + torch.log(min_p.to(ordered.dtype))[:, None]  # [R, 1]; -inf at 0
+        ordered = ordered.masked_fill(ordered < floor, float("-inf"))
     probs = torch.softmax(ordered.double(), dim=-1)                    # [R, V]
     before = probs.cumsum(-1) - probs                                  # mass before each token
     probs = probs.masked_fill(before >= top_p[:, None].double(), 0.0)

@@ -29,6 +29,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    min_p: float = 0.0  # a drawn token's probability >= min_p x the most likely one's
+    min_tokens: int = 0  # no stop token (masked) or stop string before this many tokens
+    kept_stops: tuple[str, ...] = ()  # stop strings returned with the text that they end
 
     @property
     def is_greedy(self) -> bool:
@@ -42,7 +45,8 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        return self.penalizes or bool(self.logit_bias)
+        """Whether engine/penalties.py may change this request's logits."""
+        return self.penalizes or bool(self.logit_bias) or self.min_tokens > 0
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,9 @@ class ErrorEvent:
 class StopMatcher:
     """Finds stop strings across token boundaries, holding back text that could start one."""
 
-    def __init__(self, stops: tuple[str, ...]):
+    def __init__(self, stops: tuple[str, ...], kept: tuple[str, ...] = ()):
         self.stops = tuple(s for s in stops if s)
+        self.kept = kept  # stops released with the text (include_stop_str_in_output)
         self.pending = ""
         self.hit: str | None = None  # the stop string found, once one is
 
@@ -94,7 +99,7 @@ class StopMatcher:
         if hits:
             self.pending = ""
             self.hit = min((buf.find(s), s) for s in self.stops if s in buf)[1]
-            return buf[:min(hits)], True
+            return buf[:min(hits) + (len(self.hit) if self.hit in self.kept else 0)], True
         hold = max((n for s in self.stops for n in range(1, len(s)) if buf.endswith(s[:n])),
                    default=0)
         self.pending = buf[len(buf) - hold:] if hold else ""
@@ -134,7 +139,7 @@ class Sequence:
     _admitted: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self):
-        self.stop_matcher = StopMatcher(self.params.stop)
+        self.stop_matcher = StopMatcher(self.params.stop, self.params.kept_stops)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -178,7 +183,11 @@ class Sequence:
             self.grammar.advance(token_id)  # the next mask is computed while the model runs
         if token_id in self.params.stop_token_ids:
             return self.finish("stop")  # the stop token counts but has no text or logprob
-        text, is_stop = self.stop_matcher.push(self.decoder.push(token_id))
+        text = self.decoder.push(token_id)
+        if len(self.output_ids) < self.params.min_tokens:  # no stop string yet (vLLM's rule)
+            is_stop = False
+        else:
+            text, is_stop = self.stop_matcher.push(text)
         if is_stop:
             self.events.put(TokenEvent(token_id, text, logprob))
             return self.finish("stop", flush=False)

@@ -54,23 +54,41 @@ def encode_prompt(served: Served, text: str, add_bos: bool = False) -> list[int]
 
 def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling: api.Sampling,
            num_top: int | None, is_prompt_logprobs: bool = False, grammar=None) -> Sequence:
-    stop_ids = frozenset() if sampling.ignore_eos else served.chat.stop_token_ids
+    check_token_fields(served, sampling, max_tokens, grammar)
+    stop_ids = frozenset(sampling.stop_token_ids) | (
+        frozenset() if sampling.ignore_eos else served.chat.stop_token_ids)
     stops = sampling.stop + (() if sampling.ignore_eos else tuple(served.chat.stop_strings))
-    bad = [t for t, _ in sampling.logit_bias if not 0 <= t < served.tokenizer.vocab_size]
-    if bad:
-        raise InvalidRequest(f"logit_bias: token id {bad[0]} is not in the vocabulary "
-                             f"[0, {served.tokenizer.vocab_size})", param="logit_bias")
     params = SamplingParams(max_tokens, sampling.temperature, sampling.top_p, sampling.top_k,
                             sampling.seed, stops, stop_ids, num_top, is_prompt_logprobs,
                             sampling.speculative, sampling.presence_penalty,
                             sampling.frequency_penalty, sampling.repetition_penalty,
-                            sampling.logit_bias)
+                            sampling.logit_bias, sampling.min_p, sampling.min_tokens,
+                            sampling.stop if sampling.include_stop else ())
     seq = Sequence(prompt_ids, params, served.decoder_factory(served.tokenizer), ex.request_id,
                    grammar=grammar)
     served.engine.submit(seq)  # a full queue raises QueueFull: 429
     ex.stats["seq"] = seq
     await_admission(served, seq, ex)
     return seq
+
+
+def check_token_fields(served: Served, sampling: api.Sampling, max_tokens: int, grammar):
+    """The sampling fields that name token ids or counts, against the vocabulary and the
+    request: InvalidRequest naming the field."""
+    vocab = served.tokenizer.vocab_size
+    for name, ids in (("logit_bias", [t for t, _ in sampling.logit_bias]),
+                      ("stop_token_ids", sampling.stop_token_ids)):
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"{name}: token id {bad[0]} is not in the vocabulary "
+                                 f"[0, {vocab})", param=name)
+    if sampling.min_tokens > max_tokens:
+        raise InvalidRequest(f"min_tokens ({sampling.min_tokens}) must not exceed max_tokens "
+                             f"({max_tokens})", param="min_tokens")
+    if sampling.min_tokens and grammar is not None:
+        raise InvalidRequest("min_tokens cannot be combined with a constrained output "
+                             "(response_format, structured outputs or a forced tool call): "
+                             "the constraint decides where the output ends", param="min_tokens")
 
 
 def await_admission(served: Served, seq: Sequence, ex):

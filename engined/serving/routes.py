@@ -33,18 +33,18 @@ def health(served: Served, ex):
 def tokenize(served: Served, ex):
     body = api.require_object(ex.json_body())
     if "messages" in body:
-        add_generation_prompt = api._get(body, "add_generation_prompt", (bool,), "a boolean", True)
+        add_generation_prompt = api.get(body, "add_generation_prompt", (bool,), "a boolean", True)
         text = served.chat.render(body["messages"], body.get("tools"), add_generation_prompt,
                                   body.get("tool_choice"))
         ids = generate.encode_prompt(served, text)
     elif isinstance(body.get("prompt"), str):
-        add_special = api._get(body, "add_special_tokens", (bool,), "a boolean", True)
+        add_special = api.get(body, "add_special_tokens", (bool,), "a boolean", True)
         ids = generate.encode_prompt(served, body["prompt"],
                                      add_bos=add_special and served.tokenizer.add_bos_token)
     else:
         raise InvalidRequest("give either prompt (a string) or messages", param="prompt")
     out = {"count": len(ids), "max_model_len": served.max_context, "tokens": ids}
-    if api._get(body, "return_token_strs", (bool,), "a boolean", False):
+    if api.get(body, "return_token_strs", (bool,), "a boolean", False):
         out["token_strs"] = [served.logprob_format().token(i)[0] for i in ids]
     return out
 

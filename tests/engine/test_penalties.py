@@ -14,12 +14,15 @@ from engined.engine.sequence import SamplingParams, Sequence
 
 def reference(logits: list[float], params: SamplingParams, prompt: list[int],
               history: list[int]) -> list[float]:
-    """One row, token by token in float32: bias, then the repetition rule on tokens of the
-    prompt or the history, then frequency * count and presence in the history."""
+    """One row, token by token in float32: a stop token is -inf while the history is shorter
+    than min_tokens; then the bias, the repetition rule on tokens of the prompt or the
+    history, then frequency * count and presence in the history."""
     f32 = np.float32
     out = []
     for t, x in enumerate(logits):
         x = f32(x)
+        if len(history) < params.min_tokens and t in params.stop_token_ids:
+            x = f32(float("-inf"))
         for token, bias in params.logit_bias:
             if token == t:
                 x = f32(x + f32(bias))
@@ -41,7 +44,8 @@ PARAMS = [SamplingParams(8),
           SamplingParams(8, repetition_penalty=1.3),
           SamplingParams(8, logit_bias=((2, 5.0), (9, -100.0))),
           SamplingParams(8, presence_penalty=-1.1, frequency_penalty=0.45, repetition_penalty=0.8,
-                         logit_bias=((0, 1.5),))]
+                         logit_bias=((0, 1.5),)),
+          SamplingParams(8, min_tokens=5, stop_token_ids=frozenset({4, 10}))]
 
 
 def test_adjusted_rows_match_the_plain_reference_drafts_included():
@@ -136,3 +140,26 @@ def test_served_requests_apply_them_and_refuse_what_cannot_apply(llama):
     assert outside.status == 400 and outside.json()["error"]["param"] == "logit_bias"
     assert str(llama.tokenizer.vocab_size) in outside.json()["error"]["message"]
     assert too_much.status == 400 and too_much.json()["error"]["param"] == "frequency_penalty"
+
+
+def test_served_min_tokens_stop_token_ids_and_kept_stop_strings(llama):
+    """vLLM's min_tokens (no end before that many tokens), stop_token_ids (an id of the plain
+    answer ends it there) and include_stop_str_in_output (the stop string stays in the
+    text), on an answer that ends by itself after 8 tokens. All three were ignored before."""
+    from tests.support.engine import InProcessEngine, post
+    chat = {"messages": [{"role": "user", "content": "What is the capital of France? One word."}],
+            "max_tokens": 40, "temperature": 0, "return_token_ids": True}
+    with InProcessEngine(llama.model, llama.tokenizer, llama.chat, max_context=1024) as engine:
+        def ask(**fields):
+            return post(engine.sock, "/v1/chat/completions", {**chat, **fields}).json()["choices"][0]
+        plain = ask()
+        ids = plain["token_ids"]
+        longer = ask(min_tokens=len(ids) + 4)
+        cut = ask(stop_token_ids=[ids[2]])
+        word = plain["message"]["content"].split()[3]                     # "France"
+        kept, dropped = ask(stop=[word], include_stop_str_in_output=True), ask(stop=[word])
+    assert plain["finish_reason"] == "stop" and len(ids) < 20
+    assert len(longer["token_ids"]) >= len(ids) + 4 and longer["token_ids"][:len(ids) - 1] == ids[:-1]
+    assert cut["token_ids"] == ids[:3] and cut["finish_reason"] == "stop"
+    assert kept["message"]["content"].endswith(word) and kept["finish_reason"] == "stop"
+    assert kept["message"]["content"] == dropped["message"]["content"] + word

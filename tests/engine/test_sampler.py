@@ -84,6 +84,26 @@ def test_top_k_and_top_p_only_draw_allowed_tokens():
     assert drawn <= nucleus and len(drawn) > 1
 
 
+def test_min_p_draws_only_tokens_that_likely_and_in_their_proportions():
+    """vLLM's min_p: a token stays when p >= min_p x the top token's p (of the
+    temperature's distribution); the rest are drawn in their renormalized proportions.
+    Ignored before: every token could be drawn."""
+    logits = torch.tensor([3.0, 2.5, 1.0, 0.2, -1.0, -4.0])
+    params = SamplingParams(1, temperature=0.9, min_p=0.2)
+    probs = torch.softmax(logits.double() / 0.9, -1)
+    allowed = (probs >= 0.2 * probs.max()).nonzero().flatten().tolist()
+    assert allowed == [0, 1]                                  # this case keeps 2 of 6
+    n = 3000
+    drawn = torch.tensor(sampler.sample_rows(logits.expand(n, 6), [params] * n, [5] * n, list(range(n))))
+    assert set(drawn.tolist()) == set(allowed)
+    want = probs[allowed] / probs[allowed].sum()
+    freq = torch.bincount(drawn, minlength=6).double()[allowed] / n
+    assert (freq - want).abs().max() < 4 * (want * (1 - want) / n).sqrt().max()
+    plain = sampler.sample_rows(logits.expand(n, 6), [SamplingParams(1, temperature=0.9)] * n,
+                                [5] * n, list(range(n)))
+    assert set(plain) > set(allowed)                          # without it, more tokens come
+
+
 def test_new_seed_keeps_a_given_seed_and_draws_a_fresh_one_otherwise():
     assert sampler.new_seed(7) == 7 and sampler.new_seed(2**64 - 1) == -1
     assert sampler.new_seed(None) != sampler.new_seed(None)

@@ -34,6 +34,13 @@ def test_parse_chat_fields():
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"7": 100.5}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"seven": 1}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": [[7, 1]]}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "min_p": 1.5}, "min_p"),
+    ({"messages": [{"role": "user", "content": "x"}], "min_tokens": -1}, "min_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop_token_ids": ["2"]}, "stop_token_ids"),
+    ({"messages": [{"role": "user", "content": "x"}], "best_of": 3}, "best_of"),
+    ({"messages": [{"role": "user", "content": "x"}], "use_beam_search": True}, "use_beam_search"),
+    ({"messages": [{"role": "user", "content": "x"}], "include_stop_str_in_output": 1},
+     "include_stop_str_in_output"),
 ])
 def test_parse_chat_rejects(body, param):
     with pytest.raises(InvalidRequest) as info:
@@ -41,8 +48,8 @@ def test_parse_chat_rejects(body, param):
     assert info.value.param == param and info.value.status == 400
 
 
-def test_parse_sampling_penalties_and_logit_bias():
-    """Once silently ignored (unknown fields are): now parsed for engine/penalties.py."""
+def test_parse_sampling_penalties_logit_bias_and_vllms_fields():
+    """Once silently ignored (unknown fields are): now parsed (engine/penalties.py, sampler)."""
     sampling = api.parse_completion({"prompt": "x", "presence_penalty": -2, "frequency_penalty": 0.5,
                                      "repetition_penalty": 1.2,
                                      "logit_bias": {"7": -100, "12": 2.5}}).sampling
@@ -51,6 +58,10 @@ def test_parse_sampling_penalties_and_logit_bias():
     plain = api.parse_sampling({})
     assert (plain.presence_penalty, plain.frequency_penalty, plain.repetition_penalty,
             plain.logit_bias) == (0.0, 0.0, 1.0, ())
+    assert (plain.min_p, plain.min_tokens, plain.stop_token_ids, plain.include_stop) == (0, 0, (), False)
+    vllm = api.parse_sampling({"min_p": 0.05, "min_tokens": 4, "stop_token_ids": [2, 9],
+                               "include_stop_str_in_output": True, "best_of": 1})
+    assert (vllm.min_p, vllm.min_tokens, vllm.stop_token_ids, vllm.include_stop) == (0.05, 4, (2, 9), True)
 
 
 def test_parse_completion_prompts():

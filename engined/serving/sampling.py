@@ -1,0 +1,104 @@
+"""The sampling fields of a request (chat and completions alike) -> Sampling, or
+InvalidRequest naming the field. The validation helpers the rest of parse.py shares."""
+from dataclasses import dataclass
+from typing import Any
+
+from engined.errors import InvalidRequest
+
+NUMBER = (int, float)
+
+
+def get(body: dict, name: str, kinds: tuple, what: str, default: Any = None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise InvalidRequest(f"{name} must be {what}, got {type(value).__name__}", param=name)
+    return value
+
+
+def check(is_ok: bool, name: str, message: str):
+    if not is_ok:
+        raise InvalidRequest(f"{name} {message}", param=name)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    speculative: bool = True  # false: no drafts for this request (engine/speculate.py)
+    spec_metrics: bool = False  # vLLM's metrics.speculative_decoding on the response
+    presence_penalty: float = 0.0  # these four: engine/penalties.py
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); ids checked at submit
+    min_p: float = 0.0  # vLLM's: a drawn token's probability >= min_p x the top one's
+    min_tokens: int = 0  # vLLM's: no stop token or stop string before this many tokens
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's: more ids that end the output
+    include_stop: bool = False  # vLLM's include_stop_str_in_output: a `stop` hit is kept
+
+
+def parse_sampling(body: dict) -> Sampling:
+    temperature = float(get(body, "temperature", NUMBER, "a number", 1.0))
+    check(0 <= temperature <= 100, "temperature", "must be between 0 and 100")
+    top_p = float(get(body, "top_p", NUMBER, "a number", 1.0))
+    check(0 < top_p <= 1, "top_p", "must be in (0, 1]")
+    top_k = get(body, "top_k", (int,), "an integer", 0)
+    check(top_k >= -1, "top_k", "must be -1 (off), 0 (off) or a positive count")
+    seed = get(body, "seed", (int,), "an integer")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = (stop,)
+    elif stop is None:
+        stop = ()
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stop = tuple(stop)
+    else:
+        raise InvalidRequest("stop must be a string or a list of strings", param="stop")
+    ignore_eos = get(body, "ignore_eos", (bool,), "a boolean", False)
+    speculative = get(body, "speculative", (bool,), "a boolean", True)
+    spec_metrics = get(body, "spec_decode_metrics", (bool,), "a boolean", False)
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):  # OpenAI's range
+        penalties[name] = float(get(body, name, NUMBER, "a number", 0.0))
+        check(-2 <= penalties[name] <= 2, name, "must be between -2 and 2")
+    repetition = float(get(body, "repetition_penalty", NUMBER, "a number", 1.0))
+    check(0 < repetition <= 100, "repetition_penalty", "must be in (0, 100] (1: off)")
+    min_p = float(get(body, "min_p", NUMBER, "a number", 0.0))
+    check(0 <= min_p <= 1, "min_p", "must be between 0 and 1")
+    min_tokens = get(body, "min_tokens", (int,), "an integer", 0)
+    check(min_tokens >= 0, "min_tokens", "must not be negative")
+    stop_ids = get(body, "stop_token_ids", (list,), "a list of token ids", [])
+    check(all(isinstance(i, int) and not isinstance(i, bool) for i in stop_ids),
+          "stop_token_ids", "must be a list of token ids")
+    include_stop = get(body, "include_stop_str_in_output", (bool,), "a boolean", False)
+    best_of = get(body, "best_of", (int,), "an integer", 1)
+    check(best_of == 1, "best_of", "must be 1: this engine draws one sample per request")
+    check(not get(body, "use_beam_search", (bool,), "a boolean", False), "use_beam_search",
+          "is not supported: this engine samples (temperature 0 is greedy)")
+    return Sampling(temperature, top_p, max(top_k, 0), seed, stop, ignore_eos, speculative,
+                    spec_metrics, penalties["presence_penalty"], penalties["frequency_penalty"],
+                    repetition, _logit_bias(body), min_p, min_tokens, tuple(stop_ids),
+                    include_stop)
+
+
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} -> ((id, bias), ...)."""
+    given = get(body, "logit_bias", (dict,), "an object mapping token ids to biases", {})
+    pairs = []
+    for key, bias in given.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise InvalidRequest(f"logit_bias: {key!r} is not a token id", param="logit_bias") from None
+        check(isinstance(bias, NUMBER) and not isinstance(bias, bool) and -100 <= bias <= 100,
+               "logit_bias", f"values must be numbers between -100 and 100, got {bias!r} for {key!r}")
+        pairs.append((token_id, float(bias)))
+    return tuple(pairs)
+
+
+
