@@ -124,3 +124,17 @@ def forced_tool(tool_choice, tools: list[dict] | None) -> str | None:
     if fn["name"] not in names:
         raise ChatInputError(f"tool_choice names {fn['name']!r}, which is not in tools")
     return fn["name"]
+
+
+def open_final(rendered: str, messages: list[dict]) -> str:
+    """The rendered chat cut right after the final message's text, so the reply continues it
+    (vLLM's continue_final_message, as Hugging Face's apply_chat_template cuts it: the last
+    occurrence of the text, else of the text stripped, for templates that trim it).
+    messages: normalized (normalize_messages)."""
+    final = messages[-1].get("content") or ""
+    for text in (final, final.strip()):
+        if text and text in rendered:
+            return rendered[:rendered.rindex(text) + len(text)]
+    raise ChatInputError("messages[-1].content: continue_final_message needs a final message "
+                         "with text to continue; this one has none (send the request without "
+                         "it to start a new reply)")

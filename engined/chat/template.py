@@ -21,7 +21,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engined.chat import hermes
 from engined.chat.errors import ChatInputError
-from engined.chat.messages import forced_tool, normalize_messages, normalize_tools
+from engined.chat.messages import forced_tool, normalize_messages, normalize_tools, open_final
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
           " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -107,7 +107,10 @@ class ChatFormat:
         return hermes_grammar(tools, forced, is_parallel)
 
     def render(self, messages: list[dict], tools: list[dict] | None = None,
-               add_generation_prompt: bool = True, tool_choice=None) -> str:
+               add_generation_prompt: bool = True, tool_choice=None,
+               continue_final: bool = False) -> str:
+        """The prompt text; continue_final: open at the end of the final message's text
+        (messages.open_final), with no generation prompt."""
         plain = normalize_messages(messages)
         tools = normalize_tools(tools)
         forced = forced_tool(tool_choice, tools)
@@ -116,9 +119,11 @@ class ChatFormat:
         else:
             plain, tools = hermes.render_history(plain, tools, forced), None
         try:
-            return self._template.render(messages=plain, tools=tools, add_generation_prompt=add_generation_prompt,
+            text = self._template.render(messages=plain, tools=tools,
+                                         add_generation_prompt=add_generation_prompt and not continue_final,
                                          **self._special)
         except jinja2.TemplateError as exc:
             raise ChatInputError(f"the chat template rejected these messages: {exc}") from exc
         except (TypeError, ValueError, KeyError, IndexError) as exc:
             raise ChatInputError(f"the chat template failed on these messages: {exc}") from exc
+        return open_final(text, plain) if continue_final else text

@@ -118,7 +118,8 @@ def new_output_parser(chat, is_tools: bool, prompt: str):
 
 def chat_completions(served: Served, ex):
     req = api.parse_chat(ex.json_body())
-    prompt = served.chat.render(req.messages, req.tools, True, req.tool_choice)
+    prompt = served.chat.render(req.messages, req.tools, req.add_generation_prompt,
+                                req.tool_choice, req.continue_final)
     prompt_ids = encode_prompt(served, prompt)
     max_tokens = api.fit_context(len(prompt_ids), req.max_tokens, served.max_context)
     tools = normalize_tools(req.tools)

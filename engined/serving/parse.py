@@ -43,6 +43,8 @@ class ChatRequest:
     token_ids: TokenIds = TokenIds()
     constraint: Constraint | None = None
     is_parallel_tools: bool = True
+    add_generation_prompt: bool = True
+    continue_final: bool = False  # vLLM's continue_final_message: the reply continues it
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,19 @@ def parse_chat(body: Any) -> ChatRequest:
     is_parallel = get(body, "parallel_tool_calls", (bool,), "a boolean", True)
     return ChatRequest(messages, body.get("tools"), body.get("tool_choice"), max_tokens,
                        parse_sampling(body), stream, include_usage, top, _parse_token_ids(body),
-                       parse_constraint(body), is_parallel)
+                       parse_constraint(body), is_parallel, *parse_turn_end(body))
+
+
+def parse_turn_end(body: dict) -> tuple[bool, bool]:
+    """vLLM's add_generation_prompt and continue_final_message -> (add_generation_prompt,
+    continue_final). Continuing the final message means no new reply's prompt, so with
+    continue_final_message true the other defaults to false; both true is a 400 (vLLM's)."""
+    continue_final = get(body, "continue_final_message", (bool,), "a boolean", False)
+    add_prompt = get(body, "add_generation_prompt", (bool,), "a boolean", not continue_final)
+    check(not (continue_final and add_prompt), "continue_final_message",
+          "and add_generation_prompt cannot both be true: the reply either continues the "
+          "final message or starts a new one")
+    return add_prompt, continue_final
 
 
 _VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}

@@ -33,9 +33,9 @@ def health(served: Served, ex):
 def tokenize(served: Served, ex):
     body = api.require_object(ex.json_body())
     if "messages" in body:
-        add_generation_prompt = api.get(body, "add_generation_prompt", (bool,), "a boolean", True)
+        add_generation_prompt, continue_final = api.parse_turn_end(body)
         text = served.chat.render(body["messages"], body.get("tools"), add_generation_prompt,
-                                  body.get("tool_choice"))
+                                  body.get("tool_choice"), continue_final)
         ids = generate.encode_prompt(served, text)
     elif isinstance(body.get("prompt"), str):
         add_special = api.get(body, "add_special_tokens", (bool,), "a boolean", True)

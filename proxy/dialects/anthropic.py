@@ -4,7 +4,8 @@ Ingress: `system` blocks (less Claude Code's billing block), `role:"system"` mes
 in place, thinking blocks with their signatures, tool_result blocks (with `is_error` and images) hoisted into a tool
 message before the rest of the user turn, images, text documents, tool_choice,
 `stop_sequences`, `thinking` (with `display: "omitted"`) and `output_config.effort`; a
-missing `max_tokens` is a 400, as the API documents. Server tools (typed tools such
+final assistant turn with text (prefill) is continued, not answered anew; a missing
+`max_tokens` is a 400, as the API documents. Server tools (typed tools such
 as `web_search_20250305`) are not sent to the engine.
 Egress lives in anthropic_out.py.
 """
@@ -55,7 +56,17 @@ def parse_request(body, policy) -> c.Request:
         is_reasoning_withheld=bool(thinking) and thinking.get("display") == "omitted",
         parallel_tool_calls=_parallel(body.get("tool_choice")),
         metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
-        passthrough=output_format, client_fields=output_source)
+        passthrough={**output_format, **_prefill(messages)}, client_fields=output_source)
+
+
+def _prefill(messages: list[c.Message]) -> dict:
+    """A final assistant turn with text and no tool call is the Messages API's prefill: the
+    reply continues that text. Upstream that is vLLM's continue_final_message, which the
+    engine, vLLM and SGLang honour; without it the model would start a new reply."""
+    last = messages[-1] if messages else None
+    if last is None or last.role != "assistant" or not last.text() or last.of(c.ToolCall):
+        return {}
+    return {"continue_final_message": True, "add_generation_prompt": False}
 
 
 def _max_tokens(body: dict) -> int:
