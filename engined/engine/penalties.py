@@ -8,7 +8,8 @@ order:
     logits[t] -= frequency * count(t) + presence * (count(t) > 0)    count: in the output
 
 Greedy rows too (the argmax of the adjusted logits). Logprobs stay the model's own (vLLM's
-default, raw logprobs); a grammar's mask still applies after (sampler.sample_rows).
+default, raw logprobs); a grammar's mask still applies after (sampler.sample_rows), and while
+one masks, min_tokens gives way to it.
 
 A sequence's counts live in a History on its device, kept up to date as tokens come, so a
 step costs a few vector ops per adjusted row, not a pass over the prompt. Row r of a
@@ -19,15 +20,22 @@ import torch
 
 
 class History:
-    """Which tokens the prompt holds and how often each came in the output, for one sequence
-    and one vocabulary size (made at its first adjusted step, on the logits' device)."""
+    """One sequence's tensors on the logits' device, made at its first adjusted step: which
+    tokens the prompt holds, how often each came in the output (updated as tokens come), and
+    its bias and stop-token index tensors (made once, not each step: a 49k-entry logit_bias
+    rebuilt per row and step cost ~70 ms a step)."""
 
-    def __init__(self, prompt_ids: list[int], vocab: int, device: torch.device):
-        ids = torch.tensor([i for i in prompt_ids if 0 <= i < vocab], dtype=torch.int64)
+    def __init__(self, seq, vocab: int, device: torch.device):
+        p = seq.params
         self.in_prompt = torch.zeros(vocab, dtype=torch.bool, device=device)     # [V]
-        self.in_prompt[ids.to(device)] = True
+        if p.repetition_penalty != 1.0:
+            self.in_prompt[_ids(seq.prompt_ids, vocab, device)] = True
         self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)     # [V] output
         self.num_counted = 0
+        bias = [(t, b) for t, b in p.logit_bias if 0 <= t < vocab]
+        self.bias_ids = _ids([t for t, _ in bias], vocab, device)                # [N]
+        self.bias = torch.tensor([b for _, b in bias], dtype=torch.float32, device=device)
+        self.stop_ids = _ids(sorted(p.stop_token_ids), vocab, device)            # [S]
 
     def counted(self, output_ids: list[int]) -> torch.Tensor:
         """counts after output_ids (the sequence's output so far; it only grows)."""
@@ -38,8 +46,7 @@ class History:
         return self.counts
 
     def _add(self, counts: torch.Tensor, ids: list[int]):
-        ids_t = torch.tensor([i for i in ids if 0 <= i < counts.shape[0]], dtype=torch.int64,
-                             device=counts.device)
+        ids_t = _ids(ids, counts.shape[0], counts.device)
         counts.index_add_(0, ids_t, torch.ones(ids_t.shape[0], device=counts.device))
 
     def with_drafts(self, output_ids: list[int], drafts: list[int]) -> torch.Tensor:
@@ -50,6 +57,10 @@ class History:
         counts = counts.clone()
         self._add(counts, drafts)
         return counts
+
+
+def _ids(ids, vocab: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([i for i in ids if 0 <= i < vocab], dtype=torch.int64).to(device)
 
 
 def adjusted(logits: torch.Tensor, rows: list[tuple[object, int]]) -> torch.Tensor:
@@ -64,20 +75,18 @@ def adjusted(logits: torch.Tensor, rows: list[tuple[object, int]]) -> torch.Tens
         p = seq.params
         if not _adjusts(seq, r):
             continue
-        row = out[i]                                                       # [V], a view
+        if seq.history is None:
+            seq.history = History(seq, vocab, out.device)
+        history, row = seq.history, out[i]                                 # row: [V], a view
         if _too_soon(seq, r):
-            stops = [t for t in sorted(p.stop_token_ids) if t < vocab]
-            row[torch.tensor(stops, dtype=torch.int64, device=row.device)] = float("-inf")
+            row[history.stop_ids] = float("-inf")
         if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias], device=row.device)
-            row.index_add_(0, ids, torch.tensor([b for _, b in p.logit_bias], device=row.device))
+            row.index_add_(0, history.bias_ids, history.bias)
         if not p.penalizes:
             continue
-        if seq.history is None:
-            seq.history = History(seq.prompt_ids, vocab, row.device)
-        counts = seq.history.with_drafts(seq.output_ids, seq.draft[:r])   # [V] output counts
+        counts = history.with_drafts(seq.output_ids, seq.draft[:r])        # [V] output counts
         if p.repetition_penalty != 1.0:
-            seen = seq.history.in_prompt | (counts > 0)
+            seen = history.in_prompt | (counts > 0)
             penalized = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
             row.copy_(torch.where(seen, penalized, row))
         if p.frequency_penalty:
@@ -88,8 +97,12 @@ def adjusted(logits: torch.Tensor, rows: list[tuple[object, int]]) -> torch.Tens
 
 
 def _too_soon(seq, r: int) -> bool:
-    """Row r comes before min_tokens output tokens: its stop tokens cannot be drawn."""
-    return len(seq.output_ids) + r < seq.params.min_tokens and bool(seq.params.stop_token_ids)
+    """Row r comes before min_tokens output tokens: its stop tokens cannot be drawn. Not
+    while a grammar masks the output (a tool call woken in an answer with tools): the
+    grammar decides where it ends, and both masks together could leave no token."""
+    p = seq.params
+    return (len(seq.output_ids) + r < p.min_tokens and bool(p.stop_token_ids)
+            and not (seq.grammar is not None and seq.grammar.is_masking))
 
 
 def _adjusts(seq, r: int) -> bool:

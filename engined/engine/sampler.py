@@ -55,7 +55,8 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[
         temperature = torch.tensor([params[b].temperature for b in drawn], device=device)
         top_k = torch.tensor([params[b].top_k for b in drawn], device=device)
         top_p = torch.tensor([params[b].top_p for b in drawn], device=device)
-        min_p = torch.tensor([params[b].min_p for b in drawn], device=device)
+        min_p = (torch.tensor([params[b].min_p for b in drawn], device=device)
+                 if any(params[b].min_p > 0 for b in drawn) else None)   # None: no row's, no sync
         u = uniforms(torch.tensor([seeds[b] for b in drawn], device=device),
                      torch.tensor([counters[b] for b in drawn], device=device))
         chosen[rows] = _draw(logits[rows].float() / temperature[:, None], top_k, top_p, u, min_p)
@@ -93,8 +94,8 @@ def _draw(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
     rank = torch.arange(v, device=scaled.device)
     k = torch.where((top_k > 0) & (top_k < v), top_k, v)
     ordered = ordered.masked_fill(rank[None, :] >= k[:, None], float("-inf"))
-    if min_p is not None and bool((min_p > 0).any()):  # p_t >= min_p p_max: t's logit >= top + log(min_p)
-        floor = ordered[:, :1] + torch.log(min_p.to(ordered.dtype))[:, None]  # [R, 1]; -inf at 0
+    if min_p is not None:  # p_t >= min_p p_max: t's logit >= top + log(min_p) (-inf at 0: all stay)
+        floor = ordered[:, :1] + torch.log(min_p.to(ordered.dtype))[:, None]  # [R, 1]
         ordered = ordered.masked_fill(ordered < floor, float("-inf"))
     probs = torch.softmax(ordered.double(), dim=-1)                    # [R, V]
     before = probs.cumsum(-1) - probs                                  # mass before each token

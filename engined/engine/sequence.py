@@ -43,11 +43,6 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty
                     or self.repetition_penalty != 1.0)
 
-    @property
-    def adjusts_logits(self) -> bool:
-        """Whether engine/penalties.py may change this request's logits."""
-        return self.penalizes or bool(self.logit_bias) or self.min_tokens > 0
-
 
 @dataclass(frozen=True)
 class TokenLogprob:

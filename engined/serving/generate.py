@@ -58,12 +58,15 @@ def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling:
     stop_ids = frozenset(sampling.stop_token_ids) | (
         frozenset() if sampling.ignore_eos else served.chat.stop_token_ids)
     stops = sampling.stop + (() if sampling.ignore_eos else tuple(served.chat.stop_strings))
-    params = SamplingParams(max_tokens, sampling.temperature, sampling.top_p, sampling.top_k,
-                            sampling.seed, stops, stop_ids, num_top, is_prompt_logprobs,
-                            sampling.speculative, sampling.presence_penalty,
-                            sampling.frequency_penalty, sampling.repetition_penalty,
-                            sampling.logit_bias, sampling.min_p, sampling.min_tokens,
-                            sampling.stop if sampling.include_stop else ())
+    params = SamplingParams(
+        max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+        top_k=sampling.top_k, seed=sampling.seed, stop=stops, stop_token_ids=stop_ids,
+        num_top_logprobs=num_top, is_prompt_logprobs=is_prompt_logprobs,
+        speculative=sampling.speculative, presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty, logit_bias=sampling.logit_bias,
+        min_p=sampling.min_p, min_tokens=sampling.min_tokens,
+        kept_stops=sampling.stop if sampling.include_stop else ())
     seq = Sequence(prompt_ids, params, served.decoder_factory(served.tokenizer), ex.request_id,
                    grammar=grammar)
     served.engine.submit(seq)  # a full queue raises QueueFull: 429
@@ -83,12 +86,14 @@ def check_token_fields(served: Served, sampling: api.Sampling, max_tokens: int, 
             raise InvalidRequest(f"{name}: token id {bad[0]} is not in the vocabulary "
                                  f"[0, {vocab})", param=name)
     if sampling.min_tokens > max_tokens:
-        raise InvalidRequest(f"min_tokens ({sampling.min_tokens}) must not exceed max_tokens "
-                             f"({max_tokens})", param="min_tokens")
-    if sampling.min_tokens and grammar is not None:
-        raise InvalidRequest("min_tokens cannot be combined with a constrained output "
-                             "(response_format, structured outputs or a forced tool call): "
-                             "the constraint decides where the output ends", param="min_tokens")
+        raise InvalidRequest(f"min_tokens ({sampling.min_tokens}) must not exceed the tokens "
+                             f"this reply may have ({max_tokens}: max_tokens, else the rest of "
+                             "the context)", param="min_tokens")
+    if sampling.min_tokens and grammar is not None and grammar.is_masking:
+        raise InvalidRequest("min_tokens cannot be combined with an output constrained from its "
+                             "first token (response_format, structured outputs or a forced tool "
+                             "call): the constraint decides where the output ends",
+                             param="min_tokens")
 
 
 def await_admission(served: Served, seq: Sequence, ex):

@@ -135,7 +135,7 @@ class Exchange:
             obj = json.loads(body)
             if _SURROGATE_ESCAPE.search(body):  # only escapes can carry one: UTF-8 cannot
                 _check_unicode(obj, "")
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an over-long integer
             raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
         except RecursionError:
             raise InvalidRequest("the request body is nested too deeply") from None

@@ -1,11 +1,13 @@
 """The sampling fields of a request (chat and completions alike) -> Sampling, or
 InvalidRequest naming the field. The validation helpers the rest of parse.py shares."""
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from engined.errors import InvalidRequest
 
 NUMBER = (int, float)
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
 
 
 def get(body: dict, name: str, kinds: tuple, what: str, default: Any = None) -> Any:
@@ -20,6 +22,18 @@ def get(body: dict, name: str, kinds: tuple, what: str, default: Any = None) -> 
 def check(is_ok: bool, name: str, message: str):
     if not is_ok:
         raise InvalidRequest(f"{name} {message}", param=name)
+
+
+def number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    """A number field in [low, high] as a float (an integer too large for a float, NaN or
+    an infinity is out of range: a 400 naming the field, never an OverflowError)."""
+    value = get(body, name, NUMBER, "a number", default)
+    try:
+        value = float(value)
+    except OverflowError:
+        value = float("nan")
+    check(low <= value <= high, name, f"must be between {low:g} and {high:g}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -43,10 +57,10 @@ class Sampling:
 
 
 def parse_sampling(body: dict) -> Sampling:
-    temperature = float(get(body, "temperature", NUMBER, "a number", 1.0))
-    check(0 <= temperature <= 100, "temperature", "must be between 0 and 100")
-    top_p = float(get(body, "top_p", NUMBER, "a number", 1.0))
-    check(0 < top_p <= 1, "top_p", "must be in (0, 1]")
+    temperature = number(body, "temperature", 1.0, 0, 100)
+    temperature = 0.0 if temperature < GREEDY_BELOW else temperature  # vLLM's: logits / 1e-300 are inf
+    top_p = number(body, "top_p", 1.0, 0, 1)
+    check(top_p > 0, "top_p", "must be in (0, 1]")
     top_k = get(body, "top_k", (int,), "an integer", 0)
     check(top_k >= -1, "top_k", "must be -1 (off), 0 (off) or a positive count")
     seed = get(body, "seed", (int,), "an integer")
@@ -62,14 +76,10 @@ def parse_sampling(body: dict) -> Sampling:
     ignore_eos = get(body, "ignore_eos", (bool,), "a boolean", False)
     speculative = get(body, "speculative", (bool,), "a boolean", True)
     spec_metrics = get(body, "spec_decode_metrics", (bool,), "a boolean", False)
-    penalties = {}
-    for name in ("presence_penalty", "frequency_penalty"):  # OpenAI's range
-        penalties[name] = float(get(body, name, NUMBER, "a number", 0.0))
-        check(-2 <= penalties[name] <= 2, name, "must be between -2 and 2")
-    repetition = float(get(body, "repetition_penalty", NUMBER, "a number", 1.0))
-    check(0 < repetition <= 100, "repetition_penalty", "must be in (0, 100] (1: off)")
-    min_p = float(get(body, "min_p", NUMBER, "a number", 0.0))
-    check(0 <= min_p <= 1, "min_p", "must be between 0 and 1")
+    penalties = {name: number(body, name, 0.0, -2, 2)  # OpenAI's range
+                 for name in ("presence_penalty", "frequency_penalty")}
+    repetition = number(body, "repetition_penalty", 1.0, 0.01, 100)  # 1: off; a logit / 1e-40 is inf
+    min_p = number(body, "min_p", 0.0, 0, 1)
     min_tokens = get(body, "min_tokens", (int,), "an integer", 0)
     check(min_tokens >= 0, "min_tokens", "must not be negative")
     stop_ids = get(body, "stop_token_ids", (list,), "a list of token ids", [])
@@ -87,18 +97,26 @@ def parse_sampling(body: dict) -> Sampling:
 
 
 def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
-    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} -> ((id, bias), ...)."""
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} -> ((id, bias), ...). Keys are
+    decimal ids ("7", not " 7" or "1_0"); two keys of one id ("7", "07"): the last wins, as
+    in vLLM's dict, so no token gets more than 100."""
     given = get(body, "logit_bias", (dict,), "an object mapping token ids to biases", {})
-    pairs = []
+    biases: dict[int, float] = {}
     for key, bias in given.items():
-        try:
-            token_id = int(key)
-        except ValueError:
-            raise InvalidRequest(f"logit_bias: {key!r} is not a token id", param="logit_bias") from None
-        check(isinstance(bias, NUMBER) and not isinstance(bias, bool) and -100 <= bias <= 100,
-               "logit_bias", f"values must be numbers between -100 and 100, got {bias!r} for {key!r}")
-        pairs.append((token_id, float(bias)))
-    return tuple(pairs)
+        check(re.fullmatch(r"[0-9]{1,9}", key) is not None, "logit_bias",
+              f"keys must be token ids (decimal digits), got {key!r}")
+        check(isinstance(bias, NUMBER) and not isinstance(bias, bool)
+              and -100 <= _finite(bias) <= 100, "logit_bias",
+              f"values must be numbers between -100 and 100, got {bias!r} for {key!r}")
+        biases[int(key)] = float(bias)
+    return tuple(biases.items())
+
+
+def _finite(value) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return float("nan")
 
 
 

@@ -39,6 +39,17 @@ FIELDS = {"model": texts, "messages": messages | json_values, "prompt": texts | 
           "stream": st.booleans(), "max_tokens": st.integers(1, 4), "tools": json_values,
           "tool_choice": texts | json_values, "return_token_strs": st.booleans(),
           "user": texts, "name": texts}
+numbers = (st.integers(-2**40, 2**40) | st.integers(10**300, 10**320) | st.floats()
+           | texts | st.none())
+FIELDS.update({name: numbers for name in (  # the sampling fields: huge, NaN, inf, strings
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "temperature",
+    "top_p", "min_tokens", "best_of")})
+FIELDS.update({"logit_bias": st.dictionaries(texts | st.integers(0, 99).map(str), numbers,
+                                             max_size=3) | json_values,
+               "stop_token_ids": st.lists(numbers, max_size=2) | json_values,
+               "continue_final_message": st.booleans() | json_values,
+               "add_generation_prompt": st.booleans() | json_values,
+               "include_stop_str_in_output": st.booleans() | json_values})
 bodies = st.fixed_dictionaries({}, optional=FIELDS)
 
 
@@ -76,3 +87,16 @@ def test_unpaired_surrogates_are_400(engine, route, body, stream):
     error = resp.json()["error"]
     assert error["type"] == "invalid_request_error" and "surrogate" in error["message"]
     assert get(engine.sock, "/health").status == 200
+
+
+@pytest.mark.parametrize("field", ["presence_penalty", "temperature", "min_p", "repetition_penalty"])
+def test_numbers_past_a_float_are_400s_naming_the_field(engine, field):
+    """10**400 fits JSON and a Python int, not a float: it was an OverflowError, a 500."""
+    resp = post(engine.sock, "/v1/chat/completions",
+                json.dumps({"messages": HI, field: 10**400}), timeout=30)
+    assert resp.status == 400 and resp.json()["error"]["param"] == field, resp.body
+    huge = post(engine.sock, "/v1/chat/completions",
+                '{"messages": [{"role": "user", "content": "hi"}], "%s": %s}' % (field, "9" * 5000),
+                timeout=30)      # past json's 4,300-digit limit: its ValueError was a 500
+    assert huge.status == 400 and "not valid JSON" in huge.json()["error"]["message"], huge.body
+

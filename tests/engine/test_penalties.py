@@ -45,7 +45,8 @@ PARAMS = [SamplingParams(8),
           SamplingParams(8, logit_bias=((2, 5.0), (9, -100.0))),
           SamplingParams(8, presence_penalty=-1.1, frequency_penalty=0.45, repetition_penalty=0.8,
                          logit_bias=((0, 1.5),)),
-          SamplingParams(8, min_tokens=5, stop_token_ids=frozenset({4, 10}))]
+          SamplingParams(8, min_tokens=7, stop_token_ids=frozenset({4, 10}))]  # 5 outputs: rows
+# 0 and 1 come before the 7th token, rows 2 and 3 after it (the drafts count)
 
 
 def test_adjusted_rows_match_the_plain_reference_drafts_included():
@@ -158,8 +159,32 @@ def test_served_min_tokens_stop_token_ids_and_kept_stop_strings(llama):
         cut = ask(stop_token_ids=[ids[2]])
         word = plain["message"]["content"].split()[3]                     # "France"
         kept, dropped = ask(stop=[word], include_stop_str_in_output=True), ask(stop=[word])
+        early = plain["message"]["content"].split()[1]                    # "capital", token 2
+        unstopped = ask(stop=[early], min_tokens=4)                       # found before token 4
+        without_eos = ask(stop_token_ids=[ids[2]], ignore_eos=True, max_tokens=12)
+        stopped_early = ask(stop=[early])
     assert plain["finish_reason"] == "stop" and len(ids) < 20
     assert len(longer["token_ids"]) >= len(ids) + 4 and longer["token_ids"][:len(ids) - 1] == ids[:-1]
     assert cut["token_ids"] == ids[:3] and cut["finish_reason"] == "stop"
     assert kept["message"]["content"].endswith(word) and kept["finish_reason"] == "stop"
     assert kept["message"]["content"] == dropped["message"]["content"] + word
+    assert unstopped["message"]["content"] == plain["message"]["content"]
+    assert stopped_early["message"]["content"] == "The "
+    assert without_eos["token_ids"] == ids[:3]           # stop_token_ids hold with ignore_eos
+
+
+def test_min_tokens_beside_tools_the_grammar_decides_once_it_masks(llama):
+    """With tools (tool_choice auto) the tool grammar sleeps until a call opens: min_tokens
+    holds the end back until then and gives way to the grammar after (both masks could
+    leave no token); it was a 400. From the first token (a forced call) it still is one."""
+    from tests.support.engine import InProcessEngine, post
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    body = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [tool], "max_tokens": 40, "temperature": 0, "min_tokens": 3}
+    with InProcessEngine(llama.model, llama.tokenizer, llama.chat, max_context=1024) as engine:
+        auto = post(engine.sock, "/v1/chat/completions", body)
+        forced = post(engine.sock, "/v1/chat/completions", {**body, "tool_choice": "required"})
+    assert auto.status == 200, auto.body
+    assert auto.json()["usage"]["completion_tokens"] >= 3
+    assert forced.status == 400 and forced.json()["error"]["param"] == "min_tokens"

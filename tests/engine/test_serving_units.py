@@ -41,6 +41,11 @@ def test_parse_chat_fields():
     ({"messages": [{"role": "user", "content": "x"}], "use_beam_search": True}, "use_beam_search"),
     ({"messages": [{"role": "user", "content": "x"}], "include_stop_str_in_output": 1},
      "include_stop_str_in_output"),
+    ({"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 1e-300}, "repetition_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {" 7": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"1_0": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"7": 10**400}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": float("nan")}, "presence_penalty"),
 ])
 def test_parse_chat_rejects(body, param):
     with pytest.raises(InvalidRequest) as info:
@@ -62,6 +67,10 @@ def test_parse_sampling_penalties_logit_bias_and_vllms_fields():
     vllm = api.parse_sampling({"min_p": 0.05, "min_tokens": 4, "stop_token_ids": [2, 9],
                                "include_stop_str_in_output": True, "best_of": 1})
     assert (vllm.min_p, vllm.min_tokens, vllm.stop_token_ids, vllm.include_stop) == (0.05, 4, (2, 9), True)
+    # two keys of one id: the last wins (vLLM's dict), so no token gets past +-100
+    assert api.parse_sampling({"logit_bias": {"7": 60, "07": 70}}).logit_bias == ((7, 70.0),)
+    # a temperature too small to divide by is greedy (vLLM's epsilon): logits / 1e-300 are inf
+    assert api.parse_sampling({"temperature": 1e-300}).temperature == 0.0
 
 
 def test_parse_completion_prompts():
