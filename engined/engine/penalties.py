@@ -1,7 +1,8 @@
-"""The logits a token is drawn from, adjusted by the request: vLLM's min_tokens, OpenAI's
-logit_bias, presence_penalty and frequency_penalty, and vLLM's repetition_penalty, in vLLM's
-order:
+"""The logits a token is drawn from, adjusted by the request: vLLM's allowed_token_ids and
+min_tokens, OpenAI's logit_bias, presence_penalty and frequency_penalty, and vLLM's
+repetition_penalty, in vLLM's order:
 
+    logits[t] = -inf for t outside allowed_token_ids (vLLM's), when given
     logits[t] = -inf for the stop tokens, while the output is shorter than min_tokens
     logits[t] += logit_bias[t]
     logits[t] = logits[t] / r if logits[t] > 0 else logits[t] * r   for t in prompt or output
@@ -36,6 +37,10 @@ class History:
         self.bias_ids = _ids([t for t, _ in bias], vocab, device)                # [N]
         self.bias = torch.tensor([b for _, b in bias], dtype=torch.float32, device=device)
         self.stop_ids = _ids(sorted(p.stop_token_ids), vocab, device)            # [S]
+        self.barred = None                                                      # [V] bool
+        if p.allowed_token_ids:
+            self.barred = torch.ones(vocab, dtype=torch.bool, device=device)
+            self.barred[_ids(sorted(p.allowed_token_ids), vocab, device)] = False
 
     def counted(self, output_ids: list[int]) -> torch.Tensor:
         """counts after output_ids (the sequence's output so far; it only grows)."""
@@ -78,6 +83,8 @@ def adjusted(logits: torch.Tensor, rows: list[tuple[object, int]]) -> torch.Tens
         if seq.history is None:
             seq.history = History(seq, vocab, out.device)
         history, row = seq.history, out[i]                                 # row: [V], a view
+        if history.barred is not None:
+            row.masked_fill_(history.barred, float("-inf"))
         if _too_soon(seq, r):
             row[history.stop_ids] = float("-inf")
         if p.logit_bias:
@@ -107,4 +114,4 @@ def _too_soon(seq, r: int) -> bool:
 
 def _adjusts(seq, r: int) -> bool:
     p = seq.params
-    return p.penalizes or bool(p.logit_bias) or _too_soon(seq, r)
+    return p.penalizes or bool(p.logit_bias) or bool(p.allowed_token_ids) or _too_soon(seq, r)

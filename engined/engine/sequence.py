@@ -32,6 +32,7 @@ class SamplingParams:
     min_p: float = 0.0  # a drawn token's probability >= min_p x the most likely one's
     min_tokens: int = 0  # no stop token (masked) or stop string before this many tokens
     kept_stops: tuple[str, ...] = ()  # stop strings returned with the text that they end
+    allowed_token_ids: frozenset[int] = frozenset()  # only these may be drawn (empty: all)
 
     @property
     def is_greedy(self) -> bool:

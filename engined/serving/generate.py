@@ -66,7 +66,8 @@ def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling:
         frequency_penalty=sampling.frequency_penalty,
         repetition_penalty=sampling.repetition_penalty, logit_bias=sampling.logit_bias,
         min_p=sampling.min_p, min_tokens=sampling.min_tokens,
-        kept_stops=sampling.stop if sampling.include_stop else ())
+        kept_stops=sampling.stop if sampling.include_stop else (),
+        allowed_token_ids=frozenset(sampling.allowed_token_ids))
     seq = Sequence(prompt_ids, params, served.decoder_factory(served.tokenizer), ex.request_id,
                    grammar=grammar)
     served.engine.submit(seq)  # a full queue raises QueueFull: 429
@@ -80,7 +81,8 @@ def check_token_fields(served: Served, sampling: api.Sampling, max_tokens: int, 
     request: InvalidRequest naming the field."""
     vocab = served.tokenizer.vocab_size
     for name, ids in (("logit_bias", [t for t, _ in sampling.logit_bias]),
-                      ("stop_token_ids", sampling.stop_token_ids)):
+                      ("stop_token_ids", sampling.stop_token_ids),
+                      ("allowed_token_ids", sampling.allowed_token_ids)):
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequest(f"{name}: token id {bad[0]} is not in the vocabulary "
@@ -89,6 +91,10 @@ def check_token_fields(served: Served, sampling: api.Sampling, max_tokens: int, 
         raise InvalidRequest(f"min_tokens ({sampling.min_tokens}) must not exceed the tokens "
                              f"this reply may have ({max_tokens}: max_tokens, else the rest of "
                              "the context)", param="min_tokens")
+    if sampling.allowed_token_ids and grammar is not None:
+        raise InvalidRequest("allowed_token_ids cannot be combined with tools or a constrained "
+                             "output: their grammar may need a token it leaves out",
+                             param="allowed_token_ids")
     if sampling.min_tokens and grammar is not None and grammar.is_masking:
         raise InvalidRequest("min_tokens cannot be combined with an output constrained from its "
                              "first token (response_format, structured outputs or a forced tool "

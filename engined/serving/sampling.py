@@ -54,6 +54,7 @@ class Sampling:
     min_tokens: int = 0  # vLLM's: no stop token or stop string before this many tokens
     stop_token_ids: tuple[int, ...] = ()  # vLLM's: more ids that end the output
     include_stop: bool = False  # vLLM's include_stop_str_in_output: a `stop` hit is kept
+    allowed_token_ids: tuple[int, ...] = ()  # vLLM's: only these may be drawn (): all)
 
 
 def parse_sampling(body: dict) -> Sampling:
@@ -82,18 +83,45 @@ def parse_sampling(body: dict) -> Sampling:
     min_p = number(body, "min_p", 0.0, 0, 1)
     min_tokens = get(body, "min_tokens", (int,), "an integer", 0)
     check(min_tokens >= 0, "min_tokens", "must not be negative")
-    stop_ids = get(body, "stop_token_ids", (list,), "a list of token ids", [])
-    check(all(isinstance(i, int) and not isinstance(i, bool) for i in stop_ids),
-          "stop_token_ids", "must be a list of token ids")
+    stop_ids = _token_ids(body, "stop_token_ids")
+    allowed = _token_ids(body, "allowed_token_ids")
+    check("allowed_token_ids" not in body or body["allowed_token_ids"] is None or allowed,
+          "allowed_token_ids", "must name at least one token")
     include_stop = get(body, "include_stop_str_in_output", (bool,), "a boolean", False)
-    best_of = get(body, "best_of", (int,), "an integer", 1)
-    check(best_of == 1, "best_of", "must be 1: this engine draws one sample per request")
-    check(not get(body, "use_beam_search", (bool,), "a boolean", False), "use_beam_search",
-          "is not supported: this engine samples (temperature 0 is greedy)")
+    _refuse_unoffered(body)
     return Sampling(temperature, top_p, max(top_k, 0), seed, stop, ignore_eos, speculative,
                     spec_metrics, penalties["presence_penalty"], penalties["frequency_penalty"],
-                    repetition, _logit_bias(body), min_p, min_tokens, tuple(stop_ids),
-                    include_stop)
+                    repetition, _logit_bias(body), min_p, min_tokens, stop_ids, include_stop,
+                    allowed)
+
+
+def _token_ids(body: dict, name: str) -> tuple[int, ...]:
+    ids = get(body, name, (list,), "a list of token ids", [])
+    check(all(isinstance(i, int) and not isinstance(i, bool) for i in ids), name,
+          "must be a list of token ids")
+    return tuple(ids)
+
+
+# vLLM sampling fields this engine does not offer -> (the value that asks nothing, why not).
+# Any other value is a 400 rather than a reply that silently ignores it.
+UNOFFERED = {
+    "best_of": (1, "must be 1: this engine draws one sample per request"),
+    "use_beam_search": (False, "is not supported: this engine samples (temperature 0 is greedy)"),
+    "bad_words": ([], "is not supported: use logit_bias to forbid single tokens"),
+    "skip_special_tokens": (True, "false is not supported: special tokens never reach the text"),
+    "prompt_logprobs": (None, "is not supported on this route: /v1/completions with echo and "
+                              "logprobs scores a prompt"),
+    "truncate_prompt_tokens": (None, "is not supported: a prompt over the context is a 400 "
+                                     "that says by how much"),
+}
+
+
+def _refuse_unoffered(body: dict):
+    for name, (asks_nothing, why) in UNOFFERED.items():
+        value = body.get(name)
+        if value is None or (type(value) is type(asks_nothing) and value == asks_nothing):
+            continue
+        raise InvalidRequest(f"{name} {why}", param=name)
 
 
 def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:

@@ -21,6 +21,8 @@ def reference(logits: list[float], params: SamplingParams, prompt: list[int],
     out = []
     for t, x in enumerate(logits):
         x = f32(x)
+        if params.allowed_token_ids and t not in params.allowed_token_ids:
+            x = f32(float("-inf"))
         if len(history) < params.min_tokens and t in params.stop_token_ids:
             x = f32(float("-inf"))
         for token, bias in params.logit_bias:
@@ -45,8 +47,9 @@ PARAMS = [SamplingParams(8),
           SamplingParams(8, logit_bias=((2, 5.0), (9, -100.0))),
           SamplingParams(8, presence_penalty=-1.1, frequency_penalty=0.45, repetition_penalty=0.8,
                          logit_bias=((0, 1.5),)),
-          SamplingParams(8, min_tokens=7, stop_token_ids=frozenset({4, 10}))]  # 5 outputs: rows
-# 0 and 1 come before the 7th token, rows 2 and 3 after it (the drafts count)
+          SamplingParams(8, min_tokens=7, stop_token_ids=frozenset({4, 10})),  # 5 outputs: rows
+          # 0 and 1 come before the 7th token, rows 2 and 3 after it (the drafts count)
+          SamplingParams(8, allowed_token_ids=frozenset({1, 3, 8}), frequency_penalty=0.5)]
 
 
 def test_adjusted_rows_match_the_plain_reference_drafts_included():
@@ -144,9 +147,10 @@ def test_served_requests_apply_them_and_refuse_what_cannot_apply(llama):
 
 
 def test_served_min_tokens_stop_token_ids_and_kept_stop_strings(llama):
-    """vLLM's min_tokens (no end before that many tokens), stop_token_ids (an id of the plain
-    answer ends it there) and include_stop_str_in_output (the stop string stays in the
-    text), on an answer that ends by itself after 8 tokens. All three were ignored before."""
+    """vLLM's min_tokens (no end before that many tokens, no stop string either),
+    stop_token_ids (an id of the plain answer ends it there, ignore_eos or not),
+    include_stop_str_in_output (the stop string stays in the text) and allowed_token_ids, on
+    an answer that ends by itself after 8 tokens. All were ignored before."""
     from tests.support.engine import InProcessEngine, post
     chat = {"messages": [{"role": "user", "content": "What is the capital of France? One word."}],
             "max_tokens": 40, "temperature": 0, "return_token_ids": True}
@@ -162,6 +166,7 @@ def test_served_min_tokens_stop_token_ids_and_kept_stop_strings(llama):
         early = plain["message"]["content"].split()[1]                    # "capital", token 2
         unstopped = ask(stop=[early], min_tokens=4)                       # found before token 4
         without_eos = ask(stop_token_ids=[ids[2]], ignore_eos=True, max_tokens=12)
+        only = ask(allowed_token_ids=[ids[0], ids[-1]], max_tokens=6)   # "The", then the end
         stopped_early = ask(stop=[early])
     assert plain["finish_reason"] == "stop" and len(ids) < 20
     assert len(longer["token_ids"]) >= len(ids) + 4 and longer["token_ids"][:len(ids) - 1] == ids[:-1]
@@ -171,6 +176,7 @@ def test_served_min_tokens_stop_token_ids_and_kept_stop_strings(llama):
     assert unstopped["message"]["content"] == plain["message"]["content"]
     assert stopped_early["message"]["content"] == "The "
     assert without_eos["token_ids"] == ids[:3]           # stop_token_ids hold with ignore_eos
+    assert set(only["token_ids"]) <= {ids[0], ids[-1]} and only["token_ids"] != ids[:6]
 
 
 def test_min_tokens_beside_tools_the_grammar_decides_once_it_masks(llama):

@@ -46,6 +46,13 @@ def test_parse_chat_fields():
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"1_0": 1}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"7": 10**400}}, "logit_bias"),
     ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": float("nan")}, "presence_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}], "allowed_token_ids": []}, "allowed_token_ids"),
+    ({"messages": [{"role": "user", "content": "x"}], "bad_words": ["no"]}, "bad_words"),
+    ({"messages": [{"role": "user", "content": "x"}], "skip_special_tokens": False}, "skip_special_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "truncate_prompt_tokens": 8},
+     "truncate_prompt_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "best_of": True}, "best_of"),
 ])
 def test_parse_chat_rejects(body, param):
     with pytest.raises(InvalidRequest) as info:
@@ -67,6 +74,9 @@ def test_parse_sampling_penalties_logit_bias_and_vllms_fields():
     vllm = api.parse_sampling({"min_p": 0.05, "min_tokens": 4, "stop_token_ids": [2, 9],
                                "include_stop_str_in_output": True, "best_of": 1})
     assert (vllm.min_p, vllm.min_tokens, vllm.stop_token_ids, vllm.include_stop) == (0.05, 4, (2, 9), True)
+    # the values of vLLM's unoffered fields that ask nothing pass (clients send defaults)
+    api.parse_sampling({"best_of": 1, "use_beam_search": False, "bad_words": [],
+                        "skip_special_tokens": True, "prompt_logprobs": None})
     # two keys of one id: the last wins (vLLM's dict), so no token gets past +-100
     assert api.parse_sampling({"logit_bias": {"7": 60, "07": 70}}).logit_bias == ((7, 70.0),)
     # a temperature too small to divide by is greedy (vLLM's epsilon): logits / 1e-300 are inf
