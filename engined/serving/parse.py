@@ -8,7 +8,7 @@ from typing import Any
 
 from engined.errors import ContextLengthExceeded, InvalidRequest
 from engined.grammar.strict import closed
-from engined.serving.sampling import Sampling, check, get, parse_sampling  # noqa: F401
+from engined.serving.sampling import Sampling, check, get, parse_sampling, refuse_unoffered  # noqa: F401
 
 MAX_TOP_LOGPROBS = 20
 
@@ -84,8 +84,21 @@ def _check_n(body: dict):
     check(n == 1, "n", "must be 1: this engine returns one choice per request")
 
 
+# OpenAI Chat fields that ask for what this engine cannot do (see sampling.UNOFFERED)
+CHAT_UNOFFERED = {
+    "functions": ([], "is the deprecated form of tools, which this engine takes: send tools"),
+    "function_call": (None, "is the deprecated form of tool_choice: send tools and tool_choice"),
+    "audio": (None, "is not supported: this model reads and writes text only"),
+    "modalities": (["text"], "may only be [\"text\"]: this model writes text only"),
+    "web_search_options": (None, "is not supported: this engine has no web search"),
+}
+COMPLETION_UNOFFERED = {"suffix": ("", "is not supported: this engine completes after the "
+                                       "prompt only (no insertion)")}
+
+
 def parse_chat(body: Any) -> ChatRequest:
     body = require_object(body)
+    refuse_unoffered(body, CHAT_UNOFFERED)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list", param="messages")
@@ -188,6 +201,7 @@ def parse_prompt(prompt: Any) -> tuple[str | None, list[int] | None]:
 
 def parse_completion(body: Any) -> CompletionRequest:
     body = require_object(body)
+    refuse_unoffered(body, COMPLETION_UNOFFERED)
     if "prompt" not in body:
         raise InvalidRequest("prompt is required", param="prompt")
     text, ids = parse_prompt(body["prompt"])

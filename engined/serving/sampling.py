@@ -88,7 +88,7 @@ def parse_sampling(body: dict) -> Sampling:
     check("allowed_token_ids" not in body or body["allowed_token_ids"] is None or allowed,
           "allowed_token_ids", "must name at least one token")
     include_stop = get(body, "include_stop_str_in_output", (bool,), "a boolean", False)
-    _refuse_unoffered(body)
+    refuse_unoffered(body, UNOFFERED)
     return Sampling(temperature, top_p, max(top_k, 0), seed, stop, ignore_eos, speculative,
                     spec_metrics, penalties["presence_penalty"], penalties["frequency_penalty"],
                     repetition, _logit_bias(body), min_p, min_tokens, stop_ids, include_stop,
@@ -103,7 +103,8 @@ def _token_ids(body: dict, name: str) -> tuple[int, ...]:
 
 
 # vLLM sampling fields this engine does not offer -> (the value that asks nothing, why not).
-# Any other value is a 400 rather than a reply that silently ignores it.
+# Any other value is a 400 rather than a reply that silently ignores it (parse.py has the
+# routes' own tables).
 UNOFFERED = {
     "best_of": (1, "must be 1: this engine draws one sample per request"),
     "use_beam_search": (False, "is not supported: this engine samples (temperature 0 is greedy)"),
@@ -116,8 +117,10 @@ UNOFFERED = {
 }
 
 
-def _refuse_unoffered(body: dict):
-    for name, (asks_nothing, why) in UNOFFERED.items():
+def refuse_unoffered(body: dict, unoffered: dict):
+    """A 400 for the first field of `unoffered` (name -> (the value that asks nothing,
+    why not)) that asks for something."""
+    for name, (asks_nothing, why) in unoffered.items():
         value = body.get(name)
         if value is None or (type(value) is type(asks_nothing) and value == asks_nothing):
             continue

@@ -37,6 +37,10 @@ def parse_request(body, policy) -> c.Request:
     n = body.get("n")
     if n is not None and n != 1:
         raise InvalidRequest("`n` must be 1: this server returns one choice per request", param="n")
+    for legacy, modern in (("functions", "`tools`"), ("function_call", "`tools` and `tool_choice`")):
+        if body.get(legacy) not in (None, []):  # dropped before: the model never saw them
+            raise InvalidRequest(f"`{legacy}` is the deprecated form of {modern.split(' and ')[-1]}, "
+                                 f"which this server takes: send {modern}", param=legacy)
     messages = tuple(_message(m, i) for i, m in enumerate(d.list_of_objects(body, "messages", True)))
     stream_options = body.get("stream_options")
     include_usage = stream_options.get("include_usage") if isinstance(stream_options, dict) else None

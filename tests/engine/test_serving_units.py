@@ -53,6 +53,11 @@ def test_parse_chat_fields():
     ({"messages": [{"role": "user", "content": "x"}], "truncate_prompt_tokens": 8},
      "truncate_prompt_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "best_of": True}, "best_of"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}, "functions"),
+    ({"messages": [{"role": "user", "content": "x"}], "function_call": "auto"}, "function_call"),
+    ({"messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"]}, "modalities"),
+    ({"messages": [{"role": "user", "content": "x"}], "audio": {"voice": "alloy"}}, "audio"),
+    ({"messages": [{"role": "user", "content": "x"}], "web_search_options": {}}, "web_search_options"),
 ])
 def test_parse_chat_rejects(body, param):
     with pytest.raises(InvalidRequest) as info:
@@ -81,6 +86,17 @@ def test_parse_sampling_penalties_logit_bias_and_vllms_fields():
     assert api.parse_sampling({"logit_bias": {"7": 60, "07": 70}}).logit_bias == ((7, 70.0),)
     # a temperature too small to divide by is greedy (vLLM's epsilon): logits / 1e-300 are inf
     assert api.parse_sampling({"temperature": 1e-300}).temperature == 0.0
+
+
+def test_what_asks_nothing_passes_and_a_suffix_is_refused():
+    """Clients send defaults of fields the engine does not offer: those pass. A completion
+    with a suffix (insertion) was answered as if it had none."""
+    api.parse_chat({"messages": [{"role": "user", "content": "x"}], "functions": [],
+                    "modalities": ["text"], "audio": None})
+    assert api.parse_completion({"prompt": "x", "suffix": ""}).prompt_text == "x"
+    with pytest.raises(InvalidRequest) as info:
+        api.parse_completion({"prompt": "def f(", "suffix": "return x"})
+    assert info.value.param == "suffix" and info.value.status == 400
 
 
 def test_parse_completion_prompts():

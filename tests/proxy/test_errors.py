@@ -120,6 +120,21 @@ def test_n_above_one_is_rejected_clearly(app):
     assert "`n`" in resp.get_json()["error"]["message"] and resp.get_json()["error"]["param"] == "n"
 
 
+@pytest.mark.parametrize("field,value", [
+    ("functions", [{"name": "f", "parameters": {"type": "object"}}]), ("function_call", "auto")])
+def test_legacy_functions_are_refused_not_dropped(app, field, value):
+    """OpenAI's deprecated functions/function_call were consumed and dropped: the model
+    never saw the functions and the client never learned why. Now a 400 naming tools; the
+    values that ask nothing still pass."""
+    client = app.test_client()
+    resp = client.post("/v1/chat/completions", json={**VALID["/v1/chat/completions"], field: value})
+    assert_shape(resp, "openai", 400)
+    assert resp.get_json()["error"]["param"] == field and "tools" in resp.get_json()["error"]["message"]
+    empty = {"functions": [], "function_call": None}[field]
+    assert client.post("/v1/chat/completions",
+                       json={**VALID["/v1/chat/completions"], field: empty}).status_code == 200
+
+
 def test_unknown_route_and_method(app):
     client = app.test_client()
     assert_shape(client.get("/v1/nope"), "openai", 404)
