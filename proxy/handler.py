@@ -101,6 +101,9 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
                             restore=lambda m, i: services.reasoning.restore(m, field_, keys.before(i), ctx.owner))
     payload = cap_side_request(payload, req, cfg["SIDE_MAX_TOKENS"])
     ctx.payload = services.fit_max_tokens(payload, request.content_length or 0)
+    if services.served_info().get("is_llama_cpp"):  # it continues a final assistant turn by
+        for flag in ("continue_final_message", "add_generation_prompt"):  # itself; with its
+            ctx.payload.pop(flag, None)  # --no-prefill-assistant, these would close the turn
     turn.input_estimate = max(1, (request.content_length or 0) // 4)  # until the engine's real count
     ctx.started = time.monotonic()  # the request log, latency and TTFT count from here
     g.context = ctx

@@ -14,7 +14,7 @@ import pathlib
 import jinja2
 
 from engined.chat.errors import ChatInputError
-from engined.chat.messages import normalize_messages, normalize_tools, open_final
+from engined.chat.messages import marked_final, normalize_messages, normalize_tools, open_final
 from engined.chat.template import compile_template
 
 DEFAULT_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
@@ -106,14 +106,15 @@ class KimiChatFormat:
                add_generation_prompt: bool = True, tool_choice=None,
                continue_final: bool = False) -> str:
         """The prompt text; continue_final: open at the end of the final message's text
-        (messages.open_final), with no generation prompt."""
+        (messages.marked_final, open_final), with no generation prompt."""
         if tool_choice == "none":
             tools = None
         plain, tools = normalize_messages(messages), normalize_tools(tools)
+        plain = marked_final(plain) if continue_final else plain
         add_generation_prompt = add_generation_prompt and not continue_final
         if self._template is None:
             text = "".join(text for text, _ in builtin_segments(plain, tools, add_generation_prompt))
-            return open_final(text, plain) if continue_final else text
+            return open_final(text) if continue_final else text
         tok = self._tokenizer
         special = {"bos_token": tok.id_to_token(tok.bos_id) if tok.bos_id is not None else None,
                    "eos_token": tok.id_to_token(tok.eos_id) if tok.eos_id is not None else None}
@@ -122,7 +123,7 @@ class KimiChatFormat:
                                          add_generation_prompt=add_generation_prompt, **special)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
             raise ChatInputError(f"the chat template failed on these messages: {exc}") from exc
-        return open_final(text, plain) if continue_final else text
+        return open_final(text) if continue_final else text
 
     def render_ids(self, messages: list[dict], tools: list[dict] | None = None,
                    add_generation_prompt: bool = True, tool_choice=None) -> list[int]:

@@ -126,15 +126,31 @@ def forced_tool(tool_choice, tools: list[dict] | None) -> str | None:
     return fn["name"]
 
 
-def open_final(rendered: str, messages: list[dict]) -> str:
-    """The rendered chat cut right after the final message's text, so the reply continues it
-    (vLLM's continue_final_message, as Hugging Face's apply_chat_template cuts it: the last
-    occurrence of the text, else of the text stripped, for templates that trim it).
-    messages: normalized (normalize_messages)."""
-    final = messages[-1].get("content") or ""
-    for text in (final, final.strip()):
-        if text and text in rendered:
-            return rendered[:rendered.rindex(text) + len(text)]
-    raise ChatInputError("messages[-1].content: continue_final_message needs a final message "
-                         "with text to continue; this one has none (send the request without "
-                         "it to start a new reply)")
+CONTINUE_MARK = "\U000f0000kimi:continue\U000f0000"  # private-use: no text or markup has it
+
+
+def marked_final(messages: list[dict]) -> list[dict]:
+    """Normalized messages whose final text ends with CONTINUE_MARK, for open_final to cut
+    at: the cut is where the template put the text's end, whatever it trims, repeats or
+    wraps around it (searching the rendered prompt for the text itself cut inside an earlier
+    message under a trimming template, and closed the turn for a text like ">" or "\n").
+    A final message without text, or with tool calls, cannot be continued: ChatInputError."""
+    final = messages[-1]
+    if final.get("tool_calls"):
+        raise ChatInputError("messages[-1]: continue_final_message continues text, and this "
+                             "message holds tool calls (send it without the flag)")
+    if not (final.get("content") or "").strip():
+        raise ChatInputError("messages[-1].content: continue_final_message needs a final message "
+                             "with text to continue; this one has none (send the request without "
+                             "it to start a new reply)")
+    return [*messages[:-1], {**final, "content": final["content"] + CONTINUE_MARK}]
+
+
+def open_final(rendered: str) -> str:
+    """The prompt rendered from marked_final's messages, cut where the mark is: the reply
+    continues the final message's text (vLLM's continue_final_message)."""
+    if rendered.count(CONTINUE_MARK) != 1:
+        raise ChatInputError("messages[-1].content: the chat template changed the final "
+                             "message's text, so it cannot be continued (send the request "
+                             "without continue_final_message)")
+    return rendered[:rendered.index(CONTINUE_MARK)]

@@ -21,7 +21,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engined.chat import hermes
 from engined.chat.errors import ChatInputError
-from engined.chat.messages import forced_tool, normalize_messages, normalize_tools, open_final
+from engined.chat.messages import (forced_tool, marked_final, normalize_messages, normalize_tools,
+                                   open_final)
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
           " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -110,8 +111,9 @@ class ChatFormat:
                add_generation_prompt: bool = True, tool_choice=None,
                continue_final: bool = False) -> str:
         """The prompt text; continue_final: open at the end of the final message's text
-        (messages.open_final), with no generation prompt."""
+        (messages.marked_final, open_final), with no generation prompt."""
         plain = normalize_messages(messages)
+        plain = marked_final(plain) if continue_final else plain
         tools = normalize_tools(tools)
         forced = forced_tool(tool_choice, tools)
         if self.supports_tools:
@@ -126,4 +128,4 @@ class ChatFormat:
             raise ChatInputError(f"the chat template rejected these messages: {exc}") from exc
         except (TypeError, ValueError, KeyError, IndexError) as exc:
             raise ChatInputError(f"the chat template failed on these messages: {exc}") from exc
-        return open_final(text, plain) if continue_final else text
+        return open_final(text) if continue_final else text

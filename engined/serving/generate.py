@@ -54,7 +54,8 @@ def encode_prompt(served: Served, text: str, add_bos: bool = False) -> list[int]
 
 def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling: api.Sampling,
            num_top: int | None, is_prompt_logprobs: bool = False, grammar=None) -> Sequence:
-    check_token_fields(served, sampling, max_tokens, grammar)
+    api.check_for_model(sampling, served.tokenizer.vocab_size, served.chat.stop_token_ids,
+                        max_tokens, grammar)
     stop_ids = frozenset(sampling.stop_token_ids) | (
         frozenset() if sampling.ignore_eos else served.chat.stop_token_ids)
     stops = sampling.stop + (() if sampling.ignore_eos else tuple(served.chat.stop_strings))
@@ -74,32 +75,6 @@ def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling:
     ex.stats["seq"] = seq
     await_admission(served, seq, ex)
     return seq
-
-
-def check_token_fields(served: Served, sampling: api.Sampling, max_tokens: int, grammar):
-    """The sampling fields that name token ids or counts, against the vocabulary and the
-    request: InvalidRequest naming the field."""
-    vocab = served.tokenizer.vocab_size
-    for name, ids in (("logit_bias", [t for t, _ in sampling.logit_bias]),
-                      ("stop_token_ids", sampling.stop_token_ids),
-                      ("allowed_token_ids", sampling.allowed_token_ids)):
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequest(f"{name}: token id {bad[0]} is not in the vocabulary "
-                                 f"[0, {vocab})", param=name)
-    if sampling.min_tokens > max_tokens:
-        raise InvalidRequest(f"min_tokens ({sampling.min_tokens}) must not exceed the tokens "
-                             f"this reply may have ({max_tokens}: max_tokens, else the rest of "
-                             "the context)", param="min_tokens")
-    if sampling.allowed_token_ids and grammar is not None:
-        raise InvalidRequest("allowed_token_ids cannot be combined with tools or a constrained "
-                             "output: their grammar may need a token it leaves out",
-                             param="allowed_token_ids")
-    if sampling.min_tokens and grammar is not None and grammar.is_masking:
-        raise InvalidRequest("min_tokens cannot be combined with an output constrained from its "
-                             "first token (response_format, structured outputs or a forced tool "
-                             "call): the constraint decides where the output ends",
-                             param="min_tokens")
 
 
 def await_admission(served: Served, seq: Sequence, ex):
@@ -136,6 +111,11 @@ def chat_completions(served: Served, ex):
     tools = normalize_tools(req.tools)
     forced = forced_tool(req.tool_choice, tools)
     is_tools = forced is not None
+    if req.continue_final and (req.constraint is not None or forced):
+        raise InvalidRequest("continue_final_message cannot be combined with a constrained "
+                             "output (response_format, structured outputs or a forced tool "
+                             "call): the constraint would start after the text it continues",
+                             param="continue_final_message")
     grammar = structured.request_grammar(served, req.constraint, max_tokens, tools, forced,
                                          req.is_parallel_tools)
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, req.num_top_logprobs,

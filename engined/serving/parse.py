@@ -8,7 +8,8 @@ from typing import Any
 
 from engined.errors import ContextLengthExceeded, InvalidRequest
 from engined.grammar.strict import closed
-from engined.serving.sampling import Sampling, check, get, parse_sampling, refuse_unoffered  # noqa: F401
+from engined.serving.sampling import (  # noqa: F401 (Sampling, check_for_model: api.*)
+    Sampling, check, check_for_model, get, parse_sampling, refuse_unoffered)
 
 MAX_TOP_LOGPROBS = 20
 
@@ -86,14 +87,15 @@ def _check_n(body: dict):
 
 # OpenAI Chat fields that ask for what this engine cannot do (see sampling.UNOFFERED)
 CHAT_UNOFFERED = {
-    "functions": ([], "is the deprecated form of tools, which this engine takes: send tools"),
-    "function_call": (None, "is the deprecated form of tool_choice: send tools and tool_choice"),
-    "audio": (None, "is not supported: this model reads and writes text only"),
-    "modalities": (["text"], "may only be [\"text\"]: this model writes text only"),
-    "web_search_options": (None, "is not supported: this engine has no web search"),
+    "functions": (([],), "is the deprecated form of tools, which this engine takes: send tools"),
+    "function_call": (("none", "auto"), "is the deprecated form of tool_choice: send tools and "
+                                        "tool_choice"),
+    "audio": ((), "is not supported: this model reads and writes text only"),
+    "modalities": ((["text"],), "may only be [\"text\"]: this model writes text only"),
+    "web_search_options": ((), "is not supported: this engine has no web search"),
 }
-COMPLETION_UNOFFERED = {"suffix": ("", "is not supported: this engine completes after the "
-                                       "prompt only (no insertion)")}
+COMPLETION_UNOFFERED = {"suffix": (("",), "is not supported: this engine completes after the "
+                                          "prompt only (no insertion)")}
 
 
 def parse_chat(body: Any) -> ChatRequest:

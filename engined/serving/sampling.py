@@ -102,27 +102,27 @@ def _token_ids(body: dict, name: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
-# vLLM sampling fields this engine does not offer -> (the value that asks nothing, why not).
+# vLLM sampling fields this engine does not offer -> (the values that ask nothing, why not).
 # Any other value is a 400 rather than a reply that silently ignores it (parse.py has the
 # routes' own tables).
 UNOFFERED = {
-    "best_of": (1, "must be 1: this engine draws one sample per request"),
-    "use_beam_search": (False, "is not supported: this engine samples (temperature 0 is greedy)"),
-    "bad_words": ([], "is not supported: use logit_bias to forbid single tokens"),
-    "skip_special_tokens": (True, "false is not supported: special tokens never reach the text"),
-    "prompt_logprobs": (None, "is not supported on this route: /v1/completions with echo and "
-                              "logprobs scores a prompt"),
-    "truncate_prompt_tokens": (None, "is not supported: a prompt over the context is a 400 "
-                                     "that says by how much"),
+    "best_of": ((1, 1.0), "must be 1: this engine draws one sample per request"),
+    "use_beam_search": ((False,), "is not supported: this engine samples (temperature 0 is greedy)"),
+    "bad_words": (([],), "is not supported: use logit_bias to forbid single tokens"),
+    "skip_special_tokens": ((True,), "false is not supported: special tokens never reach the text"),
+    "prompt_logprobs": ((), "is not supported on this route: /v1/completions with echo and "
+                            "logprobs scores a prompt"),
+    "truncate_prompt_tokens": ((), "is not supported: a prompt over the context is a 400 that "
+                                   "says by how much"),
 }
 
 
 def refuse_unoffered(body: dict, unoffered: dict):
-    """A 400 for the first field of `unoffered` (name -> (the value that asks nothing,
-    why not)) that asks for something."""
-    for name, (asks_nothing, why) in unoffered.items():
+    """A 400 for the first field of `unoffered` (name -> (the values besides null that ask
+    nothing, why not)) that asks for something."""
+    for name, (ask_nothing, why) in unoffered.items():
         value = body.get(name)
-        if value is None or (type(value) is type(asks_nothing) and value == asks_nothing):
+        if value is None or any(type(value) is type(a) and value == a for a in ask_nothing):
             continue
         raise InvalidRequest(f"{name} {why}", param=name)
 
@@ -150,4 +150,32 @@ def _finite(value) -> float:
         return float("nan")
 
 
-
+def check_for_model(sampling: Sampling, vocab: int, chat_stops: frozenset[int], max_tokens: int,
+                    grammar) -> None:
+    """The fields that name token ids or counts, against the model's vocabulary, its chat
+    format's stop ids, the reply's max_tokens and its grammar (None: none): InvalidRequest
+    naming the field."""
+    for name, ids in (("logit_bias", [t for t, _ in sampling.logit_bias]),
+                      ("stop_token_ids", sampling.stop_token_ids),
+                      ("allowed_token_ids", sampling.allowed_token_ids)):
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"{name}: token id {bad[0]} is not in the vocabulary "
+                                 f"[0, {vocab})", param=name)
+    if sampling.min_tokens > max_tokens:
+        raise InvalidRequest(f"min_tokens ({sampling.min_tokens}) must not exceed the tokens "
+                             f"this reply may have ({max_tokens}: max_tokens, else the rest of "
+                             "the context)", param="min_tokens")
+    stops = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(chat_stops))
+    if sampling.min_tokens and sampling.allowed_token_ids and set(sampling.allowed_token_ids) <= stops:
+        raise InvalidRequest("allowed_token_ids holds only stop tokens, which min_tokens holds "
+                             "back: no token could be drawn", param="allowed_token_ids")
+    if sampling.allowed_token_ids and grammar is not None:
+        raise InvalidRequest("allowed_token_ids cannot be combined with tools or a constrained "
+                             "output: their grammar may need a token it leaves out",
+                             param="allowed_token_ids")
+    if sampling.min_tokens and grammar is not None and grammar.is_masking:
+        raise InvalidRequest("min_tokens cannot be combined with an output constrained from its "
+                             "first token (response_format, structured outputs or a forced tool "
+                             "call): the constraint decides where the output ends",
+                             param="min_tokens")

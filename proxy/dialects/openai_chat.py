@@ -37,8 +37,9 @@ def parse_request(body, policy) -> c.Request:
     n = body.get("n")
     if n is not None and n != 1:
         raise InvalidRequest("`n` must be 1: this server returns one choice per request", param="n")
-    for legacy, modern in (("functions", "`tools`"), ("function_call", "`tools` and `tool_choice`")):
-        if body.get(legacy) not in (None, []):  # dropped before: the model never saw them
+    for legacy, modern, ask_nothing in (("functions", "`tools`", (None, [])),
+                                        ("function_call", "`tools` and `tool_choice`", (None, "none", "auto"))):
+        if body.get(legacy) not in ask_nothing:  # dropped before: the model never saw them
             raise InvalidRequest(f"`{legacy}` is the deprecated form of {modern.split(' and ')[-1]}, "
                                  f"which this server takes: send {modern}", param=legacy)
     messages = tuple(_message(m, i) for i, m in enumerate(d.list_of_objects(body, "messages", True)))

@@ -242,7 +242,7 @@ class Upstream:
 
     def served_info(self) -> dict:
         """{"id", "max_model_len"} of the upstream's first model (vLLM's shape; llama-server's
-        context from /props); {} if unknown."""
+        context from /props, and "is_llama_cpp": True); {} if unknown."""
         try:
             status, body = self.request_json("GET", self.target.api_prefix + "/models")
         except Exception:  # noqa: BLE001 - no answer: the caller keeps the client's name
@@ -252,6 +252,8 @@ class Upstream:
         info = {k: first[k] for k, kind in (("id", str), ("max_model_len", int))
                 if isinstance(first.get(k), kind)}
         self.is_llama_cpp = context.is_llama_cpp(first)
+        if self.is_llama_cpp:
+            info["is_llama_cpp"] = True
         if self.is_llama_cpp and "max_model_len" not in info:
             try:
                 n_ctx = context.llama_cpp_context(self)

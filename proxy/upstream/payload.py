@@ -16,8 +16,8 @@ Restore = Callable[[c.Message, int], "dict | None"]  # (assistant message, its i
 
 def build_payload(req: c.Request, *, model: str, reasoning_field: str,
                   restore: Restore | None = None, effort: str | None = None) -> dict:
-    payload: dict = {"model": model, "messages": _messages(req.messages, reasoning_field, restore),
-                     "stream": req.stream}
+    payload: dict = {"model": model, "stream": req.stream, "messages": _messages(
+        req.messages, reasoning_field, restore, req.passthrough.get("continue_final_message") is True)}
     if req.tools:
         payload["tools"] = [tool_to_openai(t) for t in req.tools]
         if req.tool_choice is not None:
@@ -45,7 +45,11 @@ def tool_to_openai(tool: c.ToolSpec) -> dict:
                                              "parameters": tool.parameters}}
 
 
-def _messages(messages, reasoning_field: str, restore: Restore | None) -> list[dict]:
+def _messages(messages, reasoning_field: str, restore: Restore | None,
+              is_continued: bool = False) -> list[dict]:
+    """is_continued: the reply continues the final message (an Anthropic prefill), so that
+    message is the client's own text, never a ledger row's (which may hold the turn the
+    client cut short and edited)."""
     out: list[dict] = []
     leading = []
     i = 0
@@ -63,7 +67,8 @@ def _messages(messages, reasoning_field: str, restore: Restore | None) -> list[d
         elif msg.role == "tool":
             out.extend(_tool_results(msg))
         else:
-            restored = restore(msg, index) if restore else None
+            is_own = is_continued and index == len(messages) - 1
+            restored = restore(msg, index) if restore and not is_own else None
             built = restored if restored is not None else assistant_from_echo(msg, reasoning_field)
             if built is not None:
                 out.append(built)

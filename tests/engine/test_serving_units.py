@@ -54,7 +54,7 @@ def test_parse_chat_fields():
      "truncate_prompt_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "best_of": True}, "best_of"),
     ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}, "functions"),
-    ({"messages": [{"role": "user", "content": "x"}], "function_call": "auto"}, "function_call"),
+    ({"messages": [{"role": "user", "content": "x"}], "function_call": {"name": "f"}}, "function_call"),
     ({"messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"]}, "modalities"),
     ({"messages": [{"role": "user", "content": "x"}], "audio": {"voice": "alloy"}}, "audio"),
     ({"messages": [{"role": "user", "content": "x"}], "web_search_options": {}}, "web_search_options"),
@@ -92,7 +92,7 @@ def test_what_asks_nothing_passes_and_a_suffix_is_refused():
     """Clients send defaults of fields the engine does not offer: those pass. A completion
     with a suffix (insertion) was answered as if it had none."""
     api.parse_chat({"messages": [{"role": "user", "content": "x"}], "functions": [],
-                    "modalities": ["text"], "audio": None})
+                    "modalities": ["text"], "audio": None, "function_call": "none", "best_of": 1.0})
     assert api.parse_completion({"prompt": "x", "suffix": ""}).prompt_text == "x"
     with pytest.raises(InvalidRequest) as info:
         api.parse_completion({"prompt": "def f(", "suffix": "return x"})
@@ -149,4 +149,21 @@ def test_sd_notify_sends_ready(tmp_path):
         assert sd_notify("READY=1", {"NOTIFY_SOCKET": address})
         assert listener.recv(64) == b"READY=1"
     assert not sd_notify("READY=1", {})
+
+
+def test_a_request_that_leaves_no_token_to_draw_is_refused():
+    """allowed_token_ids of stop tokens only, under min_tokens: every logit would be -inf
+    (the draw then took token 0, outside the set). Vocabulary 100, chat stop id 2."""
+    def check(**fields):
+        api.check_for_model(api.parse_sampling(fields), 100, frozenset({2}), 16, None)
+    with pytest.raises(InvalidRequest) as info:
+        check(allowed_token_ids=[2], min_tokens=2)
+    assert info.value.param == "allowed_token_ids"
+    with pytest.raises(InvalidRequest):
+        check(allowed_token_ids=[7], stop_token_ids=[7], min_tokens=1)
+    check(allowed_token_ids=[2, 5], min_tokens=2)          # 5 can be drawn: fine
+    check(allowed_token_ids=[2], ignore_eos=True, min_tokens=2)   # 2 no longer stops
+    with pytest.raises(InvalidRequest) as info:
+        check(stop_token_ids=[100])
+    assert info.value.param == "stop_token_ids"
 

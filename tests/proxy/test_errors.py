@@ -121,7 +121,7 @@ def test_n_above_one_is_rejected_clearly(app):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("functions", [{"name": "f", "parameters": {"type": "object"}}]), ("function_call", "auto")])
+    ("functions", [{"name": "f", "parameters": {"type": "object"}}]), ("function_call", {"name": "f"})])
 def test_legacy_functions_are_refused_not_dropped(app, field, value):
     """OpenAI's deprecated functions/function_call were consumed and dropped: the model
     never saw the functions and the client never learned why. Now a 400 naming tools; the
@@ -130,9 +130,9 @@ def test_legacy_functions_are_refused_not_dropped(app, field, value):
     resp = client.post("/v1/chat/completions", json={**VALID["/v1/chat/completions"], field: value})
     assert_shape(resp, "openai", 400)
     assert resp.get_json()["error"]["param"] == field and "tools" in resp.get_json()["error"]["message"]
-    empty = {"functions": [], "function_call": None}[field]
-    assert client.post("/v1/chat/completions",
-                       json={**VALID["/v1/chat/completions"], field: empty}).status_code == 200
+    for empty in {"functions": ([], None), "function_call": (None, "none", "auto")}[field]:
+        assert client.post("/v1/chat/completions",
+                           json={**VALID["/v1/chat/completions"], field: empty}).status_code == 200
 
 
 def test_unknown_route_and_method(app):
