@@ -9,7 +9,8 @@ from typing import Any
 from engined.errors import ContextLengthExceeded, InvalidRequest
 from engined.grammar.strict import closed
 from engined.serving.sampling import (  # noqa: F401 (Sampling, check_for_model: api.*)
-    Sampling, check, check_for_model, get, parse_sampling, refuse_unoffered)
+    Sampling, check, check_for_model, check_in_vocab, get, parse_sampling, refuse_unoffered,
+    token_ids)
 
 MAX_TOP_LOGPROBS = 20
 
@@ -239,12 +240,8 @@ def fit_context(num_prompt_tokens: int, max_tokens: int | None, max_context: int
 
 
 def parse_token_ids(body: dict, name: str, vocab_size: int) -> list[int]:
-    ids = body.get(name)
-    if not isinstance(ids, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    ids = token_ids(body, name, None)
+    if ids is None:
         raise InvalidRequest(f"{name} must be a list of token ids", param=name)
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
-        raise InvalidRequest(f"{name}: token id {bad[0]} is not in the vocabulary "
-                             f"[0, {vocab_size})", param=name)
-    return ids
+    check_in_vocab(name, ids, vocab_size)
+    return list(ids)

@@ -27,13 +27,32 @@ def check(is_ok: bool, name: str, message: str):
 def number(body: dict, name: str, default: float, low: float, high: float) -> float:
     """A number field in [low, high] as a float (an integer too large for a float, NaN or
     an infinity is out of range: a 400 naming the field, never an OverflowError)."""
-    value = get(body, name, NUMBER, "a number", default)
-    try:
-        value = float(value)
-    except OverflowError:
-        value = float("nan")
+    value = _as_float(get(body, name, NUMBER, "a number", default))
     check(low <= value <= high, name, f"must be between {low:g} and {high:g}")
     return value
+
+
+def _as_float(value) -> float:
+    """float(value); NaN for an integer too large for a float (fails every range check)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return float("nan")
+
+
+def token_ids(body: dict, name: str, default=()) -> tuple[int, ...] | None:
+    """A list of token ids (`default` when absent or null), or a 400 naming the field."""
+    ids = get(body, name, (list,), "a list of token ids", default)
+    check(ids is default or all(isinstance(i, int) and not isinstance(i, bool) for i in ids),
+          name, "must be a list of token ids")
+    return ids if ids is default else tuple(ids)
+
+
+def check_in_vocab(name: str, ids, vocab: int):
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise InvalidRequest(f"{name}: token id {bad[0]} is not in the vocabulary [0, {vocab})",
+                             param=name)
 
 
 @dataclass(frozen=True)
@@ -83,23 +102,15 @@ def parse_sampling(body: dict) -> Sampling:
     min_p = number(body, "min_p", 0.0, 0, 1)
     min_tokens = get(body, "min_tokens", (int,), "an integer", 0)
     check(min_tokens >= 0, "min_tokens", "must not be negative")
-    stop_ids = _token_ids(body, "stop_token_ids")
-    allowed = _token_ids(body, "allowed_token_ids")
-    check("allowed_token_ids" not in body or body["allowed_token_ids"] is None or allowed,
-          "allowed_token_ids", "must name at least one token")
+    stop_ids = token_ids(body, "stop_token_ids")
+    allowed = token_ids(body, "allowed_token_ids", None)
+    check(allowed != (), "allowed_token_ids", "must name at least one token")
     include_stop = get(body, "include_stop_str_in_output", (bool,), "a boolean", False)
     refuse_unoffered(body, UNOFFERED)
     return Sampling(temperature, top_p, max(top_k, 0), seed, stop, ignore_eos, speculative,
                     spec_metrics, penalties["presence_penalty"], penalties["frequency_penalty"],
                     repetition, _logit_bias(body), min_p, min_tokens, stop_ids, include_stop,
-                    allowed)
-
-
-def _token_ids(body: dict, name: str) -> tuple[int, ...]:
-    ids = get(body, name, (list,), "a list of token ids", [])
-    check(all(isinstance(i, int) and not isinstance(i, bool) for i in ids), name,
-          "must be a list of token ids")
-    return tuple(ids)
+                    allowed or ())
 
 
 # vLLM sampling fields this engine does not offer -> (the values that ask nothing, why not).
@@ -137,17 +148,10 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         check(re.fullmatch(r"[0-9]{1,9}", key) is not None, "logit_bias",
               f"keys must be token ids (decimal digits), got {key!r}")
         check(isinstance(bias, NUMBER) and not isinstance(bias, bool)
-              and -100 <= _finite(bias) <= 100, "logit_bias",
+              and -100 <= _as_float(bias) <= 100, "logit_bias",
               f"values must be numbers between -100 and 100, got {bias!r} for {key!r}")
         biases[int(key)] = float(bias)
     return tuple(biases.items())
-
-
-def _finite(value) -> float:
-    try:
-        return float(value)
-    except OverflowError:
-        return float("nan")
 
 
 def check_for_model(sampling: Sampling, vocab: int, chat_stops: frozenset[int], max_tokens: int,
@@ -158,10 +162,7 @@ def check_for_model(sampling: Sampling, vocab: int, chat_stops: frozenset[int], 
     for name, ids in (("logit_bias", [t for t, _ in sampling.logit_bias]),
                       ("stop_token_ids", sampling.stop_token_ids),
                       ("allowed_token_ids", sampling.allowed_token_ids)):
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequest(f"{name}: token id {bad[0]} is not in the vocabulary "
-                                 f"[0, {vocab})", param=name)
+        check_in_vocab(name, ids, vocab)
     if sampling.min_tokens > max_tokens:
         raise InvalidRequest(f"min_tokens ({sampling.min_tokens}) must not exceed the tokens "
                              f"this reply may have ({max_tokens}: max_tokens, else the rest of "

@@ -37,11 +37,14 @@ def parse_request(body, policy) -> c.Request:
     n = body.get("n")
     if n is not None and n != 1:
         raise InvalidRequest("`n` must be 1: this server returns one choice per request", param="n")
-    for legacy, modern, ask_nothing in (("functions", "`tools`", (None, [])),
-                                        ("function_call", "`tools` and `tool_choice`", (None, "none", "auto"))):
-        if body.get(legacy) not in ask_nothing:  # dropped before: the model never saw them
-            raise InvalidRequest(f"`{legacy}` is the deprecated form of {modern.split(' and ')[-1]}, "
-                                 f"which this server takes: send {modern}", param=legacy)
+    # OpenAI's deprecated function calling, once dropped unseen: (field, its successor, what
+    # to send instead, the values that ask nothing)
+    for legacy, successor, send, ask_nothing in (
+            ("functions", "tools", "`tools`", (None, [])),
+            ("function_call", "tool_choice", "`tools` and `tool_choice`", (None, "none", "auto"))):
+        if body.get(legacy) not in ask_nothing:
+            raise InvalidRequest(f"`{legacy}` is the deprecated form of `{successor}`, which this "
+                                 f"server takes: send {send}", param=legacy)
     messages = tuple(_message(m, i) for i, m in enumerate(d.list_of_objects(body, "messages", True)))
     stream_options = body.get("stream_options")
     include_usage = stream_options.get("include_usage") if isinstance(stream_options, dict) else None

@@ -16,8 +16,10 @@ Restore = Callable[[c.Message, int], "dict | None"]  # (assistant message, its i
 
 def build_payload(req: c.Request, *, model: str, reasoning_field: str,
                   restore: Restore | None = None, effort: str | None = None) -> dict:
-    payload: dict = {"model": model, "stream": req.stream, "messages": _messages(
-        req.messages, reasoning_field, restore, req.passthrough.get("continue_final_message") is True)}
+    is_continued = req.passthrough.get("continue_final_message") is True
+    payload: dict = {"model": model,
+                     "messages": _messages(req.messages, reasoning_field, restore, is_continued),
+                     "stream": req.stream}
     if req.tools:
         payload["tools"] = [tool_to_openai(t) for t in req.tools]
         if req.tool_choice is not None:
