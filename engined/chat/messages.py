@@ -126,6 +126,32 @@ def forced_tool(tool_choice, tools: list[dict] | None) -> str | None:
     return fn["name"]
 
 
+def allowed_tools(tools, tool_choice) -> tuple:
+    """(tools, tool_choice) -> the same, or for OpenAI's {"type": "allowed_tools",
+    "allowed_tools": {"mode": "auto" | "required", "tools": [{"type": "function", "function":
+    {"name"}}, ...]}}: the tools it lists, in the request's order, and its mode."""
+    if not (isinstance(tool_choice, dict) and tool_choice.get("type") == "allowed_tools"):
+        return tools, tool_choice
+    spec = tool_choice.get("allowed_tools")
+    refs = spec.get("tools") if isinstance(spec, dict) else None
+    if not isinstance(refs, list) or not refs or spec.get("mode") not in ("auto", "required"):
+        raise ChatInputError("tool_choice.allowed_tools needs mode ('auto' or 'required') and a "
+                             "non-empty list of tools")
+    names = set()
+    for i, ref in enumerate(refs):
+        fn = ref.get("function") if isinstance(ref, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ChatInputError(f"tool_choice.allowed_tools.tools[{i}] must be "
+                                 "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+        names.add(fn["name"])
+    kept = [t for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)
+            and t["function"].get("name") in names] if isinstance(tools, list) else []
+    missing = sorted(names - {t["function"]["name"] for t in kept})
+    if missing:
+        raise ChatInputError(f"tool_choice.allowed_tools lists {missing[0]!r}, which is not in tools")
+    return kept, spec["mode"]
+
+
 CONTINUE_MARK = "\U000f0000kimi:continue\U000f0000"  # private-use: no text or markup has it
 
 

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from engined.chat.messages import allowed_tools
 from engined.errors import ContextLengthExceeded, InvalidRequest
 from engined.grammar.strict import closed
 from engined.serving.sampling import (  # noqa: F401 (Sampling, check_for_model: api.*)
@@ -116,7 +117,8 @@ def parse_chat(body: Any) -> ChatRequest:
         check(0 <= top <= MAX_TOP_LOGPROBS, "top_logprobs", f"must be 0..{MAX_TOP_LOGPROBS}")
     stream, include_usage = _parse_stream(body)
     is_parallel = get(body, "parallel_tool_calls", (bool,), "a boolean", True)
-    return ChatRequest(messages, body.get("tools"), body.get("tool_choice"), max_tokens,
+    tools, tool_choice = allowed_tools(body.get("tools"), body.get("tool_choice"))
+    return ChatRequest(messages, tools, tool_choice, max_tokens,
                        parse_sampling(body), stream, include_usage, top, _parse_token_ids(body),
                        parse_constraint(body), is_parallel, *parse_turn_end(body))
 

@@ -7,6 +7,7 @@ import traceback
 from engined.serving import parse as api
 from engined.serving import generate
 from engined.chat.errors import ChatInputError
+from engined.chat.messages import allowed_tools
 from engined.errors import (EngineError, InternalError, InvalidRequest, MethodNotAllowed, NotFound,
                             Unavailable)
 from engined.serving.event_stream import ClientGone
@@ -34,8 +35,9 @@ def tokenize(served: Served, ex):
     body = api.require_object(ex.json_body())
     if "messages" in body:
         add_generation_prompt, continue_final = api.parse_turn_end(body)
-        text = served.chat.render(body["messages"], body.get("tools"), add_generation_prompt,
-                                  body.get("tool_choice"), continue_final)
+        tools, tool_choice = allowed_tools(body.get("tools"), body.get("tool_choice"))
+        text = served.chat.render(body["messages"], tools, add_generation_prompt, tool_choice,
+                                  continue_final)
         ids = generate.encode_prompt(served, text)
     elif isinstance(body.get("prompt"), str):
         add_special = api.get(body, "add_special_tokens", (bool,), "a boolean", True)

@@ -42,11 +42,13 @@ def parse_request(body, policy) -> c.Request:
     enabled = None if thinking is None else thinking.get("type") != "disabled"
     tools = [(t, _tool(t, i)) for i, t in enumerate(d.list_of_objects(body, "tools"))]
     output_format, output_source = _output_format(body)
+    server = [t for t, spec in tools if spec is None]
+    usable, tool_choice = d.fit_tool_choice(
+        tuple(spec for _t, spec in tools if spec), _tool_choice(body.get("tool_choice")),
+        tuple(str(t.get(key)) for t in server for key in ("type", "name")))
     return c.Request(
         model=d.opt_str(body, "model") or "", messages=tuple(messages),
-        tools=tuple(spec for _t, spec in tools if spec),
-        dropped_tools=tuple(str(t.get("type")) for t, spec in tools if spec is None),
-        tool_choice=_tool_choice(body.get("tool_choice")),
+        tools=usable, dropped_tools=tuple(str(t.get("type")) for t in server), tool_choice=tool_choice,
         max_tokens=_max_tokens(body),
         temperature=d.or_default(d.opt_float(body, "temperature"), policy.temperature),
         top_p=d.opt_float(body, "top_p"), top_k=d.opt_int(body, "top_k"),

@@ -137,3 +137,48 @@ def split_data_url(url: str) -> tuple[str, str] | None:
     head, payload = url[5:].split(",", 1)
     media_type = head.split(";")[0] or "image/png"
     return media_type, payload
+
+
+def fit_tool_choice(tools: tuple, choice, hosted: tuple[str, ...] = ()) -> tuple[tuple, object]:
+    """(tools, tool_choice) as they go upstream, from the client's function tools and its choice
+    in OpenAI Chat form, or an allowed_tools choice in either OpenAI form (Responses:
+    {"type": "allowed_tools", "mode", "tools"}; Chat nests mode and tools in "allowed_tools"):
+    that one keeps the tools it lists and goes as its mode. hosted: the names and types of the
+    hosted tools left out (handler.py). A choice that forces a call where the request has no
+    tool, or names one it does not have, is a 400, as OpenAI and Anthropic answer it; one that
+    forces a hosted tool goes as auto, as the hosted tools themselves go: left out, never refused."""
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        tools, choice = _allowed_tools(tools, choice)
+    function = choice.get("function") if isinstance(choice, dict) else None
+    named = function.get("name") if isinstance(function, dict) else None
+    if named is not None and named not in {t.name for t in tools}:
+        if named in hosted:
+            return tools, None
+        raise InvalidRequest(f"`tool_choice` names {named!r}, which is not among `tools`",
+                             param="tool_choice")
+    if choice == "required" and not tools:
+        if hosted:
+            return tools, None
+        raise InvalidRequest("`tool_choice` asks for a tool call, but the request has no tools: "
+                             "send `tools`, or leave `tool_choice` out", param="tool_choice")
+    return tools, choice
+
+
+def _allowed_tools(tools: tuple, choice: dict) -> tuple[tuple, str]:
+    spec = choice.get("allowed_tools", choice)  # Chat nests them, Responses does not
+    listed = spec.get("tools") if isinstance(spec, dict) else None
+    if (spec.get("mode") if isinstance(spec, dict) else None) not in ("auto", "required") \
+            or not isinstance(listed, list) or not listed:
+        raise InvalidRequest("an allowed_tools `tool_choice` needs `mode` ('auto' or 'required') "
+                             "and a non-empty list of `tools`", param="tool_choice")
+    names = set()
+    for ref in listed:  # {"type": "function", "name"} or {"type": "function", "function": {"name"}}
+        kind = ref.get("type") if isinstance(ref, dict) else None
+        inner = ref.get(kind) if isinstance(ref, dict) and isinstance(ref.get(kind), dict) else ref
+        if kind in ("function", "custom") and isinstance(inner.get("name"), str):
+            names.add(inner["name"])  # other kinds are hosted tools: left out with the rest
+    missing = sorted(names - {t.name for t in tools})
+    if missing:
+        raise InvalidRequest(f"`tool_choice.allowed_tools` lists {missing[0]!r}, which is not "
+                             "among `tools`", param="tool_choice")
+    return tuple(t for t in tools if t.name in names), spec["mode"]

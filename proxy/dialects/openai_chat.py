@@ -49,10 +49,11 @@ def parse_request(body, policy) -> c.Request:
     stream_options = body.get("stream_options")
     include_usage = stream_options.get("include_usage") if isinstance(stream_options, dict) else None
     max_tokens = d.opt_int(body, "max_completion_tokens") or d.opt_int(body, "max_tokens")
+    tools, tool_choice = d.fit_tool_choice(
+        tuple(t for t in (_tool(t, i) for i, t in enumerate(d.list_of_objects(body, "tools"))) if t),
+        _tool_choice(body.get("tool_choice")))
     return c.Request(
-        model=d.opt_str(body, "model") or "", messages=messages,
-        tools=tuple(t for t in (_tool(t, i) for i, t in enumerate(d.list_of_objects(body, "tools"))) if t),
-        tool_choice=_tool_choice(body.get("tool_choice")),
+        model=d.opt_str(body, "model") or "", messages=messages, tools=tools, tool_choice=tool_choice,
         max_tokens=max_tokens or policy.max_tokens,
         temperature=d.or_default(d.opt_float(body, "temperature"), policy.temperature),
         top_p=d.opt_float(body, "top_p"), top_k=d.opt_int(body, "top_k"),

@@ -45,12 +45,13 @@ def parse_request(body, policy) -> c.Request:
     reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
     effort = reasoning.get("effort") if isinstance(reasoning.get("effort"), str) else None
     response_format = _response_format(body.get("text"))
+    dropped = tuple(str(t.get("type")) for t in d.list_of_objects(body, "tools")
+                    if t.get("type") not in USABLE_TOOL_TYPES)
+    tools, tool_choice = d.fit_tool_choice(tuple(_tools(d.list_of_objects(body, "tools"))),
+                                           _tool_choice(body.get("tool_choice")), dropped)
     return c.Request(
         model=d.opt_str(body, "model") or "", messages=tuple(messages),
-        tools=tuple(_tools(d.list_of_objects(body, "tools"))),
-        dropped_tools=tuple(str(t.get("type")) for t in d.list_of_objects(body, "tools")
-                            if t.get("type") not in USABLE_TOOL_TYPES),
-        tool_choice=_tool_choice(body.get("tool_choice")),
+        tools=tools, dropped_tools=dropped, tool_choice=tool_choice,
         max_tokens=d.opt_int(body, "max_output_tokens") or policy.max_tokens,
         temperature=d.or_default(d.opt_float(body, "temperature"), policy.temperature),
         top_p=d.opt_float(body, "top_p"), top_k=d.opt_int(body, "top_k"),
@@ -226,7 +227,7 @@ def _function(t: dict, where: str, namespace: str | None = None) -> c.ToolSpec |
 def _tool_choice(choice):
     if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
-    if choice in ("auto", "none", "required"):
+    if choice in ("auto", "none", "required") or isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         return choice
     return None
 

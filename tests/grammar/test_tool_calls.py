@@ -54,6 +54,27 @@ def test_a_named_function_is_the_one_called(served):
     assert {c["function"]["name"] for c in calls} == {"read_file"}
 
 
+def test_allowed_tools_limit_the_call_to_the_listed_ones(served):
+    """OpenAI's allowed_tools choice: the prompt offers only the listed tools and the mode
+    applies; it was a 400 before (a tool_choice this engine did not read)."""
+    listed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "search"}}]}}
+    body = {"messages": ASK, "tools": TOOLS, "max_tokens": 96, "temperature": 0,
+            "parallel_tool_calls": False, "tool_choice": listed}
+    resp = post(served.sock, "/v1/chat/completions", body, timeout=120)
+    assert resp.status == 200, resp.body
+    assert [c["function"]["name"] for c in check_calls(resp.json()["choices"][0]["message"], SCHEMAS)] == ["search"]
+    prompt = post(served.sock, "/tokenize", {"messages": ASK, "tools": TOOLS, "tool_choice": listed,
+                                             "return_token_strs": True}).json()
+    text = "".join(prompt["token_strs"])
+    assert "search" in text and "get_weather" not in text and "read_file" not in text
+    for bad in ({**listed["allowed_tools"], "mode": "always"}, {**listed["allowed_tools"], "tools": []},
+                {**listed["allowed_tools"], "tools": [{"type": "function", "function": {"name": "nope"}}]}):
+        resp = post(served.sock, "/v1/chat/completions", {**body, "tool_choice": {
+            "type": "allowed_tools", "allowed_tools": bad}})
+        assert resp.status == 400 and "allowed_tools" in resp.json()["error"]["message"], resp.body
+
+
 class OpenerAt:
     """The real model, except that from output token `at` on it strongly prefers the tokens of
     `opener`, one per step: free text is the model's own, then it opens a call at a known step."""
