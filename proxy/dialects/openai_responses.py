@@ -28,15 +28,26 @@ CONSUMED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_
             "max_output_tokens", "temperature", "top_p", "top_k", "reasoning", "store", "stream",
             "previous_response_id", "metadata", "include", "text", "prompt_cache_key",
             "client_metadata", "truncation", "user", "service_tier", "background", "safety_identifier",
-            "stream_options", "prompt", "max_tool_calls", "conversation"}
+            "stream_options", "prompt", "max_tool_calls", "conversation", "top_logprobs"}
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 ECHOED = ("tools", "tool_choice", "parallel_tool_calls", "instructions", "metadata", "previous_response_id", "store")
 # the Chat field -> the Responses one it came from, to name it in an upstream error
 FORMAT_FIELDS = (("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"))
 
 
+# Objects that live at OpenAI, named by id: this server has none, and answering without them
+# (the conversation's history, the stored prompt's instructions) would answer another request
+KEPT_AT_OPENAI = (("conversation", "this server keeps no conversations: send the history in "
+                   "`input`, or chain responses with `previous_response_id`"),
+                  ("prompt", "this server keeps no stored prompt templates: send the instructions "
+                   "and input themselves"))
+
+
 def parse_request(body, policy) -> c.Request:
     body = d.require_object(body)
+    for key, instead in KEPT_AT_OPENAI:
+        if body.get(key) is not None:
+            raise InvalidRequest(f"`{key}` names an object kept at OpenAI; {instead}", param=key)
     messages: list[c.Message] = []
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions.strip():
@@ -60,7 +71,8 @@ def parse_request(body, policy) -> c.Request:
         thinking_enabled=False if effort == "none" else None,
         parallel_tool_calls=d.opt_bool(body, "parallel_tool_calls"),
         metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
-        passthrough={**{k: v for k, v in body.items() if k not in CONSUMED}, **response_format},
+        passthrough={**{k: v for k, v in body.items() if k not in CONSUMED}, **response_format,
+                     **_logprobs(body)},
         client_fields=FORMAT_FIELDS if response_format else (),
         previous_response_id=d.opt_str(body, "previous_response_id"),
         store=d.opt_bool(body, "store"))
@@ -71,6 +83,7 @@ def prepare(ctx, body: dict) -> c.Request:
     the response), and the stored history of `previous_response_id` before the new input."""
     req, turn = ctx.req, ctx.turn
     turn.extra["echo"] = {k: body[k] for k in ECHOED if k in body}
+    turn.extra["logprobs"] = req.passthrough.get("logprobs") is True
     turn.extra["tools_by_name"] = {t.name: t for t in req.tools}
     items = body.get("input")
     items = [{"type": "message", "role": "user", "content": items}] if isinstance(items, str) else list(items or [])
@@ -86,6 +99,18 @@ def prepare(ctx, body: dict) -> c.Request:
     req = req.replace(messages=(*lead, *new))
     # /v1/responses/compact, or Codex's compaction_trigger item: summarise instead
     return responses_compact.prepare(ctx, req, body)
+
+
+def _logprobs(body: dict) -> dict:
+    """`include: ["message.output_text.logprobs"]` or `top_logprobs` (0-20) -> Chat's logprobs
+    fields: the output_text parts then carry their tokens' logprobs."""
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise InvalidRequest("`top_logprobs` must be an integer from 0 to 20", param="top_logprobs")
+    include = body.get("include")
+    if top is None and not (isinstance(include, list) and "message.output_text.logprobs" in include):
+        return {}
+    return {"logprobs": True, "top_logprobs": top or 0}
 
 
 def _response_format(text) -> dict:

@@ -64,10 +64,18 @@ def reasoning_item(turn, index, text, sig, status, redacted=False) -> dict:
             "encrypted_content": sig, "status": status}
 
 
-def message_item(turn, index, text, status) -> dict:
-    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
+def message_item(turn, index, text, status, logprobs=()) -> dict:
+    content = [] if text is None else [_output_text(turn, text, logprobs)]
     return {"type": "message", "id": _item_id(turn, "msg", index), "role": "assistant",
             "status": status, "content": content}
+
+
+def _output_text(turn: d.Turn, text: str, logprobs) -> dict:
+    """An output_text part; with its tokens' logprobs (Chat's entries) when the request asked."""
+    part = {"type": "output_text", "text": text, "annotations": []}
+    if turn.extra.get("logprobs"):
+        part["logprobs"] = list(logprobs)
+    return part
 
 
 def call_item(turn, index, call_id, name, arguments, status) -> dict:
@@ -93,7 +101,7 @@ def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> d
             if r.text or r.signature:
                 output.append(reasoning_item(turn, len(output), r.text, r.signature, "completed", r.redacted))
     if resp.text():
-        output.append(message_item(turn, len(output), resp.text(), "completed"))
+        output.append(message_item(turn, len(output), resp.text(), "completed", resp.logprobs or ()))
     for t in resp.tool_calls():
         output.append(call_item(turn, len(output), t.id, t.name, t.arguments, "completed"))
     final = envelope(turn, final_status(resp.finish_reason), output, resp.usage, resp.finish_reason)
@@ -110,13 +118,14 @@ class _Items:
         turn.extra["announced"] = self.done
         self.kind: str | None = None
         self.buf: list[str] = []
+        self.logprobs: list = []  # the open message's, when the request asked
         self.call: tuple | None = None
 
     def open(self, kind: str, make_item, call: tuple | None = None) -> Iterator[tuple]:
         """make_item(output_index) builds the item once the previous one is closed."""
         yield from self.close()
         item = make_item(len(self.done))
-        self.kind, self.buf, self.call, self.item = kind, [], call, item
+        self.kind, self.buf, self.call, self.item, self.logprobs = kind, [], call, item, []
         yield _event(self.turn, "response.output_item.added", output_index=len(self.done), item=item)
         if kind == "message":
             yield self._part("response.content_part.added", "")
@@ -127,10 +136,15 @@ class _Items:
 
     def _part(self, kind: str, text: str) -> tuple:
         return _event(self.turn, kind, item_id=self.item["id"], output_index=len(self.done),
-                      content_index=0, part={"type": "output_text", "text": text, "annotations": []})
+                      content_index=0, part=_output_text(self.turn, text, self.logprobs))
 
-    def delta(self, text: str) -> tuple:
+    def delta(self, text: str, logprobs: tuple = ()) -> tuple:
         self.buf.append(text)
+        if self.kind == "message" and self.turn.extra.get("logprobs"):
+            self.logprobs.extend(logprobs)
+            return _event(self.turn, "response.output_text.delta", item_id=self.item["id"],
+                          output_index=len(self.done), content_index=0, delta=text,
+                          logprobs=list(logprobs))
         kind = {"reasoning": "response.reasoning_summary_text.delta", "message": "response.output_text.delta",
                 "call": "response.function_call_arguments.delta"}[self.kind]
         extra = {"summary_index": 0} if self.kind == "reasoning" else {} if self.kind == "call" else {"content_index": 0}
@@ -149,10 +163,11 @@ class _Items:
                          summary_index=0, part={"type": "summary_text", "text": text})
             item = reasoning_item(turn, index, text, signature, "completed")
         elif self.kind == "message":
+            logprobs = {"logprobs": self.logprobs} if turn.extra.get("logprobs") else {}
             yield _event(turn, "response.output_text.done", item_id=item_id, output_index=index,
-                         content_index=0, text=text)
+                         content_index=0, text=text, **logprobs)
             yield self._part("response.content_part.done", text)
-            item = message_item(turn, index, text, "completed")
+            item = message_item(turn, index, text, "completed", self.logprobs)
         else:
             call_id, name = self.call
             item = call_item(turn, index, call_id, name, text, "completed")
@@ -176,7 +191,9 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
     yield _event(turn, "response.created", response=skeleton)
     yield _event(turn, "response.in_progress", response=skeleton)
     items, shows_reasoning = _Items(turn), policy.reasoning == "responses_item"
-    for ev in events:
+    # a text delta waits for its chunk's logprobs only when the request asked for them
+    paired = _paired(events) if turn.extra.get("logprobs") else ((ev, ()) for ev in events)
+    for ev, logprobs in paired:
         if ev is d.KEEPALIVE:
             yield d.KEEPALIVE
         elif isinstance(ev, c.ReasoningDelta) and shows_reasoning:
@@ -188,7 +205,9 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
         elif isinstance(ev, c.TextDelta):
             if items.kind != "message":
                 yield from items.open("message", lambda i: message_item(turn, i, None, "in_progress"))
-            yield items.delta(ev.text)
+            yield items.delta(ev.text, logprobs)
+        elif isinstance(ev, c.LogprobsDelta) and items.kind == "message":
+            items.logprobs.extend(ev.content)  # tokens whose text the parser holds back
         elif isinstance(ev, c.ToolCallStart):
             yield from items.open("call", lambda i, ev=ev: call_item(turn, i, ev.id, ev.name, "", "in_progress"),
                                   (ev.id, ev.name))
@@ -202,6 +221,25 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
             final = envelope(turn, status, items.done, ev.usage, ev.finish_reason)
             turn.extra["final"] = final
             yield _event(turn, f"response.{status}", response=final)
+
+
+def _paired(events) -> Iterator[tuple]:
+    """(event, logprobs): a TextDelta with the LogprobsDelta that follows it (the same upstream
+    chunk's tokens, pipeline.py), which is then no event of its own; the others with ()."""
+    held = None
+    for ev in events:
+        if held is not None:
+            is_pair = isinstance(ev, c.LogprobsDelta)
+            yield held, ev.content if is_pair else ()
+            held = None
+            if is_pair:
+                continue
+        if isinstance(ev, c.TextDelta):
+            held = ev
+        else:
+            yield ev, ()
+    if held is not None:
+        yield held, ()
 
 
 def failed_frames(turn: d.Turn, err: ProxyError) -> list:

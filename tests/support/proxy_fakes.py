@@ -68,7 +68,7 @@ class Reply:
         base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
         out = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                      "finish_reason": None}]}]
-        out += [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in self.deltas]
+        out += [{**base, "choices": [_streamed(d)]} for d in self.deltas]
         out.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": self.finish,
                                          **self.extra_choice}]})
         if self.usage:
@@ -78,6 +78,7 @@ class Reply:
     def completion(self, model: str) -> dict:
         msg: dict = {"role": "assistant", "content": None}
         calls: dict[int, dict] = {}
+        logprobs = [entry for d in self.deltas for entry in d.get(LOGPROBS, ())]
         for d in self.deltas:
             for key in ("content", "reasoning_content"):
                 if key in d:
@@ -91,8 +92,19 @@ class Reply:
         if calls:
             msg["tool_calls"] = [calls[i] for i in sorted(calls)]
         return {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": model,
-                "choices": [{"index": 0, "message": msg, "finish_reason": self.finish, **self.extra_choice}],
+                "choices": [{"index": 0, "message": msg, "finish_reason": self.finish, **self.extra_choice,
+                             **({"logprobs": {"content": logprobs}} if logprobs else {})}],
                 "usage": self.usage}
+
+
+LOGPROBS = "_logprobs"  # a delta's key for its tokens' logprobs.content entries (the choice's)
+
+
+def _streamed(delta: dict) -> dict:
+    """A stream chunk's choice for one scripted delta."""
+    logprobs = delta.get(LOGPROBS)
+    choice = {"index": 0, "delta": {k: v for k, v in delta.items() if k != LOGPROBS}, "finish_reason": None}
+    return {**choice, "logprobs": {"content": logprobs}} if logprobs else choice
 
 
 class FakeUpstream:

@@ -1,0 +1,69 @@
+"""Responses fields that were consumed and dropped unseen (tried as a new user would):
+- `top_logprobs` and `include: ["message.output_text.logprobs"]` now ask the upstream for
+  logprobs, and the output_text parts, deltas and done events carry them (read back through
+  the official openai SDK's own event types);
+- `conversation` and `prompt` name objects kept at OpenAI: answering without them answered
+  another request, so they are a 400 naming the field."""
+import openai
+import pytest
+
+from proxy.app import create_app
+from tests.support.proxy_fakes import LOGPROBS, FakeUpstream, Reply, proxy_config, serve_app
+
+
+def entry(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode()),
+            "top_logprobs": [{"token": token, "logprob": logprob, "bytes": list(token.encode())}]}
+
+
+TOKENS = [("Hel", -0.5), ("lo", -0.25), (" there", -1.0)]
+REPLY = Reply([{"content": t, LOGPROBS: [entry(t, lp)]} for t, lp in TOKENS])
+
+
+@pytest.fixture
+def stack(tmp_path):
+    fake = FakeUpstream(REPLY)
+    with fake.serve() as upstream_url:
+        app = create_app(proxy_config(upstream_url, tmp_path))
+        with serve_app(app) as base:
+            yield fake, openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=10)
+
+
+def test_top_logprobs_come_back_on_the_output_text(stack):
+    fake, client = stack
+    out = client.responses.create(model="m", input="hi", top_logprobs=1)
+    assert fake.requests[-1]["logprobs"] is True and fake.requests[-1]["top_logprobs"] == 1
+    part = out.output[0].content[0]
+    assert part.text == "Hello there"
+    assert [(lp.token, lp.logprob) for lp in part.logprobs] == TOKENS
+    assert part.logprobs[2].top_logprobs[0].token == " there"
+
+
+def test_streamed_deltas_carry_their_own_tokens_logprobs(stack):
+    fake, client = stack
+    events = list(client.responses.create(model="m", input="hi", stream=True,
+                                          include=["message.output_text.logprobs"]))
+    assert fake.requests[-1]["logprobs"] is True and fake.requests[-1]["top_logprobs"] == 0
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert [(e.delta, [(lp.token, lp.logprob) for lp in e.logprobs]) for e in deltas] == \
+        [(t, [(t, lp)]) for t, lp in TOKENS]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [lp.token for lp in done.logprobs] == [t for t, _ in TOKENS]
+    final = events[-1].response.output[0].content[0]
+    assert [lp.logprob for lp in final.logprobs] == [lp for _, lp in TOKENS]
+
+
+def test_without_asking_nothing_changes(stack):
+    fake, client = stack
+    out = client.responses.create(model="m", input="hi")
+    assert "logprobs" not in fake.requests[-1] and out.output[0].content[0].logprobs is None
+
+
+@pytest.mark.parametrize("field,value", [("conversation", "conv_123"), ("conversation", {"id": "conv_1"}),
+                                         ("prompt", {"id": "pmpt_1"}), ("top_logprobs", 21),
+                                         ("top_logprobs", True)])
+def test_fields_that_cannot_be_honoured_are_400s(stack, field, value):
+    fake, client = stack
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="m", input="hi", extra_body={field: value})
+    assert caught.value.body["param"] == field and not fake.requests
