@@ -100,7 +100,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     payload = build_payload(req, model=model, reasoning_field=field_, effort=policy.effort,
                             restore=lambda m, i: services.reasoning.restore(m, field_, keys.before(i), ctx.owner))
     payload = cap_side_request(payload, req, cfg["SIDE_MAX_TOKENS"])
-    ctx.payload = services.fit_max_tokens(payload, request.content_length or 0)
+    ctx.payload = services.fit_max_tokens(payload, request.content_length or 0, req.truncation == "auto")
     if services.served_info().get("is_llama_cpp"):  # it continues a final assistant turn by
         for flag in ("continue_final_message", "add_generation_prompt"):  # itself; with its
             ctx.payload.pop(flag, None)  # --no-prefill-assistant, these would close the turn

@@ -41,12 +41,13 @@ class Services:
     def served_model(self) -> str | None:
         return self.served_info().get("id")
 
-    def fit_max_tokens(self, payload: dict, body_bytes: int) -> dict:
+    def fit_max_tokens(self, payload: dict, body_bytes: int, truncate: bool = False) -> dict:
         """Lower max_tokens to the context left after the prompt; a prompt that cannot fit is
-        refused here (proxy.upstream.context). Agents ask for 32k completion tokens whatever
-        the model; an upstream with an 8k context would refuse the request outright."""
+        refused here (proxy.upstream.context), or with truncate loses its oldest turns. Agents
+        ask for 32k completion tokens whatever the model; an upstream with an 8k context would
+        refuse the request outright."""
         context = self.served_info().get("max_model_len") or self.upstream.max_model_len
-        return fit(self.upstream, payload, body_bytes, context)
+        return fit(self.upstream, payload, body_bytes, context, truncate)
 
     def init_app(self, app) -> None:
         app.extensions["kimi"] = self

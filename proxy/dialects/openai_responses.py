@@ -75,7 +75,7 @@ def parse_request(body, policy) -> c.Request:
                      **_logprobs(body)},
         client_fields=FORMAT_FIELDS if response_format else (),
         previous_response_id=d.opt_str(body, "previous_response_id"),
-        store=d.opt_bool(body, "store"))
+        store=d.opt_bool(body, "store"), truncation=_truncation(body))
 
 
 def prepare(ctx, body: dict) -> c.Request:
@@ -99,6 +99,13 @@ def prepare(ctx, body: dict) -> c.Request:
     req = req.replace(messages=(*lead, *new))
     # /v1/responses/compact, or Codex's compaction_trigger item: summarise instead
     return responses_compact.prepare(ctx, req, body)
+
+
+def _truncation(body: dict) -> str | None:
+    value = d.opt_str(body, "truncation")
+    if value not in (None, "auto", "disabled"):
+        raise InvalidRequest("`truncation` must be 'auto' or 'disabled'", param="truncation")
+    return value
 
 
 def _logprobs(body: dict) -> dict:

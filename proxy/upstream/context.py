@@ -64,9 +64,10 @@ def count_prompt(upstream, messages: list, tools: list | None, model: str | None
     return len(tokens) if isinstance(tokens, list) else None
 
 
-def fit(upstream, payload: dict, body_bytes: int, context: int | None) -> dict:
+def fit(upstream, payload: dict, body_bytes: int, context: int | None, truncate: bool = False) -> dict:
     """The payload, its max_tokens lowered to the room the prompt leaves; raises ContextTooLong
-    for a prompt that cannot fit. Unknown context or count: the upstream's own answer stands."""
+    for a prompt that cannot fit (truncate: unless dropping its oldest turns makes it fit).
+    Unknown context or count: the upstream's own answer stands."""
     if not context:
         return payload
     key = next((k for k in MAX_TOKENS_KEYS if payload.get(k)), None)
@@ -76,6 +77,8 @@ def fit(upstream, payload: dict, body_bytes: int, context: int | None) -> dict:
     count = upstream.tokenize(payload["messages"], payload.get("tools"), payload.get("model"))
     if count is None:
         return payload
+    if count >= context and truncate:
+        payload, count = oldest_dropped(upstream, payload, context, asked or context, count)
     if count >= context:  # the upstream needs room for one token at least
         err = context_too_long(f"This model's maximum context length is {context} tokens. However, "
                                f"your messages resulted in {count} tokens", count, context)
@@ -85,3 +88,40 @@ def fit(upstream, payload: dict, body_bytes: int, context: int | None) -> dict:
         return payload
     log.info("max_tokens %d lowered to %d: prompt %d of %d context tokens", asked, room, count, context)
     return {**payload, key: room}
+
+
+def oldest_dropped(upstream, payload: dict, context: int, asked: int, count: int) -> tuple[dict, int]:
+    """Responses' `truncation: "auto"`: (the payload without as few of its oldest turns as leave
+    room for the reply, its count). A cut falls where a user message starts, so no tool result
+    loses its call; the leading system message (instructions) and the last user message stay.
+    The room wanted is max_tokens, at most a quarter of the context; when no cut leaves that
+    much, the latest cut that fits at all. Counted by bisection: a few /tokenize calls."""
+    messages = payload["messages"]
+    lead = 1 if messages and messages[0].get("role") == "system" else 0
+    cuts = [i for i in range(lead + 1, len(messages)) if messages[i].get("role") == "user"]
+    want = context - min(asked, context // 4)
+    counted: dict[int, int | None] = {}
+
+    def tokens(cut: int) -> int | None:
+        if cut not in counted:
+            counted[cut] = upstream.tokenize(messages[:lead] + messages[cut:], payload.get("tools"),
+                                             payload.get("model"))
+        return counted[cut]
+
+    lo, hi, best = 0, len(cuts) - 1, None
+    while lo <= hi:  # the earliest cut whose count leaves the room wanted
+        mid = (lo + hi) // 2
+        n = tokens(cuts[mid])
+        if n is None:
+            return payload, count
+        if n <= want:
+            best, hi = cuts[mid], mid - 1
+        else:
+            lo = mid + 1
+    if best is None and cuts and (tokens(cuts[-1]) or context) < context:
+        best = cuts[-1]
+    if best is None:
+        return payload, count
+    log.info("truncation auto: %d oldest messages left out, prompt %d -> %d of %d context tokens",
+             best - lead, count, counted[best], context)
+    return {**payload, "messages": messages[:lead] + messages[best:]}, counted[best]
