@@ -110,7 +110,7 @@ class Request:
     passthrough: dict = field(default_factory=dict)  # unknown top-level keys for the engine
     previous_response_id: str | None = None  # Responses
     store: bool | None = None                 # Responses
-    truncation: str | None = None             # Responses: "auto" drops the oldest turns that do not fit
+    truncation: str | None = None             # Responses: "auto" drops turns from the middle to fit
     dropped_tools: tuple[str, ...] = ()       # hosted tools the engine cannot run, by type
     # (upstream field, the client's field) for fields the dialect renamed, e.g.
     # ("response_format.json_schema.schema", "output_format.schema"): upstream errors name the client's

@@ -43,7 +43,7 @@ class Services:
 
     def fit_max_tokens(self, payload: dict, body_bytes: int, truncate: bool = False) -> dict:
         """Lower max_tokens to the context left after the prompt; a prompt that cannot fit is
-        refused here (proxy.upstream.context), or with truncate loses its oldest turns. Agents
+        refused here (proxy.upstream.context), or with truncate loses turns from its middle. Agents
         ask for 32k completion tokens whatever the model; an upstream with an 8k context would
         refuse the request outright."""
         context = self.served_info().get("max_model_len") or self.upstream.max_model_len

@@ -66,7 +66,7 @@ def count_prompt(upstream, messages: list, tools: list | None, model: str | None
 
 def fit(upstream, payload: dict, body_bytes: int, context: int | None, truncate: bool = False) -> dict:
     """The payload, its max_tokens lowered to the room the prompt leaves; raises ContextTooLong
-    for a prompt that cannot fit (truncate: unless dropping its oldest turns makes it fit).
+    for a prompt that cannot fit (truncate: unless dropping turns from its middle makes it fit).
     Unknown context or count: the upstream's own answer stands."""
     if not context:
         return payload
@@ -78,7 +78,7 @@ def fit(upstream, payload: dict, body_bytes: int, context: int | None, truncate:
     if count is None:
         return payload
     if count >= context and truncate:
-        payload, count = oldest_dropped(upstream, payload, context, asked or context, count)
+        payload, count = middle_dropped(upstream, payload, context, asked or context, count)
     if count >= context:  # the upstream needs room for one token at least
         err = context_too_long(f"This model's maximum context length is {context} tokens. However, "
                                f"your messages resulted in {count} tokens", count, context)
@@ -90,21 +90,25 @@ def fit(upstream, payload: dict, body_bytes: int, context: int | None, truncate:
     return {**payload, key: room}
 
 
-def oldest_dropped(upstream, payload: dict, context: int, asked: int, count: int) -> tuple[dict, int]:
-    """Responses' `truncation: "auto"`: (the payload without as few of its oldest turns as leave
-    room for the reply, its count). A cut falls where a user message starts, so no tool result
-    loses its call; the leading system message (instructions) and the last user message stay.
-    The room wanted is max_tokens, at most a quarter of the context; when no cut leaves that
-    much, the latest cut that fits at all. Counted by bisection: a few /tokenize calls."""
+def middle_dropped(upstream, payload: dict, context: int, asked: int, count: int) -> tuple[dict, int]:
+    """Responses' `truncation: "auto"`, as OpenAI documents it (input items dropped in the middle
+    of the conversation): (the payload without as few of the turns after its first user message
+    as leave room for the reply, its count). The leading system message, the first user message
+    (an agent's task) and the latest turns stay; the kept tail starts at a user or assistant
+    message, so no tool result loses its call. The room wanted is max_tokens, at most a quarter
+    of the context; when no cut leaves that much, the latest cut that fits at all. Counted by
+    bisection: a few /tokenize calls, for a request that did not fit only."""
     messages = payload["messages"]
-    lead = 1 if messages and messages[0].get("role") == "system" else 0
-    cuts = [i for i in range(lead + 1, len(messages)) if messages[i].get("role") == "user"]
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+    if first is None:
+        return payload, count
+    cuts = [j for j in range(first + 2, len(messages)) if messages[j].get("role") in ("user", "assistant")]
     want = context - min(asked, context // 4)
     counted: dict[int, int | None] = {}
 
     def tokens(cut: int) -> int | None:
         if cut not in counted:
-            counted[cut] = upstream.tokenize(messages[:lead] + messages[cut:], payload.get("tools"),
+            counted[cut] = upstream.tokenize(messages[:first + 1] + messages[cut:], payload.get("tools"),
                                              payload.get("model"))
         return counted[cut]
 
@@ -122,6 +126,6 @@ def oldest_dropped(upstream, payload: dict, context: int, asked: int, count: int
         best = cuts[-1]
     if best is None:
         return payload, count
-    log.info("truncation auto: %d oldest messages left out, prompt %d -> %d of %d context tokens",
-             best - lead, count, counted[best], context)
-    return {**payload, "messages": messages[:lead] + messages[best:]}, counted[best]
+    log.info("truncation auto: %d messages after the first user message left out, prompt %d -> %d "
+             "of %d context tokens", best - first - 1, count, counted[best], context)
+    return {**payload, "messages": messages[:first + 1] + messages[best:]}, counted[best]
