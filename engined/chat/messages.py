@@ -144,8 +144,7 @@ def allowed_tools(tools, tool_choice) -> tuple:
             raise ChatInputError(f"tool_choice.allowed_tools.tools[{i}] must be "
                                  "{\"type\": \"function\", \"function\": {\"name\": ...}}")
         names.add(fn["name"])
-    kept = [t for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)
-            and t["function"].get("name") in names] if isinstance(tools, list) else []
+    kept = [t for t in normalize_tools(tools) or () if t["function"]["name"] in names]
     missing = sorted(names - {t["function"]["name"] for t in kept})
     if missing:
         raise ChatInputError(f"tool_choice.allowed_tools lists {missing[0]!r}, which is not in tools")

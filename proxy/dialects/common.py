@@ -151,6 +151,8 @@ def fit_tool_choice(tools: tuple, choice, hosted: tuple[str, ...] = ()) -> tuple
         tools, choice = _allowed_tools(tools, choice)
     function = choice.get("function") if isinstance(choice, dict) else None
     named = function.get("name") if isinstance(function, dict) else None
+    if named is not None and not isinstance(named, str):
+        raise InvalidRequest("`tool_choice` must name its tool with a string", param="tool_choice")
     if named is not None and named not in {t.name for t in tools}:
         if named in hosted:
             return tools, None
@@ -172,11 +174,18 @@ def _allowed_tools(tools: tuple, choice: dict) -> tuple[tuple, str]:
         raise InvalidRequest("an allowed_tools `tool_choice` needs `mode` ('auto' or 'required') "
                              "and a non-empty list of `tools`", param="tool_choice")
     names = set()
-    for ref in listed:  # {"type": "function", "name"} or {"type": "function", "function": {"name"}}
+    for i, ref in enumerate(listed):  # {"type": "function", "name"}, or "function": {"name"}
         kind = ref.get("type") if isinstance(ref, dict) else None
-        inner = ref.get(kind) if isinstance(ref, dict) and isinstance(ref.get(kind), dict) else ref
-        if kind in ("function", "custom") and isinstance(inner.get("name"), str):
-            names.add(inner["name"])  # other kinds are hosted tools: left out with the rest
+        if not isinstance(kind, str):
+            raise InvalidRequest(f"`tool_choice.allowed_tools.tools[{i}]` must be an object with "
+                                 "a `type`", param="tool_choice")
+        if kind not in ("function", "custom"):
+            continue  # a hosted tool: left out with the rest
+        inner = ref[kind] if isinstance(ref.get(kind), dict) else ref
+        if not isinstance(inner.get("name"), str):
+            raise InvalidRequest(f"`tool_choice.allowed_tools.tools[{i}]` must name its {kind} "
+                                 "with a string", param="tool_choice")
+        names.add(inner["name"])
     missing = sorted(names - {t.name for t in tools})
     if missing:
         raise InvalidRequest(f"`tool_choice.allowed_tools` lists {missing[0]!r}, which is not "

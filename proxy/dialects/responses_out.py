@@ -70,6 +70,32 @@ def message_item(turn, index, text, status, logprobs=()) -> dict:
             "status": status, "content": content}
 
 
+def text_logprobs(entries, text: str) -> list:
+    """The entries of the text's own tokens: the run whose bytes spell the text. A whole reply's
+    logprobs also hold its reasoning's and its tool calls' tokens (a stream pairs each delta
+    with its own). All of them when no run spells it."""
+    target, spelled = text.encode(), [_spelled(e) for e in entries]
+    for start in range(len(spelled)):
+        acc = b""
+        for end in range(start, len(spelled)):
+            acc += spelled[end]
+            if not target.startswith(acc):
+                break
+            if len(acc) == len(target):
+                return list(entries[start:end + 1])
+    return list(entries)
+
+
+def _spelled(entry) -> bytes:
+    """A logprobs entry's bytes (its `token` when it has none)."""
+    if not isinstance(entry, dict):
+        return b""
+    try:
+        return bytes(entry["bytes"])
+    except (KeyError, TypeError, ValueError):
+        return str(entry.get("token", "")).encode("utf-8", "replace")
+
+
 def _output_text(turn: d.Turn, text: str, logprobs) -> dict:
     """An output_text part; with its tokens' logprobs (Chat's entries) when the request asked."""
     part = {"type": "output_text", "text": text, "annotations": []}
@@ -101,7 +127,8 @@ def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> d
             if r.text or r.signature:
                 output.append(reasoning_item(turn, len(output), r.text, r.signature, "completed", r.redacted))
     if resp.text():
-        output.append(message_item(turn, len(output), resp.text(), "completed", resp.logprobs or ()))
+        output.append(message_item(turn, len(output), resp.text(), "completed",
+                                   text_logprobs(resp.logprobs or (), resp.text())))
     for t in resp.tool_calls():
         output.append(call_item(turn, len(output), t.id, t.name, t.arguments, "completed"))
     final = envelope(turn, final_status(resp.finish_reason), output, resp.usage, resp.finish_reason)
@@ -227,17 +254,22 @@ def _paired(events) -> Iterator[tuple]:
     """(event, logprobs): a TextDelta with the LogprobsDelta that follows it (the same upstream
     chunk's tokens, pipeline.py), which is then no event of its own; the others with ()."""
     held = None
-    for ev in events:
+    try:
+        for ev in events:
+            if held is not None:
+                is_pair = isinstance(ev, c.LogprobsDelta)
+                yield held, ev.content if is_pair else ()
+                held = None
+                if is_pair:
+                    continue
+            if isinstance(ev, c.TextDelta):
+                held = ev
+            else:
+                yield ev, ()
+    except Exception:  # the upstream failed: the text it sent before still reaches the client
         if held is not None:
-            is_pair = isinstance(ev, c.LogprobsDelta)
-            yield held, ev.content if is_pair else ()
-            held = None
-            if is_pair:
-                continue
-        if isinstance(ev, c.TextDelta):
-            held = ev
-        else:
-            yield ev, ()
+            yield held, ()
+        raise
     if held is not None:
         yield held, ()
 

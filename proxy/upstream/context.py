@@ -92,23 +92,27 @@ def fit(upstream, payload: dict, body_bytes: int, context: int | None, truncate:
 
 def middle_dropped(upstream, payload: dict, context: int, asked: int, count: int) -> tuple[dict, int]:
     """Responses' `truncation: "auto"`, as OpenAI documents it (input items dropped in the middle
-    of the conversation): (the payload without as few of the turns after its first user message
-    as leave room for the reply, its count). The leading system message, the first user message
-    (an agent's task) and the latest turns stay; the kept tail starts at a user or assistant
-    message, so no tool result loses its call. The room wanted is max_tokens, at most a quarter
-    of the context; when no cut leaves that much, the latest cut that fits at all. Counted by
+    of the conversation): (the payload without as few of its middle turns as leave room for the
+    reply, its count). What comes before the first reply stays (the instructions, and the user
+    messages that set the task: Codex sends its environment, then the task), and so do the
+    latest turns and the last user message; the kept tail starts at a user or assistant message,
+    so no tool result loses its call. The room wanted is max_tokens, at most a quarter of the
+    context; when no cut leaves that much, the latest cut that fits at all. Counted by
     bisection: a few /tokenize calls, for a request that did not fit only."""
     messages = payload["messages"]
-    first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
-    if first is None:
+    roles = [m.get("role") for m in messages]
+    head = next((i for i, role in enumerate(roles) if role in ("assistant", "tool")), len(roles))
+    if "user" not in roles[:head]:
         return payload, count
-    cuts = [j for j in range(first + 2, len(messages)) if messages[j].get("role") in ("user", "assistant")]
+    last_user = max(i for i, role in enumerate(roles) if role == "user")
+    end = last_user if last_user > head else len(roles) - 1  # an agent loop ends on results
+    cuts = [j for j in range(head + 1, end + 1) if roles[j] in ("user", "assistant")]
     want = context - min(asked, context // 4)
     counted: dict[int, int | None] = {}
 
     def tokens(cut: int) -> int | None:
         if cut not in counted:
-            counted[cut] = upstream.tokenize(messages[:first + 1] + messages[cut:], payload.get("tools"),
+            counted[cut] = upstream.tokenize(messages[:head] + messages[cut:], payload.get("tools"),
                                              payload.get("model"))
         return counted[cut]
 
@@ -126,6 +130,6 @@ def middle_dropped(upstream, payload: dict, context: int, asked: int, count: int
         best = cuts[-1]
     if best is None:
         return payload, count
-    log.info("truncation auto: %d messages after the first user message left out, prompt %d -> %d "
-             "of %d context tokens", best - first - 1, count, counted[best], context)
-    return {**payload, "messages": messages[:first + 1] + messages[best:]}, counted[best]
+    log.info("truncation auto: %d messages after the first reply's left out, prompt %d -> %d of %d "
+             "context tokens", best - head, count, counted[best], context)
+    return {**payload, "messages": messages[:head] + messages[best:]}, counted[best]

@@ -73,6 +73,9 @@ def test_allowed_tools_limit_the_call_to_the_listed_ones(served):
         resp = post(served.sock, "/v1/chat/completions", {**body, "tool_choice": {
             "type": "allowed_tools", "allowed_tools": bad}})
         assert resp.status == 400 and "allowed_tools" in resp.json()["error"]["message"], resp.body
+    odd = [{"type": "function", "function": {"name": ["search"]}}, *TOOLS]  # a 400, not a 500
+    resp = post(served.sock, "/v1/chat/completions", {**body, "tools": odd, "tool_choice": listed})
+    assert resp.status == 400, resp.body
 
 
 class OpenerAt:

@@ -53,6 +53,33 @@ def test_streamed_deltas_carry_their_own_tokens_logprobs(stack):
     assert [lp.logprob for lp in final.logprobs] == [lp for _, lp in TOKENS]
 
 
+def test_a_whole_reply_gives_its_text_only_its_own_tokens(stack):
+    """The upstream's logprobs of a whole reply also cover its reasoning's and its tool call's
+    tokens; the output_text gets the run that spells its text, as the stream's deltas do."""
+    fake, client = stack
+    fake.script = [Reply([{"reasoning_content": "hmm", LOGPROBS: [entry("hmm", -2.0)]},
+                          *REPLY.deltas,
+                          {"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                           "function": {"name": "ls", "arguments": "{}"}}],
+                           LOGPROBS: [entry("<call>", -0.1)]}], finish="tool_calls")]
+    tools = [{"type": "function", "name": "ls", "parameters": {"type": "object"}}]
+    out = client.responses.create(model="m", input="hi", top_logprobs=0, tools=tools)
+    message = next(item for item in out.output if item.type == "message")
+    assert [(lp.token, lp.logprob) for lp in message.content[0].logprobs] == TOKENS
+
+
+def test_text_sent_before_a_failure_still_arrives(stack):
+    fake, client = stack
+    fake.script = [Reply([{"content": "AAA"}, {"content": "BBB"}], die_after=3)]
+    deltas = []
+    with pytest.raises(Exception):
+        for event in client.responses.create(model="m", input="hi", stream=True, top_logprobs=0):
+            deltas += [event.delta] if event.type == "response.output_text.delta" else []
+            if event.type in ("error", "response.failed"):
+                raise RuntimeError(event.type)
+    assert deltas == ["AAA", "BBB"]
+
+
 def test_without_asking_nothing_changes(stack):
     fake, client = stack
     out = client.responses.create(model="m", input="hi")

@@ -45,6 +45,17 @@ REFUSED = [
             {"type": "function", "function": {"name": "zz"}}]}}}),
     ("/v1/responses", {**RESP, "tools": RESP_TOOLS, "tool_choice": {
         "type": "allowed_tools", "mode": "sometimes", "tools": [{"type": "function", "name": "a"}]}}),
+    # odd shapes: 400s naming the field, never a 500 or a silent drop of every tool
+    ("/v1/chat/completions", {**CHAT, "tools": CHAT_TOOLS,
+                              "tool_choice": {"type": "function", "function": {"name": ["a"]}}}),
+    ("/v1/chat/completions", {**CHAT, "tools": CHAT_TOOLS,
+                              "tool_choice": {"type": "custom", "custom": {"name": {}}}}),
+    ("/v1/chat/completions", {**CHAT, "tools": CHAT_TOOLS, "tool_choice": {
+        "type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"type": ["function"], "name": "a"}]}}}),
+    ("/v1/responses", {**RESP, "tools": RESP_TOOLS, "tool_choice": {
+        "type": "allowed_tools", "mode": "auto", "tools": ["a", 3, None]}}),
+    ("/v1/chat/completions", {**CHAT, "tools": CHAT_TOOLS, "tool_choice": {
+        "type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": "a"}]}}}),
 ]
 
 

@@ -46,6 +46,18 @@ def check_pairs(sent: list[dict]):
     assert sent[2]["role"] in ("user", "assistant")
 
 
+def test_what_sets_the_task_stays_and_so_does_the_last_question(tmp_path):
+    """Codex's layout (its environment, then the task, both before the first reply), and a
+    conversation whose input ends on an assistant message: the latest user message stays."""
+    env = {"role": "user", "content": "<environment_context>cwd</environment_context>"}
+    items = [env, *turns(6)[:-1], {"role": "user", "content": "the last question"},
+             {"role": "assistant", "content": "Sure"}]
+    sent = sent_for(tmp_path, {**BODY, "input": items})
+    assert [m["content"][:12] for m in sent[1:3]] == ["<environment", "the task: wo"]
+    assert [m.get("content") for m in sent[-2:]] == ["the last question", "Sure"]
+    check_pairs(sent)
+
+
 @pytest.mark.parametrize("agent", [False, True], ids=["chat", "agent"])
 def test_auto_drops_middle_turns_until_the_prompt_and_reply_fit(tmp_path, agent):
     items = turns(6, agent)
