@@ -33,6 +33,7 @@ class SamplingParams:
     min_tokens: int = 0  # no stop token (masked) or stop string before this many tokens
     kept_stops: tuple[str, ...] = ()  # stop strings returned with the text that they end
     allowed_token_ids: frozenset[int] = frozenset()  # only these may be drawn (empty: all)
+    prediction_ids: tuple[int, ...] = ()  # the client's predicted output: drafts look it up too
 
     @property
     def is_greedy(self) -> bool:

@@ -9,7 +9,8 @@ the right copy among several (edit turns, tiles: 60% -> 70% accepted, 1.54x -> 1
 many of its tokens are verified is the draft length's choice, by the match's length (below).
 The index holds three entries a position, as the 3-gram lookup before it did.
 An agent's edit re-emits the function it rewrites, a tool call repeats paths from the
-conversation: there the drafts are right.
+conversation: there the drafts are right. A request's `prediction` (OpenAI's Predicted
+Outputs: the text the client expects back, e.g. the file being edited) is looked up too.
 
 Verification is one decode_batch over the input token and its k drafts, at positions p..p+k
 of the sequence's own cache, beside the other sequences' rows. A model may offer that only
@@ -60,12 +61,16 @@ class PromptLookup:
     """The tokens that followed the earlier occurrence of the sequence's end that matches it
     longest (see the module's docstring)."""
 
-    def __init__(self, prompt_ids: list[int]):
-        self.tokens = list(prompt_ids)  # the prompt, then the output as it grows
+    def __init__(self, prompt_ids: list[int], prediction: tuple[int, ...] = ()):
+        # the prompt, then the output as it grows; a prediction (OpenAI's Predicted Outputs)
+        # goes first, so its end never reads as the context of the reply's first token, and
+        # with it only the prompt's last WINDOW tokens, all indexed
+        self.tokens = [*prediction, *prompt_ids[-WINDOW:]] if prediction else list(prompt_ids)
         self.num_prompt = len(self.tokens)
         self.last: dict[tuple[int, ...], int] = {}  # 1- and 2-gram -> the position after it
         self.every: dict[tuple[int, ...], list[int]] = {}  # 3-gram -> each position after it
-        self.indexed = max(1, self.num_prompt - WINDOW)  # positions after n-grams indexed so far
+        # positions after n-grams indexed so far
+        self.indexed = 1 if prediction else max(1, self.num_prompt - WINDOW)
         self.match = 0  # the length of the match behind the last draft (0: none)
 
     def draft(self, output_ids: list[int], k: int) -> list[int]:
@@ -244,7 +249,7 @@ class Speculator:
         if not seq.params.speculative:
             return []
         if seq.spec is None:
-            seq.spec = (PromptLookup(seq.prompt_ids),
+            seq.spec = (PromptLookup(seq.prompt_ids, seq.params.prediction_ids),
                         DraftLength(self.acceptance[seq.params.is_greedy]))
         lookup, length = seq.spec
         limit = min(K_MAX, seq.params.max_tokens - len(seq.output_ids) - 1)

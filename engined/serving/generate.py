@@ -52,6 +52,17 @@ def encode_prompt(served: Served, text: str, add_bos: bool = False) -> list[int]
             "length of the messages.", param="messages") from None
 
 
+def encode_prediction(served: Served, text: str) -> list[int]:
+    """The prediction's tokens; one longer than the context cannot be the reply: refused."""
+    if not text:
+        return []
+    try:
+        return served.tokenizer.encode(text, allow_special=False, limit=served.max_context)
+    except PromptTooLong:
+        raise InvalidRequest(f"prediction is longer than the context ({served.max_context} "
+                             "tokens): it cannot be the reply", param="prediction") from None
+
+
 def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling: api.Sampling,
            num_top: int | None, is_prompt_logprobs: bool = False, grammar=None) -> Sequence:
     api.check_for_model(sampling, served.tokenizer.vocab_size, served.chat.stop_token_ids,
@@ -68,7 +79,8 @@ def submit(served: Served, ex, prompt_ids: list[int], max_tokens: int, sampling:
         repetition_penalty=sampling.repetition_penalty, logit_bias=sampling.logit_bias,
         min_p=sampling.min_p, min_tokens=sampling.min_tokens,
         kept_stops=sampling.stop if sampling.include_stop else (),
-        allowed_token_ids=frozenset(sampling.allowed_token_ids))
+        allowed_token_ids=frozenset(sampling.allowed_token_ids),
+        prediction_ids=tuple(encode_prediction(served, sampling.prediction)))
     seq = Sequence(prompt_ids, params, served.decoder_factory(served.tokenizer), ex.request_id,
                    grammar=grammar)
     served.engine.submit(seq)  # a full queue raises QueueFull: 429

@@ -74,6 +74,7 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()  # vLLM's: more ids that end the output
     include_stop: bool = False  # vLLM's include_stop_str_in_output: a `stop` hit is kept
     allowed_token_ids: tuple[int, ...] = ()  # vLLM's: only these may be drawn (): all)
+    prediction: str = ""  # OpenAI's Predicted Outputs: text the reply is expected to repeat
 
 
 def parse_sampling(body: dict) -> Sampling:
@@ -110,7 +111,22 @@ def parse_sampling(body: dict) -> Sampling:
     return Sampling(temperature, top_p, max(top_k, 0), seed, stop, ignore_eos, speculative,
                     spec_metrics, penalties["presence_penalty"], penalties["frequency_penalty"],
                     repetition, _logit_bias(body), min_p, min_tokens, stop_ids, include_stop,
-                    allowed or ())
+                    allowed or (), _prediction(body.get("prediction")))
+
+
+def _prediction(value) -> str:
+    """OpenAI's `prediction` {"type": "content", "content": text or [{"type": "text", "text"}]}
+    -> its text ("" when absent): the speculative drafts look it up too (engine/speculate.py)."""
+    if value is None:
+        return ""
+    content = value.get("content") if isinstance(value, dict) and value.get("type") == "content" else None
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise InvalidRequest('prediction must be {"type": "content", "content": a string or a list '
+                             'of {"type": "text", "text": ...} parts}', param="prediction")
+    return content
 
 
 # vLLM sampling fields this engine does not offer -> (the values that ask nothing, why not).

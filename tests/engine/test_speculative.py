@@ -296,3 +296,34 @@ def test_a_steps_accepted_drafts_stream_as_one_chunk(llama):
     assert "".join(c["text"] for c in text_chunks) == whole_text["text"]
     offsets = [o for c in text_chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]]
     assert offsets == whole_text["logprobs"]["text_offset"]
+
+
+def test_a_prediction_is_looked_up_before_the_prompt():
+    """OpenAI's Predicted Outputs: the prediction's tokens draft as the prompt's do; its end is
+    not read as the reply's context (the prompt's end is)."""
+    lookup = speculate.PromptLookup([1, 2, 3], prediction=(7, 8, 2, 3, 4, 5))
+    assert lookup.draft([], 3) == [4, 5, 1]  # "2 3" was followed by 4 5 in the prediction
+    assert speculate.PromptLookup([1, 2, 3], prediction=(2, 3, 9)).draft([4], 2) == []
+    assert speculate.PromptLookup([1, 2, 3], prediction=(3, 4, 6)).draft([4], 2) == [6, 1]
+
+
+def test_a_prediction_drafts_the_reply_and_changes_no_token(llama, prior_cost):
+    """The reply is not in the prompt, so the context drafts little; predicted, its drafts
+    stand. A prediction of another shape is a 400 naming it."""
+    from tests.support.engine import InProcessEngine, post
+    body = {"messages": [{"role": "user", "content": "Write a short poem about the sea."}],
+            "max_tokens": 48, "temperature": 0, "spec_decode_metrics": True}
+    with InProcessEngine(llama.model, llama.tokenizer, llama.chat, max_context=4096) as engine:
+        plain = post(engine.sock, "/v1/chat/completions", body).json()
+        text = plain["choices"][0]["message"]["content"]
+        parts = [{"type": "text", "text": text[:20]}, {"type": "text", "text": text[20:]}]
+        predicted = [post(engine.sock, "/v1/chat/completions",
+                          {**body, "prediction": {"type": "content", "content": content}}).json()
+                     for content in (text, parts)]
+        bad = [post(engine.sock, "/v1/chat/completions", {**body, "prediction": value})
+               for value in ("text", {"type": "content", "content": 3}, {"type": "file", "content": "x"})]
+    accepted = [r["metrics"]["speculative_decoding"]["num_accepted_draft_tokens"] for r in (plain, *predicted)]
+    print("accepted drafts, plain and predicted twice:", accepted, "of", plain["usage"]["completion_tokens"])
+    assert all(r["choices"][0]["message"] == plain["choices"][0]["message"] for r in predicted)
+    assert min(accepted[1:]) >= max(3 * accepted[0], plain["usage"]["completion_tokens"] // 2), accepted
+    assert all(r.status == 400 and r.json()["error"]["param"] == "prediction" for r in bad)
