@@ -38,6 +38,29 @@ class Image:
         return self.url if self.url is not None else f"data:{self.media_type};base64,{self.data}"
 
 
+def left_out(kind: str, detail: str = "") -> str:
+    """The text that stands in the prompt for content the model cannot read (a PDF, an unknown
+    block, an image for a text-only upstream): the model learns it was there and can say so,
+    where a silent drop left it answering as if nothing had been sent, and a 400 would wedge
+    an agent whose history holds it."""
+    return f"[{kind}{' ' + detail if detail else ''}: left out, this model cannot read it]"
+
+
+def without_images(messages: tuple["Message", ...]) -> tuple["Message", ...]:
+    """The messages for a text-only upstream: each image is its left_out text."""
+    def text_of(image: Image) -> Text:
+        return Text(left_out("image", f"({image.media_type})" if image.url is None else "(a URL)"))
+
+    def part(p):
+        if isinstance(p, Image):
+            return text_of(p)
+        if isinstance(p, ToolResult) and p.images:
+            notes = "\n".join(text_of(img).text for img in p.images)
+            return dataclasses.replace(p, content=f"{p.content}\n{notes}" if p.content else notes, images=())
+        return p
+    return tuple(dataclasses.replace(m, parts=tuple(part(p) for p in m.parts)) for m in messages)
+
+
 @dataclass(frozen=True)
 class ToolCall:
     id: str

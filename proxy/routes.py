@@ -9,6 +9,7 @@ import time
 
 from flask import Blueprint, current_app, g, request
 
+from proxy import canonical as c
 from proxy import fastjson, handler
 from proxy.clients import policy as policy_mod
 from proxy.dialects import anthropic, openai_chat, openai_responses, responses_state
@@ -103,9 +104,11 @@ def count_tokens():
     req = anthropic.parse_request({**body, "max_tokens": body.get("max_tokens") or 1}, policy)
     if not any(m.role != "system" for m in req.messages):
         raise InvalidRequest("there is nothing to count: send at least one message in `messages`")
+    services = current_app.extensions["kimi"]
+    if services.served_info().get("text_only"):  # counted as they will be sent
+        req = req.replace(messages=c.without_images(req.messages))
     payload = build_payload(req, model=current_app.config["MODEL"] or req.model,
                             reasoning_field=current_app.config["REASONING_FIELD"])
-    services = current_app.extensions["kimi"]
     count = services.upstream.tokenize(payload["messages"], payload.get("tools"), payload["model"])
     if count is None:
         count = max(1, len(json.dumps(payload["messages"]) + json.dumps(payload.get("tools", []))) // 4)

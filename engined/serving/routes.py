@@ -22,7 +22,8 @@ CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 def models(served: Served, ex):
     return {"object": "list", "data": [{
         "id": served.model_id, "object": "model", "created": served.created,
-        "owned_by": "kimi-local", "max_model_len": served.max_context}]}
+        "owned_by": "kimi-local", "max_model_len": served.max_context,
+        "input_modalities": ["text"]}]}  # read by kimi-proxy: images become text that says so
 
 
 def health(served: Served, ex):

@@ -156,12 +156,38 @@ def _user_block(b: dict):
     if _is_text(b):
         return c.Text(b["text"]) if b["text"] else None
     if b.get("type") == "image":
-        return _image(b.get("source"))
-    if b.get("type") == "document":
+        return _image(b.get("source")) or c.Text(c.left_out("image", _source_kind(b)))
+    text = _readable(b)
+    return c.Text(text) if text else None
+
+
+def _readable(b: dict) -> str | None:
+    """A block other than text or image as the text the model reads: a search result's title,
+    source and text, a document's text (a plain-text or content source), or what stands for
+    content it cannot read; None for an empty block."""
+    kind, title = b.get("type"), b.get("title") if isinstance(b.get("title"), str) else ""
+    if kind == "search_result":
+        texts = [p["text"] for p in b.get("content") or () if isinstance(p, dict) and _is_text(p)]
+        source = b.get("source") if isinstance(b.get("source"), str) else ""
+        return "\n".join(t for t in (title, source, *texts) if t) or None
+    if kind == "document":
         src = b.get("source") if isinstance(b.get("source"), dict) else {}
         if src.get("type") == "text" and isinstance(src.get("data"), str):
-            return c.Text(src["data"])
-    return None
+            text = src["data"]
+        elif src.get("type") == "content" and isinstance(src.get("content"), (list, str)):
+            parts = src["content"] if isinstance(src["content"], list) else [{"type": "text", "text": src["content"]}]
+            text = "\n".join(p["text"] for p in parts if isinstance(p, dict) and _is_text(p))
+        else:
+            return c.left_out(f"document{' ' + json.dumps(title) if title else ''}", _source_kind(b))
+        return "\n".join(t for t in (title, text) if t) or None
+    return c.left_out(f"{kind!r} block" if isinstance(kind, str) else "block")
+
+
+def _source_kind(b: dict) -> str:
+    src = b.get("source") if isinstance(b.get("source"), dict) else {}
+    media = src.get("media_type") if isinstance(src.get("media_type"), str) else ""
+    kind = src.get("type") if isinstance(src.get("type"), str) else ""
+    return f"({', '.join(x for x in (media, kind and 'source ' + kind) if x)})" if media or kind else ""
 
 
 def _image(src) -> c.Image | None:
@@ -185,6 +211,9 @@ def _tool_result(b: dict) -> c.ToolResult:
             elif isinstance(part, dict) and part.get("type") == "image":
                 img = _image(part.get("source"))
                 images.extend([img] if img else [])
+                texts.extend([] if img else [c.left_out("image", _source_kind(part))])
+            elif isinstance(part, dict):
+                texts.extend([text] if (text := _readable(part)) else [])
     elif content is not None:
         texts.append(json.dumps(content))
     return c.ToolResult(to_engine_id(str(b.get("tool_use_id") or "")), "\n".join(texts),

@@ -190,7 +190,8 @@ def _other_item(item: dict, summaries) -> c.Message | None:
         parts = tuple(_parts(item.get("content")))
         return c.Message("system" if role in ("system", "developer") else "user", parts)
     if kind in ("function_call_output", "custom_tool_call_output"):
-        return c.Message("tool", (c.ToolResult(str(item.get("call_id") or ""), _output_text(item.get("output"))),))
+        text, images = _tool_output(item.get("output"))
+        return c.Message("tool", (c.ToolResult(str(item.get("call_id") or ""), text, images=images),))
     if kind in responses_compact.ITEM_TYPES:
         return responses_compact.message_of(item, summaries)
     return None  # hosted-tool items and item_reference carry nothing the engine can use
@@ -213,16 +214,35 @@ def _parts(content) -> list:
             if isinstance(url, str) and url:
                 split = d.split_data_url(url)
                 parts.append(c.Image(*split) if split else c.Image("image/jpeg", url=url))
+            else:  # a file_id: kept at OpenAI
+                parts.append(c.Text(c.left_out("image", "(a file_id)")))
+        elif p.get("type") in UNREADABLE_PARTS:
+            name = p.get("filename") if isinstance(p.get("filename"), str) else ""
+            parts.append(c.Text(c.left_out(UNREADABLE_PARTS[p["type"]], json.dumps(name) if name else "")))
     return parts
 
 
-def _output_text(output) -> str:
+UNREADABLE_PARTS = {"input_file": "file", "input_audio": "audio"}  # -> the left_out text's kind
+
+
+def _tool_output(output) -> tuple[str, tuple]:
+    """A tool's output -> (its text, its images): a list of parts keeps its text, its images
+    (with URLs) and, for a file or audio, the text that stands for it."""
     if isinstance(output, str):
-        return output
-    if isinstance(output, list):
-        return "".join(o if isinstance(o, str) else str(o.get("text", "")) for o in output
-                       if isinstance(o, (str, dict)))
-    return json.dumps(output)
+        return output, ()
+    if not isinstance(output, list):
+        return json.dumps(output), ()
+    texts, images = [], []
+    for o in output:
+        if isinstance(o, str):
+            texts.append(o)
+        elif isinstance(o, dict) and isinstance(o.get("text"), str):
+            texts.append(o["text"])
+        elif isinstance(o, dict):
+            for part in _parts([o]):
+                (images if isinstance(part, c.Image) else texts).append(
+                    part if isinstance(part, c.Image) else part.text)
+    return "".join(texts), tuple(images)
 
 
 USABLE_TOOL_TYPES = ("function", "namespace", "custom", "tool_search", None)

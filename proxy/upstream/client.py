@@ -242,7 +242,8 @@ class Upstream:
 
     def served_info(self) -> dict:
         """{"id", "max_model_len"} of the upstream's first model (vLLM's shape; llama-server's
-        context from /props, and "is_llama_cpp": True); {} if unknown."""
+        context from /props, and "is_llama_cpp": True; "text_only": True where its card says
+        its input is text alone, as kimi-engine's does); {} if unknown."""
         try:
             status, body = self.request_json("GET", self.target.api_prefix + "/models")
         except Exception:  # noqa: BLE001 - no answer: the caller keeps the client's name
@@ -251,6 +252,9 @@ class Upstream:
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
         info = {k: first[k] for k, kind in (("id", str), ("max_model_len", int))
                 if isinstance(first.get(k), kind)}
+        modalities = first.get("input_modalities")  # kimi-engine's: ["text"]
+        if isinstance(modalities, list) and "image" not in modalities:
+            info["text_only"] = True
         self.is_llama_cpp = context.is_llama_cpp(first)
         if self.is_llama_cpp:
             info["is_llama_cpp"] = True

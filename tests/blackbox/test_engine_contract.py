@@ -28,7 +28,8 @@ def test_models_and_health(sock):
     models = get(sock, "/v1/models").json()
     (model,) = models["data"]
     assert models["object"] == "list"
-    assert set(model) == {"id", "object", "created", "owned_by", "max_model_len"}
+    assert set(model) == {"id", "object", "created", "owned_by", "max_model_len", "input_modalities"}
+    assert model["input_modalities"] == ["text"]  # kimi-proxy turns images into text for it
     assert model["id"] == "SmolLM2-135M-Instruct" and model["max_model_len"] == 512
     assert get(sock, "/health").json() == {"status": "ok", "model": model["id"]}
 

@@ -117,6 +117,7 @@ class FakeUpstream:
         self.has_tokenize = tokenize
         self.is_json_only = False  # answer streaming requests with JSON, as some servers do
         self.max_model_len: int | None = None  # GET /v1/models reports it when set
+        self.input_modalities: list | None = None  # and this (kimi-engine's ["text"])
         self._lock = threading.Lock()
 
     def count(self, outcome: str) -> None:
@@ -199,6 +200,8 @@ def _handler_for(fake: FakeUpstream):
             model = {"id": "fake", "object": "model"}
             if fake.max_model_len:
                 model["max_model_len"] = fake.max_model_len
+            if fake.input_modalities is not None:
+                model["input_modalities"] = fake.input_modalities
             self._send_json(200, {"object": "list", "data": [model]})
 
         def do_POST(self):
