@@ -121,6 +121,11 @@ def _content(content, i: int) -> list:
             parts.append(c.Text(p["text"]))
         elif isinstance(p, dict) and p.get("type") == "image_url":
             parts.append(_image(p.get("image_url"), i))
+        elif isinstance(p, dict):  # a file, audio, ...: named where it was, never dropped unseen
+            file = p.get("file") if isinstance(p.get("file"), dict) else {}
+            name = file.get("filename") if isinstance(file.get("filename"), str) else ""
+            kind = {"file": "file", "input_audio": "audio"}.get(p.get("type"), f"{p.get('type')!r} part")
+            parts.append(c.Text(c.left_out(kind, json.dumps(name) if name else "")))
     return parts
 
 

@@ -81,6 +81,17 @@ def test_a_text_only_upstream_gets_images_as_text(stack):
     assert count.status_code == 200 and "<image_url>" not in str(fake.requests[-1])
 
 
+def test_chat_files_and_audio(stack):
+    fake, client = stack
+    content = [{"type": "file", "file": {"filename": "a.pdf", "file_data": "data:application/pdf;base64,JVBERi0="}},
+               {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+               {"type": "text", "text": "summarise"}]
+    resp = client.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": content}]})
+    assert resp.status_code == 200
+    text = sent_text(fake)
+    assert '[file "a.pdf": left out' in text and "[audio: left out" in text and "summarise" in text
+
+
 def test_responses_files_and_tool_output_parts(stack):
     fake, client = stack
     items = [{"role": "user", "content": [{"type": "input_file", "filename": "a.pdf", "file_data": "x"},
