@@ -63,9 +63,9 @@ class PromptLookup:
 
     def __init__(self, prompt_ids: list[int], prediction: tuple[int, ...] = ()):
         # the prompt, then the output as it grows; a prediction (OpenAI's Predicted Outputs)
-        # goes first, so its end never reads as the context of the reply's first token, and
-        # with it only the prompt's last WINDOW tokens, all indexed
-        self.tokens = [*prediction, *prompt_ids[-WINDOW:]] if prediction else list(prompt_ids)
+        # goes first, so its end never reads as the context of the reply's first token; its
+        # first WINDOW tokens and the prompt's last WINDOW, all indexed
+        self.tokens = [*prediction[:WINDOW], *prompt_ids[-WINDOW:]] if prediction else list(prompt_ids)
         self.num_prompt = len(self.tokens)
         self.last: dict[tuple[int, ...], int] = {}  # 1- and 2-gram -> the position after it
         self.every: dict[tuple[int, ...], list[int]] = {}  # 3-gram -> each position after it

@@ -24,6 +24,11 @@ def redact(headers: dict) -> dict:
 REPLAY_KEYS = ("CLIENT", "TOOL_PARSER", "REASONING_FIELD", "MODEL", "MODEL_ALIAS", "SMALL_MODEL")
 
 
+def served(info: dict) -> dict:
+    """The served model's id (the payload's model) and whether it reads text only."""
+    return {k: info[k] for k in ("id", "text_only") if k in info}
+
+
 def cassette(ex, config: dict | None = None) -> dict:
     streamed = isinstance(ex.frames, list)
     info = getattr(ex, "request_info", None) or {}
@@ -32,6 +37,7 @@ def cassette(ex, config: dict | None = None) -> dict:
         "preset": ex.policy.preset if ex.policy else "", "detected_via": ex.policy.reason if ex.policy else "",
         "streamed": streamed,
         "proxy_config": {k: (config or {}).get(k) for k in REPLAY_KEYS},  # what replay must reuse
+        "served": served(ex.services.served_info()),  # what of the upstream's card shaped the payload
         "request": {"path": info.get("path", ex.route), "headers": redact(info.get("headers", {})),
                     "body": info.get("body")},
         "upstream": {"request": ex.payload, "chunks": ex.chunks if streamed else [],

@@ -71,7 +71,9 @@ class _ReplayUpstream:
     max_model_len = None  # no live server: no context known, no model name asked
 
     def served_info(self) -> dict:
-        return {}
+        """What the recording's upstream card said that shaped the payload (record.served);
+        nothing for a cassette older than that field."""
+        return dict(self.cassette.get("served") or {})
 
     def health(self):
         return True, "replay"

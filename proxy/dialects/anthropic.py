@@ -167,20 +167,33 @@ def _readable(b: dict) -> str | None:
     content it cannot read; None for an empty block."""
     kind, title = b.get("type"), b.get("title") if isinstance(b.get("title"), str) else ""
     if kind == "search_result":
-        texts = [p["text"] for p in b.get("content") or () if isinstance(p, dict) and _is_text(p)]
         source = b.get("source") if isinstance(b.get("source"), str) else ""
-        return "\n".join(t for t in (title, source, *texts) if t) or None
+        return "\n".join(t for t in (title, source, _block_texts(b.get("content"))) if t) or None
     if kind == "document":
         src = b.get("source") if isinstance(b.get("source"), dict) else {}
         if src.get("type") == "text" and isinstance(src.get("data"), str):
             text = src["data"]
-        elif src.get("type") == "content" and isinstance(src.get("content"), (list, str)):
-            parts = src["content"] if isinstance(src["content"], list) else [{"type": "text", "text": src["content"]}]
-            text = "\n".join(p["text"] for p in parts if isinstance(p, dict) and _is_text(p))
+        elif src.get("type") == "content":
+            text = _block_texts(src.get("content"))
         else:
-            return c.left_out(f"document{' ' + json.dumps(title) if title else ''}", _source_kind(b))
+            named = f"document {json.dumps(title, ensure_ascii=False)}" if title else "document"
+            return c.left_out(named, _source_kind(b))
         return "\n".join(t for t in (title, text) if t) or None
     return c.left_out(f"{kind!r} block" if isinstance(kind, str) else "block")
+
+
+def _block_texts(content) -> str:
+    """A string, or a list of text blocks (and strings), as lines; other blocks as _readable
+    reads them (an image among them: the line that stands for it)."""
+    if isinstance(content, str):
+        return content
+    lines = []
+    for p in content if isinstance(content, list) else ():
+        if isinstance(p, str) or isinstance(p, dict) and _is_text(p):
+            lines.append(p if isinstance(p, str) else p["text"])
+        elif isinstance(p, dict):
+            lines.append(c.left_out("image", _source_kind(p)) if p.get("type") == "image" else _readable(p) or "")
+    return "\n".join(line for line in lines if line)
 
 
 def _source_kind(b: dict) -> str:

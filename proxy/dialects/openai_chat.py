@@ -125,7 +125,7 @@ def _content(content, i: int) -> list:
             file = p.get("file") if isinstance(p.get("file"), dict) else {}
             name = file.get("filename") if isinstance(file.get("filename"), str) else ""
             kind = {"file": "file", "input_audio": "audio"}.get(p.get("type"), f"{p.get('type')!r} part")
-            parts.append(c.Text(c.left_out(kind, json.dumps(name) if name else "")))
+            parts.append(c.Text(c.left_out(kind, json.dumps(name, ensure_ascii=False) if name else "")))
     return parts
 
 

@@ -215,10 +215,11 @@ def _parts(content) -> list:
                 split = d.split_data_url(url)
                 parts.append(c.Image(*split) if split else c.Image("image/jpeg", url=url))
             else:  # a file_id: kept at OpenAI
-                parts.append(c.Text(c.left_out("image", "(a file_id)")))
+                parts.append(c.Text(c.left_out("image", "(a file_id)" if p.get("file_id") else "(no url)")))
         elif p.get("type") in UNREADABLE_PARTS:
             name = p.get("filename") if isinstance(p.get("filename"), str) else ""
-            parts.append(c.Text(c.left_out(UNREADABLE_PARTS[p["type"]], json.dumps(name) if name else "")))
+            parts.append(c.Text(c.left_out(UNREADABLE_PARTS[p["type"]],
+                                           json.dumps(name, ensure_ascii=False) if name else "")))
     return parts
 
 
@@ -238,11 +239,11 @@ def _tool_output(output) -> tuple[str, tuple]:
             texts.append(o)
         elif isinstance(o, dict) and isinstance(o.get("text"), str):
             texts.append(o["text"])
-        elif isinstance(o, dict):
+        elif isinstance(o, dict):  # the line for a file stands on its own
             for part in _parts([o]):
                 (images if isinstance(part, c.Image) else texts).append(
-                    part if isinstance(part, c.Image) else part.text)
-    return "".join(texts), tuple(images)
+                    part if isinstance(part, c.Image) else f"\n{part.text}\n")
+    return "".join(texts).strip("\n") if texts else "", tuple(images)
 
 
 USABLE_TOOL_TYPES = ("function", "namespace", "custom", "tool_search", None)

@@ -242,8 +242,9 @@ class Upstream:
 
     def served_info(self) -> dict:
         """{"id", "max_model_len"} of the upstream's first model (vLLM's shape; llama-server's
-        context from /props, and "is_llama_cpp": True; "text_only": True where its card says
-        its input is text alone, as kimi-engine's does); {} if unknown."""
+        context from /props, and "is_llama_cpp": True); "text_only": True where the model reads
+        no images (kimi-engine's card: input_modalities ["text"]; llama-server's /props:
+        modalities.vision false); {} if unknown."""
         try:
             status, body = self.request_json("GET", self.target.api_prefix + "/models")
         except Exception:  # noqa: BLE001 - no answer: the caller keeps the client's name
@@ -258,13 +259,11 @@ class Upstream:
         self.is_llama_cpp = context.is_llama_cpp(first)
         if self.is_llama_cpp:
             info["is_llama_cpp"] = True
-        if self.is_llama_cpp and "max_model_len" not in info:
             try:
-                n_ctx = context.llama_cpp_context(self)
+                props = context.llama_cpp_props(self)
             except Exception:  # noqa: BLE001 - no context known: requests go as they are
-                n_ctx = None
-            if n_ctx:
-                info["max_model_len"] = n_ctx
+                props = {}
+            info = {**props, **info}
         self.max_model_len = info.get("max_model_len", self.max_model_len)
         return info
 

@@ -32,12 +32,17 @@ def is_llama_cpp(card: dict) -> bool:
     return card.get("owned_by") == "llamacpp" or isinstance(card.get("meta"), dict)
 
 
-def llama_cpp_context(upstream) -> int | None:
-    """The context of one llama-server slot (GET /props), or None."""
+def llama_cpp_props(upstream) -> dict:
+    """What llama-server's GET /props says: the context of one slot ("max_model_len") and,
+    where its modalities say no vision (no --mmproj), "text_only"."""
     status, body = upstream.request_json("GET", upstream.target.root_prefix + "/props")
-    settings = body.get("default_generation_settings") if status < 400 and isinstance(body, dict) else None
+    body = body if status < 400 and isinstance(body, dict) else {}
+    settings, modalities = body.get("default_generation_settings"), body.get("modalities")
     n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
-    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+    info = {"max_model_len": n_ctx} if isinstance(n_ctx, int) and n_ctx > 0 else {}
+    if isinstance(modalities, dict) and modalities.get("vision") is False:
+        info["text_only"] = True
+    return info
 
 
 def count_prompt(upstream, messages: list, tools: list | None, model: str | None) -> int | None:

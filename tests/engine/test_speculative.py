@@ -305,6 +305,8 @@ def test_a_prediction_is_looked_up_before_the_prompt():
     assert lookup.draft([], 3) == [4, 5, 1]  # "2 3" was followed by 4 5 in the prediction
     assert speculate.PromptLookup([1, 2, 3], prediction=(2, 3, 9)).draft([4], 2) == []
     assert speculate.PromptLookup([1, 2, 3], prediction=(3, 4, 6)).draft([4], 2) == [6, 1]
+    long = speculate.PromptLookup([1, 2, 3], prediction=tuple(range(3 * speculate.WINDOW)))
+    assert len(long.tokens) == speculate.WINDOW + 3  # indexed on the model thread: bounded
 
 
 def test_a_prediction_drafts_the_reply_and_changes_no_token(llama, prior_cost):

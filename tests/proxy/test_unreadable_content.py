@@ -9,6 +9,8 @@ turn, wedging Claude Code after it read a screenshot):
 import pytest
 
 from proxy.app import create_app
+from proxy.cassettes.replay import load, replay, unexplained
+from tests.proxy.test_upstream_context import Server, proxy_for
 from tests.support.proxy_fakes import FakeUpstream, Reply, proxy_config
 
 ANTH = {"model": "m", "max_tokens": 8}
@@ -107,4 +109,46 @@ def test_responses_files_and_tool_output_parts(stack):
     assert resp.status_code == 200, resp.get_data(as_text=True)
     text = sent_text(fake)
     assert '[file "a.pdf": left out' in text and "[image (a file_id): left out" in text
-    assert 'shown:[file "b.pdf": left out' in text and "<image_url>" in text
+    assert 'shown:\n[file "b.pdf": left out' in text and "<image_url>" in text
+
+
+@pytest.mark.parametrize("block", [
+    {"type": "search_result", "content": 5}, {"type": "search_result", "content": ["a", {"type": "x"}]},
+    {"type": "document", "title": 3, "source": "x"}, {"type": "document", "source": {"type": "content", "content": [
+        {"type": "image", "source": PNG}, "plain"]}}, {"type": 7}])
+def test_odd_block_shapes_are_read_as_far_as_they_go(stack, block):
+    fake, client = stack
+    body = {**ANTH, "messages": [{"role": "user", "content": [block, {"type": "text", "text": "hi"}]}]}
+    for route in ("/v1/messages", "/v1/messages/count_tokens"):
+        resp = client.post(route, json=body, headers={"anthropic-version": "2023-06-01"})
+        assert resp.status_code == 200, resp.get_data(as_text=True)
+
+
+def test_llama_server_without_vision_gets_images_as_text(tmp_path):
+    """llama-server's /props says modalities.vision false when it runs without --mmproj."""
+    server = Server("llama.cpp", n_ctx=4096)
+    get = server.get
+    server.get = lambda path: (200, {**get(path)[1], "modalities": {"vision": False}}) if path == "/props" else get(path)
+    body = {**ANTH, "messages": [{"role": "user", "content": [{"type": "image", "source": PNG},
+                                                             {"type": "text", "text": "what is it?"}]}]}
+    with proxy_for(tmp_path, server) as client:
+        assert client.post("/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"}).status_code == 200
+    content = server.chats[-1]["messages"][0]["content"]
+    assert [p["type"] for p in content] == ["text", "text"] and "left out" in content[0]["text"]
+
+
+def test_a_recording_against_a_text_only_upstream_replays(tmp_path):
+    fake = FakeUpstream(Reply.text("ok"))
+    fake.input_modalities = ["text"]
+    with fake.serve() as url:
+        app = create_app(proxy_config(url, tmp_path, RECORD=str(tmp_path / "rec")))
+        body = {**ANTH, "messages": [{"role": "user", "content": [{"type": "image", "source": PNG},
+                                                                 {"type": "text", "text": "what?"}]}]}
+        resp = app.test_client().post("/v1/messages", json=body)
+        assert resp.status_code == 200
+        resp.close()  # the cassette is written once the response is closed
+        app.extensions["kimi"].recorder.flush()
+    (path,) = (tmp_path / "rec").iterdir()
+    cassette = load(path)
+    assert cassette["served"] == {"id": "fake", "text_only": True}
+    assert unexplained(replay(cassette), []) == []
