@@ -27,7 +27,8 @@ MODEL_ROUTES = [("chat_completions", "chat/completions", openai_chat, "chat"),
                 ("responses_compact", "responses/compact", openai_responses, "responses_compact")]
 DIALECT_OF_VIEW = {**{view: dialect for view, _, dialect, _ in MODEL_ROUTES},
                    "count_tokens": anthropic, "get_response": openai_responses,
-                   "delete_response": openai_responses}  # the others belong to no dialect
+                   "delete_response": openai_responses, "list_input_items": openai_responses}
+# the others belong to no dialect
 
 
 def request_dialect():
@@ -89,6 +90,12 @@ for _row in MODEL_ROUTES:
 @bp.get("/v1/responses/<response_id>")
 def get_response(response_id: str):
     return responses_state.stored(current_app.extensions["kimi"], response_id, key_owner())
+
+
+@bp.get("/v1/responses/<response_id>/input_items")
+def list_input_items(response_id: str):
+    return responses_state.input_items(current_app.extensions["kimi"], response_id, key_owner(),
+                                       request.args)
 
 
 @bp.delete("/v1/responses/<response_id>")

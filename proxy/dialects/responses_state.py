@@ -5,13 +5,14 @@
                             terminal event): stored with the turn's input items, unless
                             the request said `store: false`
     stored(services, id, owner) / delete_stored(services, id, owner)   GET and DELETE /v1/responses/<id>
+    input_items(services, id, owner, args)   GET /v1/responses/<id>/input_items, a page of them
 
 owner (proxy.state.store.owner_of) is the hash of the API key the request presented: a
 response is stored under its owner, and another owner's id is answered like an unknown one.
 """
 from __future__ import annotations
 
-from proxy.errors import NotFound
+from proxy.errors import InvalidRequest, NotFound
 
 
 def history(services, previous_id: str, owner: str) -> list:
@@ -37,6 +38,44 @@ def stored(services, response_id: str, owner: str) -> dict:
     if body is None:
         raise NotFound(f"response {response_id!r} was not found")
     return body
+
+
+def input_items(services, response_id: str, owner: str, args) -> dict:
+    """OpenAI's list of a stored response's input items: `order` desc (the default) or asc,
+    `limit` 1-100 (20), `after` an item id. Items the client sent without an id get one,
+    the same on every read: item_<the response's hex>_<its place>."""
+    items = services.responses.input_items(response_id, owner)
+    if items is None:
+        raise NotFound(f"response {response_id!r} was not found")
+    hex_id = response_id.removeprefix("resp_")
+    items = [_listed(item, f"item_{hex_id}_{i}") for i, item in enumerate(items)]
+    order, limit, after = args.get("order", "desc"), args.get("limit", "20"), args.get("after")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("`order` must be 'asc' or 'desc'", param="order")
+    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+        raise InvalidRequest("`limit` must be an integer from 1 to 100", param="limit")
+    items = items[::-1] if order == "desc" else items
+    if after is not None:
+        ids = [item.get("id") if isinstance(item, dict) else None for item in items]
+        if after not in ids:
+            raise InvalidRequest(f"`after` names {after!r}, which is not an input item of this "
+                                 "response", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:int(limit)]
+    first, last = (page[0].get("id"), page[-1].get("id")) if page else (None, None)
+    return {"object": "list", "data": page, "first_id": first, "last_id": last,
+            "has_more": len(items) > len(page)}
+
+
+def _listed(item, item_id: str):
+    """An input item as OpenAI lists it: with an id, a message's text as a part."""
+    if not isinstance(item, dict):
+        return item
+    item = {"id": item_id, **item}
+    if item.get("type", "message") == "message" and isinstance(item.get("content"), str):
+        kind = "output_text" if item.get("role") == "assistant" else "input_text"
+        item = {"type": "message", **item, "content": [{"type": kind, "text": item["content"]}]}
+    return item
 
 
 def delete_stored(services, response_id: str, owner: str) -> dict:

@@ -44,6 +44,10 @@ class StoredResponses:
     def history(self, response_id: str, owner: str) -> list | None:
         return self.store.history(response_id, owner)
 
+    def input_items(self, response_id: str, owner: str) -> list | None:
+        stored = self.store.get(response_id, owner)
+        return None if stored is None else stored.input_items
+
     def delete(self, response_id: str, owner: str) -> bool:
         return self.store.delete(response_id, owner)
 

@@ -94,3 +94,23 @@ def test_fields_that_cannot_be_honoured_are_400s(stack, field, value):
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model="m", input="hi", extra_body={field: value})
     assert caught.value.body["param"] == field and not fake.requests
+
+
+def test_a_stored_responses_input_items_are_listed(stack):
+    """GET /v1/responses/{id}/input_items (the SDK's responses.input_items.list) was a 404."""
+    fake, client = stack
+    sent = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "one"},
+            {"type": "message", "role": "user", "id": "msg_mine", "content": [{"type": "input_text", "text": "two"}]}]
+    response = client.responses.create(model="m", input=sent)
+    newest = client.responses.input_items.list(response.id)
+    assert [item.content[0].text for item in newest.data] == ["two", "one", "Be brief."]  # desc
+    assert newest.data[0].id == "msg_mine" and not newest.has_more
+    oldest = client.responses.input_items.list(response.id, order="asc", limit=2)
+    assert [item.content[0].text for item in oldest.data] == ["Be brief.", "one"] and oldest.has_more
+    rest = client.responses.input_items.list(response.id, order="asc", after=oldest.last_id)
+    assert [item.id for item in rest.data] == ["msg_mine"]
+    assert oldest.first_id == client.responses.input_items.list(response.id, order="asc").first_id  # stable
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_nope")
+    with pytest.raises(openai.BadRequestError):
+        client.responses.input_items.list(response.id, limit=500)
