@@ -127,14 +127,27 @@ def count_tokens():
 @bp.get("/v1/models")
 @bp.get("/models")
 def models():
-    dialect = "anthropic" if "anthropic-version" in request.headers else "openai_chat"
-    policy = policy_mod.resolve(current_app.config, dialect, "/v1/models", request.headers, None)
+    is_anthropic = "anthropic-version" in request.headers
+    policy = policy_mod.resolve(current_app.config, "anthropic" if is_anthropic else "openai_chat",
+                                "/v1/models", request.headers, None)
     names = list(dict.fromkeys([current_app.config["MODEL"] or "kimi-local", *policy.models]))
-    if dialect == "anthropic":
-        data = [{"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"} for n in names]
+    data = [_model_card(n, is_anthropic) for n in names]
+    if is_anthropic:
         return {"data": data, "has_more": False, "first_id": names[0], "last_id": names[-1]}
-    return {"object": "list", "data": [{"id": n, "object": "model", "created": int(time.time()),
-                                        "owned_by": "kimi-local"} for n in names]}
+    return {"object": "list", "data": data}
+
+
+@bp.get("/v1/models/<path:model_id>")
+@bp.get("/models/<path:model_id>")
+def model(model_id: str):
+    """The SDKs' models.retrieve: any name is served (by the one upstream), as requests are."""
+    return _model_card(model_id, "anthropic-version" in request.headers)
+
+
+def _model_card(name: str, is_anthropic: bool) -> dict:
+    if is_anthropic:
+        return {"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "kimi-local"}
 
 
 @bp.route("/", methods=["GET", "HEAD"])

@@ -137,3 +137,13 @@ def test_responses_stream_tool_loop_and_previous_response_id(stack):
     client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first.id)
+
+
+def test_both_sdks_retrieve_a_model(stack):
+    """models.retrieve was a 404 (no route): any name is served, as requests are."""
+    _, base = stack
+    openai_model = oa(base).models.retrieve("kimi-local")
+    assert (openai_model.id, openai_model.object) == ("kimi-local", "model")
+    anthropic_model = an(base).models.retrieve("claude-sonnet-4-5")
+    assert (anthropic_model.id, anthropic_model.type) == ("claude-sonnet-4-5", "model")
+    assert [m.id for m in oa(base).models.list()] == ["kimi-local"]
