@@ -7,7 +7,7 @@ import time
 import uuid
 
 from engined.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta
-from engined.engine.sequence import TokenLogprob
+from engined.engine.sequence import TokenEvent, TokenLogprob
 
 DONE = "data: [DONE]\n\n"
 
@@ -98,13 +98,23 @@ class LogprobFormat:
 
 
 class Shaper:
-    def __init__(self, model_id: str, prefix: str):
+    def __init__(self, model_id: str, prefix: str, running_prompt: int | None = None):
+        """running_prompt: the prompt's tokens, for vLLM's continuous_usage_stats (every chunk
+        carries the usage so far; count each generated token with `counted`)."""
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.model = model_id
+        self.running = None if running_prompt is None else [running_prompt, 0]
+
+    def counted(self, event) -> None:
+        if self.running is not None and isinstance(event, TokenEvent):
+            self.running[1] += 1
 
     def _base(self, kind: str) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+        base = {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+        if self.running is not None:  # a body's own final usage replaces it
+            base["usage"] = usage(*self.running)
+        return base
 
     # -- chat ------------------------------------------------------------------------------
     def chat_chunk(self, delta: dict, finish_reason: str | None = None,

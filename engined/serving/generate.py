@@ -133,7 +133,8 @@ def chat_completions(served: Served, ex):
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, req.num_top_logprobs,
                  grammar=grammar)
     parser = new_output_parser(served.chat, is_tools, prompt)
-    shaper = Shaper(served.model_id, "chatcmpl")
+    shaper = Shaper(served.model_id, "chatcmpl",
+                    len(prompt_ids) if req.stream and req.continuous_usage else None)
     lp = served.logprob_format(req.token_ids) if req.num_top_logprobs is not None else None
     if req.stream:
         return _stream_chat(seq, ex, parser, shaper, lp, req, prompt_ids)
@@ -180,6 +181,7 @@ def _stream_chat(seq, ex, parser, shaper, lp, req, prompt_ids):
             deltas = []
             for event in batch:
                 ids.add(event)
+                shaper.counted(event)
                 if isinstance(event, TokenEvent) and lp and event.logprob:
                     pending.append(lp.chat_entry(event.logprob))
                 deltas += parser.feed(event.text)
@@ -227,7 +229,8 @@ def completions(served: Served, ex):
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, num_top,
                  is_prompt_logprobs=req.echo and num_top is not None,
                  grammar=structured.request_grammar(served, req.constraint, max_tokens))
-    shaper, lp = Shaper(served.model_id, "cmpl"), served.logprob_format(req.token_ids)
+    shaper = Shaper(served.model_id, "cmpl", len(prompt_ids) if req.stream and req.continuous_usage else None)
+    lp = served.logprob_format(req.token_ids)
     if req.stream:
         return _stream_completion(seq, ex, shaper, lp, req, prompt_text, prompt_ids)
     text, entries = prompt_text if req.echo else "", []
@@ -266,6 +269,7 @@ def _stream_completion(seq, ex, shaper, lp, req, prompt_text: str, prompt_ids: l
                     chunks.append(sse(shaper.completion({**shaper.text_choice("", None, logprobs),
                                                          **ids.take()})))
                 ids.add(event)
+                shaper.counted(event)
             if tokens:  # the batch's tokens in one chunk
                 text = "".join(e.text for e in tokens)
                 entries = [e.logprob for e in tokens if e.logprob]

@@ -48,6 +48,7 @@ class ChatRequest:
     is_parallel_tools: bool = True
     add_generation_prompt: bool = True
     continue_final: bool = False  # vLLM's continue_final_message: the reply continues it
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage in each chunk
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class CompletionRequest:
     num_top_logprobs: int | None
     token_ids: TokenIds = TokenIds()
     constraint: Constraint | None = None
+    continuous_usage: bool = False  # as ChatRequest's
 
 
 def require_object(body: Any) -> dict:
@@ -70,11 +72,14 @@ def require_object(body: Any) -> dict:
     return body
 
 
-def _parse_stream(body: dict) -> tuple[bool, bool]:
+def _parse_stream(body: dict) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous_usage): vLLM's continuous_usage_stats puts the usage so
+    far in every chunk, with include_usage only, as vLLM does."""
     stream = get(body, "stream", (bool,), "a boolean", False)
     options = get(body, "stream_options", (dict,), "an object", {})
     include_usage = get(options, "include_usage", (bool,), "a boolean", False)
-    return stream, include_usage
+    continuous = get(options, "continuous_usage_stats", (bool,), "a boolean", False)
+    return stream, include_usage, include_usage and continuous
 
 
 def _parse_token_ids(body: dict) -> TokenIds:
@@ -115,12 +120,12 @@ def parse_chat(body: Any) -> ChatRequest:
     if get(body, "logprobs", (bool,), "a boolean", False):
         top = get(body, "top_logprobs", (int,), "an integer", 0)
         check(0 <= top <= MAX_TOP_LOGPROBS, "top_logprobs", f"must be 0..{MAX_TOP_LOGPROBS}")
-    stream, include_usage = _parse_stream(body)
+    stream, include_usage, continuous = _parse_stream(body)
     is_parallel = get(body, "parallel_tool_calls", (bool,), "a boolean", True)
     tools, tool_choice = allowed_tools(body.get("tools"), body.get("tool_choice"))
     return ChatRequest(messages, tools, tool_choice, max_tokens,
                        parse_sampling(body), stream, include_usage, top, _parse_token_ids(body),
-                       parse_constraint(body), is_parallel, *parse_turn_end(body))
+                       parse_constraint(body), is_parallel, *parse_turn_end(body), continuous)
 
 
 def parse_turn_end(body: dict) -> tuple[bool, bool]:
@@ -217,10 +222,10 @@ def parse_completion(body: Any) -> CompletionRequest:
     check(top is None or 0 <= top <= MAX_TOP_LOGPROBS, "logprobs", f"must be 0..{MAX_TOP_LOGPROBS}")
     echo = get(body, "echo", (bool,), "a boolean", False)
     check(max_tokens > 0 or echo, "max_tokens", "must be at least 1 (0 only with echo)")
-    stream, include_usage = _parse_stream(body)
+    stream, include_usage, continuous = _parse_stream(body)
     return CompletionRequest(text, ids, max_tokens, parse_sampling(body), stream,
                              include_usage, echo, top, _parse_token_ids(body),
-                             parse_constraint(body))
+                             parse_constraint(body), continuous)
 
 
 def fit_context(num_prompt_tokens: int, max_tokens: int | None, max_context: int) -> int:

@@ -70,6 +70,24 @@ def test_stream_event_sequence(sock):
     assert all(e == "[DONE]" or "usage" not in e for e in without)
 
 
+@pytest.mark.parametrize("route,body", [
+    ("/v1/chat/completions", {"messages": HI}), ("/v1/completions", {"prompt": "One, two,", "echo": True})])
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(sock, route, body):
+    """vLLM's stream_options.continuous_usage_stats (with include_usage, as vLLM reads it) was
+    ignored: the usage came in the last chunk only."""
+    ask = {**body, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": True,
+           "speculative": False, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    *chunks, final, done = stream(sock, route, ask)
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert done == "[DONE]" and final["usage"]["completion_tokens"] == 6 == counts[-1]
+    assert counts[0] == 0 and counts == sorted(counts) and len(set(counts)) > 2
+    assert all(c["usage"]["prompt_tokens"] == final["usage"]["prompt_tokens"] and
+               c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"]
+               for c in chunks)
+    plain = stream(sock, route, {**ask, "stream_options": {"continuous_usage_stats": True}})
+    assert all(e == "[DONE]" or "usage" not in e for e in plain)  # without include_usage: none
+
+
 def test_max_completion_tokens_wins(sock):
     body = post(sock, "/v1/chat/completions", {
         "messages": HI, "max_tokens": 9, "max_completion_tokens": 2, "ignore_eos": True}).json()
