@@ -45,7 +45,8 @@ def _routeless_body(err: ProxyError) -> dict:
     """The error body of a route no dialect owns (/health, /v1/models, 404s, 405s): Anthropic's
     shape on a /messages path and for the Anthropic models list, OpenAI's elsewhere."""
     is_anthropic = "/messages" in request.path or (
-        request.path.rstrip("/").endswith("/models") and "anthropic-version" in request.headers)
+        re.match(r"^(?:/v1)?/models(?:/|$)", request.path) is not None
+        and "anthropic-version" in request.headers)
     return anthropic_body(err) if is_anthropic else openai_body(err)
 
 

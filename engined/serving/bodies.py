@@ -7,7 +7,7 @@ import time
 import uuid
 
 from engined.chat.output import ContentDelta, ReasoningDelta, ToolCallDelta
-from engined.engine.sequence import TokenEvent, TokenLogprob
+from engined.engine.sequence import FinishEvent, TokenEvent, TokenLogprob
 
 DONE = "data: [DONE]\n\n"
 
@@ -107,8 +107,12 @@ class Shaper:
         self.running = None if running_prompt is None else [running_prompt, 0]
 
     def counted(self, event) -> None:
-        if self.running is not None and isinstance(event, TokenEvent):
+        if self.running is None:
+            return
+        if isinstance(event, TokenEvent):
             self.running[1] += 1
+        elif isinstance(event, FinishEvent):  # a stop token counts but makes no TokenEvent
+            self.running[1] = event.num_completion_tokens
 
     def _base(self, kind: str) -> dict:
         base = {"id": self.id, "object": kind, "created": self.created, "model": self.model}

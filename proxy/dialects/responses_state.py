@@ -12,6 +12,8 @@ response is stored under its owner, and another owner's id is answered like an u
 """
 from __future__ import annotations
 
+import re
+
 from proxy.errors import InvalidRequest, NotFound
 
 
@@ -52,29 +54,35 @@ def input_items(services, response_id: str, owner: str, args) -> dict:
     order, limit, after = args.get("order", "desc"), args.get("limit", "20"), args.get("after")
     if order not in ("asc", "desc"):
         raise InvalidRequest("`order` must be 'asc' or 'desc'", param="order")
-    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+    if not re.fullmatch(r"[0-9]{1,3}", limit) or not 1 <= int(limit) <= 100:
         raise InvalidRequest("`limit` must be an integer from 1 to 100", param="limit")
     items = items[::-1] if order == "desc" else items
     if after is not None:
-        ids = [item.get("id") if isinstance(item, dict) else None for item in items]
+        ids = [item["id"] for item in items]
         if after not in ids:
             raise InvalidRequest(f"`after` names {after!r}, which is not an input item of this "
                                  "response", param="after")
         items = items[ids.index(after) + 1:]
     page = items[:int(limit)]
-    first, last = (page[0].get("id"), page[-1].get("id")) if page else (None, None)
+    first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
     return {"object": "list", "data": page, "first_id": first, "last_id": last,
             "has_more": len(items) > len(page)}
 
 
-def _listed(item, item_id: str):
-    """An input item as OpenAI lists it: with an id, a message's text as a part."""
+def _listed(item, item_id: str) -> dict:
+    """An input item as OpenAI lists it: with an id (its own, when it has one), a message typed
+    as one and its text as a part (a bare string in `input` is a user message, as
+    openai_responses.parse_input reads it)."""
     if not isinstance(item, dict):
-        return item
-    item = {"id": item_id, **item}
-    if item.get("type", "message") == "message" and isinstance(item.get("content"), str):
-        kind = "output_text" if item.get("role") == "assistant" else "input_text"
-        item = {"type": "message", **item, "content": [{"type": kind, "text": item["content"]}]}
+        item = {"type": "message", "role": "user", "content": str(item)}
+    own = item.get("id")
+    item = {**item, "id": own if isinstance(own, str) and own else item_id}
+    if (item.get("type") or ("message" if "role" in item else None)) == "message":
+        item["type"] = "message"
+        if isinstance(item.get("content"), str):
+            part = ({"type": "output_text", "text": item["content"], "annotations": []}
+                    if item.get("role") == "assistant" else {"type": "input_text", "text": item["content"]})
+            item["content"] = [part]
     return item
 
 

@@ -86,6 +86,9 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(sock, route,
                for c in chunks)
     plain = stream(sock, route, {**ask, "stream_options": {"continuous_usage_stats": True}})
     assert all(e == "[DONE]" or "usage" not in e for e in plain)  # without include_usage: none
+    *chunks, final, _ = stream(sock, route, {**ask, "ignore_eos": False, "max_tokens": 400})
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"  # its stop token counts too
+    assert chunks[-1]["usage"] == final["usage"]
 
 
 def test_max_completion_tokens_wins(sock):

@@ -114,3 +114,17 @@ def test_a_stored_responses_input_items_are_listed(stack):
         client.responses.input_items.list("resp_nope")
     with pytest.raises(openai.BadRequestError):
         client.responses.input_items.list(response.id, limit=500)
+
+
+def test_input_items_of_every_shape_list_as_messages(stack):
+    fake, client = stack
+    sent = ["a bare string", {"role": "user", "content": [{"type": "input_text", "text": "untyped"}]},
+            {"type": "message", "role": "assistant", "id": None, "content": "said"}]
+    response = client.responses.create(model="m", input=sent)
+    items = client.responses.input_items.list(response.id, order="asc").data
+    assert [(item.type, item.content[0].text) for item in items] == [
+        ("message", "a bare string"), ("message", "untyped"), ("message", "said")]
+    assert all(item.id for item in items) and items[2].content[0].annotations == []
+    for limit in ("\u00b2", "1" * 5000, "0", "1.5"):
+        with pytest.raises(openai.BadRequestError):
+            client.responses.input_items.list(response.id, extra_query={"limit": limit})

@@ -147,3 +147,11 @@ def test_both_sdks_retrieve_a_model(stack):
     anthropic_model = an(base).models.retrieve("claude-sonnet-4-5")
     assert (anthropic_model.id, anthropic_model.type) == ("claude-sonnet-4-5", "model")
     assert [m.id for m in oa(base).models.list()] == ["kimi-local"]
+
+
+def test_a_refused_model_lookup_answers_in_the_anthropic_shape(tmp_path):
+    from proxy.app import create_app
+    app = create_app(proxy_config("http://127.0.0.1:9/v1", tmp_path, API_KEY="right"))
+    resp = app.test_client().get("/v1/models/claude-x", headers={"x-api-key": "wrong",
+                                                                  "anthropic-version": "2023-06-01"})
+    assert resp.status_code == 401 and resp.get_json()["type"] == "error"
