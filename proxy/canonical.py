@@ -125,6 +125,7 @@ class Request:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool | None = None  # Chat: stream_options.include_usage (None = unset)
+    continuous_usage: bool = False     # Chat: vLLM's continuous_usage_stats (with include_usage)
     reasoning_effort: str | None = None
     thinking_enabled: bool | None = None  # None = the client did not say
     is_reasoning_withheld: bool = False   # Anthropic thinking.display "omitted": signature only

@@ -59,6 +59,7 @@ def parse_request(body, policy) -> c.Request:
         top_p=d.opt_float(body, "top_p"), top_k=d.opt_int(body, "top_k"),
         stop=d.stop_list(body.get("stop"), "stop"), stream=bool(d.opt_bool(body, "stream")),
         include_usage=include_usage if isinstance(include_usage, bool) else None,
+        continuous_usage=include_usage is True and stream_options.get("continuous_usage_stats") is True,
         reasoning_effort=d.opt_str(body, "reasoning_effort") or policy.effort,
         parallel_tool_calls=d.opt_bool(body, "parallel_tool_calls"),
         metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
@@ -205,10 +206,13 @@ def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> d
 
 
 def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
+    running = []  # with continuous_usage: the upstream's usage so far, once it sent any
+
     def chunk(delta: dict, finish=None) -> tuple:
-        return None, {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
-                      "model": turn.client_model,
-                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        body = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
+                "model": turn.client_model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return None, {**body, "usage": usage_body(running[-1])} if running else body
 
     yield chunk({"role": "assistant", "content": ""})
     is_think_open = False
@@ -216,6 +220,8 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
     for ev in events:
         if ev is d.KEEPALIVE:
             yield d.KEEPALIVE
+        elif isinstance(ev, c.UsageUpdate) and req.continuous_usage:
+            running[:] = [ev.usage]
         elif isinstance(ev, c.ReasoningDelta):
             if policy.reasoning == "reasoning_content":
                 yield chunk({"reasoning_content": ev.text})

@@ -36,7 +36,8 @@ def build_payload(req: c.Request, *, model: str, reasoning_field: str,
     if effort and req.thinking_enabled is not False:
         payload["reasoning_effort"] = effort
     if req.stream:
-        payload["stream_options"] = {"include_usage": True}
+        payload["stream_options"] = {"include_usage": True, **(
+            {"continuous_usage_stats": True} if req.continuous_usage else {})}
     for key, value in req.passthrough.items():
         payload.setdefault(key, value)
     return payload

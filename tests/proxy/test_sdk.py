@@ -155,3 +155,24 @@ def test_a_refused_model_lookup_answers_in_the_anthropic_shape(tmp_path):
     resp = app.test_client().get("/v1/models/claude-x", headers={"x-api-key": "wrong",
                                                                   "anthropic-version": "2023-06-01"})
     assert resp.status_code == 401 and resp.get_json()["type"] == "error"
+
+
+def test_chat_continuous_usage_reaches_the_client(stack):
+    """vLLM's stream_options.continuous_usage_stats went nowhere: the proxy now asks the upstream
+    for it and gives each chunk the usage so far (once the upstream sent one)."""
+    from tests.support.proxy_fakes import USAGE
+    fake, base = stack
+    so_far = lambda n: {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}  # noqa: E731
+    fake.script = [Reply([{"content": "Hel", USAGE: so_far(1)}, {"content": "lo", USAGE: so_far(2)}])]
+    chunks = list(oa(base).chat.completions.create(
+        model="kimi", messages=[{"role": "user", "content": "hi"}], stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert fake.requests[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    seen = [(c.choices[0].delta.content if c.choices else None, c.usage and c.usage.completion_tokens)
+            for c in chunks]
+    assert seen[1:3] == [("Hel", 1), ("lo", 2)] and seen[-1][1] == 5  # the final usage chunk
+    plain = list(oa(base).chat.completions.create(
+        model="kimi", messages=[{"role": "user", "content": "hi"}], stream=True,
+        stream_options={"include_usage": True}))
+    assert fake.requests[-1]["stream_options"] == {"include_usage": True}
+    assert all(c.usage is None for c in plain[:-1])

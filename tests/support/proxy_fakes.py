@@ -68,7 +68,8 @@ class Reply:
         base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
         out = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                      "finish_reason": None}]}]
-        out += [{**base, "choices": [_streamed(d)]} for d in self.deltas]
+        out += [{**base, "choices": [_streamed(d)], **({"usage": d[USAGE]} if USAGE in d else {})}
+                for d in self.deltas]
         out.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": self.finish,
                                          **self.extra_choice}]})
         if self.usage:
@@ -98,12 +99,14 @@ class Reply:
 
 
 LOGPROBS = "_logprobs"  # a delta's key for its tokens' logprobs.content entries (the choice's)
+USAGE = "_usage"  # a delta's key for the usage its chunk carries (vLLM's continuous_usage_stats)
 
 
 def _streamed(delta: dict) -> dict:
     """A stream chunk's choice for one scripted delta."""
     logprobs = delta.get(LOGPROBS)
-    choice = {"index": 0, "delta": {k: v for k, v in delta.items() if k != LOGPROBS}, "finish_reason": None}
+    choice = {"index": 0, "delta": {k: v for k, v in delta.items() if k not in (LOGPROBS, USAGE)},
+              "finish_reason": None}
     return {**choice, "logprobs": {"content": logprobs}} if logprobs else choice
 
 
