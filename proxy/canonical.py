@@ -15,6 +15,7 @@ Events:   StreamStart, ReasoningDelta, ReasoningEnd, TextDelta, ToolCallStart,
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
@@ -38,12 +39,13 @@ class Image:
         return self.url if self.url is not None else f"data:{self.media_type};base64,{self.data}"
 
 
-def left_out(kind: str, detail: str = "") -> str:
+def left_out(kind: str, detail: str = "", name: str = "") -> str:
     """The text that stands in the prompt for content the model cannot read (a PDF, an unknown
     block, an image for a text-only upstream): the model learns it was there and can say so,
     where a silent drop left it answering as if nothing had been sent, and a 400 would wedge
-    an agent whose history holds it."""
-    return f"[{kind}{' ' + detail if detail else ''}: left out, this model cannot read it]"
+    an agent whose history holds it. name: its title or file name, quoted."""
+    named = " ".join(x for x in (kind, json.dumps(name, ensure_ascii=False) if name else "", detail) if x)
+    return f"[{named}: left out, this model cannot read it]"
 
 
 def without_images(messages: tuple["Message", ...]) -> tuple["Message", ...]:

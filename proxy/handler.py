@@ -97,8 +97,7 @@ def run(dialect, policy, body: dict, route: str, request_info: dict | None = Non
     field_ = cfg["REASONING_FIELD"]
     model = upstream_model(cfg, policy, req.model, None if cfg["MODEL"] else services.served_model())
     ctx.conversation = keys = ConversationKeys(req.messages)  # the client's, whatever the upstream
-    if services.served_info().get("text_only"):  # an image would be a 400 on every later turn
-        ctx.req = req = req.replace(messages=c.without_images(req.messages))
+    ctx.req = req = services.sendable(req)
     payload = build_payload(req, model=model, reasoning_field=field_, effort=policy.effort,
                             restore=lambda m, i: services.reasoning.restore(m, field_, keys.before(i), ctx.owner))
     payload = cap_side_request(payload, req, cfg["SIDE_MAX_TOKENS"])

@@ -9,7 +9,6 @@ import time
 
 from flask import Blueprint, current_app, g, request
 
-from proxy import canonical as c
 from proxy import fastjson, handler
 from proxy.clients import policy as policy_mod
 from proxy.dialects import anthropic, openai_chat, openai_responses, responses_state
@@ -112,8 +111,7 @@ def count_tokens():
     if not any(m.role != "system" for m in req.messages):
         raise InvalidRequest("there is nothing to count: send at least one message in `messages`")
     services = current_app.extensions["kimi"]
-    if services.served_info().get("text_only"):  # counted as they will be sent
-        req = req.replace(messages=c.without_images(req.messages))
+    req = services.sendable(req)  # counted as it will be sent
     payload = build_payload(req, model=current_app.config["MODEL"] or req.model,
                             reasoning_field=current_app.config["REASONING_FIELD"])
     count = services.upstream.tokenize(payload["messages"], payload.get("tools"), payload["model"])

@@ -41,6 +41,13 @@ class Services:
     def served_model(self) -> str | None:
         return self.served_info().get("id")
 
+    def sendable(self, req: c.Request) -> c.Request:
+        """The request as the upstream can take it: for one that reads text only, each image
+        is the line that says so (an image would be a 400 on that turn and every later one)."""
+        if self.served_info().get("text_only"):
+            return req.replace(messages=c.without_images(req.messages))
+        return req
+
     def fit_max_tokens(self, payload: dict, body_bytes: int, truncate: bool = False) -> dict:
         """Lower max_tokens to the context left after the prompt; a prompt that cannot fit is
         refused here (proxy.upstream.context), or with truncate loses turns from its middle. Agents

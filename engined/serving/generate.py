@@ -133,8 +133,7 @@ def chat_completions(served: Served, ex):
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, req.num_top_logprobs,
                  grammar=grammar)
     parser = new_output_parser(served.chat, is_tools, prompt)
-    shaper = Shaper(served.model_id, "chatcmpl",
-                    len(prompt_ids) if req.stream and req.continuous_usage else None)
+    shaper = Shaper(served.model_id, "chatcmpl", len(prompt_ids) if req.continuous_usage else None)
     lp = served.logprob_format(req.token_ids) if req.num_top_logprobs is not None else None
     if req.stream:
         return _stream_chat(seq, ex, parser, shaper, lp, req, prompt_ids)
@@ -229,7 +228,7 @@ def completions(served: Served, ex):
     seq = submit(served, ex, prompt_ids, max_tokens, req.sampling, num_top,
                  is_prompt_logprobs=req.echo and num_top is not None,
                  grammar=structured.request_grammar(served, req.constraint, max_tokens))
-    shaper = Shaper(served.model_id, "cmpl", len(prompt_ids) if req.stream and req.continuous_usage else None)
+    shaper = Shaper(served.model_id, "cmpl", len(prompt_ids) if req.continuous_usage else None)
     lp = served.logprob_format(req.token_ids)
     if req.stream:
         return _stream_completion(seq, ex, shaper, lp, req, prompt_text, prompt_ids)

@@ -74,12 +74,12 @@ def require_object(body: Any) -> dict:
 
 def _parse_stream(body: dict) -> tuple[bool, bool, bool]:
     """(stream, include_usage, continuous_usage): vLLM's continuous_usage_stats puts the usage so
-    far in every chunk, with include_usage only, as vLLM does."""
+    far in every chunk of a stream, with include_usage only, as vLLM does."""
     stream = get(body, "stream", (bool,), "a boolean", False)
     options = get(body, "stream_options", (dict,), "an object", {})
     include_usage = get(options, "include_usage", (bool,), "a boolean", False)
     continuous = get(options, "continuous_usage_stats", (bool,), "a boolean", False)
-    return stream, include_usage, include_usage and continuous
+    return stream, include_usage, stream and include_usage and continuous
 
 
 def _parse_token_ids(body: dict) -> TokenIds:

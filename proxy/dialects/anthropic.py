@@ -176,8 +176,7 @@ def _readable(b: dict) -> str | None:
         elif src.get("type") == "content":
             text = _block_texts(src.get("content"))
         else:
-            named = f"document {json.dumps(title, ensure_ascii=False)}" if title else "document"
-            return c.left_out(named, _source_kind(b))
+            return c.left_out("document", _source_kind(b), title)
         return "\n".join(t for t in (title, text) if t) or None
     return c.left_out(f"{kind!r} block" if isinstance(kind, str) else "block")
 

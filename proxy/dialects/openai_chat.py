@@ -126,7 +126,7 @@ def _content(content, i: int) -> list:
             file = p.get("file") if isinstance(p.get("file"), dict) else {}
             name = file.get("filename") if isinstance(file.get("filename"), str) else ""
             kind = {"file": "file", "input_audio": "audio"}.get(p.get("type"), f"{p.get('type')!r} part")
-            parts.append(c.Text(c.left_out(kind, json.dumps(name, ensure_ascii=False) if name else "")))
+            parts.append(c.Text(c.left_out(kind, name=name)))
     return parts
 
 
@@ -206,13 +206,13 @@ def render_response(turn: d.Turn, req: c.Request, resp: c.Response, policy) -> d
 
 
 def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
-    running = []  # with continuous_usage: the upstream's usage so far, once it sent any
+    so_far = None  # with continuous_usage: the upstream's usage so far, once it sent any
 
     def chunk(delta: dict, finish=None) -> tuple:
         body = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
                 "model": turn.client_model,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        return None, {**body, "usage": usage_body(running[-1])} if running else body
+        return None, body if so_far is None else {**body, "usage": usage_body(so_far)}
 
     yield chunk({"role": "assistant", "content": ""})
     is_think_open = False
@@ -221,7 +221,7 @@ def stream(turn: d.Turn, req: c.Request, events, policy) -> Iterator:
         if ev is d.KEEPALIVE:
             yield d.KEEPALIVE
         elif isinstance(ev, c.UsageUpdate) and req.continuous_usage:
-            running[:] = [ev.usage]
+            so_far = ev.usage
         elif isinstance(ev, c.ReasoningDelta):
             if policy.reasoning == "reasoning_content":
                 yield chunk({"reasoning_content": ev.text})

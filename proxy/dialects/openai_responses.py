@@ -218,8 +218,7 @@ def _parts(content) -> list:
                 parts.append(c.Text(c.left_out("image", "(a file_id)" if p.get("file_id") else "(no url)")))
         elif p.get("type") in UNREADABLE_PARTS:
             name = p.get("filename") if isinstance(p.get("filename"), str) else ""
-            parts.append(c.Text(c.left_out(UNREADABLE_PARTS[p["type"]],
-                                           json.dumps(name, ensure_ascii=False) if name else "")))
+            parts.append(c.Text(c.left_out(UNREADABLE_PARTS[p["type"]], name=name)))
     return parts
 
 

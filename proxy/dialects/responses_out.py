@@ -75,14 +75,17 @@ def text_logprobs(entries, text: str) -> list:
     logprobs also hold its reasoning's and its tool calls' tokens (a stream pairs each delta
     with its own). All of them when no run spells it."""
     target, spelled = text.encode(), [_spelled(e) for e in entries]
-    for start in range(len(spelled)):
-        acc = b""
-        for end in range(start, len(spelled)):
-            acc += spelled[end]
-            if not target.startswith(acc):
-                break
-            if len(acc) == len(target):
-                return list(entries[start:end + 1])
+    starts, ends, offset = {}, {}, 0  # byte offset -> the first entry starting / ending there
+    for i, piece in enumerate(spelled):
+        starts.setdefault(offset, i)
+        offset += len(piece)
+        ends.setdefault(offset, i)
+    joined = b"".join(spelled)
+    at = joined.find(target)
+    while at != -1:
+        if at in starts and at + len(target) in ends:
+            return list(entries[starts[at]:ends[at + len(target)] + 1])
+        at = joined.find(target, at + 1)
     return list(entries)
 
 
