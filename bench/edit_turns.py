@@ -13,7 +13,12 @@ Native llama-server (bench/llamacpp_build.sh, the same GGUF and threads) runs th
 through its own chat template, plain and with its n-gram speculation as its docs recommend for
 rewriting code (--spec-type ngram-simple --spec-draft-n-max 64); --no-llama-server leaves it out.
 
-    .venv/bin/python bench/edit_turns.py [--threads 2] [--max-tokens 160] [--reps 1]
+With --context N, each turn's system message opens with the first N tokens of bench/quality.py's
+frozen text (this repository's README and code, as an agent's context holds files it read), so
+every verifying step reads a cache N tokens deep, as an agent's turns do; recorded apart
+(edit_turns_context).
+
+    .venv/bin/python bench/edit_turns.py [--threads 2] [--max-tokens 160] [--reps 1] [--context N]
 """
 import argparse
 import hashlib
@@ -34,11 +39,34 @@ TURNS_SHA256 = "f731baf603e78bda816bba673e718e8d98d79b8b23d245813808d4d20384a4f7
 LLAMA_SPEC = ("--spec-type", "ngram-simple", "--spec-draft-n-max", "64")
 
 
-def frozen_turns() -> list[dict]:
+def frozen_turns(context: int = 0) -> list[dict]:
+    """The turns; with context, each system message after `context` tokens of frozen text."""
     data = TURNS.read_bytes()
     if hashlib.sha256(data).hexdigest() != TURNS_SHA256:
         sys.exit(f"{TURNS} changed; the benchmark's numbers need the frozen turns")
-    return json.loads(data)["turns"]
+    turns = json.loads(data)["turns"]
+    if context:
+        preamble = context_text(context)
+        for turn in turns:
+            messages = turn["messages"]
+            if messages[0]["role"] != "system":
+                messages.insert(0, {"role": "system", "content": ""})
+            messages[0]["content"] = f"Files you have read:\n{preamble}\n\n{messages[0]['content']}"
+    return turns
+
+
+def context_text(tokens: int) -> str:
+    """The first `tokens` tokens of bench/quality.py's frozen text (sha256-pinned there)."""
+    import quality
+    from engined.chat import load_text
+    data = quality.TEXT.read_bytes()
+    if hashlib.sha256(data).hexdigest() != quality.TEXT_SHA256:
+        sys.exit(f"{quality.TEXT} changed; the benchmark's numbers need the frozen text")
+    tokenizer, _ = load_text(default_gguf_path())
+    ids = tokenizer.encode(data.decode())
+    if len(ids) < tokens:
+        sys.exit(f"--context {tokens}: the frozen text has {len(ids)} tokens")
+    return tokenizer.decode(ids[:tokens])
 
 
 def stream_turn(sock: str, messages: list[dict], max_tokens: int) -> tuple[list[int], float, dict]:
@@ -98,8 +126,8 @@ def llama_server_rows(turns: list[dict], args) -> dict:
     for name, extra in (("llama-server", ()), ("llama-server ngram-simple", LLAMA_SPEC)):
         speeds: dict[str, list[float]] = {"edit": [], "prose": []}
         tested = {"edit": [0, 0], "prose": [0, 0]}  # drafts tested, accepted (its timings)
-        with llamacpp_native.Server(bin_dir, default_gguf_path(), args.threads, 4096,
-                                    extra) as server:
+        with llamacpp_native.Server(bin_dir, default_gguf_path(), args.threads,
+                                    max_context(args), extra) as server:
             for _ in range(args.reps):
                 for turn in turns:
                     count, seconds, timings = server.chat_timed(turn["messages"], args.max_tokens)
@@ -116,16 +144,22 @@ def llama_server_rows(turns: list[dict], args) -> dict:
             "drafts": drafts}
 
 
+def max_context(args) -> int:
+    return max(4096, args.context + 1024)  # a turn's context, its messages and reply
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--reps", type=int, default=1, help="passes over the turns; medians")
     parser.add_argument("--no-llama-server", action="store_true", help="our engine's rows only")
+    parser.add_argument("--context", type=int, default=0, metavar="N",
+                        help="tokens of frozen agent context before each turn (default 0)")
     parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args()
-    turns = frozen_turns()
-    common = dict(model="default", device="cpu", max_context=4096, max_batch=1,
+    turns = frozen_turns(args.context)
+    common = dict(model="default", device="cpu", max_context=max_context(args), max_batch=1,
                   threads=args.threads)
     engines = {"off": Engine(**common, extra_args=("--speculative", "off")),
                "on": Engine(**common, extra_args=("--speculative", "on"))}
@@ -166,8 +200,11 @@ def main():
               if config != "default"]
     print("\n".join(lines))
     if not args.no_record:
-        record("edit_turns", {"summary": summary, "llama_server": llama}, "Speculative decoding on edit turns, "
-               f"SmolLM2-135M-Instruct, {args.threads} threads, served",
+        depth = f", {args.context}-token context" if args.context else ""
+        record("edit_turns_context" if args.context else "edit_turns",
+               {"summary": summary, "llama_server": llama, "context": args.context},
+               f"Speculative decoding on edit turns{depth}, SmolLM2-135M-Instruct, "
+               f"{args.threads} threads, served",
                " ".join(["python bench/edit_turns.py"] + sys.argv[1:]), lines)
 
 

@@ -3,7 +3,8 @@ speculation on ÷ off >= 2.0x): the turns' plain greedy tokens, then offline, un
 cost measured here, the shipped drafter (engined/engine/speculate.py: its lookup and its draft
 length, step by step as the engine runs them) against oracles that know the tokens to come.
 
-    .venv/bin/python bench/edit_turns_bound.py [--threads 2] [--max-tokens 160] [--no-record]
+    .venv/bin/python bench/edit_turns_bound.py [--threads 2] [--max-tokens 160] [--context N]
+                                               [--no-record]
 
 An oracle drafts, each step, the longest run of the coming tokens that some earlier position
 of the prompt or output continues with, among the positions whose preceding n tokens equal
@@ -12,7 +13,10 @@ many drafts as will stand: no drafter that looks things up in the context does b
 that n. The step cost is decode_batch of 1 to 8 rows of one sequence at ~250 positions
 (median of 30 each, the row counts taken in turn 30 times), in process, as measured: on the
 Intel CI kind 2 to 4 rows cost little more than one and 5 to 8 much more, and the engine's
-draft length (StepCost) sees those costs too.
+draft length (StepCost) sees those costs too. With --context N the turns open with N tokens
+of frozen agent context (bench/edit_turns.py's option) and the step cost is measured N + 250
+positions deep: an agent's depth, where every verified row reads the whole cache; recorded
+apart (edit_turns_bound_context).
 """
 import argparse
 import pathlib
@@ -105,15 +109,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--context", type=int, default=0, metavar="N",
+                    help="tokens of frozen agent context before each turn (default 0)")
     ap.add_argument("--no-record", action="store_true", help="print only")
     args = ap.parse_args(argv)
     lm = loader.load_model("default", threads=args.threads, progress=False)
     with torch.inference_mode():
-        cost = step_cost(lm.model)
+        cost = step_cost(lm.model, args.context + 250)
         turns = [(t["kind"], lm.tokenizer.encode(lm.chat.render(t["messages"])), None)
-                 for t in frozen_turns()]
+                 for t in frozen_turns(args.context)]
         turns = [(kind, p, greedy(lm.model, p, args.max_tokens)) for kind, p, _ in turns]
-    lines = ["Step cost, 1 to 8 rows: " + ", ".join(f"{1e3 * t:.2f}" for t in cost[1:]) + " ms.", "",
+    lines = [f"Step cost, 1 to 8 rows, {args.context + 250} positions deep: " + ", ".join(f"{1e3 * t:.2f}" for t in cost[1:]) + " ms.", "",
              "| turns | plain | shipped drafter | oracle, 3-token context | 2-token | 1-token |",
              "|---|---:|---:|---:|---:|---:|"]
     for kind in ("edit", "prose"):
@@ -131,8 +137,10 @@ def main(argv=None) -> int:
     print("\n".join(lines))
     if not args.no_record:
         import common
-        common.record("edit_turns_bound", {"step_s": list(cost[1:])},
-                      f"Edit turns: the shipped drafter against context-lookup oracles, "
+        depth = f", {args.context}-token context" if args.context else ""
+        common.record("edit_turns_bound_context" if args.context else "edit_turns_bound",
+                      {"step_s": list(cost[1:]), "context": args.context},
+                      f"Edit turns{depth}: the shipped drafter against context-lookup oracles, "
                       f"SmolLM2-135M-Instruct, {args.threads} threads",
                       " ".join(["python bench/edit_turns_bound.py"] + sys.argv[1:]), lines)
     return 0
