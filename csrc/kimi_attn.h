@@ -17,8 +17,15 @@
 typedef struct {
     const KhAttention *a;
     float *parts;               /* [rows, heads, MAX_SPLITS, part_floats]: m, l, acc */
-    int64_t task_base[KH_MAX_ROWS + 1], splits[KH_MAX_ROWS], span[KH_MAX_ROWS];
-    int64_t kv_per_task[KH_MAX_ROWS]; /* KV heads a task takes: 1, or all of them */
+    int64_t splits[KH_MAX_ROWS], span[KH_MAX_ROWS]; /* each row's key ranges */
+    /* Rows of one cache whose ranges start at the same keys (a verify step's rows of one
+     * sequence: kh_attention) form a group, order[first[g] .. first[g + 1]). A task is one key
+     * range of a group, for one KV head or all of them (kv_per_task), and up to `block` of its
+     * rows, one after another: the range's cache rows come from memory once, then from this
+     * core's cache. */
+    int64_t groups, order[KH_MAX_ROWS], first[KH_MAX_ROWS + 1], task_base[KH_MAX_ROWS + 1];
+    int64_t group_splits[KH_MAX_ROWS], kv_per_task[KH_MAX_ROWS], block[KH_MAX_ROWS];
+    int64_t blocks[KH_MAX_ROWS];
 } KhAttnJob;
 
 /* m, l and acc [head_dim] of one key range, padded to whole cache lines. */
@@ -69,29 +76,24 @@ static inline float kh_attn_max(const float *s, int64_t n, float m)
     return part[0];
 }
 
-/* One task: the key range [j0, j1) of one row, for each query head of its KV heads (one, or
- * all of them: kh_attention says when): per chunk of keys and KV head, the scores, the
- * online-softmax rescale, then the values. With all KV heads in one task, a chunk's cache rows
- * are read whole, each while the last was: a task of one KV head read a third of every row. */
-static inline __attribute__((always_inline)) void kh_attend_range(
-    const KhAttnJob *job, int64_t task, KhScoreChunk score_chunk,
-    KhAccumulateChunk accumulate_chunk, float (*exp_sum)(float *, int64_t, float))
+/* The key range `split` of one row, for the query heads of KV heads kv0..kv1-1: per chunk of
+ * keys and KV head, the scores, the online-softmax rescale, then the values. With all KV heads
+ * at once, a chunk's cache rows are read whole, each while the last was: a task of one KV head
+ * read a third of every row. The result is the row's own: the same whatever task runs it. */
+static inline __attribute__((always_inline)) void kh_attend_row_range(
+    const KhAttnJob *job, int64_t row, int64_t kv0, int64_t kv1, int64_t split,
+    KhScoreChunk score_chunk, KhAccumulateChunk accumulate_chunk,
+    float (*exp_sum)(float *, int64_t, float))
 {
     const KhAttention *a = job->a;
-    int64_t hd = a->head_dim, kvh = a->kv_heads, group = a->heads / kvh, row = 0, j, g, c0;
-    int64_t kv, kv0, kv1, split, j0, j1, stride = kvh * hd;
+    int64_t hd = a->head_dim, kvh = a->kv_heads, group = a->heads / kvh, j, g, c0;
+    int64_t kv, stride = kvh * hd, j0 = split * job->span[row], j1 = j0 + job->span[row];
     float scale = 1.0f / sqrtf((float)hd);
     float kv_f[KH_ATTN_CHUNK * KH_ATTN_MAX_DIM]; /* the portable kernels' converted rows */
     float score[KH_ATTN_MAX_GROUP][KH_ATTN_CHUNK];
     float top[KH_ATTN_TASK_HEADS], total[KH_ATTN_TASK_HEADS]; /* m, l of the task's heads */
     float acc[KH_ATTN_TASK_HEADS][KH_ATTN_MAX_DIM]; /* here, not in parts: no line shared */
-    while (task >= job->task_base[row + 1]) row++;
-    task -= job->task_base[row];
-    kv0 = task / job->splits[row] * job->kv_per_task[row];
-    kv1 = kv0 + job->kv_per_task[row];
-    split = task % job->splits[row];
-    j0 = split * job->span[row];
-    j1 = j0 + job->span[row] < a->positions[row] + 1 ? j0 + job->span[row] : a->positions[row] + 1;
+    j1 = j1 < a->positions[row] + 1 ? j1 : a->positions[row] + 1;
     for (g = 0; g < (kv1 - kv0) * group; g++) {
         top[g] = -INFINITY;
         total[g] = 0.0f;
@@ -129,6 +131,26 @@ static inline __attribute__((always_inline)) void kh_attend_range(
         part[1] = total[g];
         memcpy(part + 2, acc[g], (size_t)hd * sizeof(float));
     }
+}
+
+/* One task (kh_attention's plan): a key range of up to `block` rows of a group, each row in
+ * turn, for the task's KV heads. */
+static inline __attribute__((always_inline)) void kh_attend_range(
+    const KhAttnJob *job, int64_t task, KhScoreChunk score_chunk,
+    KhAccumulateChunk accumulate_chunk, float (*exp_sum)(float *, int64_t, float))
+{
+    int64_t g = 0, split, kv0, i, end;
+    while (task >= job->task_base[g + 1]) g++;
+    task -= job->task_base[g];
+    i = job->first[g] + task % job->blocks[g] * job->block[g];
+    end = i + job->block[g] < job->first[g + 1] ? i + job->block[g] : job->first[g + 1];
+    task /= job->blocks[g];
+    split = task % job->group_splits[g];
+    kv0 = task / job->group_splits[g] * job->kv_per_task[g];
+    for (; i < end; i++) /* a row of fewer keys may end before this range */
+        if (split < job->splits[job->order[i]])
+            kh_attend_row_range(job, job->order[i], kv0, kv0 + job->kv_per_task[g], split,
+                                score_chunk, accumulate_chunk, exp_sum);
 }
 
 #if KH_HAVE_X86_SIMD

@@ -171,6 +171,8 @@ typedef struct {
 } KhAttention;
 int64_t kh_attention_work_floats(int64_t rows, int64_t heads, int64_t head_dim);
 void kh_attention(const KhAttention *a, float *work, int nthreads);
+/* The tasks kh_attention would run these rows as, on nthreads (-1: bad rows or threads). */
+int64_t kh_attention_tasks(const KhAttention *a, int nthreads);
 
 #if KH_HAVE_X86_SIMD
 #include <immintrin.h>

@@ -64,22 +64,51 @@ class KhAttention(ctypes.Structure):
                [(name, ctypes.c_void_p) for name in ("q", "k_cache", "v_cache", "positions", "out")]
 
 
-def attention(q, cache, positions, kv_heads):
+def attention(q, cache, positions, kv_heads, threads=2, tasks=False):
     """Each row of q [B, heads, hd] over one fp16 cache [2, S, kv_heads, hd] (a verify step's
-    rows of one sequence) -> [B, heads * hd], on the kernels attention_simd names."""
+    rows of one sequence), or row r over cache[r] (a list: B sequences) -> [B, heads * hd], on
+    the kernels attention_simd names; tasks: the number of tasks the call would run instead."""
     lib = ctypes.CDLL(engined._kimi_helper.__file__)  # the loaded helper: its caps hold
     rows, heads, hd = q.shape
     assert rows <= helper.MAX_ROWS  # the C job's per-row arrays hold no more
-    keys = (ctypes.c_void_p * rows)(*[cache[0].data_ptr()] * rows)
-    values = (ctypes.c_void_p * rows)(*[cache[1].data_ptr()] * rows)
+    caches = cache if isinstance(cache, list) else [cache] * rows
+    keys = (ctypes.c_void_p * rows)(*[c[0].data_ptr() for c in caches])
+    values = (ctypes.c_void_p * rows)(*[c[1].data_ptr() for c in caches])
     at = torch.tensor(positions, dtype=torch.int64)
     out = torch.empty(rows, heads * hd)
-    lib.kh_attention_work_floats.restype = ctypes.c_int64
+    lib.kh_attention_work_floats.restype = lib.kh_attention_tasks.restype = ctypes.c_int64
     work = torch.empty(int(lib.kh_attention_work_floats(rows, heads, hd)) + 16)
     a = KhAttention(rows, heads, kv_heads, hd, heads * hd, q.data_ptr(), ctypes.addressof(keys),
                     ctypes.addressof(values), at.data_ptr(), out.data_ptr())
-    lib.kh_attention(ctypes.byref(a), ctypes.c_void_p(work.data_ptr()), 2)
+    if tasks:
+        return int(lib.kh_attention_tasks(ctypes.byref(a), threads))
+    lib.kh_attention(ctypes.byref(a), ctypes.c_void_p(work.data_ptr()), threads)
     return out
+
+
+@pytest.mark.parametrize("start,tasks", [(1000, 4), (60, 6), (250, 5), (4090, 32), (5000, 16)])
+def test_a_verify_steps_rows_share_each_key_range_and_keep_their_lone_bits(start, tasks):
+    """A verify step's 8 rows of one sequence (positions start..start+7, 9 heads of 3 KV heads)
+    read each key range of the cache once on two threads: a task takes a range for its rows in
+    turn (at 1000: 4 ranges, 4 tasks of all KV heads and 8 rows, where one row a task made 32),
+    and each row's output is its own bits alone. About a multiple of 64 keys the rows form two
+    groups (60: 4 + 4 rows, one range, a task per KV head; 250: 6 rows of one range + 2 of two;
+    4090: 6 + 2 rows of 16 ranges, the most); 5000: 16 ranges of 8 rows, two tasks a thread.
+    Eight sequences, or sixteen threads, keep one row a task."""
+    gen = torch.Generator().manual_seed(start)
+    heads, kv_heads, hd, positions = 9, 3, 64, list(range(start, start + 8))
+    cache = torch.randn((2, start + 8, kv_heads, hd), generator=gen).half()
+    q = torch.randn((8, heads, hd), generator=gen)
+    assert attention(q, cache, positions, kv_heads, tasks=True) == tasks
+    if start == 1000:
+        assert attention(q, cache, positions, kv_heads, threads=16, tasks=True) == 32
+        assert attention(q, [cache.clone() for _ in positions], positions, kv_heads,
+                         tasks=True) == 32
+    for threads in (1, 2):
+        together = attention(q, cache, positions, kv_heads, threads)
+        for r, pos in enumerate(positions):
+            alone = attention(q[r:r + 1], cache, [pos], kv_heads, threads)
+            assert torch.equal(together[r:r + 1], alone), (threads, pos)
 
 
 @pytest.mark.parametrize("hd", [16, 32, 48, 64, 80, 112, 128])
