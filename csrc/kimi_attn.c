@@ -1,17 +1,20 @@
 /* kimi_attn.c: decode attention over fp16 caches, for llama_decode_layer (kimi_llama.c).
  *
- * Row r's query heads see its cache rows 0..positions[r]. The keys of a row are cut into up
- * to KH_ATTN_MAX_SPLITS ranges of at least KH_ATTN_SPLIT_KEYS keys; a range is one pool task
- * for all the row's KV heads (one task per KV head when the row is one range, so the threads
- * still share it) and for the other rows of its cache whose ranges are its own (a verify
- * step's rows of one sequence: from memory once, then from the core's cache; 5 rows 4,250 keys
- * deep took 8-11% less time), which keeps an online softmax (running max m, sum l and the unnormalized
- * sum of values) per query head, scores in fp32 as SDPA's CPU kernel keeps them. The caller then merges the ranges: M = max m_s, out = sum_s e^(m_s - M) acc_s /
+ * Row r's query heads see its cache rows 0..positions[r]. The keys of a row are cut into
+ * ranges of up to KH_ATTN_SPLIT_KEYS keys (longer once that would make more than
+ * KH_ATTN_MAX_SPLITS of them). A range is one pool task for all the row's KV heads (one task a
+ * KV head where the row's group has one range, so the threads still share it), and for the
+ * other rows of its cache whose ranges are its own: a verify step's rows of one sequence read
+ * the range from memory once, then from the core's cache where it fits (5 rows 4,250 keys deep
+ * took about 9% less time). Each task keeps an online softmax (running max m, sum l and the
+ * unnormalized sum of values) per query head, scores in fp32 as SDPA's CPU kernel keeps them.
+ * The caller then merges the ranges: M = max m_s, out = sum_s e^(m_s - M) acc_s /
  * sum_s e^(m_s - M) l_s. So a long context runs on every thread (a single sequence with 3 KV
  * heads was 3 tasks), and each key is converted from fp16 once for the group's heads (the
  * portable kernels below into a float buffer; the AVX2 and AVX-512 ones, kimi_attn_avx2.c and
  * kimi_attn_avx512.c, in registers; attention_simd says which runs).
- * Memory traffic: 2 * kv_heads * head_dim * 2 bytes per cached token of each group of rows. */
+ * Memory traffic: 2 * kv_heads * head_dim * 2 bytes per cached token of each row, or of each
+ * task's rows together. */
 #include "kimi_attn.h"
 
 int64_t kh_attention_work_floats(int64_t rows, int64_t heads, int64_t head_dim)
@@ -111,11 +114,13 @@ int attention_simd(int64_t head_dim)
  * to a whole chunk, so that the rows of a verify step (one sequence at positions p..p+k) share
  * their ranges unless a multiple of KH_ATTN_CHUNK falls among them. Rows of one cache and one
  * span form a group (order, first); a group's tasks take `block` of its rows each, as many as
- * leave about two tasks a thread in all (one row a task when there are no more than that). */
+ * leave about two tasks a thread in all (one row a task when there are no more than that), in
+ * blocks as even as the rows allow. */
 static int64_t plan(KhAttnJob *job, const KhAttention *a, int nthreads)
 {
-    int64_t r, s, g, n, whole, splits, keys = 0, units = 0, per, count;
+    int64_t r, s, g, n, whole, splits, keys = 0, units = 0, per, count, target;
     int grouped[KH_MAX_ROWS] = {0};
+    target = 2 * (int64_t)(nthreads > 1 ? nthreads : 1);
     for (r = 0; r < a->rows; r++) {
         n = a->positions[r] + 1;
         whole = (n + KH_ATTN_CHUNK - 1) / KH_ATTN_CHUNK * KH_ATTN_CHUNK;
@@ -145,12 +150,12 @@ static int64_t plan(KhAttnJob *job, const KhAttention *a, int nthreads)
         units += a->kv_heads / job->kv_per_task[g] * job->group_splits[g] * (count - job->first[g]);
         job->first[++g] = count;
     }
-    per = units > 2 * (int64_t)nthreads ? (units + 2 * nthreads - 1) / (2 * nthreads) : 1;
+    per = units > target ? (units + target - 1) / target : 1;
     job->task_base[0] = 0;
     for (r = 0; r < g; r++) {
         count = job->first[r + 1] - job->first[r];
-        job->block[r] = per < count ? per : count;
-        job->blocks[r] = (count + job->block[r] - 1) / job->block[r];
+        job->blocks[r] = (count + per - 1) / per;  /* 8 rows, per 6: two blocks of 4 */
+        job->block[r] = (count + job->blocks[r] - 1) / job->blocks[r];
         job->task_base[r + 1] = job->task_base[r] + a->kv_heads / job->kv_per_task[r]
                                 * job->group_splits[r] * job->blocks[r];
     }
@@ -161,7 +166,12 @@ static int64_t plan(KhAttnJob *job, const KhAttention *a, int nthreads)
 int64_t kh_attention_tasks(const KhAttention *a, int nthreads)
 {
     KhAttnJob job;
-    if (a->rows < 1 || a->rows > KH_MAX_ROWS || nthreads < 1) return -1;
+    int64_t r;
+    if (a->rows < 1 || a->rows > KH_MAX_ROWS || nthreads < 1 || a->kv_heads < 1
+        || a->heads % a->kv_heads)
+        return -1;
+    for (r = 0; r < a->rows; r++)
+        if (a->positions[r] < 0) return -1;
     plan(&job, a, nthreads);
     return job.task_base[job.groups];
 }

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #define KH_ATTN_CHUNK 64        /* keys scored per online-softmax step */
-#define KH_ATTN_SPLIT_KEYS 256  /* keys per task at least */
+#define KH_ATTN_SPLIT_KEYS 256  /* keys a range holds at most, below KH_ATTN_MAX_SPLITS ranges */
 #define KH_ATTN_MAX_SPLITS 16   /* key ranges per (row, KV head) at most */
 #define KH_ATTN_TASK_HEADS 32  /* query heads one task may hold the state of */
 
@@ -22,7 +22,7 @@ typedef struct {
      * sequence: kh_attention) form a group, order[first[g] .. first[g + 1]). A task is one key
      * range of a group, for one KV head or all of them (kv_per_task), and up to `block` of its
      * rows, one after another: the range's cache rows come from memory once, then from this
-     * core's cache. */
+     * core's cache where they fit. */
     int64_t groups, order[KH_MAX_ROWS], first[KH_MAX_ROWS + 1], task_base[KH_MAX_ROWS + 1];
     int64_t group_splits[KH_MAX_ROWS], kv_per_task[KH_MAX_ROWS], block[KH_MAX_ROWS];
     int64_t blocks[KH_MAX_ROWS];

@@ -93,8 +93,8 @@ def test_a_verify_steps_rows_share_each_key_range_and_keep_their_lone_bits(start
     turn (at 1000: 4 ranges, 4 tasks of all KV heads and 8 rows, where one row a task made 32),
     and each row's output is its own bits alone. About a multiple of 64 keys the rows form two
     groups (60: 4 + 4 rows, one range, a task per KV head; 250: 6 rows of one range + 2 of two;
-    4090: 6 + 2 rows of 16 ranges, the most); 5000: 16 ranges of 8 rows, two tasks a thread.
-    Eight sequences, or sixteen threads, keep one row a task."""
+    4090: 6 + 2 rows of 16 ranges, the most); 5000: 16 ranges of 8 rows, 16 tasks. Eight
+    sequences, or sixteen threads, keep one row a task."""
     gen = torch.Generator().manual_seed(start)
     heads, kv_heads, hd, positions = 9, 3, 64, list(range(start, start + 8))
     cache = torch.randn((2, start + 8, kv_heads, hd), generator=gen).half()
@@ -104,11 +104,26 @@ def test_a_verify_steps_rows_share_each_key_range_and_keep_their_lone_bits(start
         assert attention(q, cache, positions, kv_heads, threads=16, tasks=True) == 32
         assert attention(q, [cache.clone() for _ in positions], positions, kv_heads,
                          tasks=True) == 32
-    for threads in (1, 2):
+    assert_lone_bits(q, cache, positions, kv_heads)
+
+
+def assert_lone_bits(q, cache, positions, kv_heads):
+    for threads in (1, 2, 16):
         together = attention(q, cache, positions, kv_heads, threads)
         for r, pos in enumerate(positions):
             alone = attention(q[r:r + 1], cache, [pos], kv_heads, threads)
             assert torch.equal(together[r:r + 1], alone), (threads, pos)
+
+
+def test_rows_of_one_cache_with_more_or_fewer_ranges_share_a_group():
+    """Rows 200 and 500 keys deep (one range and two of 256 keys) are one group: 4 tasks of 2
+    rows (one row a task made 10), where a row of one range skips the second range."""
+    gen = torch.Generator().manual_seed(7)
+    positions = [199, 499, 200, 498]
+    cache = torch.randn((2, 500, 3, 64), generator=gen).half()
+    q = torch.randn((4, 9, 64), generator=gen)
+    assert attention(q, cache, positions, 3, tasks=True) == 4
+    assert_lone_bits(q, cache, positions, 3)
 
 
 @pytest.mark.parametrize("hd", [16, 32, 48, 64, 80, 112, 128])
