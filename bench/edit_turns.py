@@ -45,6 +45,8 @@ def frozen_turns(context: int = 0) -> list[dict]:
     if hashlib.sha256(data).hexdigest() != TURNS_SHA256:
         sys.exit(f"{TURNS} changed; the benchmark's numbers need the frozen turns")
     turns = json.loads(data)["turns"]
+    if context < 0:
+        sys.exit(f"--context {context}: give 0 or more tokens")
     if context:
         preamble = context_text(context)
         for turn in turns:

@@ -114,10 +114,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-record", action="store_true", help="print only")
     args = ap.parse_args(argv)
     lm = loader.load_model("default", threads=args.threads, progress=False)
+    frozen = frozen_turns(args.context)  # first: it refuses a --context it cannot give
     with torch.inference_mode():
         cost = step_cost(lm.model, args.context + 250)
         turns = [(t["kind"], lm.tokenizer.encode(lm.chat.render(t["messages"])), None)
-                 for t in frozen_turns(args.context)]
+                 for t in frozen]
         turns = [(kind, p, greedy(lm.model, p, args.max_tokens)) for kind, p, _ in turns]
     lines = [f"Step cost, 1 to 8 rows, {args.context + 250} positions deep: " + ", ".join(f"{1e3 * t:.2f}" for t in cost[1:]) + " ms.", "",
              "| turns | plain | shipped drafter | oracle, 3-token context | 2-token | 1-token |",
