@@ -34,9 +34,10 @@ def shared_dir() -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def engine_cache(tmp_path_factory) -> pathlib.Path:
-    """One XDG cache for the session's engine daemons (tests/engine's in-process engines set
-    the same one), so the default model is repacked once."""
-    return tmp_path_factory.getbasetemp() / "engine-cache"
+    """One XDG cache for the session's engine daemons, holding the default model's artifact
+    (tests/support/default_artifact.py): no daemon repacks it."""
+    from tests.support import default_artifact
+    return default_artifact.seed(tmp_path_factory.getbasetemp() / "engine-cache", tmp_path_factory)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import torch
 from engined.models import llama
 from engined.ops import registry
 from engined.weights import loader
+from tests.support import default_artifact
 
 PROMPTS = [[504, 3575, 282, 4649, 314], [1604, 3987, 46477, 24, 94, 727, 2367], [1, 9690, 198]]
 STEPS = 24
@@ -22,7 +23,8 @@ W4A16_LOGIT_ATOL = 0.3
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("XDG_CACHE_HOME", str(default_artifact.seed(tmp_path_factory.mktemp("cache"),
+                                                              tmp_path_factory)))
         mp.delenv("CACHE_DIRECTORY", raising=False)
         mp.delenv("KIMI_KERNELS", raising=False)
         model = loader.load_model("default", threads=min(2, os.cpu_count() or 1),
@@ -105,8 +107,9 @@ def test_kimi_kernels_can_choose_the_blocks(monkeypatch, model):
     assert model._decode_layer_fn() is None
 
 
-def test_a_cache_the_c_call_cannot_take_runs_the_blocks(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_a_cache_the_c_call_cannot_take_runs_the_blocks(tmp_path, tmp_path_factory, monkeypatch,
+                                                        caplog):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(default_artifact.seed(tmp_path, tmp_path_factory)))
     monkeypatch.delenv("KIMI_KERNELS", raising=False)
     with caplog.at_level(logging.WARNING):
         exact = loader.load_model("default", progress=False, kv_dtype=torch.float32).model

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engined.weights import loader
+from tests.support import default_artifact
 
 PROMPTS = {
     # "The capital of France is"
@@ -51,7 +52,8 @@ def hf_model(default_gguf):
 @pytest.fixture(scope="module")
 def private_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("XDG_CACHE_HOME", str(default_artifact.seed(tmp_path_factory.mktemp("cache"),
+                                                              tmp_path_factory)))
         mp.delenv("CACHE_DIRECTORY", raising=False)
         yield
 

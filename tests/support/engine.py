@@ -303,12 +303,14 @@ class InProcessEngine:
 
 
 def load_default_model(tmp_path_factory):
-    """The default model (SmolLM2 repacked to INT4) as serve loads it, repacked into a private
-    cache: what a test package's model fixture returns."""
+    """The default model (SmolLM2 repacked to INT4) as serve loads it, from a private cache
+    holding the run's artifact: what a test package's model fixture returns."""
     import pytest
 
     from engined.weights import loader
+    from tests.support import default_artifact
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("XDG_CACHE_HOME", str(default_artifact.seed(tmp_path_factory.mktemp("cache"),
+                                                              tmp_path_factory)))
         mp.delenv("CACHE_DIRECTORY", raising=False)
         return loader.load_model("default", threads=min(2, os.cpu_count() or 1), progress=False)
