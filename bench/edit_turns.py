@@ -61,11 +61,8 @@ def context_text(tokens: int) -> str:
     """The first `tokens` tokens of bench/quality.py's frozen text (sha256-pinned there)."""
     import quality
     from engined.chat import load_text
-    data = quality.TEXT.read_bytes()
-    if hashlib.sha256(data).hexdigest() != quality.TEXT_SHA256:
-        sys.exit(f"{quality.TEXT} changed; the benchmark's numbers need the frozen text")
     tokenizer, _ = load_text(default_gguf_path())
-    ids = tokenizer.encode(data.decode())
+    ids = tokenizer.encode(quality.frozen_text())
     if len(ids) < tokens:
         sys.exit(f"--context {tokens}: the frozen text has {len(ids)} tokens")
     return tokenizer.decode(ids[:tokens])

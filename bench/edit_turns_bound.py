@@ -120,7 +120,8 @@ def main(argv=None) -> int:
         turns = [(t["kind"], lm.tokenizer.encode(lm.chat.render(t["messages"])), None)
                  for t in frozen]
         turns = [(kind, p, greedy(lm.model, p, args.max_tokens)) for kind, p, _ in turns]
-    lines = [f"Step cost, 1 to 8 rows, {args.context + 250} positions deep: " + ", ".join(f"{1e3 * t:.2f}" for t in cost[1:]) + " ms.", "",
+    costs = ", ".join(f"{1e3 * t:.2f}" for t in cost[1:])
+    lines = [f"Step cost, 1 to 8 rows, {args.context + 250} positions deep: {costs} ms.", "",
              "| turns | plain | shipped drafter | oracle, 3-token context | 2-token | 1-token |",
              "|---|---:|---:|---:|---:|---:|"]
     for kind in ("edit", "prose"):
