@@ -95,7 +95,7 @@ static void accumulate_chunk_c(float (*acc)[KH_ATTN_MAX_DIM], float (*score)[KH_
 
 static void attend_range_c(void *ctx, int64_t task)
 {
-    kh_attend_range(ctx, task, score_chunk_c, accumulate_chunk_c, exp_sum_c);
+    kh_attend_range(ctx, task, score_chunk_c, accumulate_chunk_c, kh_attn_max, exp_sum_c);
 }
 
 int attention_simd(int64_t head_dim)

@@ -62,7 +62,8 @@ static inline void kh_attn_prefetch(const uint16_t *rows, int64_t j, int64_t str
 /* The larger of m and the n scores at s, as the chain `m = s[j] > m ? s[j] : m` over j gives
  * it, taken in 8 independent chains: the one chain, each step waiting on the last, was a fifth
  * of attention's time at 2,000 keys. A NaN score never wins in either; the order can change
- * only which zero's sign wins, which no exp(score - m) sees. */
+ * only which zero's sign wins, which no exp(score - m) sees. The SIMD kernels' max_of keeps
+ * the 8 chains in one register (kh_attn_max_avx2): the same result. */
 static inline float kh_attn_max(const float *s, int64_t n, float m)
 {
     float part[8];
@@ -83,7 +84,7 @@ static inline float kh_attn_max(const float *s, int64_t n, float m)
 static inline __attribute__((always_inline)) void kh_attend_row_range(
     const KhAttnJob *job, int64_t row, int64_t kv0, int64_t kv1, int64_t split,
     KhScoreChunk score_chunk, KhAccumulateChunk accumulate_chunk,
-    float (*exp_sum)(float *, int64_t, float))
+    float (*max_of)(const float *, int64_t, float), float (*exp_sum)(float *, int64_t, float))
 {
     const KhAttention *a = job->a;
     int64_t hd = a->head_dim, kvh = a->kv_heads, group = a->heads / kvh, j, g, c0;
@@ -113,7 +114,7 @@ static inline __attribute__((always_inline)) void kh_attend_row_range(
             score_chunk(q, kc + c0 * stride, stride, count, hd, group, scale, score, kv_f,
                         vc + c0 * stride);
             for (g = 0; g < group; g++) { /* rescale what came before to the new maximum */
-                float m = kh_attn_max(score[g], count, top[h0 + g]), fix;
+                float m = max_of(score[g], count, top[h0 + g]), fix;
                 fix = expf(top[h0 + g] - m);
                 total[h0 + g] *= fix;
                 for (j = 0; j < hd; j++) acc[h0 + g][j] *= fix;
@@ -137,7 +138,8 @@ static inline __attribute__((always_inline)) void kh_attend_row_range(
  * turn, for the task's KV heads. */
 static inline __attribute__((always_inline)) void kh_attend_range(
     const KhAttnJob *job, int64_t task, KhScoreChunk score_chunk,
-    KhAccumulateChunk accumulate_chunk, float (*exp_sum)(float *, int64_t, float))
+    KhAccumulateChunk accumulate_chunk, float (*max_of)(const float *, int64_t, float),
+    float (*exp_sum)(float *, int64_t, float))
 {
     int64_t g = 0, split, kv0, i, end;
     while (task >= job->task_base[g + 1]) g++;
@@ -150,7 +152,7 @@ static inline __attribute__((always_inline)) void kh_attend_range(
     for (; i < end; i++) /* a row of fewer keys may end before this range */
         if (split < job->splits[job->order[i]])
             kh_attend_row_range(job, job->order[i], kv0, kv0 + job->kv_per_task[g], split,
-                                score_chunk, accumulate_chunk, exp_sum);
+                                score_chunk, accumulate_chunk, max_of, exp_sum);
 }
 
 #if KH_HAVE_X86_SIMD
@@ -217,6 +219,8 @@ void kh_attn_score_chunk_avx2(const float *q, const uint16_t *k, int64_t stride,
                               int64_t hd, int64_t group, float scale,
                               float (*score)[KH_ATTN_CHUNK], float *kv_f, const uint16_t *ahead);
 float kh_attn_exp_sum_avx2(float *s, int64_t n, float m);
+float kh_attn_exp_sum_tail(float *s, int64_t n, float m, int64_t j, __m256 sum);
+float kh_attn_max_avx2(const float *s, int64_t n, float m);
 #endif
 
 #endif

@@ -113,11 +113,12 @@ KH_TARGET void kh_attn_score_chunk_avx2(const float *q, const uint16_t *k, int64
     score_groups(q, k, stride, count, hd, group, scale, score, ahead);
 }
 
-KH_TARGET float kh_attn_exp_sum_avx2(float *s, int64_t n, float m)
+/* exp_sum from 8-lane group j on (sum: the groups before it, lane by lane): the groups, the
+ * lanes' sum, then the last n % 8 one at a time. */
+KH_TARGET float kh_attn_exp_sum_tail(float *s, int64_t n, float m, int64_t j, __m256 sum)
 {
-    __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    __m256 mv = _mm256_set1_ps(m);
     float total;
-    int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
         __m256 v = kh_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
         _mm256_storeu_ps(s + j, v);
@@ -131,9 +132,29 @@ KH_TARGET float kh_attn_exp_sum_avx2(float *s, int64_t n, float m)
     return total;
 }
 
+KH_TARGET float kh_attn_exp_sum_avx2(float *s, int64_t n, float m)
+{
+    return kh_attn_exp_sum_tail(s, n, m, 0, _mm256_setzero_ps());
+}
+
+/* kh_attn_max's 8 chains, lane l of one register each: vmaxps(s, m) is `s > m ? s : m`, lane
+ * by lane, NaNs and zeros included; then the rest and the chains in its order. */
+KH_TARGET float kh_attn_max_avx2(const float *s, int64_t n, float m)
+{
+    __m256 chains = _mm256_set1_ps(m);
+    float part[8];
+    int64_t j = 0;
+    int l;
+    for (; j + 8 <= n; j += 8) chains = _mm256_max_ps(_mm256_loadu_ps(s + j), chains);
+    _mm256_storeu_ps(part, chains);
+    for (; j < n; j++) part[0] = s[j] > part[0] ? s[j] : part[0];
+    for (l = 1; l < 8; l++) part[0] = part[l] > part[0] ? part[l] : part[0];
+    return part[0];
+}
+
 KH_TARGET void kh_attend_range_avx2(void *ctx, int64_t task)
 {
-    kh_attend_range(ctx, task, kh_attn_score_chunk_avx2, accumulate_chunk_avx2,
+    kh_attend_range(ctx, task, kh_attn_score_chunk_avx2, accumulate_chunk_avx2, kh_attn_max_avx2,
                     kh_attn_exp_sum_avx2);
 }
 

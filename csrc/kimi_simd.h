@@ -186,29 +186,34 @@ static __attribute__((target("avx2,fma,f16c"))) inline float hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* exp on 8 lanes: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 polynomial (the
+/* exp on the lanes of VF: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 polynomial (the
  * Cephes expf coefficients: about 1 ulp), times 2^n built in the exponent bits. Inputs are
- * clamped to the fp32 range first (exp(-inf) comes out 0 after the scaling). */
-static __attribute__((target("avx2,fma,f16c"))) inline __m256 kh_exp256(__m256 x)
-{
-    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447504f);
-    __m256 n, r, y;
-    __m256i e;
-    x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
-    n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
+ * clamped to the fp32 range first (exp(-inf) comes out 0 after the scaling). One text for
+ * each width (P: the intrinsics' prefix), so that a lane's operations, and bits, are the same
+ * in each: kh_exp256 here, 16 lanes in kimi_attn_avx512.c. */
+#define KH_EXP_FN(NAME, TARGET, VF, VI, P, ROUND, INT_AS_FLOAT)                                \
+    static TARGET inline VF NAME(VF x)                                                         \
+    {                                                                                          \
+        const VF hi = P##set1_ps(88.3762626647949f), lo = P##set1_ps(-87.3365447504f);         \
+        VF n, r, y;                                                                            \
+        VI e;                                                                                  \
+        x = P##max_ps(P##min_ps(x, hi), lo);                                                   \
+        n = ROUND(P##mul_ps(x, P##set1_ps(1.44269504088896341f)),                              \
+                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                              \
+        r = P##fnmadd_ps(n, P##set1_ps(0.693359375f), x);                                      \
+        r = P##fnmadd_ps(n, P##set1_ps(-2.12194440e-4f), r);                                   \
+        y = P##set1_ps(1.9875691500e-4f);                                                      \
+        y = P##fmadd_ps(y, r, P##set1_ps(1.3981999507e-3f));                                   \
+        y = P##fmadd_ps(y, r, P##set1_ps(8.3334519073e-3f));                                   \
+        y = P##fmadd_ps(y, r, P##set1_ps(4.1665795894e-2f));                                   \
+        y = P##fmadd_ps(y, r, P##set1_ps(1.6666665459e-1f));                                   \
+        y = P##fmadd_ps(y, r, P##set1_ps(5.0000001201e-1f));                                   \
+        y = P##fmadd_ps(y, P##mul_ps(r, r), P##add_ps(r, P##set1_ps(1.0f)));                   \
+        e = P##slli_epi32(P##add_epi32(P##cvtps_epi32(n), P##set1_epi32(127)), 23);            \
+        return P##mul_ps(y, INT_AS_FLOAT(e));                                                  \
+    }
+KH_EXP_FN(kh_exp256, __attribute__((target("avx2,fma,f16c"))), __m256, __m256i, _mm256_,
+          _mm256_round_ps, _mm256_castsi256_ps)
 
 /* sum_g h[g] * v[g] for fp16 h (a row's mins, or its scales when symmetric), AVX2. */
 float kh_halves_dot_avx2(const uint16_t *h, const float *v, int64_t n);
