@@ -113,7 +113,7 @@
 # offload's placements --cpu-moe and --n-cpu-moe 1 (on the
 # CPU --gpu-memory is ignored) served with 8 tokens and a 256-token prefill, a 64 MiB probe.
 # OUT defaults to a temporary folder and nothing is recorded. `make test` runs
-# it (tests/blackbox/test_scripts.py; 40-80 s on 2 shared cores), so the script is tested
+# it (tests/blackbox/test_gpu_run_script.py; 40-80 s on 2 shared cores), so the script is tested
 # before its one GPU shot. Env: PYTHON (default python3), OUT, BUNDLE, BUNDLE_EVERY (20), BF16.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,0 +1,227 @@
+"""The GPU run's bench modules (bench/offload.py, serve_streams.py, gpu_quick.py, served.py)
+when a section is cut short, a placement fails or a step fails to capture: what they record,
+and that no engine outlives its script."""
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from tests.blackbox.service_helpers import ROOT
+from tests.support.engine import eventually
+
+BENCH = ROOT / "bench"
+
+
+def test_offload_bench_stops_before_any_engine_without_the_helper(tmp_path):
+    """The GPU image has no cffi: the hybrid path cannot run, and the message says how to
+    carry the helper there (a numpy that fails to import stands in for the missing pieces)."""
+    (tmp_path / "numpy.py").write_text("raise ImportError('no numpy on this image')\n")
+    out = subprocess.run([sys.executable, str(BENCH / "offload.py"), "--out", str(tmp_path / "out")],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "make gpu-carry" in out.stderr and ".gpu-carry/wheels" in out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_offload_summary_says_how_the_steps_ran_and_what_failed_to_capture(monkeypatch):
+    """A piecewise step that failed to capture decodes eagerly, still correct: the summary
+    says so beside the rates, or a run measures eager decode as the hybrid graph's."""
+    offload = bench_module("offload", monkeypatch)
+    row = {"placement": {}, "decode_tok_s": {"1": 9.5}, "offload": {
+        "moe_calls": 12, "decode_steps": {"eager": 40}, "graph_capture_failures": 3}}
+    text = "\n".join(offload.summary({"model": "m", "device": "cuda", "host": "h", "threads": 16,
+                                      "placements": {"cpu-moe": row}}))
+    assert "decode steps 40 eager, graph capture failures 3" in text
+
+
+def test_offload_goes_on_to_the_next_placement_whatever_the_first_raised(monkeypatch, tmp_path):
+    """A stream that got a non-200 reply surfaces as a KeyError, a garbled one as a
+    JSONDecodeError: the placement is recorded as failed and the next one is measured (it
+    stopped the script, losing --cpu-moe's numbers, when only RuntimeError and OSError were
+    caught)."""
+    offload = bench_module("offload", monkeypatch)
+    monkeypatch.setattr(offload, "helper_missing", lambda: None)
+    monkeypatch.setattr(offload, "on_sigterm", lambda: None)
+    monkeypatch.setattr(offload, "ram_read_bandwidth", lambda threads, mib: 2e10)
+    monkeypatch.setattr(offload, "routed_bytes_per_token", lambda model: [1000])
+    measured = []
+
+    def measure(args, name, flags, row, save):
+        measured.append(name)
+        if len(measured) == 1:
+            raise KeyError("chunks")  # common.concurrent_chunks after a stream's non-200 reply
+        row["decode_tok_s"] = {"1": 5.0}
+
+    monkeypatch.setattr(offload, "measure_placement", measure)
+    code = offload.main(["--device", "cpu", "--out", str(tmp_path),
+                         "--placements", "n-cpu-moe=1,cpu-moe"])
+    rows = json.loads((tmp_path / "offload.json").read_text())["placements"]
+    assert code == 1 and measured == ["n-cpu-moe=1", "cpu-moe"]
+    assert rows["n-cpu-moe=1"]["error"] == "KeyError: 'chunks'"
+    assert rows["cpu-moe"]["decode_tok_s"] == {"1": 5.0}
+
+
+def test_serve_streams_records_what_it_measured_when_cut_short(monkeypatch, tmp_path):
+    """The serve section's limit (SIGTERM -> SystemExit) during its last phase, the 32k prefill
+    beside a stream: the rates measured before still reach --record, marked partial."""
+    serve_streams = bench_module("serve_streams", monkeypatch)
+    monkeypatch.setattr(serve_streams, "on_sigterm", lambda: None)
+    monkeypatch.setattr(serve_streams, "copy_bandwidth", lambda device, mib: ("cpu", 1e10))
+
+    def measure(args, result, save):
+        result["decode_tok_s"] = {"1": 85.0, "8": 400.0}
+        raise SystemExit(143)
+
+    monkeypatch.setattr(serve_streams, "measure", measure)
+    record = tmp_path / "RESULTS.add.md"
+    with pytest.raises(SystemExit):
+        serve_streams.main(["--device", "cpu", "--out", str(tmp_path), "--record", str(record)])
+    line = record.read_text()
+    assert "(partial: cut short)" in line and "decode 8 stream(s): 400.0 tok/s" in line
+    assert json.loads((tmp_path / "serve.json").read_text())["partial"] is True
+
+
+def test_gpu_quick_records_its_decode_line_before_the_later_phases(monkeypatch, tmp_path):
+    """The run's headline goes to --record as soon as it is measured: a step cut at its limit
+    during the profile or verify phases (here, an exit) keeps it."""
+    gpu_quick = bench_module("gpu_quick", monkeypatch)
+
+    def cut(*args):
+        raise SystemExit(124)
+
+    monkeypatch.setattr(gpu_quick, "measure_profile", cut)
+    record = tmp_path / "RESULTS.add.md"
+    with pytest.raises(SystemExit):
+        gpu_quick.main(["--dry-run", "--out", str(tmp_path), "--runs", "1", "--new-tokens", "2",
+                        "--record", str(record)])
+    assert "decode synthetic tiny INT4" in record.read_text()
+
+
+def test_offload_placements_join_flags_and_judge_the_expert_cache(monkeypatch):
+    """bench/offload.py: '+' joins flags of one placement, and a budget measured with and
+    without the expert cache is judged against issue 30's 1.25x."""
+    offload = bench_module("offload", monkeypatch)
+    rows = offload.placements("gpu-memory=24GiB,gpu-memory=24GiB+moe-cache=0,cpu-moe")
+    assert rows == [("gpu-memory=24GiB", ("--gpu-memory", "24GiB")),
+                    ("gpu-memory=24GiB+moe-cache=0", ("--gpu-memory", "24GiB", "--moe-cache", "0")),
+                    ("cpu-moe", ("--cpu-moe",))]
+    rates = {"gpu-memory=24GiB": 12.0, "gpu-memory=24GiB+moe-cache=0": 10.0, "cpu-moe": 5.0}
+    verdicts = offload.goals({"placements": {n: {"decode_tok_s": {1: r}} for n, r in rates.items()}})
+    assert verdicts == {"--gpu-memory 24GiB decode >= 1.25x with --moe-cache 0": False,
+                        "--gpu-memory 24GiB decode >= 2x --cpu-moe": True}
+
+
+def bench_module(name: str, monkeypatch):
+    """bench/NAME.py imported. The scripts put bench/ first on sys.path, where
+    a module there can shadow a package that later tests import: undone after the test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_served_decode_rate_counts_the_window_where_every_stream_decodes(monkeypatch):
+    serve_streams = bench_module("serve_streams", monkeypatch)
+    ticks = lambda first, last: [(float(t), 1) for t in range(first, last + 1)]  # noqa: E731
+    assert serve_streams.steady_rate([ticks(0, 10)]) == 1.0    # one stream: first to last token
+    # B starts at 3 s, A ends at 10 s: 7 tokens each in (3, 10], not A's lone start and B's tail
+    assert serve_streams.steady_rate([ticks(0, 10), ticks(3, 13)]) == 14 / 7
+    # never together: tokens after each stream's first over first to last of any
+    assert serve_streams.steady_rate([ticks(0, 2), ticks(5, 7)]) == 4 / 7
+
+
+def test_gpu_quick_decodes_without_the_fla_prefill_kernel(monkeypatch, tmp_path):
+    """quick's prompts prefill through KDA's reference, whatever the device's default: on a
+    GPU that is fla-core's chunk_kda, which autotunes on first call (the prefill section
+    measures it). Here the environment asks for fla, which refuses the CPU: the decode still
+    runs."""
+    gpu_quick = bench_module("gpu_quick", monkeypatch)
+    monkeypatch.setenv("KIMI_KERNELS", "kda_prefill=fla")
+    for phase in ("measure_profile", "measure_verify"):  # the decode is what is asked
+        monkeypatch.setattr(gpu_quick, phase, lambda *args: [])
+    assert gpu_quick.main(["--dry-run", "--out", str(tmp_path), "--runs", "1",
+                           "--new-tokens", "2"]) == 0
+    quick = json.loads((tmp_path / "quick.json").read_text())
+    assert quick["errors"] == {} and quick["decode"]["tok_s"] > 0
+
+
+def test_gpu_quick_counts_kernels_and_merges_their_intervals(monkeypatch):
+    gpu_quick = bench_module("gpu_quick", monkeypatch)
+    spans = [("gemv", 0.0, 10.0), ("kda", 5.0, 15.0), ("Memcpy HtoD (Pageable -> Device)", 20.0, 22.0),
+             ("gemv", 30.0, 40.0), ("gemv", 32.0, 34.0)]          # us; the last inside the one before
+    summary = gpu_quick.gpu_summary(spans)
+    assert summary["kernels"] == 4 and summary["copies"] == 1
+    assert summary["busy_ms"] == (15 + 2 + 10) / 1e3 and summary["span_ms"] == 40 / 1e3
+    assert summary["top"][0] == {"name": "gemv", "count": 3, "total_us": 22.0}
+    assert [row["name"] for row in summary["top"]] == ["gemv", "kda", "Memcpy HtoD (Pageable -> Device)"]
+    assert gpu_quick.gpu_summary([])["busy_ms"] == 0
+
+
+def test_an_engine_stops_with_its_bench_script_when_a_time_limit_ends_it(tmp_path):
+    """serve_streams.py's engine runs in its own process group, named in KIMI_BENCH_PIDS
+    while it runs; SIGTERM to the script (a section's `timeout`) ends that whole group."""
+    out, pids = tmp_path / "out", tmp_path / "pids"
+    pids.mkdir()
+    bench = subprocess.Popen(
+        [sys.executable, str(BENCH / "serve_streams.py"), "--model", "synthetic:tiny",
+         "--device", "cpu", "--threads", "1", "--streams", "1", "--new-tokens", "900",
+         "--runs", "50", "--prefill", "512", "--max-context", "1000", "--bandwidth-mib", "8",
+         "--out", str(out)], cwd=ROOT, env={**os.environ, "KIMI_BENCH_PIDS": str(pids)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert eventually(lambda: (out / "serve.json").exists()
+                          and "graphs" in json.loads((out / "serve.json").read_text() or "{}"),
+                          timeout=120), "the engine never started"
+        (pidfile,) = pids.iterdir()
+        group = int(pidfile.name)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 143, bench.stderr.read()[-2000:]
+    finally:
+        bench.kill()
+        for left in pids.iterdir():  # a failed check leaves no engine behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(left.name), signal.SIGKILL)
+    assert not pidfile.exists()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, 0)
+    assert "kimi-engine: serving synthetic:tiny" in (out / "serve-engine.log").read_text()
+
+
+def test_gpu_memory_sampler_has_a_sample_as_soon_as_it_starts(tmp_path, monkeypatch):
+    """serve records the peak at start right after start_for: it read 0 before the sampling
+    thread's first wait of 0.5 s ended."""
+    fake_nvidia_smi(tmp_path, monkeypatch)
+    served = bench_module("served", monkeypatch)
+    sampler = served.GpuMemorySampler.start_for(SimpleNamespace(proc=SimpleNamespace(pid=4242)))
+    try:
+        assert sampler.peak()["bytes"] == 70000 << 20
+    finally:
+        sampler.result()
+
+
+def fake_nvidia_smi(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\ncase "$1" in\n'
+                    '  --query-compute-apps*) printf "17, 500\\n4242, 70000\\n" ;;\n'
+                    '  *) echo 90000 ;;\nesac\n')  # MiB: two processes' rows, then the GPU's
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+def test_gpu_memory_sampler_prefers_the_engine_process_row(tmp_path, monkeypatch):
+    fake_nvidia_smi(tmp_path, monkeypatch)
+    served = bench_module("served", monkeypatch)
+    engine_row, no_row = served.GpuMemorySampler(4242), served.GpuMemorySampler(99)
+    for sampler in (engine_row, no_row):
+        sampler.sample()
+    assert engine_row.result()["bytes"] == 70000 << 20
+    assert "engine process" in engine_row.result()["source"]
+    assert no_row.result()["bytes"] == 90000 << 20 and "whole GPU" in no_row.result()["source"]
