@@ -5,9 +5,11 @@ after its prefills.
 One greedy stream (speculation off: a token a step, so a gap between tokens is a step) decodes
 alone for LONE_TOKENS tokens; then a fresh prompt of num_tokens is sent as a non-streamed
 request with max_tokens 1; once it has answered the stream runs AFTER_TOKENS more tokens and is
-closed. Its lone step is the median gap of its lone tokens; its slowest step beside the prefill
-is the largest gap that ends after the prefill was sent, up to the first token after the
-prefill answered. The stream asks for enough tokens to outlive the prefill at a token per
+closed. Its lone step is the median gap of its lone tokens (a chunk of several tokens, which
+the engine sends when its HTTP thread fell behind, spreads its gap over them: with the median of
+raw gaps, mostly 0 then, a loaded host divided by zero); its slowest step beside the prefill is
+the largest gap that ends after the prefill was sent, up to the first token after the prefill
+answered. The stream asks for enough tokens to outlive the prefill at a token per
 chunk of MIN_CHUNK (the engine alternates a prefill chunk with a decode step), and the engine
 reserves every running sequence's prompt + max_tokens against --max-context: context_room()
 is what to add to the prefill's own tokens. A stream that failed or ended before the prefill
@@ -39,7 +41,8 @@ def context_room(num_tokens: int) -> int:
 
 
 def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float = 180) -> dict:
-    arrivals: list[float] = []
+    arrivals: list[float] = []  # one time per token: its chunk's
+    chunks: list[tuple[float, int]] = []  # (arrival, tokens) per chunk of the stream
     lone, done = threading.Event(), threading.Event()
     failure: list[str] = []
     stream: dict = {}
@@ -58,7 +61,9 @@ def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float 
                 line = raw.strip()
                 if line.startswith(b"data: {"):
                     got = json.loads(line[6:])["choices"][0].get("token_ids") or []
-                    arrivals.extend([time.perf_counter()] * len(got))
+                    if got:
+                        chunks.append((time.perf_counter(), len(got)))
+                        arrivals.extend([chunks[-1][0]] * len(got))
                     if len(arrivals) > LONE_TOKENS:
                         lone.set()
                 if done.is_set():
@@ -108,18 +113,30 @@ def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float 
             break
         time.sleep(0.01)
     stop()
-    times = list(arrivals)
-    gaps = [(b, b - a) for a, b in zip(times, times[1:])]
-    lone_step = statistics.median(g for _, g in gaps[:LONE_TOKENS - 1])
-    after = next((t for t in times if t > answered), None)
-    during = [g for t, g in gaps if t > sent and (after is None or t <= after)]
-    slowest = max(during) if during else answered - sent
     row = {"prompt_tokens": body["usage"]["prompt_tokens"], "ttft_s": answered - sent,
-           "lone_step_s": lone_step, "slowest_step_s": slowest,
-           "slowest_x_lone": slowest / lone_step,
-           "tokens_during_prefill": sum(sent < t <= answered for t in times),
-           "outlived_prefill": after is not None}
+           **step_times(list(chunks), sent, answered)}
     return {**row, "error": failure[0]} if failure else row
+
+
+def step_times(chunks: list[tuple[float, int]], sent: float, answered: float) -> dict:
+    """The stream's steps from its chunks (arrival, tokens): the lone step, the median over
+    its first LONE_TOKENS tokens of each token's share of its chunk's gap (a token a chunk: the
+    gap itself), and the slowest gap ending after `sent`, up to the first chunk after
+    `answered` (the prefill's reply)."""
+    shares = [(b - a) / n for (a, _), (b, n) in zip(chunks, chunks[1:]) for _ in range(n)]
+    lone = shares[:LONE_TOKENS - 1]
+    lone_step = statistics.median(lone) if lone else 0.0
+    if lone_step <= 0:
+        raise RuntimeError("the stream's first tokens came in one chunk: no step time to "
+                           "compare the steps beside the prefill with")
+    after = next((t for t, _ in chunks if t > answered), None)
+    during = [b - a for (a, _), (b, _) in zip(chunks, chunks[1:])
+              if b > sent and (after is None or b <= after)]
+    slowest = max(during) if during else answered - sent
+    return {"lone_step_s": lone_step, "slowest_step_s": slowest,
+            "slowest_x_lone": slowest / lone_step,
+            "tokens_during_prefill": sum(n for t, n in chunks if sent < t <= answered),
+            "outlived_prefill": after is not None}
 
 
 def judged(b: dict) -> bool | None:

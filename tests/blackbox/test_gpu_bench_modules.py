@@ -225,3 +225,25 @@ def test_gpu_memory_sampler_prefers_the_engine_process_row(tmp_path, monkeypatch
     assert engine_row.result()["bytes"] == 70000 << 20
     assert "engine process" in engine_row.result()["source"]
     assert no_row.result()["bytes"] == 90000 << 20 and "whole GPU" in no_row.result()["source"]
+
+
+def test_the_stream_beside_a_prefill_times_its_steps_when_tokens_come_in_chunks(monkeypatch):
+    """A loaded engine sends several tokens in one chunk when its HTTP thread fell behind: each
+    token's step is its share of its chunk's gap (the median of raw gaps, mostly 0, divided by
+    zero in a loaded dry run and lost the measurement); a token a chunk gives the plain gaps."""
+    monkeypatch.syspath_prepend(str(BENCH))  # its `from common import ...`, as the scripts run it
+    beside = bench_module("beside", monkeypatch)
+    n = beside.LONE_TOKENS
+    one_a_chunk = [(0.010 * i, 1) for i in range(n)] + [(0.5, 1), (0.51, 1)]
+    row = beside.step_times(one_a_chunk, sent=0.35, answered=0.45)
+    assert row["lone_step_s"] == pytest.approx(0.010)
+    assert row["slowest_step_s"] == pytest.approx(0.5 - 0.010 * (n - 1))  # the stall
+    assert row["slowest_x_lone"] == pytest.approx(row["slowest_step_s"] / 0.010)
+    assert row["tokens_during_prefill"] == 0 and row["outlived_prefill"]
+    three_a_chunk = [(0.030 * i, 3) for i in range(16)]  # 0 .. 0.45 s
+    row = beside.step_times(three_a_chunk, sent=0.2, answered=0.4)
+    assert row["lone_step_s"] == pytest.approx(0.010)
+    assert row["slowest_step_s"] == pytest.approx(0.030) and row["slowest_x_lone"] == pytest.approx(3)
+    assert row["tokens_during_prefill"] == 3 * 7 and row["outlived_prefill"]
+    with pytest.raises(RuntimeError, match="in one chunk"):
+        beside.step_times([(0.1, n + 9)], sent=0.2, answered=0.3)

@@ -77,6 +77,7 @@ def test_gpu_run_dry_run_measures_every_section(tmp_path):
     assert serve["peak_memory_at_start"]["bytes"] > 50 << 20, serve["peak_memory_at_start"]
     assert serve["peak_memory"]["bytes"] >= serve["peak_memory_at_start"]["bytes"]
     beside = serve["prefill_beside_decode"]  # the 256-token prefill again, a stream beside it
+    assert "error" not in beside, beside  # says why, where a missing key would not
     assert beside["size"] == 256 and beside["prompt_tokens"] == 256 and beside["ttft_s"] > 0
     assert beside["outlived_prefill"] and "error" not in beside
     assert beside["slowest_step_s"] >= beside["lone_step_s"] > 0
