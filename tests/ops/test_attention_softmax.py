@@ -51,6 +51,8 @@ CASES = [
     ([math.sin(j) * 7 for j in range(64)], 2.0),
     ([math.cos(j) for j in range(37)], 5.0),                      # none beats m
     ([-0.0] * 9 + [0.0] * 9, -0.0),                               # which zero wins
+    ([0.0] * 8, -0.0),                                            # m's zero: vmaxps(s, m),
+    ([-0.0] * 8, 0.0),                                            # not vmaxps(m, s)
     ([0.0, -0.0] * 12 + [math.nan], -math.inf),                   # a NaN never wins
     ([math.nan] * 8 + [1.0, math.nan, -2.0], -math.inf),
     ([-math.inf] * 20, -math.inf),
