@@ -5,11 +5,12 @@ after its prefills.
 One greedy stream (speculation off: a token a step, so a gap between tokens is a step) decodes
 alone for LONE_TOKENS tokens; then a fresh prompt of num_tokens is sent as a non-streamed
 request with max_tokens 1; once it has answered the stream runs AFTER_TOKENS more tokens and is
-closed. Its lone step is the median gap of its lone tokens (a chunk of several tokens, which
-the engine sends when its HTTP thread fell behind, spreads its gap over them: with the median of
-raw gaps, mostly 0 then, a loaded host divided by zero); its slowest step beside the prefill is
-the largest gap that ends after the prefill was sent, up to the first token after the prefill
-answered. The stream asks for enough tokens to outlive the prefill at a token per
+closed. A token's step is its share of the gap before its chunk (a chunk of several tokens,
+which the engine sends when its HTTP thread fell behind, spreads its gap over them: with raw
+gaps, mostly 0 then, a loaded host divided by zero). The lone step is the median step of the
+lone tokens, those that came before the prefill was sent; the slowest step beside the prefill
+is the largest step of a token that came after the prefill was sent, up to the first token
+after the prefill answered. The stream asks for enough tokens to outlive the prefill at a token per
 chunk of MIN_CHUNK (the engine alternates a prefill chunk with a decode step), and the engine
 reserves every running sequence's prompt + max_tokens against --max-context: context_room()
 is what to add to the prefill's own tokens. A stream that failed or ended before the prefill
@@ -119,19 +120,18 @@ def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float 
 
 
 def step_times(chunks: list[tuple[float, int]], sent: float, answered: float) -> dict:
-    """The stream's steps from its chunks (arrival, tokens): the lone step, the median over
-    its first LONE_TOKENS tokens of each token's share of its chunk's gap (a token a chunk: the
-    gap itself), and the slowest gap ending after `sent`, up to the first chunk after
-    `answered` (the prefill's reply)."""
-    shares = [(b - a) / n for (a, _), (b, n) in zip(chunks, chunks[1:]) for _ in range(n)]
-    lone = shares[:LONE_TOKENS - 1]
+    """The stream's steps from its chunks (arrival, tokens), each token's its share of the gap
+    before its chunk (a token a chunk: the gap itself): the lone step, the median of the steps
+    of the first LONE_TOKENS tokens that came by `sent`, and the slowest step of a token that
+    came after `sent`, up to the first chunk after `answered` (the prefill's reply)."""
+    steps = [((b - a) / n, b) for (a, _), (b, n) in zip(chunks, chunks[1:]) for _ in range(n)]
+    lone = [step for step, t in steps if t <= sent][:LONE_TOKENS - 1]
     lone_step = statistics.median(lone) if lone else 0.0
     if lone_step <= 0:
         raise RuntimeError("the stream's first tokens came in one chunk: no step time to "
                            "compare the steps beside the prefill with")
     after = next((t for t, _ in chunks if t > answered), None)
-    during = [b - a for (a, _), (b, _) in zip(chunks, chunks[1:])
-              if b > sent and (after is None or b <= after)]
+    during = [step for step, t in steps if t > sent and (after is None or t <= after)]
     slowest = max(during) if during else answered - sent
     return {"lone_step_s": lone_step, "slowest_step_s": slowest,
             "slowest_x_lone": slowest / lone_step,

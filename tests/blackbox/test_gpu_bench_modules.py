@@ -228,9 +228,11 @@ def test_gpu_memory_sampler_prefers_the_engine_process_row(tmp_path, monkeypatch
 
 
 def test_the_stream_beside_a_prefill_times_its_steps_when_tokens_come_in_chunks(monkeypatch):
-    """A loaded engine sends several tokens in one chunk when its HTTP thread fell behind: each
-    token's step is its share of its chunk's gap (the median of raw gaps, mostly 0, divided by
-    zero in a loaded dry run and lost the measurement); a token a chunk gives the plain gaps."""
+    """A loaded engine sends several tokens in one chunk when its HTTP thread fell behind: a
+    token's step is its share of its chunk's gap (raw gaps, mostly 0, divided by zero in a
+    loaded dry run and lost the measurement), for the lone steps and the slowest alike, so a
+    steady stream in chunks of 3 is judged steady; the lone steps are those before the prefill
+    was sent; a token a chunk gives the plain gaps."""
     monkeypatch.syspath_prepend(str(BENCH))  # its `from common import ...`, as the scripts run it
     beside = bench_module("beside", monkeypatch)
     n = beside.LONE_TOKENS
@@ -240,10 +242,14 @@ def test_the_stream_beside_a_prefill_times_its_steps_when_tokens_come_in_chunks(
     assert row["slowest_step_s"] == pytest.approx(0.5 - 0.010 * (n - 1))  # the stall
     assert row["slowest_x_lone"] == pytest.approx(row["slowest_step_s"] / 0.010)
     assert row["tokens_during_prefill"] == 0 and row["outlived_prefill"]
-    three_a_chunk = [(0.030 * i, 3) for i in range(16)]  # 0 .. 0.45 s
+    three_a_chunk = [(0.030 * i, 3) for i in range(16)]  # 0 .. 0.45 s, steady
     row = beside.step_times(three_a_chunk, sent=0.2, answered=0.4)
-    assert row["lone_step_s"] == pytest.approx(0.010)
-    assert row["slowest_step_s"] == pytest.approx(0.030) and row["slowest_x_lone"] == pytest.approx(3)
+    assert row["lone_step_s"] == pytest.approx(0.010) and row["slowest_x_lone"] == pytest.approx(1)
     assert row["tokens_during_prefill"] == 3 * 7 and row["outlived_prefill"]
+    slower_beside = [(0.0, 22)] + [(0.010 * i, 1) for i in range(1, 11)] + [
+        (0.10 + 0.050 * i, 1) for i in range(1, 23)]  # 10 lone steps, then 22 of 50 ms
+    row = beside.step_times(slower_beside, sent=0.105, answered=0.9)
+    assert row["lone_step_s"] == pytest.approx(0.010)  # not the steps beside the prefill
+    assert row["slowest_x_lone"] == pytest.approx(5) and row["outlived_prefill"]
     with pytest.raises(RuntimeError, match="in one chunk"):
         beside.step_times([(0.1, n + 9)], sent=0.2, answered=0.3)
