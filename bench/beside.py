@@ -42,7 +42,6 @@ def context_room(num_tokens: int) -> int:
 
 
 def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float = 180) -> dict:
-    arrivals: list[float] = []  # one time per token: its chunk's
     chunks: list[tuple[float, int]] = []  # (arrival, tokens) per chunk of the stream
     lone, done = threading.Event(), threading.Event()
     failure: list[str] = []
@@ -64,8 +63,7 @@ def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float 
                     got = json.loads(line[6:])["choices"][0].get("token_ids") or []
                     if got:
                         chunks.append((time.perf_counter(), len(got)))
-                        arrivals.extend([chunks[-1][0]] * len(got))
-                    if len(arrivals) > LONE_TOKENS:
+                    if tokens_in(chunks) > LONE_TOKENS:
                         lone.set()
                 if done.is_set():
                     break
@@ -89,9 +87,9 @@ def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float 
 
     thread = threading.Thread(target=decode, daemon=True)
     thread.start()
-    if not lone.wait(timeout) or failure or len(arrivals) <= LONE_TOKENS:
+    if not lone.wait(timeout) or failure or tokens_in(chunks) <= LONE_TOKENS:
         stop()
-        raise RuntimeError(f"the stream beside the prefill did not decode: {failure or arrivals}")
+        raise RuntimeError(f"the stream beside the prefill did not decode: {failure or chunks}")
     ids = random.Random(seed).choices(range(256), k=num_tokens)
     # encoded before the clock starts: 32k ids take milliseconds of this process's GIL, which
     # the reader thread would count as a gap between the stream's tokens
@@ -110,13 +108,18 @@ def prefill_beside_decode(sock: str, num_tokens: int, seed: int, timeout: float 
         raise RuntimeError(f"prefill of {num_tokens} tokens beside a stream: HTTP {resp.status}: {body}")
     end = time.monotonic() + 30  # AFTER_TOKENS steps
     while thread.is_alive() and time.monotonic() < end:
-        if sum(t > answered for t in arrivals) >= AFTER_TOKENS:
+        if tokens_in(chunks, after=answered) >= AFTER_TOKENS:
             break
         time.sleep(0.01)
     stop()
     row = {"prompt_tokens": body["usage"]["prompt_tokens"], "ttft_s": answered - sent,
            **step_times(list(chunks), sent, answered)}
     return {**row, "error": failure[0]} if failure else row
+
+
+def tokens_in(chunks: list[tuple[float, int]], after: float = float("-inf")) -> int:
+    """The tokens of the chunks (arrival, tokens) that arrived after `after`."""
+    return sum(n for t, n in list(chunks) if t > after)
 
 
 def step_times(chunks: list[tuple[float, int]], sent: float, answered: float) -> dict:

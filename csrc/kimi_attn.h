@@ -64,6 +64,14 @@ static inline void kh_attn_prefetch(const uint16_t *rows, int64_t j, int64_t str
  * of attention's time at 2,000 keys. A NaN score never wins in either; the order can change
  * only which zero's sign wins, which no exp(score - m) sees. The SIMD kernels' max_of keeps
  * the 8 chains in one register (kh_attn_max_avx2): the same result. */
+static inline float kh_attn_max_rest(const float *s, int64_t j, int64_t n, float part[8])
+{
+    int l;
+    for (; j < n; j++) part[0] = s[j] > part[0] ? s[j] : part[0]; /* the keys past whole 8s */
+    for (l = 1; l < 8; l++) part[0] = part[l] > part[0] ? part[l] : part[0];
+    return part[0];
+}
+
 static inline float kh_attn_max(const float *s, int64_t n, float m)
 {
     float part[8];
@@ -72,9 +80,7 @@ static inline float kh_attn_max(const float *s, int64_t n, float m)
     for (l = 0; l < 8; l++) part[l] = m;
     for (j = 0; j + 8 <= n; j += 8)
         for (l = 0; l < 8; l++) part[l] = s[j + l] > part[l] ? s[j + l] : part[l];
-    for (; j < n; j++) part[0] = s[j] > part[0] ? s[j] : part[0];
-    for (l = 1; l < 8; l++) part[0] = part[l] > part[0] ? part[l] : part[0];
-    return part[0];
+    return kh_attn_max_rest(s, j, n, part);
 }
 
 /* The key range `split` of one row, for the query heads of KV heads kv0..kv1-1: per chunk of

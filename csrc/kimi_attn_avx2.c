@@ -138,18 +138,15 @@ KH_TARGET float kh_attn_exp_sum_avx2(float *s, int64_t n, float m)
 }
 
 /* kh_attn_max's 8 chains, lane l of one register each: vmaxps(s, m) is `s > m ? s : m`, lane
- * by lane, NaNs and zeros included; then the rest and the chains in its order. */
+ * by lane, NaNs and zeros included; then its own rest (kh_attn_max_rest). */
 KH_TARGET float kh_attn_max_avx2(const float *s, int64_t n, float m)
 {
     __m256 chains = _mm256_set1_ps(m);
     float part[8];
     int64_t j = 0;
-    int l;
     for (; j + 8 <= n; j += 8) chains = _mm256_max_ps(_mm256_loadu_ps(s + j), chains);
     _mm256_storeu_ps(part, chains);
-    for (; j < n; j++) part[0] = s[j] > part[0] ? s[j] : part[0];
-    for (l = 1; l < 8; l++) part[0] = part[l] > part[0] ? part[l] : part[0];
-    return part[0];
+    return kh_attn_max_rest(s, j, n, part);
 }
 
 KH_TARGET void kh_attend_range_avx2(void *ctx, int64_t task)
