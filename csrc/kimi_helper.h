@@ -223,6 +223,17 @@ int llama_decode_layer(const KhLlamaLayer *layer, const float *h, int64_t rows,
                        uint16_t *const *v_cache, const int64_t *positions, float *work,
                        float *out, int nthreads);
 
+/* Every layer of one decode step, in order, on h [rows, dim] in place: layer i as
+ * llama_decode_layer with row r's caches at cache[r] + i * layer_halves[r] (k) and that
+ * + v_halves[r] (v), in halves: row r's whole cache [L, 2, S_max, kv_heads, head_dim] gives
+ * layer_halves = 2 S_max kv_heads head_dim and v_halves = S_max kv_heads head_dim. work:
+ * the largest llama_decode_layer_work_floats(layers[i], rows). It stops at the first layer
+ * that fails: its status, and its index in *failed (-1 when none did; failed may be NULL). */
+int llama_decode_step(const KhLlamaLayer *const *layers, int64_t num_layers, float *h,
+                      int64_t rows, const float *cos, const float *sin, uint16_t *const *cache,
+                      const int64_t *layer_halves, const int64_t *v_halves,
+                      const int64_t *positions, float *work, int nthreads, int64_t *failed);
+
 /* The decode attention kernels llama_decode_layer runs for this head_dim (kimi_attn.c): 2
  * AVX-512 (head_dim % 16 == 0), 1 AVX2 (% 8), 0 the portable C; gemv_simd's cap caps them. */
 int attention_simd(int64_t head_dim);

@@ -188,6 +188,38 @@ int llama_decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, cons
     return status;
 }
 
+/* A decode step's layers in one call: per layer, Python built 2 cache pointers a row and
+ * made the call (~60 us of a 2.7 ms SmolLM2 step at 1 row, ~170 us of 5.5 ms at 8); the
+ * helpers also stay awake from layer to layer. */
+int llama_decode_step(const KhLlamaLayer *const *layers, int64_t num_layers, float *h,
+                      int64_t rows, const float *cos, const float *sin, uint16_t *const *cache,
+                      const int64_t *layer_halves, const int64_t *v_halves,
+                      const int64_t *positions, float *work, int nthreads, int64_t *failed)
+{
+    uint16_t *k_cache[KH_MAX_ROWS], *v_cache[KH_MAX_ROWS];
+    int64_t i, r;
+    int was, status = KH_OK;
+    if (failed) *failed = -1;
+    if (!layers || num_layers < 0 || rows < 1 || rows > KH_MAX_ROWS || !cache || !layer_halves
+        || !v_halves)
+        return KH_EINVAL;
+    for (r = 0; r < rows; r++)
+        if (!cache[r]) return KH_EINVAL;
+    was = kh_wake_all(1);
+    for (i = 0; i < num_layers && status == KH_OK; i++) {
+        for (r = 0; r < rows; r++) {
+            k_cache[r] = cache[r] + i * layer_halves[r];
+            v_cache[r] = k_cache[r] + v_halves[r];
+        }
+        status = layers[i] ? decode_layer(layers[i], h, rows, cos, sin, k_cache, v_cache,
+                                          positions, work, h, nthreads)
+                           : KH_EINVAL;
+        if (status != KH_OK && failed) *failed = i;
+    }
+    kh_wake_all(was);
+    return status;
+}
+
 static int decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, const float *cos,
                         const float *sin, uint16_t *const *k_cache, uint16_t *const *v_cache,
                         const int64_t *positions, float *work, float *out, int nthreads)

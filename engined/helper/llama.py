@@ -1,6 +1,6 @@
-"""One Llama decoder layer per C call: `llama_layer` validates a layer once into a handle,
-`llama_decode_layer` runs one layer, and `llama_decode_layers` runs every layer of a decode
-step, one call each, with the step's arguments validated and turned into pointers once."""
+"""Llama decoder layers in C: `llama_layer` validates a layer once into a handle,
+`llama_decode_layer` runs one layer (its own C call), and `llama_decode_layers` runs every
+layer of a decode step in one C call (llama_decode_step), the step's arguments validated once."""
 from __future__ import annotations
 
 from engined.helper.core import (MAX_ROWS, _as_rows, _out, _workspace, check, ffi, lib,
@@ -51,13 +51,25 @@ def llama_decode_layer(layer: LlamaLayerHandle, h, cos, sin, kv, positions, out=
     """One decode token for each of B <= MAX_ROWS sequences through the layer: h [B, D] ->
     out [B, D] fp32 (out may be h). cos, sin: [B, hd] fp32; kv: B fp16 caches [2, S_max, KVH,
     hd] of this layer (k and v written at positions[b], attention over 0..positions[b]).
-    llama_decode_layers over this one layer, on out."""
-    h = _as_rows(h, layer.dim)
+    llama_decode_layers over this one layer, through the C call of one layer."""
+    require()
+    h, cos, sin = _step_rows(h, cos, sin, len(kv), layer.dim, layer.head_dim)
     out = _out(out, tuple(h.shape))
-    if out.data_ptr() != h.data_ptr():
-        out.copy_(h)
-    return llama_decode_layers([layer], out, cos, sin, [cache.unsqueeze(0) for cache in kv],
-                               positions, threads)
+    if len(positions) != len(kv):
+        raise ValueError(f"{len(kv)} caches and {len(positions)} positions must agree")
+    pointers = [_cache_pointers(cache.unsqueeze(0), pos, b, layer) for b, (cache, pos)
+                in enumerate(zip(kv, positions))]
+    keys = ffi.new("uint16_t *[]", [ffi.cast("uint16_t *", base) for base, _, _ in pointers])
+    values = ffi.new("uint16_t *[]", [ffi.cast("uint16_t *", base + 2 * v_halves)
+                                      for base, _, v_halves in pointers])
+    _owner, work = _workspace(layer.work_floats)
+    cast = ffi.cast
+    check(lib.llama_decode_layer(layer.struct, cast("float *", h.data_ptr()), len(kv),
+                                 cast("float *", cos.data_ptr()), cast("float *", sin.data_ptr()),
+                                 keys, values, ffi.new("int64_t[]", [int(p) for p in positions]),
+                                 work, cast("float *", out.data_ptr()), threads),
+          "llama_decode_layer")
+    return out
 
 
 def _step_rows(h, cos, sin, rows: int, dim: int, hd: int):
@@ -72,11 +84,12 @@ def _step_rows(h, cos, sin, rows: int, dim: int, hd: int):
 
 def llama_decode_layers(layers: list[LlamaLayerHandle], h, cos, sin, caches, positions,
                         threads: int = 1):
-    """Every layer of one decode step, in order, each one llama_decode_layer call on layer i of
-    every row's cache: h [B, D] fp32 updated in place and returned. caches: B whole fp16 caches
-    [L, 2, S_max, KVH, hd] (L = len(layers)); cos, sin [B, hd]. The same computation as calling
-    llama_decode_layer per layer with caches[b][i], without its per-layer checks and casts
-    (~29 us a layer: 0.9 ms of a 10 ms SmolLM2 step)."""
+    """Every layer of one decode step, in order, layer i on layer i of every row's cache: h
+    [B, D] fp32 updated in place and returned. caches: B whole fp16 caches [L, 2, S_max, KVH,
+    hd] (L = len(layers)); cos, sin [B, hd]. The same computation as calling
+    llama_decode_layer per layer with caches[b][i], in one C call: its per-layer checks and
+    casts were ~29 us a layer, and the per-layer calls' pointers and transitions still ~60 us
+    of a 2.7 ms SmolLM2 step at 1 row, ~170 us of 5.5 ms at 8 (verify steps)."""
     require()
     if not layers:
         return h
@@ -89,25 +102,31 @@ def llama_decode_layers(layers: list[LlamaLayerHandle], h, cos, sin, caches, pos
     h, cos, sin = _step_rows(h, cos, sin, rows, first.dim, hd)
     if any((l.dim, l.head_dim, l.kv_heads) != (first.dim, hd, first.kv_heads) for l in layers):
         raise ValueError("the layers of one step must share D, head_dim and KV heads")
-    keys, values = ffi.new("uint16_t *[]", num_layers * rows), ffi.new("uint16_t *[]", num_layers * rows)
-    for b, (cache, pos) in enumerate(zip(caches, positions)):
-        if cache.dtype is not torch.float16 or not cache.is_cpu or not cache.is_contiguous() \
-                or cache.dim() != 5 or cache.shape[:2] != (num_layers, 2) \
-                or cache.shape[3:] != (first.kv_heads, hd) or not 0 <= pos < cache.shape[2]:
-            raise ValueError(f"row {b}: cache must be a contiguous CPU fp16 [{num_layers}, 2, S, "
-                             f"{first.kv_heads}, {hd}] with position {pos} in 0..S-1, got "
-                             f"{cache.dtype} {list(cache.shape)}")
-        base, layer_bytes, half_bytes = cache.data_ptr(), cache.stride(0) * 2, cache.stride(1) * 2
-        for i in range(num_layers):
-            keys[i * rows + b] = ffi.cast("uint16_t *", base + i * layer_bytes)
-            values[i * rows + b] = ffi.cast("uint16_t *", base + i * layer_bytes + half_bytes)
+    pointers = [_cache_pointers(cache, pos, b, first, num_layers) for b, (cache, pos)
+                in enumerate(zip(caches, positions))]
     _owner, work = _workspace(max(layer.work_floats for layer in layers))
-    cast, run = ffi.cast, lib.llama_decode_layer
-    hp, cp, sp = cast("float *", h.data_ptr()), cast("float *", cos.data_ptr()), cast("float *", sin.data_ptr())
-    pos = ffi.new("int64_t[]", [int(p) for p in positions])
-    for i, layer in enumerate(layers):
-        status = run(layer.struct, hp, rows, cp, sp, keys + i * rows, values + i * rows, pos,
-                     work, hp, threads)
-        if status:
-            check(status, f"llama_decode_layer (layer {i})")
+    cast = ffi.cast
+    failed = ffi.new("int64_t *")
+    status = lib.llama_decode_step(
+        ffi.new("KhLlamaLayer *[]", [layer.struct for layer in layers]), num_layers,
+        cast("float *", h.data_ptr()), rows, cast("float *", cos.data_ptr()),
+        cast("float *", sin.data_ptr()),
+        ffi.new("uint16_t *[]", [cast("uint16_t *", base) for base, _, _ in pointers]),
+        ffi.new("int64_t[]", [layer_halves for _, layer_halves, _ in pointers]),
+        ffi.new("int64_t[]", [v_halves for _, _, v_halves in pointers]),
+        ffi.new("int64_t[]", [int(p) for p in positions]), work, threads, failed)
+    if status:
+        check(status, f"llama_decode_layer (layer {failed[0]})")
     return h
+
+
+def _cache_pointers(cache, pos, b: int, layer: LlamaLayerHandle, num_layers: int = 1):
+    """Row b's whole cache [L, 2, S, KVH, hd] -> (address, halves from one layer's keys to the
+    next's, halves from its keys to its values); ValueError unless it fits the layers and pos."""
+    if cache.dtype is not torch.float16 or not cache.is_cpu or not cache.is_contiguous() \
+            or cache.dim() != 5 or cache.shape[:2] != (num_layers, 2) \
+            or cache.shape[3:] != (layer.kv_heads, layer.head_dim) or not 0 <= pos < cache.shape[2]:
+        raise ValueError(f"row {b}: cache must be a contiguous CPU fp16 [{num_layers}, 2, S, "
+                         f"{layer.kv_heads}, {layer.head_dim}] with position {pos} in 0..S-1, got "
+                         f"{cache.dtype} {list(cache.shape)}")
+    return cache.data_ptr(), cache.stride(0), cache.stride(1)

@@ -238,27 +238,3 @@ def test_shapes_the_c_call_cannot_take_are_refused_with_their_numbers():
     with pytest.raises(registry.KernelError, match="gemv must be one of"):
         reference.LlamaLayer(layer.attn_norm, layer.ffn_norm, layer.eps, layer.qkv, layer.o,
                              layer.gate_up, layer.down, 6, 3, 16, "w4a16_gemm")
-
-
-def test_the_step_wide_form_equals_one_call_per_layer():
-    """all_layers (the model's path) on whole caches [L, 2, S, KVH, hd] against the op per
-    layer on caches[b][i]: bit for bit, outputs and caches."""
-    layers = [CASE.make(torch.Generator().manual_seed(seed))[1] for seed in (10, 11, 12)]
-    h, _, cos, sin, kv, positions = fresh()
-    caches = [torch.stack([c.clone() for _ in layers]) for c in kv]   # B x [L, 2, S, KVH, hd]
-    per_layer = [c.clone() for c in caches]
-    want = h.clone()
-    for i, layer in enumerate(layers):
-        cpu_c.llama_decode_layer(want, layer, cos, sin, [c[i] for c in per_layer], positions,
-                                 out=want)
-    got = h.clone()
-    assert cpu_c.llama_decode_layer.all_layers(got, layers, cos, sin, caches, positions) is got
-    assert torch.equal(got, want)
-    assert all(torch.equal(a, b) for a, b in zip(caches, per_layer))
-
-
-def test_the_step_wide_form_refuses_a_cache_of_other_layers():
-    h, layer, cos, sin, kv, positions = fresh()
-    caches = [torch.stack([c, c]) for c in kv]  # 2 layers of cache for 3 layers of weights
-    with pytest.raises(registry.KernelError, match=r"\[3, 2, S"):
-        cpu_c.llama_decode_layer.all_layers(h, [layer] * 3, cos, sin, caches, positions)
