@@ -103,6 +103,12 @@ int64_t gemv_q8_work_floats(int64_t rows, int64_t k);
 int gemv_q8(const float *x, int64_t rows, const int8_t *qweight, const uint16_t *scales,
             int64_t n, int64_t k, float *work, float *out, int nthreads);
 int q8_simd(void);
+/* The embedding lookup of a Q8_0 tied embedding: out[r] = row ids[r] of W as fp32 (each weight
+ * code * scale, exact in fp32), W as gemv_q8 takes it (tiles 0) or as tiles_q8 does (tiles 1:
+ * n % 16 == 0). KH_EINVAL for an id outside 0..n-1. In C: the torch ops it replaces ran
+ * cold after each decode step's layers (~90 us for one row of SmolLM2, ~20 us warm). */
+int q8_embed(const int8_t *q, const uint16_t *s, int tiles, int64_t n, int64_t k,
+             const int64_t *ids, int64_t rows, float *out);
 
 /* MoE GEMVs for one token: route r multiplies x row (x_rows == 1 ? 0 : r) by expert
  * expert_ids[r] of a stack qweight [num_experts, n, k/2], scales/mins [num_experts,
@@ -228,11 +234,14 @@ int llama_decode_layer(const KhLlamaLayer *layer, const float *h, int64_t rows,
  * + v_halves[r] (v), in halves: row r's whole cache [L, 2, S_max, kv_heads, head_dim] gives
  * layer_halves = 2 S_max kv_heads head_dim and v_halves = S_max kv_heads head_dim. work:
  * the largest llama_decode_layer_work_floats(layers[i], rows). It stops at the first layer
- * that fails: its status, and its index in *failed (-1 when none did; failed may be NULL). */
+ * that fails: its status, and its index in *failed (-1 when none did; failed may be NULL).
+ * final_norm (NULL: none): after the layers, normed [rows, dim] = the RMS norm of h (as the
+ * layers' own norms) times final_norm [dim], eps final_eps. */
 int llama_decode_step(const KhLlamaLayer *const *layers, int64_t num_layers, float *h,
                       int64_t rows, const float *cos, const float *sin, uint16_t *const *cache,
                       const int64_t *layer_halves, const int64_t *v_halves,
-                      const int64_t *positions, float *work, int nthreads, int64_t *failed);
+                      const int64_t *positions, const float *final_norm, float final_eps,
+                      float *normed, float *work, int nthreads, int64_t *failed);
 
 /* The decode attention kernels llama_decode_layer runs for this head_dim (kimi_attn.c): 2
  * AVX-512 (head_dim % 16 == 0), 1 AVX2 (% 8), 0 the portable C; gemv_simd's cap caps them. */

@@ -76,3 +76,26 @@ int gemv_q8(const float *x, int64_t rows, const int8_t *qweight, const uint16_t 
     kh_parallel_rows(q8_rows, &job, n, n * k, nthreads, 1);
     return KH_OK;
 }
+
+int q8_embed(const int8_t *q, const uint16_t *s, int tiles, int64_t n, int64_t k,
+             const int64_t *ids, int64_t rows, float *out)
+{
+    int64_t r, c, nb = k / KH_Q8_BLOCK;
+    if (!q || !s || !ids || !out || rows < 0 || n <= 0 || k <= 0 || k % KH_Q8_BLOCK
+        || (tiles && n % KH_TILE))
+        return KH_EINVAL;
+    for (r = 0; r < rows; r++)
+        if (ids[r] < 0 || ids[r] >= n) return KH_EINVAL;
+    for (r = 0; r < rows; r++) {
+        int64_t id = ids[r], tile = id / KH_TILE, lane = id % KH_TILE;
+        float *y = out + r * k;
+        for (c = 0; c < k; c++) {
+            int64_t b = c / KH_Q8_BLOCK;
+            int8_t code = tiles ? q[((tile * (k / 4) + c / 4) * KH_TILE + lane) * 4 + c % 4]
+                                : q[id * k + c];
+            uint16_t scale = tiles ? s[(tile * nb + b) * KH_TILE + lane] : s[id * nb + b];
+            y[c] = (float)code * kh_half_to_float(scale);
+        }
+    }
+    return KH_OK;
+}

@@ -89,6 +89,23 @@ def tiles_q8(q, scales, x, out=None, threads: int = 1):
     return out
 
 
+def q8_embed(q, scales, tiles: bool, ids) -> "torch.Tensor":
+    """Rows ids ([T] int64) of a Q8_0 table (q int8 [V, D], scales fp16 [V, D/32], in the
+    CPU's tiles when `tiles`, as tiles_q8 takes them) as fp32 [T, D]: code * scale, exact."""
+    require()
+    v, d = q.shape
+    ids = ids.to(torch.int64).contiguous()
+    out = torch.empty(ids.numel(), d, dtype=torch.float32)
+    cast = ffi.cast
+    status = lib.q8_embed(cast("int8_t *", q.data_ptr()), cast("uint16_t *", scales.data_ptr()),
+                          int(bool(tiles)), v, d, cast("int64_t *", ids.data_ptr()), ids.numel(),
+                          cast("float *", out.data_ptr()))
+    if status:
+        raise ValueError(f"q8_embed: a token id outside 0..{v - 1} in {ids.tolist()[:8]}, or a "
+                         f"table of {list(q.shape)} it cannot take")
+    return out
+
+
 def q8_simd() -> int:
     """The Q8_0 head's kernel under the current caps: w4a8_simd's level (INT8_LEVELS)."""
     require()

@@ -83,13 +83,15 @@ def _step_rows(h, cos, sin, rows: int, dim: int, hd: int):
 
 
 def llama_decode_layers(layers: list[LlamaLayerHandle], h, cos, sin, caches, positions,
-                        threads: int = 1):
+                        threads: int = 1, final_norm=None, final_eps: float = 0.0):
     """Every layer of one decode step, in order, layer i on layer i of every row's cache: h
     [B, D] fp32 updated in place and returned. caches: B whole fp16 caches [L, 2, S_max, KVH,
     hd] (L = len(layers)); cos, sin [B, hd]. The same computation as calling
     llama_decode_layer per layer with caches[b][i], in one C call: its per-layer checks and
     casts were ~29 us a layer, and the per-layer calls' pointers and transitions still ~60 us
-    of a 2.7 ms SmolLM2 step at 1 row, ~170 us of 5.5 ms at 8 (verify steps)."""
+    of a 2.7 ms SmolLM2 step at 1 row, ~170 us of 5.5 ms at 8 (verify steps). final_norm
+    ([D] fp32, eps final_eps): the model's last norm in the same call, its result returned
+    as a new [B, D] (h still updated)."""
     require()
     if not layers:
         return h
@@ -107,6 +109,14 @@ def llama_decode_layers(layers: list[LlamaLayerHandle], h, cos, sin, caches, pos
     _owner, work = _workspace(max(layer.work_floats for layer in layers))
     cast = ffi.cast
     failed = ffi.new("int64_t *")
+    normed, norm_weight = ffi.NULL, ffi.NULL
+    if final_norm is not None:
+        if final_norm.dtype is not torch.float32 or not final_norm.is_cpu \
+                or not final_norm.is_contiguous() or tuple(final_norm.shape) != (first.dim,):
+            raise ValueError(f"final_norm must be a contiguous CPU fp32 [{first.dim}], got "
+                             f"{final_norm.dtype} {list(final_norm.shape)}")
+        out = torch.empty_like(h)
+        normed, norm_weight = cast("float *", out.data_ptr()), cast("float *", final_norm.data_ptr())
     status = lib.llama_decode_step(
         ffi.new("KhLlamaLayer *[]", [layer.struct for layer in layers]), num_layers,
         cast("float *", h.data_ptr()), rows, cast("float *", cos.data_ptr()),
@@ -114,10 +124,11 @@ def llama_decode_layers(layers: list[LlamaLayerHandle], h, cos, sin, caches, pos
         ffi.new("uint16_t *[]", [cast("uint16_t *", base) for base, _, _ in pointers]),
         ffi.new("int64_t[]", [layer_halves for _, layer_halves, _ in pointers]),
         ffi.new("int64_t[]", [v_halves for _, _, v_halves in pointers]),
-        ffi.new("int64_t[]", [int(p) for p in positions]), work, threads, failed)
+        ffi.new("int64_t[]", [int(p) for p in positions]), norm_weight, float(final_eps), normed,
+        work, threads, failed)
     if status:
         check(status, f"llama_decode_layer (layer {failed[0]})")
-    return h
+    return h if final_norm is None else out
 
 
 def _cache_pointers(cache, pos, b: int, layer: LlamaLayerHandle, num_layers: int = 1):

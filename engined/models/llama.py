@@ -246,12 +246,12 @@ class LlamaModel:
         with self._decode_threads():
             cos, sin = self.rope.at_positions(positions)  # [B, hd]
             h = self.embedding.embed(tokens.to(self.device))  # [B, D]
-            if self.decode_layer is not None:  # one native call per layer, h updated in place
-                h = self.decode_layer.all_layers(h.float().contiguous(), self.decode_layers, cos,
-                                                 sin, [c.data for c in caches], positions)
-            else:
-                for i, block in enumerate(self.blocks):
-                    h = block.decode_batch(h, cos, sin, [cache.data[i] for cache in caches], positions)
+            if self.decode_layer is not None:  # one native call: the layers, then the norm
+                return self.embedding.logits(self.decode_layer.all_layers(
+                    h, self.decode_layers, cos, sin, [c.data for c in caches], positions,
+                    final_norm=self.final_norm))  # [B, V]
+            for i, block in enumerate(self.blocks):
+                h = block.decode_batch(h, cos, sin, [cache.data[i] for cache in caches], positions)
             return self.embedding.logits(self.final_norm(h))  # [B, V]
 
     def _decode_threads(self):

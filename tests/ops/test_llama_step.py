@@ -98,9 +98,29 @@ def test_a_failing_layer_stops_the_step_and_says_which():
         ffi.new("uint16_t *[]", [ptr(c, "uint16_t *") for c in caches]),
         ffi.new("int64_t[]", [c.stride(0) for c in caches]),
         ffi.new("int64_t[]", [c.stride(1) for c in caches]),
-        ffi.new("int64_t[]", positions), ptr(owner), 2, failed)
+        ffi.new("int64_t[]", positions), ffi.NULL, 0.0, ffi.NULL, ptr(owner), 2, failed)
     assert (status, failed[0]) == (lib.KH_EINVAL, 2)
     assert torch.equal(h, want)
+
+
+def test_the_final_norm_comes_after_the_layers_in_the_same_call():
+    """final_norm: the step's h as without it, and its RMS norm (against float64) returned."""
+    from engined.layers.rmsnorm import RMSNorm
+    layers = three_layers()
+    h, _, cos, sin, kv, positions = fresh()
+    caches = [torch.stack([c.clone() for _ in layers]) for c in kv]
+    want, _ = per_layer(h, layers, cos, sin, caches, positions)
+    norm = RMSNorm.from_weight(1 + 0.1 * torch.randn(96, generator=torch.Generator().manual_seed(6)), 1e-5)
+    got = h.clone()
+    normed = cpu_c.llama_decode_layer.all_layers(got, layers, cos, sin, caches, positions,
+                                                 final_norm=norm)
+    assert torch.equal(got, want)
+    x = want.double()
+    plain = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight.double()
+    assert torch.allclose(normed.double(), plain, rtol=1e-6, atol=1e-6)
+    with pytest.raises(registry.KernelError, match=r"final_norm must be a contiguous CPU fp32 \[96\]"):
+        cpu_c.llama_decode_layer.all_layers(h, layers, cos, sin, caches, positions,
+                                            final_norm=RMSNorm.from_weight(torch.ones(95), 1e-5))
 
 
 def test_the_step_wide_form_refuses_a_cache_of_other_layers():

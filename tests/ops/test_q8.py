@@ -165,3 +165,17 @@ def test_the_head_tiles_in_place_a_block_at_a_time():
     reference.PackedQ8(copy.q, copy.scales, tiles=True).tile_in_place_(back=True, block_rows=48)
     assert torch.equal(copy.q, w.q) and torch.equal(copy.scales, w.scales)
 
+
+
+def test_the_c_lookup_is_the_dequantized_rows_in_either_layout():
+    """helper.q8_embed (the embedding's CPU path) against PackedQ8.dequantize, bit for bit:
+    code * scale is exact in fp32. An id outside the table is refused with the ids."""
+    w = random_q8(torch.Generator().manual_seed(13), 48, 96)
+    ids = torch.tensor([0, 47, 16, 16, 31])
+    want = w.dequantize(ids, torch.float32)
+    assert torch.equal(helper.q8_embed(w.q, w.scales, False, ids), want)
+    tiled = w.in_tiles()
+    assert torch.equal(helper.q8_embed(tiled.q, tiled.scales, True, ids), want)
+    assert torch.equal(Q8TiedEmbedding(tiled).embed(ids), want)
+    with pytest.raises(ValueError, match=r"outside 0\.\.47 in \[3, 48\]"):
+        helper.q8_embed(w.q, w.scales, False, torch.tensor([3, 48]))

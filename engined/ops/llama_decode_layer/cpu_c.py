@@ -42,14 +42,16 @@ def llama_decode_layer(h: torch.Tensor, layer: LlamaLayer, cos: torch.Tensor, si
 
 
 def llama_decode_layers(h: torch.Tensor, layers: list[LlamaLayer], cos: torch.Tensor,
-                        sin: torch.Tensor, caches: list[torch.Tensor], positions: list[int]
-                        ) -> torch.Tensor:
-    """Every layer of a decode step through the call above, layer i on caches[b][i] (caches:
-    B whole caches [L, 2, S_max, KVH, hd]); h [B, D] fp32 updated in place. The step's checks
-    and pointers are made once, not per layer."""
+                        sin: torch.Tensor, caches: list[torch.Tensor], positions: list[int],
+                        final_norm=None) -> torch.Tensor:
+    """Every layer of a decode step, as the call above on each, layer i on caches[b][i]
+    (caches: B whole caches [L, 2, S_max, KVH, hd]); h [B, D] fp32 updated in place and
+    returned, or with final_norm (an RMSNorm: weight [D] fp32, eps) its norm of h, [B, D].
+    One C call (helper.llama_decode_layers): the checks and pointers made once."""
+    weight, eps = (None, 0.0) if final_norm is None else (final_norm.weight, final_norm.eps)
     try:
         return helper.llama_decode_layers([c_layer(layer) for layer in layers], h, cos, sin,
-                                          caches, positions, num_threads())
+                                          caches, positions, num_threads(), weight, eps)
     except ValueError as exc:
         raise registry.KernelError(f"llama_decode_layer: {exc}") from None
 
