@@ -135,7 +135,11 @@ class Engine:
         if batch.kind == "prefill":
             return [self.prefill(batch.seqs[0]).float()]
         self.metrics.decode_batch_size.observe(len(batch.seqs))
-        return list(self.decode(batch.seqs).float().split([len(s.draft) + 1 for s in batch.seqs]))
+        logits = self.decode(batch.seqs)
+        logits = logits if logits.dtype is torch.float32 else logits.float()
+        if len(batch.seqs) == 1:  # no split: each torch op of a step runs cold (~5 us) on the CPU
+            return [logits]
+        return list(logits.split([len(s.draft) + 1 for s in batch.seqs]))
 
     def prefill(self, seq: Sequence) -> torch.Tensor:
         """The next chunk of the prompt into the KV cache; every row kept when scoring.
@@ -180,7 +184,8 @@ class Engine:
         if drawing:
             seqs = [batch.seqs[i] for i in drawing]
             counts = [len(s.draft) + 1 for s in seqs]
-            parts = [logits[i][-n:] for i, n in zip(drawing, counts)]
+            parts = [logits[i] if logits[i].shape[0] == n else logits[i][-n:]
+                     for i, n in zip(drawing, counts)]
             rows = parts[0] if len(parts) == 1 else torch.cat(parts)  # [R, V]
             each = [(s, r) for s, n in zip(seqs, counts) for r in range(n)]
             rows = penalties.adjusted(rows, each)  # logit_bias and the penalties, row r after r drafts
@@ -205,24 +210,25 @@ class Engine:
             seq.finish("length")
         else:
             with seq.step_events:
-                self._append_drawn(seq, logits[len(logits) - len(token_ids):], token_ids)
+                self._append_drawn(seq, logits, len(logits) - len(token_ids), token_ids)
         if seq.is_finished:
             self._observe_finished(seq)
             self.scheduler.finish(seq)
             self._release(seq)
             self._update_gauges()
 
-    def _append_drawn(self, seq: Sequence, logits: torch.Tensor, token_ids: list[int]):
-        """token_ids[j]: the draw after input j (the last token, then the drafts). Draft j
-        stands when draw j - 1 equals it; the draws up to the first that does not are the
-        sequence's next tokens, exactly those a plain decode draws one step at a time."""
+    def _append_drawn(self, seq: Sequence, logits: torch.Tensor, first: int, token_ids: list[int]):
+        """token_ids[j]: the draw after input j (the last token, then the drafts), from
+        logits row first + j. Draft j stands when draw j - 1 equals it; the draws up to the
+        first that does not are the sequence's next tokens, exactly those a plain decode
+        draws one step at a time."""
         draft = seq.draft
         accepted = next((j for j, token_id in enumerate(draft) if token_ids[j] != token_id),
                         len(draft))
         if draft:  # counted before a token can end the request: its response reads the counts
             self.speculator.verified(seq, len(draft), accepted)
         for j in range(accepted + 1):
-            self._append_sampled(seq, logits[j], token_ids[j])
+            self._append_sampled(seq, logits, first + j, token_ids[j])
             # a stop token, drafted or not; or a client that left during the step: it reads
             # none of the rest, and its sequence is dropped before the next step
             if seq.is_finished or seq.is_cancelled:
@@ -238,10 +244,11 @@ class Engine:
         self._release(seq)
         seq.fail(InternalError(f"model error: {exc}"))
 
-    def _append_sampled(self, seq: Sequence, last_logits: torch.Tensor, token_id: int):
+    def _append_sampled(self, seq: Sequence, logits: torch.Tensor, row: int, token_id: int):
+        """token_id, drawn from logits[row] (read only for the logprobs it asks for)."""
         logprob = None
         if seq.params.num_top_logprobs is not None:
-            logprob = sampler.token_logprob(last_logits, token_id, seq.params.num_top_logprobs)
+            logprob = sampler.token_logprob(logits[row], token_id, seq.params.num_top_logprobs)
         if seq.is_cancelled:
             self.metrics.tokens_after_cancel.inc()
         if seq.first_token_time is None:

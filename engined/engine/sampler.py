@@ -48,38 +48,50 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[
     if grammars is not None and any(g is not None for g in grammars):
         logits = grammar_matcher.masked(logits, grammars, observe_mask,
                                         [p.is_greedy for p in params])
-    chosen = argmax_rows(logits)                                        # [B] greedy
     drawn = [b for b, p in enumerate(params) if not p.is_greedy]
-    if drawn:
-        rows = torch.tensor(drawn, device=device)
-        temperature = torch.tensor([params[b].temperature for b in drawn], device=device)
-        top_k = torch.tensor([params[b].top_k for b in drawn], device=device)
-        top_p = torch.tensor([params[b].top_p for b in drawn], device=device)
-        min_p = (torch.tensor([params[b].min_p for b in drawn], device=device)
-                 if any(params[b].min_p > 0 for b in drawn) else None)   # None: no row's, no sync
-        u = uniforms(torch.tensor([seeds[b] for b in drawn], device=device),
-                     torch.tensor([counters[b] for b in drawn], device=device))
-        chosen[rows] = _draw(logits[rows].float() / temperature[:, None], top_k, top_p, u, min_p)
+    if not drawn:  # all greedy: the ids as a list without a torch op (each runs cold, ~5 us)
+        return argmax_list(logits)
+    chosen = argmax_rows(logits)                                        # [B] greedy
+    rows = torch.tensor(drawn, device=device)
+    temperature = torch.tensor([params[b].temperature for b in drawn], device=device)
+    top_k = torch.tensor([params[b].top_k for b in drawn], device=device)
+    top_p = torch.tensor([params[b].top_p for b in drawn], device=device)
+    min_p = (torch.tensor([params[b].min_p for b in drawn], device=device)
+             if any(params[b].min_p > 0 for b in drawn) else None)   # None: no row's, no sync
+    u = uniforms(torch.tensor([seeds[b] for b in drawn], device=device),
+                 torch.tensor([counters[b] for b in drawn], device=device))
+    chosen[rows] = _draw(logits[rows].float() / temperature[:, None], top_k, top_p, u, min_p)
     return chosen.tolist()
 
 
 _numpy = None  # the numpy module once looked for; False where it is not installed
 
 
+def argmax_list(logits: torch.Tensor) -> list[int]:
+    """argmax_rows(logits).tolist(), with no torch op where numpy's argmax runs."""
+    found = _numpy_argmax(logits)
+    return found.tolist() if found is not None else logits.argmax(-1).tolist()
+
+
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """[B, V] -> [B] int64, each row's first maximum. On the CPU numpy's: 2.6 us for 49,152
     fp32 logits where torch's takes 26 (one thread, the 2-core EPYC), every decode step.
     The GPU image has no numpy: there (and on any device but the CPU) torch's."""
+    found = _numpy_argmax(logits)
+    return torch.from_numpy(found) if found is not None else logits.argmax(-1)
+
+
+def _numpy_argmax(logits: torch.Tensor):
+    """numpy's row argmax of CPU fp32 logits where numpy is installed, else None."""
     global _numpy
-    if logits.device.type == "cpu" and logits.dtype == torch.float32:
-        if _numpy is None:
-            try:
-                import numpy as _numpy
-            except ImportError:
-                _numpy = False
-        if _numpy:
-            return torch.from_numpy(logits.numpy().argmax(-1))
-    return logits.argmax(-1)
+    if logits.device.type != "cpu" or logits.dtype != torch.float32:
+        return None
+    if _numpy is None:
+        try:
+            import numpy as _numpy
+        except ImportError:
+            _numpy = False
+    return logits.numpy().argmax(-1) if _numpy else None
 
 
 def _draw(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

@@ -94,7 +94,8 @@ def q8_embed(q, scales, tiles: bool, ids) -> "torch.Tensor":
     CPU's tiles when `tiles`, as tiles_q8 takes them) as fp32 [T, D]: code * scale, exact."""
     require()
     v, d = q.shape
-    ids = ids.to(torch.int64).contiguous()
+    if ids.dtype is not torch.int64 or not ids.is_contiguous():
+        ids = ids.to(torch.int64).contiguous()
     out = torch.empty(ids.numel(), d, dtype=torch.float32)
     cast = ffi.cast
     status = lib.q8_embed(cast("int8_t *", q.data_ptr()), cast("uint16_t *", scales.data_ptr()),

@@ -106,7 +106,9 @@ class Q8TiedEmbedding:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] fp32 -> [T, V] fp32
-        return self._head(x.float().contiguous(), self.packed)
+        if x.dtype is not torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        return self._head(x, self.packed)
 
     @property
     def nbytes(self) -> int:

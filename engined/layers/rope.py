@@ -31,8 +31,9 @@ class RotaryEmbedding:
     def at_positions(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         # -> cos, sin: [B, hd], row i for positions[i]
         self._grow(max(positions) + 1)
-        if len(positions) == 1:
-            return self.cos_sin(positions[0], 1)
+        first = positions[0]
+        if positions == list(range(first, first + len(positions))):  # one row, or a verify step
+            return self.cos_sin(first, len(positions))  # views: no gather (each op runs cold)
         index = torch.tensor(positions)
         return self._cos[index], self._sin[index]
 

@@ -216,7 +216,7 @@ def test_a_draft_that_ends_the_request_counts_as_accepted(llama):
                    NullDecoder())
     seq.spec = (speculate.PromptLookup(seq.prompt_ids), speculate.DraftLength())
     seq.draft = [6, 7, 8]
-    engine._append_drawn(seq, torch.zeros(4, 10), [6, 7, 9, 9])
+    engine._append_drawn(seq, torch.zeros(4, 10), 0, [6, 7, 9, 9])
     assert seq.output_ids == [6, 7] and seq.finish_reason == "stop"
     assert (seq.spec[1].num_drafted, seq.spec[1].num_accepted) == (3, 2)
 
