@@ -161,18 +161,25 @@ def unix_post(sock: str, path: str, body: "dict | str", stream: bool = False):
 
 
 def stream_text_times(sock: str, prompt, max_tokens: int) -> tuple[float, float, int]:
-    """One greedy streamed /v1/completions call over the engine's socket ->
-    (perf_counter of the first text chunk, of the last, number of text chunks)."""
+    """One greedy streamed /v1/completions call over the engine's socket -> (perf_counter of
+    the first chunk of tokens, of the last, 1 + the tokens after the first chunk): so (count - 1)
+    / (last - first) is decode tok/s. Tokens, not chunks: a chunk carries a step's tokens, a
+    verify step's accepted drafts too (07493a6), so counting chunks read speculation's rate
+    as the rate of its steps."""
     conn, resp = unix_post(sock, "/v1/completions", {
         "model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "stream": True, "ignore_eos": True})
+        "stream": True, "ignore_eos": True, "return_token_ids": True})
     first = last = None
     count = 0
     for raw in resp:
         line = raw.strip()
-        if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0].get("text"):
+        if not line.startswith(b"data: {"):
+            continue
+        ids = json.loads(line[6:])["choices"][0].get("token_ids") or ()
+        if ids:  # a chunk of tokens (its text may wait for the rest of a character)
             last = time.perf_counter()
-            first, count = first or last, count + 1
+            count += 1 if first is None else len(ids)
+            first = first or last
     conn.close()
     return first, last, count
 

@@ -1,0 +1,57 @@
+"""bench/common.py's stream_text_times, the decode rate of bench/decode.py, ab_engine.py and
+agent_turns.py, against a canned stream on a Unix socket: it counts tokens, not chunks (a
+chunk carries a step's tokens, a speculating step's accepted drafts too)."""
+import http.server
+import importlib.util
+import json
+import shutil
+import socketserver
+import threading
+
+from tests.support.bench import BENCH
+from tests.support.engine import short_tmpdir
+
+# the prefill's token; a verify step's 4; a step whose token waits for the rest of its
+# character (ids, no text yet); then one more token; then the usage chunk (no ids)
+CHUNKS = [{"text": "Hi", "token_ids": [1]}, {"text": " there,", "token_ids": [2, 3, 4, 5]},
+          {"text": "", "token_ids": [6]}, {"text": "é", "token_ids": [7]}, {"text": ""}]
+
+
+class Canned(http.server.BaseHTTPRequestHandler):
+    bodies: list = []
+
+    def do_POST(self):
+        Canned.bodies.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        for chunk in CHUNKS:
+            self.wfile.write(b"data: " + json.dumps({"choices": [chunk]}).encode() + b"\n\n")
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args):
+        pass
+
+
+class UnixHTTP(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    def get_request(self):
+        request, _ = super().get_request()
+        return request, ("unix", 0)  # BaseHTTPRequestHandler wants a (host, port)
+
+
+def test_a_chunk_of_several_tokens_counts_each():
+    spec = importlib.util.spec_from_file_location("bench_common_streams", BENCH / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    tmp = short_tmpdir()
+    server = UnixHTTP(f"{tmp}/canned.sock", Canned)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        first, last, count = common.stream_text_times(f"{tmp}/canned.sock", [5, 6], 8)
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(tmp)
+    assert count == 1 + 4 + 1 + 1  # the first chunk as one, then every token after it
+    assert first <= last
+    assert Canned.bodies[-1]["return_token_ids"] is True and Canned.bodies[-1]["stream"] is True
