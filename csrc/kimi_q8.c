@@ -80,21 +80,26 @@ int gemv_q8(const float *x, int64_t rows, const int8_t *qweight, const uint16_t 
 int q8_embed(const int8_t *q, const uint16_t *s, int tiles, int64_t n, int64_t k,
              const int64_t *ids, int64_t rows, float *out)
 {
-    int64_t r, c, nb = k / KH_Q8_BLOCK;
+    int64_t r, b, c, nb = k / KH_Q8_BLOCK;
     if (!q || !s || !ids || !out || rows < 0 || n <= 0 || k <= 0 || k % KH_Q8_BLOCK
         || (tiles && n % KH_TILE))
         return KH_EINVAL;
     for (r = 0; r < rows; r++)
         if (ids[r] < 0 || ids[r] >= n) return KH_EINVAL;
-    for (r = 0; r < rows; r++) {
+    for (r = 0; r < rows; r++) { /* per block: its scale once, then its 32 codes */
         int64_t id = ids[r], tile = id / KH_TILE, lane = id % KH_TILE;
         float *y = out + r * k;
-        for (c = 0; c < k; c++) {
-            int64_t b = c / KH_Q8_BLOCK;
-            int8_t code = tiles ? q[((tile * (k / 4) + c / 4) * KH_TILE + lane) * 4 + c % 4]
-                                : q[id * k + c];
-            uint16_t scale = tiles ? s[(tile * nb + b) * KH_TILE + lane] : s[id * nb + b];
-            y[c] = (float)code * kh_half_to_float(scale);
+        for (b = 0; b < nb; b++) {
+            float scale = kh_half_to_float(tiles ? s[(tile * nb + b) * KH_TILE + lane] : s[id * nb + b]);
+            for (c = b * KH_Q8_BLOCK; c < (b + 1) * KH_Q8_BLOCK; c += 4) {
+                /* tiles: inputs c..c+3 of row id are 4 bytes at chunk c/4, lane `lane` */
+                const int8_t *codes = tiles ? q + ((tile * (k / 4) + c / 4) * KH_TILE + lane) * 4
+                                            : q + id * k + c;
+                y[c] = (float)codes[0] * scale;
+                y[c + 1] = (float)codes[1] * scale;
+                y[c + 2] = (float)codes[2] * scale;
+                y[c + 3] = (float)codes[3] * scale;
+            }
         }
     }
     return KH_OK;

@@ -95,6 +95,8 @@ class PromptLookup:
                     n += 1
                 if n > longest:
                     best, longest = after, n
+                    if n >= MAX_MATCH:  # no earlier one can match further back
+                        break
             self.match = longest
             return tokens[best:best + k]
         for n in (2, 1):
