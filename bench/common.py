@@ -171,16 +171,22 @@ def stream_text_times(sock: str, prompt, max_tokens: int) -> tuple[float, float,
         "stream": True, "ignore_eos": True, "return_token_ids": True})
     first = last = None
     count = 0
+    text_chunks = []  # an engine older than return_token_ids (ab_engine.py's --base): by chunk
     for raw in resp:
         line = raw.strip()
         if not line.startswith(b"data: {"):
             continue
-        ids = json.loads(line[6:])["choices"][0].get("token_ids") or ()
+        choice = json.loads(line[6:])["choices"][0]
+        ids = choice.get("token_ids") or ()
+        if choice.get("text"):
+            text_chunks.append(time.perf_counter())
         if ids:  # a chunk of tokens (its text may wait for the rest of a character)
             last = time.perf_counter()
             count += 1 if first is None else len(ids)
             first = first or last
     conn.close()
+    if first is None and text_chunks:
+        return text_chunks[0], text_chunks[-1], len(text_chunks)
     return first, last, count
 
 

@@ -206,7 +206,9 @@ int llama_decode_step(const KhLlamaLayer *const *layers, int64_t num_layers, flo
         || !v_halves || (final_norm && (!normed || num_layers == 0)))
         return KH_EINVAL;
     for (r = 0; r < rows; r++)
-        if (!cache[r]) return KH_EINVAL;
+        if (!cache[r] || layer_halves[r] < 0 || v_halves[r] < 0) return KH_EINVAL;
+    for (i = 0; i < num_layers; i++) /* the final norm is over layers[0]'s dim */
+        if (layers[i] && layers[i]->dim != layers[0]->dim) return KH_EINVAL;
     was = kh_wake_all(1);
     for (i = 0; i < num_layers && status == KH_OK; i++) {
         for (r = 0; r < rows; r++) {

@@ -94,9 +94,19 @@ def q8_embed(q, scales, tiles: bool, ids) -> "torch.Tensor":
     CPU's tiles when `tiles`, as tiles_q8 takes them) as fp32 [T, D]: code * scale, exact."""
     require()
     v, d = q.shape
+    if d % 32 or q.dtype is not torch.int8 or scales.dtype is not torch.float16 \
+            or tuple(scales.shape) != (v, d // 32) or (tiles and v % int(lib.KH_TILE)) \
+            or not (q.is_cpu and scales.is_cpu and q.is_contiguous() and scales.is_contiguous()):
+        raise ValueError(f"q8_embed needs contiguous CPU int8 [V, D] and fp16 [V, D/32]"
+                         f"{f', V a multiple of {int(lib.KH_TILE)}' if tiles else ''}, got "
+                         f"{q.dtype} {list(q.shape)} and {scales.dtype} {list(scales.shape)}")
+    if ids.dim() != 1 or not ids.is_cpu:
+        raise ValueError(f"q8_embed needs token ids [T] on the CPU, got {list(ids.shape)} on {ids.device}")
     if ids.dtype is not torch.int64 or not ids.is_contiguous():
         ids = ids.to(torch.int64).contiguous()
     out = torch.empty(ids.numel(), d, dtype=torch.float32)
+    if not ids.numel():
+        return out
     cast = ffi.cast
     status = lib.q8_embed(cast("int8_t *", q.data_ptr()), cast("uint16_t *", scales.data_ptr()),
                           int(bool(tiles)), v, d, cast("int64_t *", ids.data_ptr()), ids.numel(),

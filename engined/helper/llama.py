@@ -55,6 +55,8 @@ def llama_decode_layer(layer: LlamaLayerHandle, h, cos, sin, kv, positions, out=
     require()
     h, cos, sin = _step_rows(h, cos, sin, len(kv), layer.dim, layer.head_dim)
     out = _out(out, tuple(h.shape))
+    if out.data_ptr() != h.data_ptr():
+        out.copy_(h)  # then in place on out: torch refuses an out that partly overlaps h
     if len(positions) != len(kv):
         raise ValueError(f"{len(kv)} caches and {len(positions)} positions must agree")
     pointers = [_cache_pointers(cache.unsqueeze(0), pos, b, layer) for b, (cache, pos)
@@ -64,7 +66,7 @@ def llama_decode_layer(layer: LlamaLayerHandle, h, cos, sin, kv, positions, out=
                                       for base, _, v_halves in pointers])
     _owner, work = _workspace(layer.work_floats)
     cast = ffi.cast
-    check(lib.llama_decode_layer(layer.struct, cast("float *", h.data_ptr()), len(kv),
+    check(lib.llama_decode_layer(layer.struct, cast("float *", out.data_ptr()), len(kv),
                                  cast("float *", cos.data_ptr()), cast("float *", sin.data_ptr()),
                                  keys, values, ffi.new("int64_t[]", [int(p) for p in positions]),
                                  work, cast("float *", out.data_ptr()), threads),
@@ -94,6 +96,8 @@ def llama_decode_layers(layers: list[LlamaLayerHandle], h, cos, sin, caches, pos
     as a new [B, D] (h still updated)."""
     require()
     if not layers:
+        if final_norm is not None:
+            raise ValueError("a final norm needs the step's layers (none given)")
         return h
     first = layers[0]
     rows, hd, num_layers = len(caches), first.head_dim, len(layers)
@@ -127,7 +131,7 @@ def llama_decode_layers(layers: list[LlamaLayerHandle], h, cos, sin, caches, pos
         ffi.new("int64_t[]", [int(p) for p in positions]), norm_weight, float(final_eps), normed,
         work, threads, failed)
     if status:
-        check(status, f"llama_decode_layer (layer {failed[0]})")
+        check(status, f"llama_decode_layer (layer {failed[0]})" if failed[0] >= 0 else "llama_decode_step")
     return h if final_norm is None else out
 
 

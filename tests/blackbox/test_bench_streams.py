@@ -19,13 +19,14 @@ CHUNKS = [{"text": "Hi", "token_ids": [1]}, {"text": " there,", "token_ids": [2,
 
 class Canned(http.server.BaseHTTPRequestHandler):
     bodies: list = []
+    chunks: list = CHUNKS
 
     def do_POST(self):
         Canned.bodies.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.end_headers()
-        for chunk in CHUNKS:
+        for chunk in Canned.chunks:
             self.wfile.write(b"data: " + json.dumps({"choices": [chunk]}).encode() + b"\n\n")
         self.wfile.write(b"data: [DONE]\n\n")
 
@@ -39,19 +40,30 @@ class UnixHTTP(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         return request, ("unix", 0)  # BaseHTTPRequestHandler wants a (host, port)
 
 
-def test_a_chunk_of_several_tokens_counts_each():
+def stream_times(chunks: list) -> tuple:
     spec = importlib.util.spec_from_file_location("bench_common_streams", BENCH / "common.py")
     common = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(common)
+    Canned.chunks = chunks
     tmp = short_tmpdir()
     server = UnixHTTP(f"{tmp}/canned.sock", Canned)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        first, last, count = common.stream_text_times(f"{tmp}/canned.sock", [5, 6], 8)
+        return common.stream_text_times(f"{tmp}/canned.sock", [5, 6], 8)
     finally:
         server.shutdown()
         server.server_close()
         shutil.rmtree(tmp)
+
+
+def test_a_chunk_of_several_tokens_counts_each():
+    first, last, count = stream_times(CHUNKS)
     assert count == 1 + 4 + 1 + 1  # the first chunk as one, then every token after it
     assert first <= last
     assert Canned.bodies[-1]["return_token_ids"] is True and Canned.bodies[-1]["stream"] is True
+
+
+def test_an_engine_without_token_ids_is_counted_by_text_chunk():
+    """ab_engine.py's --base may predate return_token_ids: its chunks then count one each."""
+    first, last, count = stream_times([{"text": "a"}, {"text": "b"}, {"text": ""}, {"text": "c"}])
+    assert count == 3 and first <= last

@@ -123,6 +123,27 @@ def test_the_final_norm_comes_after_the_layers_in_the_same_call():
                                             final_norm=RMSNorm.from_weight(torch.ones(95), 1e-5))
 
 
+def test_the_c_step_refuses_layers_of_other_widths_and_a_norm_with_no_layers():
+    """The final norm is over one width: a step whose layers differ in it is refused in C
+    (the Python wrapper refuses it too), and a norm asked for with no layers in Python."""
+    from engined.helper.core import ffi, lib
+    from tests.ops.layer_cases import LLAMA_LAYER as cases
+    wide = cpu_c.c_layer(cases[2].make(torch.Generator().manual_seed(2))[1])   # D 96
+    narrow = cpu_c.c_layer(cases[0].make(torch.Generator().manual_seed(0))[1])  # D 64
+    h = torch.zeros(1, 96)
+    cache = torch.zeros(2, 2, 4, 2, 32, dtype=torch.float16)
+    ptr = lambda t, kind="float *": ffi.cast(kind, t.data_ptr())  # noqa: E731
+    failed = ffi.new("int64_t *")
+    status = lib.llama_decode_step(
+        ffi.new("KhLlamaLayer *[]", [wide.struct, narrow.struct]), 2, ptr(h), 1, ptr(h), ptr(h),
+        ffi.new("uint16_t *[]", [ptr(cache, "uint16_t *")]), ffi.new("int64_t[]", [cache.stride(0)]),
+        ffi.new("int64_t[]", [cache.stride(1)]), ffi.new("int64_t[]", [0]), ffi.NULL, 0.0,
+        ffi.NULL, ptr(torch.zeros(1 << 16)), 1, failed)
+    assert (status, failed[0]) == (lib.KH_EINVAL, -1)
+    with pytest.raises(ValueError, match="a final norm needs the step's layers"):
+        helper.llama_decode_layers([], h, h, h, [], [], 1, torch.ones(96), 1e-5)
+
+
 def test_the_step_wide_form_refuses_a_cache_of_other_layers():
     h, layer, cos, sin, kv, positions = fresh()
     caches = [torch.stack([c, c]) for c in kv]  # 2 layers of cache for 3 layers of weights

@@ -179,3 +179,12 @@ def test_the_c_lookup_is_the_dequantized_rows_in_either_layout():
     assert torch.equal(Q8TiedEmbedding(tiled).embed(ids), want)
     with pytest.raises(ValueError, match=r"outside 0\.\.47 in \[3, 48\]"):
         helper.q8_embed(w.q, w.scales, False, torch.tensor([3, 48]))
+
+
+def test_the_c_lookup_refuses_what_it_cannot_read_and_takes_no_ids():
+    w = random_q8(torch.Generator().manual_seed(14), 32, 64)
+    assert helper.q8_embed(w.q, w.scales, False, torch.tensor([], dtype=torch.int64)).shape == (0, 64)
+    with pytest.raises(ValueError, match=r"fp16 \[V, D/32\].*\[32, 1\]"):
+        helper.q8_embed(w.q, w.scales[:, :1].contiguous(), False, torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"token ids \[T\]"):
+        helper.q8_embed(w.q, w.scales, False, torch.tensor([[1, 2]]))
