@@ -171,23 +171,21 @@ def stream_text_times(sock: str, prompt, max_tokens: int) -> tuple[float, float,
         "stream": True, "ignore_eos": True, "return_token_ids": True})
     first = last = None
     count = 0
-    text_chunks = []  # an engine older than return_token_ids (ab_engine.py's --base): by chunk
+    by_text = [None, None, 0]  # an engine older than return_token_ids (ab_engine.py's --base)
     for raw in resp:
         line = raw.strip()
         if not line.startswith(b"data: {"):
             continue
         choice = json.loads(line[6:])["choices"][0]
         ids = choice.get("token_ids") or ()
-        if choice.get("text"):
-            text_chunks.append(time.perf_counter())
+        now = time.perf_counter()
+        if choice.get("text"):  # counted by chunk, in case no chunk carries ids
+            by_text = [by_text[0] or now, now, by_text[2] + 1]
         if ids:  # a chunk of tokens (its text may wait for the rest of a character)
-            last = time.perf_counter()
             count += 1 if first is None else len(ids)
-            first = first or last
+            first, last = first or now, now
     conn.close()
-    if first is None and text_chunks:
-        return text_chunks[0], text_chunks[-1], len(text_chunks)
-    return first, last, count
+    return tuple(by_text) if first is None and by_text[2] else (first, last, count)
 
 
 def token_chunks(sock: str, prompt: str, max_tokens: int, key,

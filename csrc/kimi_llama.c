@@ -207,8 +207,8 @@ int llama_decode_step(const KhLlamaLayer *const *layers, int64_t num_layers, flo
         return KH_EINVAL;
     for (r = 0; r < rows; r++)
         if (!cache[r] || layer_halves[r] < 0 || v_halves[r] < 0) return KH_EINVAL;
-    for (i = 0; i < num_layers; i++) /* the final norm is over layers[0]'s dim */
-        if (layers[i] && layers[i]->dim != layers[0]->dim) return KH_EINVAL;
+    for (i = 1; i < num_layers; i++) /* the final norm is over layers[0]'s dim */
+        if (layers[0] && layers[i] && layers[i]->dim != layers[0]->dim) return KH_EINVAL;
     was = kh_wake_all(1);
     for (i = 0; i < num_layers && status == KH_OK; i++) {
         for (r = 0; r < rows; r++) {

@@ -61,11 +61,11 @@ def llama_decode_layer(layer: LlamaLayerHandle, h, cos, sin, kv, positions, out=
         raise ValueError(f"{len(kv)} caches and {len(positions)} positions must agree")
     pointers = [_cache_pointers(cache.unsqueeze(0), pos, b, layer) for b, (cache, pos)
                 in enumerate(zip(kv, positions))]
-    keys = ffi.new("uint16_t *[]", [ffi.cast("uint16_t *", base) for base, _, _ in pointers])
-    values = ffi.new("uint16_t *[]", [ffi.cast("uint16_t *", base + 2 * v_halves)
+    cast = ffi.cast
+    keys = ffi.new("uint16_t *[]", [cast("uint16_t *", base) for base, _, _ in pointers])
+    values = ffi.new("uint16_t *[]", [cast("uint16_t *", base + 2 * v_halves)
                                       for base, _, v_halves in pointers])
     _owner, work = _workspace(layer.work_floats)
-    cast = ffi.cast
     check(lib.llama_decode_layer(layer.struct, cast("float *", out.data_ptr()), len(kv),
                                  cast("float *", cos.data_ptr()), cast("float *", sin.data_ptr()),
                                  keys, values, ffi.new("int64_t[]", [int(p) for p in positions]),
