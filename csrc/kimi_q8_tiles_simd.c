@@ -29,38 +29,45 @@ static TARGET512 inline __attribute__((always_inline)) void body512(
     const KhQ8Tiles *w, int64_t t0, const int NT, const KhQ8 *x, const int32_t *xsum,
     int64_t r0, const int MR, float *out)
 {
-    const int64_t k = w->k, nb = k / KH_Q8_BLOCK, chunks = k / 4;
+    const int64_t k = w->k, nb = k / KH_Q8_BLOCK;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
+    /* this row block of x, interleaved (kimi_tiles.h): one pointer each, stepped by block */
+    const int8_t *xq = x->q + r0 * k;
+    const float *xd = x->d + r0 * nb;
+    const int32_t *xs = xsum + r0 * nb;
     const int8_t *tq[4];
+    const uint16_t *ts[4];
     __m512 acc[KH_TILES_MR512][4];
     int64_t b;
     int r, t, c;
-    for (t = 0; t < NT; t++) tq[t] = w->q + (t0 + t) * chunks * 64;
+    for (t = 0; t < NT; t++) {
+        tq[t] = w->q + (t0 + t) * (k / 4) * 64;
+        ts[t] = w->s + (t0 + t) * nb * KH_TILE;
+    }
     for (r = 0; r < MR; r++)
         for (t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-    for (b = 0; b < nb; b++) {
+    for (b = 0; b < nb; b++, xq += 32 * MR, xd += MR, xs += MR) {
         __m512i dot[KH_TILES_MR512][4];
         for (r = 0; r < MR; r++) {
-            __m512i start = _mm512_set1_epi32(-128 * xsum[(r0 + r) * nb + b]);
+            __m512i start = _mm512_set1_epi32(-128 * xs[r]);
             for (t = 0; t < NT; t++) dot[r][t] = start;
         }
         for (c = 0; c < 8; c++) {
-            int64_t cc = 8 * b + c;
             __m512i xv[KH_TILES_MR512];
-            for (r = 0; r < MR; r++) xv[r] = _mm512_set1_epi32(load4(x->q + (r0 + r) * k + 4 * cc));
+            for (r = 0; r < MR; r++)
+                xv[r] = _mm512_set1_epi32(load4(xq + ((c / 2) * MR + r) * 8 + 4 * (c % 2)));
             for (t = 0; t < NT; t++) {
-                __m512i u = _mm512_xor_si512(_mm512_loadu_si512((const void *)(tq[t] + cc * 64)), flip);
-                _mm_prefetch((const char *)(tq[t] + cc * 64 + 1024), _MM_HINT_T0);
+                __m512i u = _mm512_xor_si512(_mm512_loadu_si512((const void *)(tq[t] + c * 64)), flip);
+                _mm_prefetch((const char *)(tq[t] + c * 64 + KH_TILES_PREFETCH(MR)), _MM_HINT_T0);
                 for (r = 0; r < MR; r++) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], u, xv[r]);
             }
         }
         for (t = 0; t < NT; t++) {
-            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
-                (const __m256i *)(w->s + ((t0 + t) * nb + b) * KH_TILE)));
+            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ts[t] + b * KH_TILE)));
+            tq[t] += 8 * 64;
             for (r = 0; r < MR; r++)
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]),
-                                            _mm512_mul_ps(s, _mm512_set1_ps(x->d[(r0 + r) * nb + b])),
-                                            acc[r][t]);
+                                            _mm512_mul_ps(s, _mm512_set1_ps(xd[r])), acc[r][t]);
         }
     }
     for (r = 0; r < MR; r++)

@@ -91,6 +91,13 @@ float kh_round_block(const float *src, int32_t limit, int keep_nan, int32_t *cod
  * (Q8_0 weights); gsum per group of `group` elements. */
 void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int deinterleave,
                     KhQ8 *q8);
+/* One row x [k] quantized as kh_quantize_q8 quantizes it (natural order), as lane `lane` of a
+ * block of mr rows in the tile kernels' interleaved layout (kimi_tiles.h): code j at
+ * block->q[((j / 8) * mr + lane) * 8 + j % 8], d of block b at block->d[b * mr + lane], gsum of
+ * group g at block->gsum[g * mr + lane], and the block's code sum at sums[b * mr + lane] unless
+ * sums is NULL. */
+void kh_quantize_q8_lane(const float *x, int64_t k, int64_t group, int64_t mr, int64_t lane,
+                         const KhQ8 *block, int32_t *sums);
 /* De-interleaved codes of one row [k] (k % 64 == 0) -> the pair layout in place: per pair of
  * blocks, [E_j O_j E_j+1 O_j+1] (16 bytes each) becomes [E_j E_j+1 O_j O_j+1]. */
 void kh_pair_q8(int8_t *codes, int64_t k);

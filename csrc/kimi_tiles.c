@@ -67,21 +67,35 @@ typedef struct {
     KhTileKernel kernel;
     int mr_max;
     int64_t n, k, group, rows;
+    int interleaved; /* x in the kernel's row blocks (kimi_tiles.h), else in natural order */
     KhQ8 x;
     int32_t *xsum;
     const float *xf;
     float *out;
 } TilesJob;
 
-/* Rows [begin, end) of x quantized in natural order (a view of the job's q8 at row begin),
- * and their blocks' code sums when the kernel reads them. */
+/* Rows [begin, end) of x quantized, in natural order or in the kernel's row blocks of
+ * mr_max rows (the last may be shorter: the blocks tiles_rows hands the kernel), and their
+ * blocks' code sums when the kernel reads them. */
 static void quantize_rows(void *ctx, int64_t begin, int64_t end)
 {
     const TilesJob *job = ctx;
-    int64_t k = job->k, nb = k / KH_Q8_BLOCK, groups = k / job->group, i;
+    int64_t k = job->k, nb = k / KH_Q8_BLOCK, groups = k / job->group, i, r;
     int j;
-    KhQ8 part = {job->x.q + begin * k, job->x.d + begin * nb, job->x.gsum + begin * groups};
-    kh_quantize_q8(job->xf + begin * k, end - begin, k, job->group, 0, &part);
+    if (job->interleaved) {
+        for (r = begin; r < end; r++) {
+            int64_t r0 = r - r % job->mr_max;
+            int64_t mr = job->rows - r0 < job->mr_max ? job->rows - r0 : job->mr_max;
+            KhQ8 block = {job->x.q + r0 * k, job->x.d + r0 * nb, job->x.gsum + r0 * groups};
+            kh_quantize_q8_lane(job->xf + r * k, k, job->group, mr, r - r0, &block,
+                                job->xsum ? job->xsum + r0 * nb : NULL);
+        }
+        return;
+    }
+    {
+        KhQ8 part = {job->x.q + begin * k, job->x.d + begin * nb, job->x.gsum + begin * groups};
+        kh_quantize_q8(job->xf + begin * k, end - begin, k, job->group, 0, &part);
+    }
     for (i = begin * nb; job->xsum && i < end * nb; i++) {
         int32_t sum = 0;
         for (j = 0; j < KH_Q8_BLOCK; j++) sum += job->x.q[i * KH_Q8_BLOCK + j];
@@ -109,11 +123,12 @@ static void tiles_rows(void *ctx, int64_t t0, int64_t end)
 }
 
 void kh_tiles_run(const void *w, KhTileKernel kernel, int mr_max, int64_t n, int64_t k,
-                  int64_t group, int block_sums, const float *x, int64_t rows, float *work,
-                  float *out, int nthreads)
+                  int64_t group, int block_sums, int interleaved, const float *x, int64_t rows,
+                  float *work, float *out, int nthreads)
 {
     TilesJob job = {.w = w, .kernel = kernel, .mr_max = mr_max, .n = n, .k = k,
                     .group = group, .rows = rows, .xf = x, .out = out};
+    job.interleaved = interleaved && mr_max > 1; /* blocks of one row: natural order */
     job.x = kh_q8_at(work, rows, k, group);
     job.xsum = block_sums ? (int32_t *)(work + kh_q8_floats(rows, k, group)) : NULL;
     if (rows >= 16 && nthreads > 1) /* prefill: quantizing is ~5% of the work */
@@ -167,7 +182,7 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
 {
     KhTiles w = {tq, ts, tm, n, k, group};
     KhTileKernel kernel = tiles_c;
-    int mr_max = 4, level = tiles_simd();
+    int mr_max = 4, level = tiles_simd(), interleaved = 0;
     if (rows <= 0 || n <= 0 || n % KH_TILE || k % 8 || nthreads <= 0) return KH_EINVAL;
     if (tiles_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
     if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
@@ -178,6 +193,7 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
              * 3-10% slower a chunk) */
         kernel = kh_tiles_vnni512;
         mr_max = rows <= KH_TILES_MR512 ? (int)rows : 4;
+        interleaved = 1;
         break;
     case 1: kernel = kh_tiles_avx2; break;
     default: break;
@@ -187,8 +203,9 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
     if (kh_amx_call(rows, KH_AMX_MIN_ROWS, level)) {
         kernel = kh_tiles_amx;
         mr_max = KH_AMX_ROWS;
+        interleaved = 0;
     }
 #endif
-    kh_tiles_run(&w, kernel, mr_max, n, k, group, 0, x, rows, work, out, nthreads);
+    kh_tiles_run(&w, kernel, mr_max, n, k, group, 0, interleaved, x, rows, work, out, nthreads);
     return KH_OK;
 }

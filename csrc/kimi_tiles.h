@@ -25,21 +25,28 @@ typedef struct {
     int64_t n, k, group;
 } KhTiles;
 
-/* out[r * n + 16 t + j] for rows r0 <= r < r0 + mr (mr 1..4) of x and tiles t0 <= t < t0 + nt
+/* out[r * n + 16 t + j] for rows r0 <= r < r0 + mr (mr 1..mr_max, kh_tiles_run) of x and tiles t0 <= t < t0 + nt
  * (nt >= 1), j < 16; w a KhTiles or a KhQ8Tiles, xsum [rows, k/32] the int sums of x's codes
- * per block (read by the Q8_0 kernels only). */
+ * per block (read by the Q8_0 kernels only).
+ * x, d, gsum and xsum lie in natural order ([rows, ...]), or, for the AVX-512 VNNI kernels,
+ * interleaved by row block: the block of mr rows at r0 holds its codes at q + r0 k as
+ * [k/8][mr][8] (8 codes of each row in turn), d at d + r0 k/32 as [k/32][mr], gsum at
+ * gsum + r0 groups as [groups][mr], xsum at xsum + r0 k/32 as [k/32][mr]. Then one pointer
+ * and constant offsets reach every row's x in a chunk: with 8 rows' pointers the compiler ran
+ * out of registers and spilled (8 rows of 1536 x 576 in L2, Zen 5: 28.0 -> 20.1 us). */
 typedef void (*KhTileKernel)(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
                              const int32_t *xsum, int64_t r0, int mr, float *out);
 
-/* The tile kernels' one driver (kimi_tiles.c): x [rows, k] quantized in natural order into
- * work (groups of `group` for gsum; the block sums after, at kh_tiles_work_floats's end),
- * then `kernel` over the n / 16 tiles on the pool, X_CHUNK rows of x at a time, `mr_max`
- * rows a call (4; AVX-512 VNNI up to 8 in a call of at most 8 rows; AMX 16). block_sums:
- * the kernel reads xsum (else it gets NULL, and no decode step pays for the sums). */
+/* The tile kernels' one driver (kimi_tiles.c): x [rows, k] quantized into work, in natural
+ * order or (interleaved) in the row blocks of mr_max rows that the kernel is handed (groups
+ * of `group` for gsum; the block sums after, at kh_tiles_work_floats's end), then `kernel`
+ * over the n / 16 tiles on the pool, X_CHUNK rows of x at a time, `mr_max` rows a call (4;
+ * AVX-512 VNNI up to 8 in a call of at most 8 rows; AMX 16). block_sums: the kernel reads
+ * xsum (else it gets NULL, and no decode step pays for the sums). */
 int64_t kh_tiles_work_floats(int64_t rows, int64_t k, int64_t group);
 void kh_tiles_run(const void *w, KhTileKernel kernel, int mr_max, int64_t n, int64_t k,
-                  int64_t group, int block_sums, const float *x, int64_t rows, float *work,
-                  float *out, int nthreads);
+                  int64_t group, int block_sums, int interleaved, const float *x, int64_t rows,
+                  float *work, float *out, int nthreads);
 
 /* Intel AMX (kimi_tiles_amx.c): Linux on x86-64 with a compiler that has its intrinsics;
  * not in the SIMDe build (tests/vnni_emulated.sh), which has no AMX to stand in for. */
@@ -86,6 +93,11 @@ typedef struct {
         body512(w, t0, NT, x, xsum, r0, MR, out);                                              \
     }
 #define KH_TILES_MR512 8 /* x rows a call of the AVX-512 kernels may take: 5..8 as one block */
+/* Bytes ahead in each tile's stream of codes that the AVX-512 kernels prefetch, by rows a call:
+ * the more rows, the longer a chunk takes, the further ahead the line must be asked for
+ * (SmolLM2's projections from memory, AMD EPYC Zen 5: 8 rows 2.44 -> 2.19 ms at 4096 against
+ * 1024; 2-4 rows best at 2048). */
+#define KH_TILES_PREFETCH(MR) ((MR) > 4 ? 4096 : (MR) > 1 ? 2048 : 1024)
 #define KH_TILES_ENTRIES(TILES, NAME512, NAME2)                                                \
     KH_TILES_BLOCK512(TILES, 1, 1) KH_TILES_BLOCK512(TILES, 2, 1)                              \
     KH_TILES_BLOCK512(TILES, 3, 1) KH_TILES_BLOCK512(TILES, 4, 1)                              \

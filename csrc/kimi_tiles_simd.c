@@ -15,7 +15,7 @@
 #if KH_HAVE_X86_SIMD
 #include <immintrin.h>
 
-#define TILE_PREFETCH 1024 /* bytes ahead in each tile's stream of codes */
+#define TILE_PREFETCH 1024 /* bytes ahead in each tile's stream of codes (AVX2) */
 
 static inline int32_t load4(const int8_t *p) /* 4 bytes of x, to broadcast */
 {
@@ -36,55 +36,60 @@ static TARGET512 inline __attribute__((always_inline)) void body512(
     const int MR, float *out)
 {
     const int64_t k = w->k, groups = k / w->group, per_group = w->group / KH_Q8_BLOCK;
-    const int64_t nb = k / KH_Q8_BLOCK, chunks = k / 8;
     const __m512i mask = _mm512_set1_epi8(0x0f);
+    /* this row block of x, interleaved (kimi_tiles.h): one pointer each, stepped by block */
+    const int8_t *xq = x->q + r0 * k;
+    const float *xd = x->d + r0 * (k / KH_Q8_BLOCK), *xg = x->gsum + r0 * groups;
     const uint8_t *tq[4];
-    (void)xsum;
+    const uint16_t *ts[4], *tm[4];
     __m512 acc[KH_TILES_MR512][4];
     int64_t g, b;
     int r, t, c;
-    for (t = 0; t < NT; t++) tq[t] = w->q + (t0 + t) * chunks * 64;
+    (void)xsum;
+    for (t = 0; t < NT; t++) {
+        tq[t] = w->q + (t0 + t) * (k / 8) * 64;
+        ts[t] = w->s + (t0 + t) * groups * KH_TILE;
+        tm[t] = w->m ? w->m + (t0 + t) * groups * KH_TILE : NULL;
+    }
     for (r = 0; r < MR; r++)
         for (t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     for (g = 0; g < groups; g++) {
         __m512 s[4], m[4];
         for (t = 0; t < NT; t++) {
-            int64_t at = ((t0 + t) * groups + g) * KH_TILE;
-            s[t] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->s + at)));
-            m[t] = w->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + at)))
-                        : _mm512_mul_ps(s[t], _mm512_set1_ps(-8.0f));
+            s[t] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ts[t] + g * KH_TILE)));
+            m[t] = tm[t] ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tm[t] + g * KH_TILE)))
+                         : _mm512_mul_ps(s[t], _mm512_set1_ps(-8.0f));
         }
-        for (b = g * per_group; b < (g + 1) * per_group; b++) {
+        for (b = 0; b < per_group; b++, xq += 32 * MR, xd += MR) {
             __m512i dot[KH_TILES_MR512][4];
             for (r = 0; r < MR; r++)
                 for (t = 0; t < NT; t++) dot[r][t] = _mm512_setzero_si512();
             for (c = 0; c < 4; c++) {
-                int64_t cc = 4 * b + c;
                 __m512i xa[KH_TILES_MR512], xb[KH_TILES_MR512];
                 for (r = 0; r < MR; r++) {
-                    const int8_t *xp = x->q + (r0 + r) * k + 8 * cc;
-                    xa[r] = _mm512_set1_epi32(load4(xp));
-                    xb[r] = _mm512_set1_epi32(load4(xp + 4));
+                    xa[r] = _mm512_set1_epi32(load4(xq + (c * MR + r) * 8));
+                    xb[r] = _mm512_set1_epi32(load4(xq + (c * MR + r) * 8 + 4));
                 }
                 for (t = 0; t < NT; t++) {
-                    __m512i raw = _mm512_loadu_si512((const void *)(tq[t] + cc * 64));
+                    __m512i raw = _mm512_loadu_si512((const void *)(tq[t] + c * 64));
                     __m512i lo = _mm512_and_si512(raw, mask);
                     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
-                    _mm_prefetch((const char *)(tq[t] + cc * 64 + TILE_PREFETCH), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(tq[t] + c * 64 + KH_TILES_PREFETCH(MR)), _MM_HINT_T0);
                     for (r = 0; r < MR; r++)
                         dot[r][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot[r][t], lo, xa[r]),
                                                         hi, xb[r]);
                 }
             }
+            for (t = 0; t < NT; t++) tq[t] += 4 * 64;
             for (r = 0; r < MR; r++) {
-                __m512 d = _mm512_set1_ps(x->d[(r0 + r) * nb + b]);
+                __m512 d = _mm512_set1_ps(xd[r]);
                 for (t = 0; t < NT; t++)
                     acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]),
                                                 _mm512_mul_ps(s[t], d), acc[r][t]);
             }
         }
         for (r = 0; r < MR; r++) {
-            __m512 gs = _mm512_set1_ps(x->gsum[(r0 + r) * groups + g]);
+            __m512 gs = _mm512_set1_ps(xg[g * MR + r]);
             for (t = 0; t < NT; t++) acc[r][t] = _mm512_fmadd_ps(m[t], gs, acc[r][t]);
         }
     }

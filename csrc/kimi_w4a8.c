@@ -82,6 +82,28 @@ void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int 
     }
 }
 
+void kh_quantize_q8_lane(const float *x, int64_t k, int64_t group, int64_t mr, int64_t lane,
+                         const KhQ8 *block, int32_t *sums)
+{
+    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, b, u;
+    float (*quantize)(const float *, int8_t *, int32_t *, int) = quantize_block;
+    float *gsum = block->gsum + lane;
+#if KH_HAVE_X86_SIMD
+    if (w4a8_simd(-1) >= 1) quantize = kh_quantize_block_avx2;
+#endif
+    for (b = 0; b < nb; b++) {
+        int8_t codes[KH_Q8_BLOCK];
+        int32_t sum;
+        float d = quantize(x + b * KH_Q8_BLOCK, codes, &sum, 0);
+        for (u = 0; u < KH_Q8_BLOCK / 8; u++)
+            memcpy(block->q + ((b * (KH_Q8_BLOCK / 8) + u) * mr + lane) * 8, codes + 8 * u, 8);
+        block->d[b * mr + lane] = d;
+        if (sums) sums[b * mr + lane] = sum;
+        if (b % per_group == 0) gsum[(b / per_group) * mr] = 0.0f;
+        gsum[(b / per_group) * mr] += d * (float)sum;
+    }
+}
+
 void kh_pair_q8(int8_t *codes, int64_t k)
 {
     int64_t j;
