@@ -3,6 +3,7 @@
 Exit status: 0 after a clean shutdown, 1 when the model cannot be loaded, the memory plan
 exceeds the cap, the socket is in use, or its directory is one another user could control.
 """
+import gc
 import signal
 import sys
 import threading
@@ -131,6 +132,10 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
                     max_batch=config.max_batch, prefill_chunk=config.prefill_chunk_on(device),
                     prefix_cache_bytes=config.prefix_cache_bytes, max_queue=config.max_queue,
                     enforce_eager=config.enforce_eager, speculative=config.speculative)
+    # The model, tokenizer and engine live as long as the process: out of the collector's
+    # sight, so that a full collection never walks them on the model thread (with SmolLM2
+    # loaded, 181k objects and 85 ms a full collection; the younger ones took ~1.5% of a step)
+    gc.freeze()
     engine.start()
     served = Served(engine, loaded.tokenizer, loaded.chat, loaded.model_id, max_context,
                     IncrementalDecoder, created=int(time.time()),
