@@ -65,14 +65,22 @@ static float quantize_block(const float *src, int8_t *dst, int32_t *sum, int dei
     return d;
 }
 
+/* quantize_block of the highest level the caps allow (a level above C: AVX2 is there). */
+static float (*block_quantizer(void))(const float *, int8_t *, int32_t *, int)
+{
+#if KH_HAVE_X86_SIMD
+    int level = w4a8_simd(-1);
+    if (level >= 3) return kh_quantize_block_avx512;
+    if (level >= 1) return kh_quantize_block_avx2;
+#endif
+    return quantize_block;
+}
+
 void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int deinterleave,
                     KhQ8 *q8)
 {
     int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, i;
-    float (*block)(const float *, int8_t *, int32_t *, int) = quantize_block;
-#if KH_HAVE_X86_SIMD
-    if (w4a8_simd(-1) >= 1) block = kh_quantize_block_avx2; /* a level above C: AVX2 is there */
-#endif
+    float (*block)(const float *, int8_t *, int32_t *, int) = block_quantizer();
     for (i = 0; i < rows * nb; i++) {
         int32_t sum;
         float d = block(x + i * KH_Q8_BLOCK, q8->q + i * KH_Q8_BLOCK, &sum, deinterleave);
@@ -86,11 +94,8 @@ void kh_quantize_q8_lane(const float *x, int64_t k, int64_t group, int64_t mr, i
                          const KhQ8 *block, int32_t *sums)
 {
     int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, b, u;
-    float (*quantize)(const float *, int8_t *, int32_t *, int) = quantize_block;
+    float (*quantize)(const float *, int8_t *, int32_t *, int) = block_quantizer();
     float *gsum = block->gsum + lane;
-#if KH_HAVE_X86_SIMD
-    if (w4a8_simd(-1) >= 1) quantize = kh_quantize_block_avx2;
-#endif
     for (b = 0; b < nb; b++) {
         int8_t codes[KH_Q8_BLOCK];
         int32_t sum;
