@@ -120,7 +120,7 @@ class Sequence:
     prefix_keys: object = None  # prefix_cache.PrefixKeys of the prompt, when caching
     grammar: object = None  # grammar.matcher.GrammarMatcher constraining the output, or None
     draft: list[int] = field(default_factory=list)  # tokens this decode step verifies
-    spec: object = None  # (speculate.PromptLookup, speculate.DraftLength) once it drafts
+    spec: object = None  # (lookup.PromptLookup, speculate.DraftLength) once it drafts
     history: object = None  # penalties.History once a penalized step has run
     seed: int = 0  # int64 draw seed (the request's, else random), set by the engine
     said_held: bool = False  # the engine logged why it waits for KV room (once)

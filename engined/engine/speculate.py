@@ -1,16 +1,9 @@
 """Draft-free speculative decoding: a sequence's own context drafts its next tokens, and one
 decode step checks them.
 
-Drafting is prompt lookup, in the prompt and the output so far: among the recent earlier
-occurrences of the sequence's last 3 tokens (CANDIDATES of them), the one whose match runs
-furthest back (up to MAX_MATCH tokens; the most recent on a tie), and the tokens that followed
-it; else the last 2 tokens' most recent occurrence, else the last token's. A long match picks
-the right copy among several (edit turns, tiles: 60% -> 70% accepted, 1.54x -> 1.58x); how
-many of its tokens are verified is the draft length's choice, by the match's length (below).
-The index holds three entries a position, as the 3-gram lookup before it did.
-An agent's edit re-emits the function it rewrites, a tool call repeats paths from the
-conversation: there the drafts are right. A request's `prediction` (OpenAI's Predicted
-Outputs: the text the client expects back, e.g. the file being edited) is looked up too.
+Drafting is prompt lookup (engined/engine/lookup.py, PromptLookup): the tokens that followed an
+earlier occurrence of the sequence's end, in the prompt, the output so far, or a request's
+`prediction` (OpenAI's Predicted Outputs).
 
 Verification is one decode_batch over the input token and its k drafts, at positions p..p+k
 of the sequence's own cache, beside the other sequences' rows. A model may offer that only
@@ -40,11 +33,9 @@ measured step costs: EPYC 1.79x -> 1.83x, Intel 1.58x -> 1.70x, prose 1.01x -> 1
 import collections
 import time
 
+from engined.engine.lookup import PromptLookup
+
 K_MAX = 7  # drafts per sequence and step: with its input token, 8 rows (one GEMV pass)
-NGRAM = 3  # the suffix looked up; shorter ones when it never occurred
-CANDIDATES = 16  # recent occurrences of it compared for the longest match
-MAX_MATCH = 32  # how far back a match is compared
-WINDOW = 16384  # the last tokens of a long prompt that drafts are looked up in
 MATCH_BUCKETS = (1, 2, 3, 4, 8, 16)  # match lengths from which acceptance is counted apart
 PRIOR_FIRST = (0.25, 0.5, 0.7, 0.8, 0.9, 0.95)  # the first draft's acceptance, per bucket
 PRIOR_NEXT = 0.85  # a later draft's, given the one before it stood
@@ -55,57 +46,6 @@ SEQ_DECAY = 0.95  # weight of a sequence's past counts per draft tested at a pla
 ENGINE_DECAY = 0.995  # the same for the engine's counts
 COOLDOWN = 16  # steps choosing no draft, in a row, before a probe with one
 PRIOR_BETA = 0.4  # one more row's cost relative to a one-row step, before any measurement
-
-
-class PromptLookup:
-    """The tokens that followed the earlier occurrence of the sequence's end that matches it
-    longest (see the module's docstring)."""
-
-    def __init__(self, prompt_ids: list[int], prediction: tuple[int, ...] = ()):
-        # the prompt, then the output as it grows; a prediction (OpenAI's Predicted Outputs)
-        # goes first, so its end never reads as the context of the reply's first token; its
-        # first WINDOW tokens and the prompt's last WINDOW, all indexed
-        self.tokens = [*prediction[:WINDOW], *prompt_ids[-WINDOW:]] if prediction else list(prompt_ids)
-        self.num_prompt = len(self.tokens)
-        self.last: dict[tuple[int, ...], int] = {}  # 1- and 2-gram -> the position after it
-        self.every: dict[tuple[int, ...], list[int]] = {}  # 3-gram -> each position after it
-        # positions after n-grams indexed so far
-        self.indexed = 1 if prediction else max(1, self.num_prompt - WINDOW)
-        self.match = 0  # the length of the match behind the last draft (0: none)
-
-    def draft(self, output_ids: list[int], k: int) -> list[int]:
-        """Up to k tokens to follow prompt + output_ids ([] when nothing matches); `match`
-        says how many tokens of the end matched there."""
-        tokens = self.tokens
-        tokens += output_ids[len(tokens) - self.num_prompt:]
-        end = len(tokens)
-        for after in range(self.indexed, end):  # the n-grams some known token followed
-            self.last[(tokens[after - 1],)] = after
-            if after >= 2:
-                self.last[tuple(tokens[after - 2:after])] = after
-            if after >= NGRAM:
-                self.every.setdefault(tuple(tokens[after - NGRAM:after]), []).append(after)
-        self.indexed = max(self.indexed, end)
-        seen = self.every.get(tuple(tokens[end - NGRAM:])) if end >= NGRAM else None
-        if seen:
-            best, longest = seen[-1], -1
-            for after in reversed(seen[-CANDIDATES:]):
-                n = NGRAM
-                while n < MAX_MATCH and n < after and tokens[after - 1 - n] == tokens[end - 1 - n]:
-                    n += 1
-                if n > longest:
-                    best, longest = after, n
-                    if n >= MAX_MATCH:  # no earlier one can match further back
-                        break
-            self.match = longest
-            return tokens[best:best + k]
-        for n in (2, 1):
-            after = self.last.get(tuple(tokens[end - n:])) if end >= n else None
-            if after is not None:
-                self.match = n
-                return tokens[after:after + k]
-        self.match = 0
-        return []
 
 
 def match_bucket(match: int) -> int:

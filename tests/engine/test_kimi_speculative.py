@@ -12,6 +12,7 @@ import pytest
 
 from engined import helper
 from engined.engine import speculate
+from engined.engine.lookup import PromptLookup
 from tests.engine.batching_helpers import RunningEngine, both_ways, collect
 
 pytestmark = pytest.mark.skipif(not helper.available(), reason="the C helper is not built: "
@@ -60,7 +61,7 @@ def test_rejections_at_every_position_with_the_prefix_cache(kimi, monkeypatch, w
              zip(requests(), both_ways(kimi, requests())[0])}
     longest = {tuple(p): n for p, n in zip(PROMPTS, (1, 3, 7))}
     oracle = Oracle(plain, longest, kimi.config.vocab_size)
-    monkeypatch.setattr(speculate.PromptLookup, "draft", lambda lookup, out, k: oracle(lookup, out, k))
+    monkeypatch.setattr(PromptLookup, "draft", lambda lookup, out, k: oracle(lookup, out, k))
     monkeypatch.setattr(speculate.DraftLength, "choose", lambda length, match, n, cost: n)  # all of it
     options = {"prefill_chunk": 8, "prefix_cache_bytes": 64 << 20}
     with RunningEngine(kimi, **options) as engine:
@@ -99,7 +100,7 @@ def test_a_request_cancelled_during_its_verify_step_gives_its_slots_back(kimi, m
         return decode_batch(tokens, caches, positions)
 
     monkeypatch.setattr(kimi, "decode_batch", cancelling)
-    monkeypatch.setattr(speculate.PromptLookup, "draft",
+    monkeypatch.setattr(PromptLookup, "draft",
                         lambda lookup, out, k: plain[len(out):len(out) + k]
                         if lookup.tokens[:lookup.num_prompt] == prompt else [])
     monkeypatch.setattr(speculate.DraftLength, "choose", lambda length, match, n, cost: n)  # any match

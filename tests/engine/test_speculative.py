@@ -6,6 +6,7 @@ import pytest
 
 from tests.engine.batching_helpers import RunningEngine, both_ways, collect as collect_ids
 from engined.engine import speculate
+from engined.engine.lookup import PromptLookup
 
 DRAFTED = "kimi_engine_spec_draft_tokens_total"
 ACCEPTED = "kimi_engine_spec_accepted_tokens_total"
@@ -110,30 +111,6 @@ def test_a_request_can_turn_speculation_off(llama):
         assert engine.value(DRAFTED) > 0
 
 
-def test_lookup_takes_the_most_recent_longest_match():
-    lookup = speculate.PromptLookup([5, 1, 2, 3, 9, 1, 2, 3, 4, 7, 2, 3])
-    assert lookup.draft([], 3) == [4, 7, 2]  # "2 3" last seen before 4 (and "7 2 3" never)
-    assert lookup.match == 2
-    assert lookup.draft([4, 7, 2], 2) == [3, 4]  # output joins the context: "7 2" -> 3
-    assert speculate.PromptLookup([1, 2]).draft([], 4) == []
-    assert speculate.PromptLookup([8, 8]).draft([], 4) == [8]  # a token repeated
-
-
-def test_a_longer_match_wins_and_says_how_long_it_was():
-    """The suffix "1 2 3 4" picks the first copy, though "2 3 4" came last; a match of one
-    token drafts as much as a long one, and `match` tells them apart."""
-    lookup = speculate.PromptLookup([1, 2, 3, 4, 5, 9, 2, 3, 4, 6, 0, 1, 2, 3, 4])
-    assert lookup.draft([], 4) == [5, 9, 2, 3]
-    assert lookup.match == 4
-    lookup = speculate.PromptLookup([7, 1, 2, 3, 4, 5, 8, 7])
-    assert lookup.draft([], 4) == [1, 2, 3, 4] and lookup.match == 1
-    lookup = speculate.PromptLookup([9, 7, 1, 2, 3, 4, 5, 8, 6, 7, 1, 2, 3, 4, 5, 8, 9, 7])
-    assert lookup.draft([], 6) == [1, 2, 3, 4, 5, 8] and lookup.match == 2
-    assert lookup.draft([1, 2, 3], 2) == [4, 5] and lookup.match == 5  # "9 7 1 2 3", not "6 7 ..."
-    assert [speculate.match_bucket(n) for n in (1, 2, 3, 4, 7, 8, 15, 16, 32)] == \
-        [0, 1, 2, 3, 3, 4, 4, 5, 5]
-
-
 LINE = (0.0, *(1 + 0.25 * r for r in range(speculate.K_MAX + 1)))  # a row: 1/4 of a step
 CHEAP = (0.0, *(1 + 0.1 * r for r in range(speculate.K_MAX + 1)))
 
@@ -214,7 +191,7 @@ def test_a_draft_that_ends_the_request_counts_as_accepted(llama):
     engine = RunningEngine(llama.model, prefix_cache_bytes=0).engine  # not started: one call
     seq = Sequence([1, 2, 3], SamplingParams(16, temperature=0, stop_token_ids=frozenset({7})),
                    NullDecoder())
-    seq.spec = (speculate.PromptLookup(seq.prompt_ids), speculate.DraftLength())
+    seq.spec = (PromptLookup(seq.prompt_ids), speculate.DraftLength())
     seq.draft = [6, 7, 8]
     engine._append_drawn(seq, torch.zeros(4, 10), 0, [6, 7, 9, 9])
     assert seq.output_ids == [6, 7] and seq.finish_reason == "stop"
@@ -296,17 +273,6 @@ def test_a_steps_accepted_drafts_stream_as_one_chunk(llama):
     assert "".join(c["text"] for c in text_chunks) == whole_text["text"]
     offsets = [o for c in text_chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]]
     assert offsets == whole_text["logprobs"]["text_offset"]
-
-
-def test_a_prediction_is_looked_up_before_the_prompt():
-    """OpenAI's Predicted Outputs: the prediction's tokens draft as the prompt's do; its end is
-    not read as the reply's context (the prompt's end is)."""
-    lookup = speculate.PromptLookup([1, 2, 3], prediction=(7, 8, 2, 3, 4, 5))
-    assert lookup.draft([], 3) == [4, 5, 1]  # "2 3" was followed by 4 5 in the prediction
-    assert speculate.PromptLookup([1, 2, 3], prediction=(2, 3, 9)).draft([4], 2) == []
-    assert speculate.PromptLookup([1, 2, 3], prediction=(3, 4, 6)).draft([4], 2) == [6, 1]
-    long = speculate.PromptLookup([1, 2, 3], prediction=tuple(range(3 * speculate.WINDOW)))
-    assert len(long.tokens) == speculate.WINDOW + 3  # indexed on the model thread: bounded
 
 
 def test_a_prediction_drafts_the_reply_and_changes_no_token(llama, prior_cost):
