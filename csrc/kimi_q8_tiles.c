@@ -56,7 +56,7 @@ int tiles_q8(const float *x, int64_t rows, const int8_t *tq, const uint16_t *ts,
 #if KH_HAVE_X86_SIMD
     switch (level) {
     case 3:
-        kernel = kh_q8_tiles_vnni512;
+        kernel = rows <= KH_TILES_MR512 ? kh_q8_tiles_vnni512_decode : kh_q8_tiles_vnni512;
         mr_max = rows <= KH_TILES_MR512 ? (int)rows : 4;
         block_sums = 1; /* vpdpbusd's -128 * sum(x) */
         interleaved = 1;

@@ -116,7 +116,7 @@ static TARGET2 inline __attribute__((always_inline)) void body2(
             _mm256_storeu_ps(out + (r0 + r) * w->n + t * KH_TILE + 8 * h, acc[r][h]);
 }
 
-KH_TILES_ENTRIES(KhQ8Tiles, kh_q8_tiles_vnni512, kh_q8_tiles_avx2)
+KH_TILES_ENTRIES(KhQ8Tiles, kh_q8_tiles_vnni512, kh_q8_tiles_vnni512_decode, kh_q8_tiles_avx2)
 
 #else
 typedef int kh_no_x86_simd; /* ISO C forbids an empty translation unit */

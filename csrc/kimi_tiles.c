@@ -191,7 +191,7 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
     case 3: /* a verify step's 5..8 rows as one block: W unpacked once, not twice (5-7 rows
              * 4-5% faster a step); prefill keeps blocks of 4 rows by 2 tiles (8 by 1 was
              * 3-10% slower a chunk) */
-        kernel = kh_tiles_vnni512;
+        kernel = rows <= KH_TILES_MR512 ? kh_tiles_vnni512_decode : kh_tiles_vnni512;
         mr_max = rows <= KH_TILES_MR512 ? (int)rows : 4;
         interleaved = 1;
         break;

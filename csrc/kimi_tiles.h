@@ -81,11 +81,16 @@ typedef struct {
 } KhQ8Tiles;
 
 /* The entry points of one tile kernel set, written once for both (kimi_tiles_simd.c,
- * kimi_q8_tiles_simd.c): the includer defines TARGET512, TARGET2 and the bodies
+ * kimi_q8_tiles_simd.c): NAME512 (prefill: blocks of several tiles over W in L2), NAME512_DECODE
+ * (a call of at most KH_TILES_MR512 rows: one tile at a time, so each thread reads W as one
+ * stream; four tiles' streams of codes, scales and mins at once left the memory idle: one row
+ * of a 49152 x 576 linear, 2 threads, Zen 5: 41 -> 52 GB/s, 2 rows 31 -> 50 GB/s; in L2 one
+ * tile at a time is 5-15% slower, and decode's W is never there) and NAME2 (AVX2).
+ * The includer defines TARGET512, TARGET2 and the bodies
  *   body512(w, t0, NT, x, xsum, r0, MR, out): MR rows x NT tiles (AVX-512 VNNI), and
  *   body2(w, t, x, r0, MR, out): MR rows x one tile (AVX2),
- * inlined per (MR, NT) so that the accumulators stay in registers. AVX-512: blocks of 4 tiles
- * for one or two rows (decode: four streams of W), else 2 and 1; AVX2: rows in pairs. */
+ * inlined per (MR, NT) so that the accumulators stay in registers. AVX-512 prefill: blocks of
+ * 4 tiles for one or two rows, else 2 and 1; decode one; AVX2: rows in pairs. */
 #define KH_TILES_BLOCK512(TILES, MR, NT)                                                       \
     static TARGET512 void block512_##MR##_##NT(const TILES *w, int64_t t0, const KhQ8 *x,      \
                                               const int32_t *xsum, int64_t r0, float *out)     \
@@ -96,9 +101,9 @@ typedef struct {
 /* Bytes ahead in each tile's stream of codes that the AVX-512 kernels prefetch, by rows a call:
  * the more rows, the longer a chunk takes, the further ahead the line must be asked for
  * (SmolLM2's projections from memory, AMD EPYC Zen 5: 8 rows 2.44 -> 2.19 ms at 4096 against
- * 1024; 2-4 rows best at 2048). */
-#define KH_TILES_PREFETCH(MR) ((MR) > 4 ? 4096 : (MR) > 1 ? 2048 : 1024)
-#define KH_TILES_ENTRIES(TILES, NAME512, NAME2)                                                \
+ * 1024; 1-4 rows, one tile at a time, best at 2048). */
+#define KH_TILES_PREFETCH(MR) ((MR) > 4 ? 4096 : 2048)
+#define KH_TILES_ENTRIES(TILES, NAME512, NAME512_DECODE, NAME2)                                \
     KH_TILES_BLOCK512(TILES, 1, 1) KH_TILES_BLOCK512(TILES, 2, 1)                              \
     KH_TILES_BLOCK512(TILES, 3, 1) KH_TILES_BLOCK512(TILES, 4, 1)                              \
     KH_TILES_BLOCK512(TILES, 5, 1) KH_TILES_BLOCK512(TILES, 6, 1)                              \
@@ -122,6 +127,16 @@ typedef struct {
         if (mr <= 4)                                                                           \
             for (; t + 2 <= end; t += 2) by2[mr](w, t, x, xsum, r0, out);                      \
         for (; t < end; t++) by1[mr](w, t, x, xsum, r0, out);                                  \
+    }                                                                                          \
+    TARGET512 void NAME512_DECODE(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,    \
+                                  const int32_t *xsum, int64_t r0, int mr, float *out)         \
+    {                                                                                          \
+        typedef void (*Block)(const TILES *, int64_t, const KhQ8 *, const int32_t *, int64_t,  \
+                              float *);                                                        \
+        static const Block by1[9] = {0, block512_1_1, block512_2_1, block512_3_1, block512_4_1, \
+                                     block512_5_1, block512_6_1, block512_7_1, block512_8_1}; \
+        int64_t t;                                                                             \
+        for (t = t0; t < t0 + nt; t++) by1[mr](tiles, t, x, xsum, r0, out);                    \
     }                                                                                          \
     static TARGET2 void block2_1(const TILES *w, int64_t t, const KhQ8 *x, int64_t r0, float *out) \
     {                                                                                          \
@@ -149,10 +164,14 @@ void kh_q8_tiles_avx2(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
                       const int32_t *xsum, int64_t r0, int mr, float *out);
 void kh_q8_tiles_vnni512(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
                          const int32_t *xsum, int64_t r0, int mr, float *out);
+void kh_q8_tiles_vnni512_decode(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
+                                const int32_t *xsum, int64_t r0, int mr, float *out);
 void kh_tiles_avx2(const void *w, int64_t t0, int64_t nt, const KhQ8 *x, const int32_t *xsum,
                    int64_t r0, int mr, float *out);
 void kh_tiles_vnni512(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
                       const int32_t *xsum, int64_t r0, int mr, float *out);
+void kh_tiles_vnni512_decode(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
+                             const int32_t *xsum, int64_t r0, int mr, float *out);
 #endif
 
 #endif

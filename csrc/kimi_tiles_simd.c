@@ -7,9 +7,9 @@
  * 2 * 15 * 127 per int16: no saturation) and madd with ones. The float steps are the same
  * instructions on the same values in every lane, so both give tiles_c's bits.
  *
- * Register blocks: MR x rows (1..4) by NT tiles, instantiated per (MR, NT) with the loops
- * unrolled, so the accumulators stay in registers: AVX-512 (32 registers) 4 x 2 and, for
- * one or two rows, 4 tiles (decode: four streams of W in flight); AVX2 (16) 2 x 1. */
+ * Register blocks: MR x rows by NT tiles, instantiated per (MR, NT) with the loops unrolled,
+ * so the accumulators stay in registers: AVX-512 (32 registers) 1..8 rows by one tile for
+ * decode and verify steps, 4 x 2 (and 1-2 rows x 4 tiles) for prefill; AVX2 (16) 2 x 1. */
 #include "kimi_tiles.h"
 
 #if KH_HAVE_X86_SIMD
@@ -160,7 +160,7 @@ static TARGET2 inline __attribute__((always_inline)) void body2(
             _mm256_storeu_ps(out + (r0 + r) * w->n + t * KH_TILE + 8 * h, acc[r][h]);
 }
 
-KH_TILES_ENTRIES(KhTiles, kh_tiles_vnni512, kh_tiles_avx2)
+KH_TILES_ENTRIES(KhTiles, kh_tiles_vnni512, kh_tiles_vnni512_decode, kh_tiles_avx2)
 
 #else
 typedef int kh_no_x86_simd; /* ISO C forbids an empty translation unit */
