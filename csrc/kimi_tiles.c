@@ -8,14 +8,17 @@
  * two vpdpbusd; per block of 32, a convert, a multiply and an FMA per 16 outputs.
  *
  * One kernel serves decode (1 row), a verify step (k + 1 rows) and prefill (any rows): rows
- * go in register blocks of up to 4 over a block of tiles that stays in L2, so W is read from
- * memory once per call. */
+ * go in register blocks (all of a call of up to 8 rows; else 4; AMX 16) over a block of tiles
+ * that stays in L2, so W is read from memory once per call. */
 #include "kimi_helper.h"
 #include "kimi_tiles.h"
 
 #include <math.h>
 
 #define X_CHUNK 64 /* x rows per pass over a block of tiles (their codes stay in L2) */
+/* a whole number of prefill's blocks of 4 rows: quantize_rows lays x out in the blocks that
+ * tiles_rows hands the kernel, and both count them from row 0 (AMX's 16 read natural order) */
+typedef char kh_x_chunk_holds_whole_row_blocks[X_CHUNK % 4 == 0 ? 1 : -1];
 #define TILE_BLOCK_BYTES (192 << 10) /* codes of the tiles met by each chunk of x rows (L2) */
 
 /* The portable kernel, and the definition of every kernel's operations. */
@@ -104,7 +107,7 @@ static void quantize_rows(void *ctx, int64_t begin, int64_t end)
 }
 
 /* Tiles [t0, end) in blocks of about TILE_BLOCK_BYTES of codes; per block, X_CHUNK rows of
- * x at a time in register blocks of 4 rows, so each block comes from memory once per call and
+ * x at a time in register blocks of mr_max rows, so each block comes from memory once per call and
  * from L2 for the other row blocks (the order of the blocks changes no output's operations). */
 static void tiles_rows(void *ctx, int64_t t0, int64_t end)
 {

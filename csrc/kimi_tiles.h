@@ -25,9 +25,9 @@ typedef struct {
     int64_t n, k, group;
 } KhTiles;
 
-/* out[r * n + 16 t + j] for rows r0 <= r < r0 + mr (mr 1..mr_max, kh_tiles_run) of x and tiles t0 <= t < t0 + nt
- * (nt >= 1), j < 16; w a KhTiles or a KhQ8Tiles, xsum [rows, k/32] the int sums of x's codes
- * per block (read by the Q8_0 kernels only).
+/* out[r * n + 16 t + j] for rows r0 <= r < r0 + mr (mr 1..mr_max, kh_tiles_run) of x and
+ * tiles t0 <= t < t0 + nt (nt >= 1), j < 16; w a KhTiles or a KhQ8Tiles, xsum [rows, k/32]
+ * the int sums of x's codes per block (read by the Q8_0 kernels only).
  * x, d, gsum and xsum lie in natural order ([rows, ...]), or, for the AVX-512 VNNI kernels,
  * interleaved by row block: the block of mr rows at r0 holds its codes at q + r0 k as
  * [k/8][mr][8] (8 codes of each row in turn), d at d + r0 k/32 as [k/32][mr], gsum at
@@ -73,7 +73,7 @@ void kh_q8_tiles_amx(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
 /* A Q8_0 matrix in tiles (see kimi_helper.h, tiles_q8): q [n/16, k/4, 16, 4] int8 (4 inputs
  * of 16 rows per 64 bytes), s [n/16, k/32, 16] half bits. Each output (r, row):
  *     acc = 0; per block b: acc = fma((float) dot_b, s_b * d_b, acc)
- * with xsum [rows, k/32] the int sums of x's codes per block (vpdpbusd meets w + 128). */
+ * with xsum the int sums of x's codes per block (vpdpbusd meets w + 128; laid out as x). */
 typedef struct {
     const int8_t *q;
     const uint16_t *s;
@@ -97,7 +97,7 @@ typedef struct {
     {                                                                                          \
         body512(w, t0, NT, x, xsum, r0, MR, out);                                              \
     }
-#define KH_TILES_MR512 8 /* x rows a call of the AVX-512 kernels may take: 5..8 as one block */
+#define KH_TILES_MR512 8 /* x rows a call of the AVX-512 kernels may take as one block */
 /* Bytes ahead in each tile's stream of codes that the AVX-512 kernels prefetch, by rows a call:
  * the more rows, the longer a chunk takes, the further ahead the line must be asked for
  * (SmolLM2's projections from memory, AMD EPYC Zen 5: 8 rows 2.44 -> 2.19 ms at 4096 against

@@ -57,7 +57,8 @@ static TARGET512 inline __attribute__((always_inline)) void body512(
         __m512 s[4], m[4];
         for (t = 0; t < NT; t++) {
             s[t] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ts[t] + g * KH_TILE)));
-            m[t] = tm[t] ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tm[t] + g * KH_TILE)))
+            m[t] = tm[t] ? _mm512_cvtph_ps(
+                               _mm256_loadu_si256((const __m256i *)(tm[t] + g * KH_TILE)))
                          : _mm512_mul_ps(s[t], _mm512_set1_ps(-8.0f));
         }
         for (b = 0; b < per_group; b++, xq += 32 * MR, xd += MR) {
@@ -74,7 +75,8 @@ static TARGET512 inline __attribute__((always_inline)) void body512(
                     __m512i raw = _mm512_loadu_si512((const void *)(tq[t] + c * 64));
                     __m512i lo = _mm512_and_si512(raw, mask);
                     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
-                    _mm_prefetch((const char *)(tq[t] + c * 64 + KH_TILES_PREFETCH(MR)), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(tq[t] + c * 64 + KH_TILES_PREFETCH(MR)),
+                                 _MM_HINT_T0);
                     for (r = 0; r < MR; r++)
                         dot[r][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot[r][t], lo, xa[r]),
                                                         hi, xb[r]);

@@ -91,10 +91,13 @@ void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64
     by_rows[rows](w, x, y, y_stride);
 }
 
-/* kimi_w4a8.c's quantize_block on 8 lanes (kh_quantize_q8 takes it where AVX2 is there): the same operations on the same values (max of
- * |x|'s bits, d = amax / 127, x * (1/d) truncated, a half rounded away from zero, clamped to
- * +-127), so the same codes, d and sum; the codes packed in order, or de-interleaved (evens,
- * then odds). The plain loops, vectorized by the compiler, took ~28 ns a block. */
+/* kimi_w4a8.c's quantize_block on 8 lanes (kh_quantize_q8 takes it where AVX2 is there): the
+ * same operations on the same values (max of |x|'s bits, d = amax / 127, x * (1/d) truncated
+ * (0 where that is NaN: an inf in a block makes d inf and inv 0, and inf * 0 is NaN, which
+ * cvtt would turn into INT_MIN and the clamp into -127), a half rounded away from zero,
+ * clamped to +-127), so the same codes, d and sum; the codes packed in order, or
+ * de-interleaved (evens, then odds). The plain loops, vectorized by the compiler, took ~28 ns
+ * a block. */
 KH_TARGET float kh_quantize_block_avx2(const float *src, int8_t *dst, int32_t *sum,
                                        int deinterleave)
 {
@@ -122,7 +125,9 @@ KH_TARGET float kh_quantize_block_avx2(const float *src, int8_t *dst, int32_t *s
     scale = _mm256_set1_ps(inv);
     for (j = 0; j < 4; j++) {
         __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(bits[j]), scale);
-        __m256i i = _mm256_cvttps_epi32(v);
+        __m256i i;
+        v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q)); /* NaN -> 0 */
+        i = _mm256_cvttps_epi32(v);
         __m256 frac = _mm256_sub_ps(v, _mm256_cvtepi32_ps(i));
         i = _mm256_sub_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(frac, half, _CMP_GE_OQ)));
         i = _mm256_add_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(frac, minus_half, _CMP_LE_OQ)));

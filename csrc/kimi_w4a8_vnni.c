@@ -6,7 +6,8 @@
  *   AVX-VNNI: the 256-bit VEX form, on CPUs that have it without AVX-512.
  * Both compile kimi_int8_body.h, the AVX2 kernels' text, with only the integer step
  * replaced, so their results are the AVX2 kernels' bits (tests/ops/test_w4a8.py compares
- * them for equality on every level the machine has).
+ * them for equality on every level the machine has). Also x's quantizer on AVX-512
+ * (kh_quantize_block_avx512), the AVX2 one's bits.
  *
  * -DKH_VNNI_EMULATE (tests/vnni_emulated.sh only, never a shipped build): compiled for AVX2
  * and with every VNNI set reported present, for SIMDe's portable instructions to stand in
@@ -70,7 +71,7 @@ int kh_cpu_has_avxvnni(void)
 }
 
 /* kh_quantize_block_avx2's operations on 16 lanes (the same codes, d and sum): max of |x|'s
- * bits, d = amax / 127, x * (1/d) truncated, a half rounded away from zero (the compare
+ * bits, d = amax / 127, x * (1/d) truncated (0 where NaN), a half rounded away from zero (the compare
  * masks add and subtract 1 where AVX2 subtracts its all-ones compares), clamped to +-127;
  * vpmovsdb packs the codes in order, where AVX2 needs two packs and a permute. Half the
  * instructions of a block, on every x row of a W4A8 or Q8_0 call. */
@@ -95,7 +96,9 @@ KH_TARGET_VNNI512 float kh_quantize_block_avx512(const float *src, int8_t *dst, 
     scale = _mm512_set1_ps(inv);
     for (j = 0; j < 2; j++) {
         __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(bits[j]), scale);
-        __m512i i = _mm512_cvttps_epi32(v);
+        __m512i i;
+        v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v); /* NaN -> 0 */
+        i = _mm512_cvttps_epi32(v);
         __m512 frac = _mm512_sub_ps(v, _mm512_cvtepi32_ps(i));
         i = _mm512_mask_add_epi32(i, _mm512_cmp_ps_mask(frac, half, _CMP_GE_OQ), i, one);
         i = _mm512_mask_sub_epi32(i, _mm512_cmp_ps_mask(frac, minus_half, _CMP_LE_OQ), i, one);

@@ -149,3 +149,24 @@ def test_amx_gives_the_bits_of_vnni_and_portable_c(amx, group, symmetric):
     x = torch.randn(70, 672, generator=torch.Generator().manual_seed(8)) * 3
     check_amx_bits(lambda xs: cpu_c.w4a8_tiles(xs, w), x, (6, 7, 9, 16, 17, 33, 70), 7)
     assert helper.tiles_kernels() == "AVX-512 VNNI, AMX from 7 rows (the head from 6)"
+
+
+def test_an_inf_in_x_quantizes_as_the_portable_c_does(level):
+    """A block holding an inf has d = inf and 1/d = 0, so its inf becomes inf * 0 = NaN before
+    rounding: the portable C writes code 0 there, and the SIMD quantizers wrote -127 (NaN
+    through cvtt is INT_MIN, then the clamp). Every level now gives the portable bits: one
+    row (x in natural order) and 2..9 and 70 (interleaved at AVX-512)."""
+    x = torch.randn(70, 576, generator=torch.Generator().manual_seed(6))
+    x[::3, 40] = float("inf")
+    x[1::3, 100] = -float("inf")
+    tiled = int4_format.to_tiles(packed(112, 576, seed=8))
+    counts = (*range(1, 10), 70)
+    helper.tiles_amx(False)
+    try:
+        got = [cpu_c.w4a8_tiles(x[:rows], tiled) for rows in counts]
+    finally:
+        helper.tiles_amx(True)
+    helper.w4a8_simd(0)
+    for rows, fast in zip(counts, got):
+        torch.testing.assert_close(fast, cpu_c.w4a8_tiles(x[:rows], tiled), rtol=0, atol=0,
+                                   equal_nan=True, msg=f"{rows} rows")
