@@ -59,7 +59,7 @@ static TARGET512 inline __attribute__((always_inline)) void body512(
             for (t = 0; t < NT; t++) {
                 __m512i u =
                     _mm512_xor_si512(_mm512_loadu_si512((const void *)(tq[t] + c * 64)), flip);
-                _mm_prefetch((const char *)(tq[t] + c * 64 + KH_TILES_PREFETCH(MR)), _MM_HINT_T0);
+                _mm_prefetch((const char *)(tq[t] + c * 64 + KH_TILES_PREFETCH), _MM_HINT_T0);
                 for (r = 0; r < MR; r++) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], u, xv[r]);
             }
         }

@@ -98,11 +98,11 @@ typedef struct {
         body512(w, t0, NT, x, xsum, r0, MR, out);                                              \
     }
 #define KH_TILES_MR512 8 /* x rows a call of the AVX-512 kernels may take as one block */
-/* Bytes ahead in each tile's stream of codes that the AVX-512 kernels prefetch, by rows a call:
- * the more rows, the longer a chunk takes, the further ahead the line must be asked for
- * (SmolLM2's projections from memory, AMD EPYC Zen 5: 8 rows 2.44 -> 2.19 ms at 4096 against
- * 1024; 1-4 rows, one tile at a time, best at 2048). */
-#define KH_TILES_PREFETCH(MR) ((MR) > 4 ? 4096 : 2048)
+/* Bytes ahead in each tile's stream of codes that the AVX-512 kernels prefetch. SmolLM2's
+ * projections from memory, AMD EPYC Zen 5, 2 threads, against 1024: 8 rows 2.44 -> 2.19 ms;
+ * one tile at a time (the decode entry), against 2048: 1 row 1.39 -> 1.34 ms, 2 rows 1.54 ->
+ * 1.41, 4 rows 1.72 -> 1.62; prefill's blocks the same within noise. */
+#define KH_TILES_PREFETCH 4096
 #define KH_TILES_ENTRIES(TILES, NAME512, NAME512_DECODE, NAME2)                                \
     KH_TILES_BLOCK512(TILES, 1, 1) KH_TILES_BLOCK512(TILES, 2, 1)                              \
     KH_TILES_BLOCK512(TILES, 3, 1) KH_TILES_BLOCK512(TILES, 4, 1)                              \

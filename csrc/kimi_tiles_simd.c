@@ -75,7 +75,7 @@ static TARGET512 inline __attribute__((always_inline)) void body512(
                     __m512i raw = _mm512_loadu_si512((const void *)(tq[t] + c * 64));
                     __m512i lo = _mm512_and_si512(raw, mask);
                     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
-                    _mm_prefetch((const char *)(tq[t] + c * 64 + KH_TILES_PREFETCH(MR)),
+                    _mm_prefetch((const char *)(tq[t] + c * 64 + KH_TILES_PREFETCH),
                                  _MM_HINT_T0);
                     for (r = 0; r < MR; r++)
                         dot[r][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot[r][t], lo, xa[r]),
