@@ -29,7 +29,8 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from edit_turns import frozen_turns  # noqa: E402
 
-from engined.engine import lookup, speculate  # noqa: E402
+from engined.engine import speculate  # noqa: E402
+from engined.engine.lookup import PromptLookup  # noqa: E402
 from engined.engine.loop import PREFILL_CHUNK  # noqa: E402
 from engined.weights import loader  # noqa: E402
 
@@ -71,7 +72,7 @@ def shipped(prompt: list[int], ref: list[int], cost: tuple[float, ...],
     """The engine's lookup and draft length on ref -> (seconds, steps, drafted, accepted);
     engine: the engine's acceptance counts, carried from turn to turn as a served engine's."""
     relative = tuple(t / cost[1] for t in cost)
-    lookup, length = lookup.PromptLookup(prompt), speculate.DraftLength(engine)
+    lookup, length = PromptLookup(prompt), speculate.DraftLength(engine)
     out, seconds, steps, drafted, accepted = [ref[0]], 0.0, 0, 0, 0
     while len(out) < len(ref):
         draft = lookup.draft(out, min(speculate.K_MAX, len(ref) - len(out) - 1))
