@@ -111,8 +111,10 @@ typedef struct {
     KH_TILES_BLOCK512(TILES, 1, 2) KH_TILES_BLOCK512(TILES, 2, 2)                              \
     KH_TILES_BLOCK512(TILES, 3, 2) KH_TILES_BLOCK512(TILES, 4, 2)                              \
     KH_TILES_BLOCK512(TILES, 1, 4) KH_TILES_BLOCK512(TILES, 2, 4)                              \
-    TARGET512 void NAME512(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,           \
-                           const int32_t *xsum, int64_t r0, int mr, float *out)                \
+    /* wide: blocks of 4 and 2 tiles where the rows allow (prefill), else one tile at a time */ \
+    static TARGET512 void blocks512(const TILES *w, int64_t t, int64_t end, const KhQ8 *x,      \
+                                    const int32_t *xsum, int64_t r0, int mr, float *out,         \
+                                    int wide)                                                    \
     {                                                                                          \
         typedef void (*Block)(const TILES *, int64_t, const KhQ8 *, const int32_t *, int64_t,  \
                               float *);                                                        \
@@ -120,23 +122,21 @@ typedef struct {
                                      block512_5_1, block512_6_1, block512_7_1, block512_8_1}; \
         static const Block by2[5] = {0, block512_1_2, block512_2_2, block512_3_2, block512_4_2}; \
         static const Block by4[3] = {0, block512_1_4, block512_2_4};                           \
-        const TILES *w = tiles;                                                                \
-        int64_t t = t0, end = t0 + nt;                                                         \
-        if (mr <= 2)                                                                           \
+        if (wide && mr <= 2)                                                                   \
             for (; t + 4 <= end; t += 4) by4[mr](w, t, x, xsum, r0, out);                      \
-        if (mr <= 4)                                                                           \
+        if (wide && mr <= 4)                                                                   \
             for (; t + 2 <= end; t += 2) by2[mr](w, t, x, xsum, r0, out);                      \
         for (; t < end; t++) by1[mr](w, t, x, xsum, r0, out);                                  \
+    }                                                                                          \
+    TARGET512 void NAME512(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,           \
+                           const int32_t *xsum, int64_t r0, int mr, float *out)                \
+    {                                                                                          \
+        blocks512(tiles, t0, t0 + nt, x, xsum, r0, mr, out, 1);                                \
     }                                                                                          \
     TARGET512 void NAME512_DECODE(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,    \
                                   const int32_t *xsum, int64_t r0, int mr, float *out)         \
     {                                                                                          \
-        typedef void (*Block)(const TILES *, int64_t, const KhQ8 *, const int32_t *, int64_t,  \
-                              float *);                                                        \
-        static const Block by1[9] = {0, block512_1_1, block512_2_1, block512_3_1, block512_4_1, \
-                                     block512_5_1, block512_6_1, block512_7_1, block512_8_1}; \
-        int64_t t;                                                                             \
-        for (t = t0; t < t0 + nt; t++) by1[mr](tiles, t, x, xsum, r0, out);                    \
+        blocks512(tiles, t0, t0 + nt, x, xsum, r0, mr, out, 0);                                \
     }                                                                                          \
     static TARGET2 void block2_1(const TILES *w, int64_t t, const KhQ8 *x, int64_t r0, float *out) \
     {                                                                                          \
