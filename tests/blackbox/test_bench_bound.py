@@ -1,12 +1,11 @@
 """bench/edit_turns_bound.py's offline simulation of the shipped drafter and of its oracles,
 on a few tokens and a made-up step cost: no model."""
-import importlib.util
 import sys
 
 import pytest
 
 from engined.engine import speculate
-from tests.support.bench import BENCH
+from tests.support.bench import BENCH, load
 
 COST = (0.0, *(1e-3 * (1 + 0.1 * r) for r in range(speculate.K_MAX + 1)))  # a row: +10%
 
@@ -14,10 +13,7 @@ COST = (0.0, *(1e-3 * (1 + 0.1 * r) for r in range(speculate.K_MAX + 1)))  # a r
 @pytest.fixture
 def bound(monkeypatch):
     monkeypatch.setattr(sys, "path", [str(BENCH), *sys.path])  # the script's sibling imports
-    spec = importlib.util.spec_from_file_location("bench_edit_turns_bound", BENCH / "edit_turns_bound.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("edit_turns_bound")
 
 
 def test_a_copied_reply_takes_fewer_steps_than_tokens(bound):

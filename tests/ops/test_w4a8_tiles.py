@@ -23,6 +23,18 @@ def packed(n: int, k: int, group: int = 32, symmetric: bool = False, seed: int =
                                                       group, symmetric=symmetric))
 
 
+def level_and_portable(x, w, counts) -> tuple[list, list]:
+    """w4a8_tiles of x[:rows] for each count: by the level's own kernel (AMX off), then by
+    the portable C (the cap left at 0: the level fixture restores it)."""
+    helper.tiles_amx(False)
+    try:
+        got = [cpu_c.w4a8_tiles(x[:rows], w) for rows in counts]
+    finally:
+        helper.tiles_amx(True)
+    helper.w4a8_simd(0)
+    return got, [cpu_c.w4a8_tiles(x[:rows], w) for rows in counts]
+
+
 @pytest.fixture
 def threads():
     yield
@@ -68,15 +80,10 @@ def test_every_kernel_level_gives_the_portable_bits(level, group, symmetric):
     w = int4_format.to_tiles(packed(112, 576, group, symmetric, seed=group))
     x = torch.randn(70, 576, generator=torch.Generator().manual_seed(1)) * 3
     counts = (*range(1, 10), 70)
-    helper.tiles_amx(False)
-    try:
-        got = [cpu_c.w4a8_tiles(x[:rows], w) for rows in counts]
-    finally:
-        helper.tiles_amx(True)
-    helper.w4a8_simd(0)
+    got, portable = level_and_portable(x, w, counts)
     assert helper.tiles_simd() == 0
-    for rows, fast in zip(counts, got):
-        assert torch.equal(fast, cpu_c.w4a8_tiles(x[:rows], w)), rows
+    for rows, fast, plain in zip(counts, got, portable):
+        assert torch.equal(fast, plain), rows
 
 
 def test_a_row_is_the_same_bits_in_any_batch():
@@ -161,12 +168,6 @@ def test_an_inf_in_x_quantizes_as_the_portable_c_does(level):
     x[1::3, 100] = -float("inf")
     tiled = int4_format.to_tiles(packed(112, 576, seed=8))
     counts = (*range(1, 10), 70)
-    helper.tiles_amx(False)
-    try:
-        got = [cpu_c.w4a8_tiles(x[:rows], tiled) for rows in counts]
-    finally:
-        helper.tiles_amx(True)
-    helper.w4a8_simd(0)
-    for rows, fast in zip(counts, got):
-        torch.testing.assert_close(fast, cpu_c.w4a8_tiles(x[:rows], tiled), rtol=0, atol=0,
-                                   equal_nan=True, msg=f"{rows} rows")
+    got, portable = level_and_portable(x, tiled, counts)
+    for rows, fast, plain in zip(counts, got, portable):
+        torch.testing.assert_close(fast, plain, rtol=0, atol=0, equal_nan=True, msg=f"{rows} rows")
