@@ -3,9 +3,15 @@
  * The T*top_k routes are sorted by expert (a counting sort): segment s is the sorted routes
  * [seg_start[s], seg_start[s+1]), every one of which chose expert seg_expert[s]. Each weight
  * row of a selected expert is read once and met by all of the segment's rows, KH_MAX_ROWS at a
- * time, so T tokens that share an expert cost one pass over it, not T. Two phases, each one
- * kh_parallel_rows job over (segment, `quad` output rows): h = silu(x W1^T) * (x W3^T)
- * [R, inner], then y = h W2^T [R, d]. Last, each token's outputs are summed in choice order.
+ * time, so T tokens that share an expert cost one pass over it, not T. Three jobs on the pool:
+ * g = x W1^T and u = x W3^T [R, inner], one job over (segment, matrix, `quad` output rows);
+ * h = silu(g) * u by route; y = h W2^T [R, d] over (segment, quad). Last, each token's
+ * outputs are summed in choice order.
+ * A job item meets one matrix, so a thread's run of items streams one expert's W1, or its W3,
+ * not both at once. Items that took 4 rows of each in turn made the Kimi MoE layer at T = 1
+ * slower (2 threads, Zen 5, interleaved runs): over 64 experts in C, W4A8 847-874 us against
+ * 695-758; in bench/int4_kernels.py's call (256 experts), W4A8 842-979 us against 869-893,
+ * W4A16 975-994 against 925-934. Same operations, same bits.
  * The dot (KhMoeDot) says how the rows are prepared and met: W4A16 here, W4A8 in
  * kimi_moe_w4a8.c. Its kernels compute each row alike whatever their count, so a token's
  * result does not depend on the tokens batched with it. */
@@ -15,40 +21,30 @@
 
 typedef struct {
     const KhMoeDot *dot;
-    const KhMoeRows *op;                 /* the prepared rows of this phase */
-    const KhInt4 *w[2];                  /* phase 1: gate and up (swiglu); phase 2: down */
-    int swiglu;
+    const KhMoeRows *op;                 /* the prepared rows of this job */
+    const KhInt4 *w[2];                  /* gate and up; or down alone */
+    int matrices;                        /* 2 or 1 */
     const int64_t *seg_expert, *seg_start;
-    int64_t n, items;                    /* output rows; job items per segment */
-    float *out;                          /* [R, n] */
+    int64_t n, quads;                    /* output rows; quads of them per matrix */
+    float *out[2];                       /* [R, n] each: w[0]'s outputs, w[1]'s */
 } SegJob;
 
+/* Item (segment, matrix, quad): `quads` items per matrix, the segment's matrices in turn. */
 static void seg_item(const SegJob *job, int64_t item)
 {
-    int quad = job->dot->quad, count, t, u;
+    int quad = job->dot->quad, count, t;
     int64_t n = job->n, k = job->op->k, group = job->op->group, r0;
-    int64_t seg = item / job->items, row0 = (item % job->items) * quad;
-    KhRow w[2][4];
+    int64_t per_seg = job->quads * job->matrices, seg = item / per_seg;
+    int64_t m = item % per_seg / job->quads, row0 = item % job->quads * quad;
+    const KhInt4 *w = job->w[m];
+    KhRow rows[4];
     count = n - row0 < quad ? (int)(n - row0) : quad;
-    for (u = 0; u <= job->swiglu; u++)
-        for (t = 0; t < count; t++)
-            w[u][t] = kh_row(job->w[u]->q, job->w[u]->s, job->w[u]->m,
-                             job->seg_expert[seg] * n + row0 + t, k, group);
+    for (t = 0; t < count; t++)
+        rows[t] = kh_row(w->q, w->s, w->m, job->seg_expert[seg] * n + row0 + t, k, group);
     for (r0 = job->seg_start[seg]; r0 < job->seg_start[seg + 1]; r0 += KH_MAX_ROWS) {
-        int64_t rows = job->seg_start[seg + 1] - r0, j;
-        float gate[KH_MAX_ROWS * 4], up[KH_MAX_ROWS * 4]; /* [rows, 4] */
-        if (rows > KH_MAX_ROWS) rows = KH_MAX_ROWS;
-        if (!job->swiglu) {
-            job->dot->dots(job->op, w[0], count, r0, rows, job->out + r0 * n + row0, n);
-            continue;
-        }
-        job->dot->dots(job->op, w[0], count, r0, rows, gate, 4);
-        job->dot->dots(job->op, w[1], count, r0, rows, up, 4);
-        for (j = 0; j < rows; j++)
-            for (t = 0; t < count; t++) {
-                float g = gate[j * 4 + t];
-                job->out[(r0 + j) * n + row0 + t] = g / (1.0f + expf(-g)) * up[j * 4 + t];
-            }
+        int64_t left = job->seg_start[seg + 1] - r0;
+        job->dot->dots(job->op, rows, count, r0, left < KH_MAX_ROWS ? left : KH_MAX_ROWS,
+                       job->out[m] + r0 * n + row0, n);
     }
 }
 
@@ -57,15 +53,32 @@ static void seg_items(void *ctx, int64_t i, int64_t end)
     for (; i < end; i++) seg_item(ctx, i);
 }
 
-/* One phase: every (segment, quad of output rows) of `segments` on the pool. */
+/* Every (segment, matrix, quad of output rows) of `segments` on the pool. */
 static void run_segments(SegJob *job, int64_t segments, int nthreads)
 {
     int64_t total;
     job->n = job->w[0]->n;
-    job->items = (job->n + job->dot->quad - 1) / job->dot->quad;
-    total = segments * job->items;
-    kh_parallel_rows(seg_items, job, total,
-                     total * job->dot->quad * job->w[0]->k * (job->swiglu + 1), nthreads, 1);
+    job->quads = (job->n + job->dot->quad - 1) / job->dot->quad;
+    total = segments * job->quads * job->matrices;
+    kh_parallel_rows(seg_items, job, total, total * job->dot->quad * job->w[0]->k, nthreads, 1);
+}
+
+typedef struct {
+    float *h;
+    const float *u;
+    int64_t inner;
+} SiluJob;
+
+/* h = silu(h) * u for routes [i, end): expf per value, the formula of moe_swiglu's C kernel
+ * (kimi_gemv.c), so a decode token gets its bits. */
+static void silu_routes(void *ctx, int64_t i, int64_t end)
+{
+    const SiluJob *job = ctx;
+    int64_t j;
+    for (j = i * job->inner; j < end * job->inner; j++) {
+        float g = job->h[j];
+        job->h[j] = g / (1.0f + expf(-g)) * job->u[j];
+    }
 }
 
 /* A stable counting sort of experts [routes] by id into order [routes] (route indices,
@@ -133,9 +146,10 @@ static int64_t lines(int64_t n)
 
 /* Work layout, in floats, each part from a 64-byte line (the work is, as torch allocates):
  * int64 order [R], seg_expert [R], seg_start [R+1] (2 floats each); x prepared [R, d];
- * h [R, inner]; h prepared [R, inner]; y [R, d]. */
+ * h [R, inner] (x W1^T, then silu of it times u); u [R, inner] (x W3^T); h prepared
+ * [R, inner]; y [R, d]. */
 typedef struct {
-    int64_t xs, h, hs, y, total;     /* offsets of the parts, and the size */
+    int64_t xs, h, u, hs, y, total;  /* offsets of the parts, and the size */
 } MoeWork;
 
 static MoeWork moe_work(const KhMoeDot *dot, int64_t routes, int64_t d, int64_t inner,
@@ -146,7 +160,8 @@ static MoeWork moe_work(const KhMoeDot *dot, int64_t routes, int64_t d, int64_t 
     if (xs < 0 || hs < 0) return at;
     at.xs = lines(2 * (3 * routes + 1));
     at.h = at.xs + lines(xs);
-    at.hs = at.h + lines(routes * inner);
+    at.u = at.h + lines(routes * inner);
+    at.hs = at.u + lines(routes * inner);
     at.y = at.hs + lines(hs);
     at.total = at.y + routes * d;
     return at;
@@ -174,8 +189,9 @@ int kh_moe_grouped(const KhMoeDot *dot, const KhExperts *bank, const float *x, i
     SegJob job = {.dot = dot};
     int64_t routes = tokens * top_k, segments, r, d, inner, group;
     int64_t *order, *seg_expert, *seg_start;
-    float *h, *y;
+    float *h, *u, *y;
     KhMoeRows xs, hs;
+    SiluJob silu;
     MoeWork at;
     if (!bank || !bank_ok(bank) || !x || !experts || !weights || !work || !out || tokens <= 0
         || top_k <= 0 || nthreads <= 0)
@@ -188,6 +204,7 @@ int kh_moe_grouped(const KhMoeDot *dot, const KhExperts *bank, const float *x, i
     seg_start = seg_expert + routes;
     xs = dot->at(work + at.xs, routes, d, group);
     h = work + at.h;
+    u = work + at.u;
     hs = dot->at(work + at.hs, routes, inner, group);
     y = work + at.y;
     segments = sort_routes(experts, routes, bank->num_experts, order, seg_expert, seg_start);
@@ -196,12 +213,15 @@ int kh_moe_grouped(const KhMoeDot *dot, const KhExperts *bank, const float *x, i
         dot->prepare(&xs, x + (order[r] / top_k) * d, r, 1);
     job.seg_expert = seg_expert;
     job.seg_start = seg_start;
-    /* phase 1: h [routes, inner] = silu(x W1^T) * (x W3^T) */
-    job.swiglu = 1, job.w[0] = &bank->gate, job.w[1] = &bank->up, job.op = &xs, job.out = h;
+    /* h = x W1^T, u = x W3^T [routes, inner]; then h = silu(h) * u */
+    job.matrices = 2, job.w[0] = &bank->gate, job.w[1] = &bank->up, job.op = &xs;
+    job.out[0] = h, job.out[1] = u;
     run_segments(&job, segments, nthreads);
-    /* phase 2: y [routes, d] = h W2^T */
+    silu.h = h, silu.u = u, silu.inner = inner;
+    kh_parallel_rows(silu_routes, &silu, routes, routes * inner, nthreads, 1);
+    /* y [routes, d] = h W2^T */
     dot->prepare(&hs, h, 0, routes);
-    job.swiglu = 0, job.w[0] = &bank->down, job.op = &hs, job.out = y;
+    job.matrices = 1, job.w[0] = &bank->down, job.op = &hs, job.out[0] = y;
     run_segments(&job, segments, nthreads);
     combine_routes(y, order, seg_expert, tokens, top_k, weights, d, out);
     return KH_OK;

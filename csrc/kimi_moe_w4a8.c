@@ -3,9 +3,9 @@
  * row of h, is quantized to int8 per block of 32 exactly as gemv_w4a8 quantizes
  * (kh_q8_prepare), and the chosen experts' rows meet them through gemv_w4a8's kernels
  * (kh_q8_dots): a segment of one row (a decode token) takes 4 weight rows per x load, a
- * longer one its rows 8 at a time. A job item is (segment, 4 output rows). The kernels and the
- * quantization work per row, so a token's result is the same bits whatever tokens share the
- * call. */
+ * longer one its rows 8 at a time. A job item is (segment, matrix, 4 output rows). The kernels
+ * and the quantization work per row, so a token's result is the same bits whatever tokens
+ * share the call. */
 #include "kimi_moe.h"
 
 static int64_t w4a8_floats(int64_t rows, int64_t k, int64_t group)
