@@ -60,6 +60,10 @@ class TiedEmbedding:
         return (w.dtype == torch.float16 and w.device.type == "cpu" and w.is_contiguous()
                 and helper.available())
 
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """The tensors the lookup and the head read (hugepages.gather_ may move them)."""
+        return [self.weight]
+
     def _c_logits(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [T, V] fp32
         x = x.to(torch.float32).contiguous()
@@ -96,6 +100,10 @@ class Q8TiedEmbedding:
         p.tile_in_place_(back)  # a block at a time: no second copy of a large head
         self.packed = type(p)(p.q, p.scales, tiles=not back)
         self._head = registry.resolve("q8_gemv" if back else "q8_tiles", p.q.device.type).fn
+
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """The tensors the lookup and the head read (hugepages.gather_ may move them)."""
+        return [self.packed.q, self.packed.scales]
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         # tokens: [T] -> [T, D] fp32; on the CPU one C pass (helper.q8_embed), the same values

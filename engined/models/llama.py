@@ -20,6 +20,7 @@ from engined.ops import int4_format, registry
 from engined.ops.llama_decode_layer.reference import LlamaLayer
 from engined.ops.q8_gemv.reference import PackedQ8
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
+from engined.weights import hugepages
 
 # Layer slot -> artifact name ({i}: block index). INT4 names carry .qweight/.scales/.mins.
 NORM_WEIGHTS = {"attn_norm": "blk.{i}.attn_norm.weight", "ffn_norm": "blk.{i}.ffn_norm.weight"}
@@ -125,6 +126,7 @@ class LlamaModel:
         self.kv_dtype, self.device = kv_dtype, device
         self.decode_gemv = "w4a16_gemv"
         self.decode_layer, self.decode_layers = None, []  # select_decode_gemv sets them
+        self.arena = None  # the CPU weights' 2 MiB pages (select_decode_gemv gathers them)
         # Rows of one sequence at consecutive positions each write their K/V row before any
         # row attends (the layer call, and the blocks' per-row attention), and every op is
         # row-invariant (the W4A8 rows take the 4-row kernel's operations, 419bbf0):
@@ -180,6 +182,10 @@ class LlamaModel:
         if not tiles:
             for lin in linears:
                 lin.select_gemv(op)
+        if self.device == "cpu" and self.arena is None:  # in their final layout, once
+            self.arena = hugepages.gather_(
+                [t for lin in linears for t in (lin.packed.qweight, lin.packed.scales, lin.packed.mins)]
+                + self.embedding.weight_tensors())
         self.decode_gemv = op
         self.decode_layer = self._decode_layer_fn()
         self.decode_layers = [layer_weights(block, op) for block in self.blocks] if self.decode_layer else []

@@ -10,7 +10,7 @@ import threading
 import time
 
 from engined import helper
-from engined.weights import loader
+from engined.weights import hugepages, loader
 from engined.weights.hub import ids, pull
 from engined.engine import kernels
 from engined.engine import memory as memcap
@@ -124,6 +124,8 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
                   "expert is on the GPU, which runs them in W4A16; nothing changes")
     if device == "cpu" and helper.available():
         log.write(f"kimi-engine: {_cpu_kernels(loaded.model)}")
+    if device == "cpu":
+        log.write(f"kimi-engine: {hugepages.describe()}")
     metrics = EngineMetrics()
     metrics.load_time.set(seconds)
     if loaded.offload_counters is not None:
