@@ -57,12 +57,13 @@ def available() -> bool:
 
 def gather_(tensors: list[torch.Tensor | None]) -> Arena | None:
     """Move the distinct, contiguous CPU tensors among `tensors` into one advised mapping, in
-    place (None entries and tensors elsewhere are left as they are). None where huge pages
-    are not available, or nothing was moved."""
+    place. None entries, views (their base would keep the old memory, and the two would part)
+    and tensors elsewhere are left as they are. None where huge pages are not available, or
+    nothing was moved."""
     seen, chosen = set(), []
     for t in tensors:
         if t is not None and t.device.type == "cpu" and t.is_contiguous() and t.numel() \
-                and id(t) not in seen:
+                and t._base is None and id(t) not in seen:
             seen.add(id(t))
             chosen.append(t)
     if not chosen or not available():

@@ -20,9 +20,10 @@ def test_gathered_tensors_keep_their_values_in_one_aligned_arena(monkeypatch):
         made_there = torch.randn(5, 9, generator=gen)
     wide = torch.randn(4, 6, generator=gen)
     strided = wide[:, ::2]                                   # not contiguous: left alone
-    tensors = [codes, None, scales, codes, made_there, strided]
+    rows = wide[1:3]                                         # a view: left with its base
+    tensors = [codes, None, scales, codes, made_there, strided, rows]
     want = [t.clone() for t in (codes, scales, made_there, strided)]
-    strided_at = strided.data_ptr()
+    strided_at, rows_at = strided.data_ptr(), rows.data_ptr()
     arena = hugepages.gather_(tensors)
     assert arena is not None and arena.start % hugepages.PAGE == 0
     got = (codes, scales, made_there, strided)
@@ -33,7 +34,7 @@ def test_gathered_tensors_keep_their_values_in_one_aligned_arena(monkeypatch):
     for (at, size), (next_at, _) in zip(moved, moved[1:]):
         assert at % hugepages.SLOT == 0 and at + size <= next_at     # aligned, apart
     assert moved[-1][0] + moved[-1][1] <= arena.start + arena.nbytes
-    assert strided.data_ptr() == strided_at
+    assert strided.data_ptr() == strided_at and rows.data_ptr() == rows_at
     del arena, tensors
     codes.add_(1)                          # the mapping lives as long as its tensors
     assert torch.equal(codes, want[0] + 1)
