@@ -16,6 +16,7 @@ reference to it sees the move. A handle holding an old address (helper.Int4Weigh
 made after gathering: cpu_c's handle cache checks the address and makes a new one."""
 from __future__ import annotations
 
+import logging
 import mmap
 import pathlib
 import weakref
@@ -25,6 +26,8 @@ import torch
 PAGE = 2 << 20  # the huge page: the arena starts on one
 SLOT = 64       # each tensor starts on a cache line
 THP_MODE = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+log = logging.getLogger(__name__)
 
 _arenas: "weakref.WeakSet[Arena]" = weakref.WeakSet()
 
@@ -74,11 +77,15 @@ def gather_(tensors: list[torch.Tensor | None]) -> Arena | None:
         offsets.append(nbytes)
         nbytes += t.numel() * t.element_size()
     span = -(-nbytes // PAGE) * PAGE
-    mapping = mmap.mmap(-1, span + PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    whole = torch.frombuffer(mapping, dtype=torch.uint8)
-    base = whole.data_ptr()
-    start = -base % PAGE
-    mapping.madvise(mmap.MADV_HUGEPAGE, start, span)  # before any page of it is touched
+    try:
+        mapping = mmap.mmap(-1, span + PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        whole = torch.frombuffer(mapping, dtype=torch.uint8)
+        base = whole.data_ptr()
+        start = -base % PAGE
+        mapping.madvise(mmap.MADV_HUGEPAGE, start, span)  # before any page of it is touched
+    except OSError as exc:  # no room to map, or a kernel that refuses the advice: stay put
+        log.warning("weights stay in 4 KiB pages: %s", exc)
+        return None
     storage = whole.untyped_storage()
     del whole
     with torch.inference_mode():  # set_ on a tensor made there, or not

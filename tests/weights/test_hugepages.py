@@ -40,6 +40,18 @@ def test_gathered_tensors_keep_their_values_in_one_aligned_arena(monkeypatch):
     assert torch.equal(codes, want[0] + 1)
 
 
+def test_a_mapping_the_kernel_refuses_leaves_the_weights_where_they_are(monkeypatch, caplog):
+    monkeypatch.setattr(hugepages, "available", lambda: True)
+
+    def refused(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+    monkeypatch.setattr(hugepages.mmap, "mmap", refused)
+    t = torch.randn(64)
+    at = t.data_ptr()
+    assert hugepages.gather_([t]) is None and t.data_ptr() == at
+    assert "weights stay in 4 KiB pages" in caplog.text
+
+
 def test_nothing_moves_where_huge_pages_are_off(monkeypatch):
     monkeypatch.setattr(hugepages, "thp_mode", lambda: "never")
     t = torch.randn(64)
