@@ -10,8 +10,8 @@
  * A job item meets one matrix, so a thread's run of items streams one expert's W1, or its W3,
  * not both at once. Items that took 4 rows of each in turn made the Kimi MoE layer at T = 1
  * slower (2 threads, Zen 5, interleaved runs): over 64 experts in C, W4A8 847-874 us against
- * 695-758; in bench/int4_kernels.py's call (256 experts), W4A8 842-979 us against 869-893,
- * W4A16 975-994 against 925-934. Same operations, same bits.
+ * 695-758; in bench/int4_kernels.py's call (256 experts), W4A16 975-994 us against 925-934.
+ * Same operations, same bits.
  * The dot (KhMoeDot) says how the rows are prepared and met: W4A16 here, W4A8 in
  * kimi_moe_w4a8.c. Its kernels compute each row alike whatever their count, so a token's
  * result does not depend on the tokens batched with it. */
@@ -228,7 +228,7 @@ int kh_moe_grouped(const KhMoeDot *dot, const KhExperts *bank, const float *x, i
 }
 
 /* W4A16: rows de-interleaved with their group sums (kh_prepare_x), 4 weight rows an item (one
- * row an item cost ~8% in calls and in switching between the gate and up streams). */
+ * row an item cost ~8%, measured when an item still took its rows of gate and of up). */
 static int64_t w4a16_floats(int64_t rows, int64_t k, int64_t group)
 {
     return rows * (k + k / group);

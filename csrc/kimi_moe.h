@@ -27,7 +27,7 @@ void kh_i16_rows_vnni512(const KhRow *w, const KhI16 *x, int64_t rows, float *y,
 void kh_i16_rows4_avx2(const KhRow *w, const KhI16 *x, float *y);
 void kh_i16_rows_avx2(const KhRow *w, const KhI16 *x, int64_t rows, float *y, int64_t y_stride);
 
-/* The rows one phase's weights meet (x, then h), one per sorted route, as a dot prepared
+/* The rows one job's weights meet (x, then h), one per sorted route, as a dot prepared
  * them: de-interleaved with group sums (W4A16's float kernels), or quantized per block of 32
  * (W4A8; W4A16 at 16 bits where int16 dots run). */
 typedef struct {

@@ -13,8 +13,9 @@ class Int4Weight:
     experts == 0: one linear, qweight [N, K/2], scales/mins [N, K/G].
     experts == E: a stack, qweight [E, N, K/2], scales/mins [E, N, K/G].
     mins None: symmetric (w = s*(q - 8)), passed to C as NULL.
-    Holds its tensors, so the pointers stay valid while the handle lives; `address` is
-    qweight's data address when prepared (a tensor given new storage needs a new handle)."""
+    Holds its tensors and their storages, so the pointers stay valid while the handle lives,
+    even if a tensor is given new storage (hugepages.gather_); `address` is (qweight, scales,
+    mins) data addresses when prepared: a tensor that moved since needs a new handle."""
 
     __slots__ = ("q", "s", "m", "experts", "n", "k", "group", "work_floats", "q8_work_floats",
                  "address", "tiled", "_tensors")
@@ -40,13 +41,13 @@ class Int4Weight:
                              f"of whole blocks of 32, got qweight {shape}, group {group}")
         self.tiled = bool(tiled)
         self.n, self.k, self.group = shape[-2], 2 * shape[-1], group
-        self.address = qweight.data_ptr()
-        self.q = ffi.cast("uint8_t *", self.address)
+        self.address = tuple(0 if t is None else t.data_ptr() for t in (qweight, scales, mins))
+        self.q = ffi.cast("uint8_t *", self.address[0])
         self.s = ffi.cast("uint16_t *", scales.data_ptr())
         self.m = ffi.NULL if mins is None else ffi.cast("uint16_t *", mins.data_ptr())
         self.work_floats = int(lib.gemv_w4a16_work_floats(MAX_ROWS, self.k, group))
         self.q8_work_floats = int(lib.gemv_w4a8_work_floats(MAX_ROWS, self.k, group))  # -1: refused
-        self._tensors = tensors
+        self._tensors = tensors + tuple(t.untyped_storage() for t in tensors)
 
 
 def int4_weight(qweight, scales, mins, group: int, tiled: bool = False) -> Int4Weight:

@@ -33,7 +33,7 @@ class SwiGLU:
         """Gate and up as one stacked linear (rows concatenated: outputs are bit-identical);
         gate_proj and up_proj become views of its rows, so the weights are held once."""
         self.gate_up = Linear.stacked([self.gate_proj, self.up_proj], device)
-        self.gate_proj, self.up_proj = self.gate_up.rows(0, self.hidden), self.gate_up.rows(self.hidden, 2 * self.hidden)
+        self.view_rows()
         return self
 
     def to_tiles_(self, back: bool = False):
@@ -41,7 +41,13 @@ class SwiGLU:
         up_proj are made again as views of gate_up's rows (whole tiles: hidden % 16 == 0)."""
         for lin in (self.gate_up, self.down_proj):
             lin.to_tiles_(back)
-        self.gate_proj, self.up_proj = self.gate_up.rows(0, self.hidden), self.gate_up.rows(self.hidden, 2 * self.hidden)
+        self.view_rows()
+
+    def view_rows(self):
+        """gate_proj and up_proj as views of gate_up's rows: again whenever gate_up's tensors
+        get new storage (hugepages.gather_), or the old views would keep the old memory."""
+        self.gate_proj = self.gate_up.rows(0, self.hidden)
+        self.up_proj = self.gate_up.rows(self.hidden, 2 * self.hidden)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [T, D]; gate_up: [T, 2F]

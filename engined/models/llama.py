@@ -186,6 +186,8 @@ class LlamaModel:
             self.arena = hugepages.gather_(
                 [t for lin in linears for t in (lin.packed.qweight, lin.packed.scales, lin.packed.mins)]
                 + self.embedding.weight_tensors())
+            for block in self.blocks:  # gate and up: views of the moved rows, not the old ones
+                block.mlp.view_rows()
         self.decode_gemv = op
         self.decode_layer = self._decode_layer_fn()
         self.decode_layers = [layer_weights(block, op) for block in self.blocks] if self.decode_layer else []

@@ -124,7 +124,7 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
                   "expert is on the GPU, which runs them in W4A16; nothing changes")
     if device == "cpu" and helper.available():
         log.write(f"kimi-engine: {_cpu_kernels(loaded.model)}")
-    if device == "cpu":
+    if hugepages.describe():
         log.write(f"kimi-engine: {hugepages.describe()}")
     metrics = EngineMetrics()
     metrics.load_time.set(seconds)
