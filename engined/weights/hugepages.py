@@ -15,8 +15,10 @@ The cost, SmolLM2 on the CPU: RSS after load 387 -> 405-408 MiB (whole 2 MiB pag
 the trims could not return), peak 410 MiB; a load 0.1 s longer.
 
 The values, shapes and strides stay; each tensor gets new storage (Tensor.set_), so every
-reference to it sees the move. A handle holding an old address (helper.Int4Weight) must be
-made after gathering: cpu_c's handle cache checks the address and makes a new one."""
+reference to it sees the move. Not its views: they keep the old storage, so a caller makes
+them again (SwiGLU.view_rows). A C handle made before (helper.Int4Weight) holds the old
+storage, so its pointers stay valid; cpu_c's handle cache sees the new addresses and makes a
+new one."""
 from __future__ import annotations
 
 import ctypes
