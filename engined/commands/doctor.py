@@ -27,8 +27,8 @@ MIN_PYTHON = (3, 11)
 def run_checks(config: EngineConfig) -> list[Check]:
     checks: list[Callable[[EngineConfig], Check]] = [
         check_python, check_torch, check_triton, check_helper, check_gpu, check_model,
-        check_memory_plan, check_cache_dir, doctor_hub.check_disk, doctor_hub.check_hub,
-        check_socket]
+        check_memory_plan, check_huge_pages, check_cache_dir, doctor_hub.check_disk,
+        doctor_hub.check_hub, check_socket]
     return [_guarded(check, config) for check in checks]
 
 
@@ -184,6 +184,20 @@ def check_memory_plan(config: EngineConfig) -> Check:
     if not ram.is_ok:
         return Check("memory plan", False, f"{detail}\n    {ram.detail}", ram.fix)
     return Check("memory plan", True, f"{detail}\n    {ram.detail}")
+
+
+def check_huge_pages(config: EngineConfig) -> Check:
+    """Whether the CPU weights can go into 2 MiB pages (engined/weights/hugepages.py). Never a
+    failure: without them decode runs, a few percent slower."""
+    from engined.weights import hugepages
+
+    mode = hugepages.thp_mode() or "none on this system"
+    if hugepages.available():
+        return Check("huge pages", True, f"transparent huge pages {mode}: a Llama-family "
+                     "model's CPU weights go into 2 MiB pages")
+    return Check("huge pages", True, f"transparent huge pages {mode}: the CPU weights stay in "
+                 "4 KiB pages, decode a few percent slower (as root: echo madvise > "
+                 f"{hugepages.THP_MODE})")
 
 
 def check_cache_dir(config: EngineConfig) -> Check:

@@ -14,7 +14,7 @@ from engined.config import EngineConfig
 from tests.blackbox.service_helpers import ROOT
 
 CHECK_NAMES = ["python", "torch", "triton", "C helper", "gpu", "model", "memory plan",
-               "cache dir", "disk", "hub", "socket"]
+               "huge pages", "cache dir", "disk", "hub", "socket"]
 
 
 @pytest.fixture
@@ -223,3 +223,16 @@ def test_memory_plan_shows_where_each_part_lives(tmp_path, workdir):
     line = lines_by_check(refused.stdout)["memory plan"]
     assert refused.returncode == 1 and line.startswith("x ")
     assert "--n-cpu-moe 8: this model has 7 MoE layers, so it must be 0..7" in line
+
+
+@pytest.mark.parametrize("mode", ["madvise", "always", "never", ""])
+def test_the_huge_pages_line_says_where_the_weights_go(monkeypatch, mode):
+    """A performance note, never a failure: with THP off it says how to turn it on."""
+    from engined.weights import hugepages
+    monkeypatch.setattr(hugepages, "thp_mode", lambda: mode)
+    check = doctor.check_huge_pages(EngineConfig())
+    assert check.is_ok
+    if mode in ("madvise", "always"):
+        assert f"transparent huge pages {mode}: " in check.detail and "2 MiB pages" in check.detail
+    else:
+        assert "stay in 4 KiB pages" in check.detail and "echo madvise >" in check.detail
