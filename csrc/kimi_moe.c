@@ -17,8 +17,6 @@
  * result does not depend on the tokens batched with it. */
 #include "kimi_moe.h"
 
-#include <math.h>
-
 typedef struct {
     const KhMoeDot *dot;
     const KhMoeRows *op;                 /* the prepared rows of this job */
@@ -63,167 +61,33 @@ static void run_segments(SegJob *job, int64_t segments, int nthreads)
     kh_parallel_rows(seg_items, job, total, total * job->dot->quad * job->w[0]->k, nthreads, 1);
 }
 
-typedef struct {
-    float *h;
-    const float *u;
-    int64_t inner;
-} SiluJob;
-
-/* h = silu(h) * u for routes [i, end): expf per value, the formula of moe_swiglu's C kernel
- * (kimi_gemv.c), so a decode token gets its bits. */
-static void silu_routes(void *ctx, int64_t i, int64_t end)
-{
-    const SiluJob *job = ctx;
-    int64_t j;
-    for (j = i * job->inner; j < end * job->inner; j++) {
-        float g = job->h[j];
-        job->h[j] = g / (1.0f + expf(-g)) * job->u[j];
-    }
-}
-
-/* A stable counting sort of experts [routes] by id into order [routes] (route indices,
- * expert-major), seg_expert and seg_start [segments + 1]; returns the segment count, or -1
- * for an id outside 0..num_experts-1. */
-static int64_t sort_routes(const int64_t *experts, int64_t routes, int64_t num_experts,
-                           int64_t *order, int64_t *seg_expert, int64_t *seg_start)
-{
-    int64_t r, e, segments = 0, *next = seg_start; /* seg_start doubles as the counters */
-    for (r = 0; r < routes; r++)
-        if (experts[r] < 0 || experts[r] >= num_experts) return -1;
-    /* pass 1: find the chosen experts in id order (seg_expert holds a flag per id first) */
-    for (e = 0; e < routes; e++) seg_expert[e] = -1;
-    for (r = 0; r < routes; r++) {
-        for (e = 0; e < segments && seg_expert[e] != experts[r]; e++) {}
-        if (e == segments) seg_expert[segments++] = experts[r];
-    }
-    /* insertion sort of the few chosen ids, then counts -> starts */
-    for (e = 1; e < segments; e++) {
-        int64_t v = seg_expert[e], j = e;
-        for (; j > 0 && seg_expert[j - 1] > v; j--) seg_expert[j] = seg_expert[j - 1];
-        seg_expert[j] = v;
-    }
-    for (e = 0; e <= segments; e++) next[e] = 0;
-    for (r = 0; r < routes; r++) {
-        for (e = 0; seg_expert[e] != experts[r]; e++) {}
-        next[e + 1]++;
-    }
-    for (e = 0; e < segments; e++) next[e + 1] += next[e];
-    for (r = 0; r < routes; r++) {           /* place, then shift the starts back */
-        for (e = 0; seg_expert[e] != experts[r]; e++) {}
-        order[next[e]++] = r;
-    }
-    for (e = segments; e > 0; e--) seg_start[e] = seg_start[e - 1];
-    seg_start[0] = 0;
-    return segments;
-}
-
-/* out[t] = sum over choices c, in order, of weights[t, c] * y[sorted position of route
- * t * top_k + c]; y [routes, d] in sorted order, pos [routes] scratch. */
-static void combine_routes(const float *y, const int64_t *order, int64_t *pos, int64_t tokens,
-                           int64_t top_k, const float *weights, int64_t d, float *out)
-{
-    int64_t routes = tokens * top_k, r, t, c, j;
-    for (r = 0; r < routes; r++) pos[order[r]] = r;
-    for (t = 0; t < tokens; t++) {
-        float *o = out + t * d;
-        for (j = 0; j < d; j++) o[j] = 0.0f;
-        for (c = 0; c < top_k; c++) {
-            const float *yr = y + pos[t * top_k + c] * d;
-            float wt = weights[t * top_k + c];
-            for (j = 0; j < d; j++) o[j] += wt * yr[j];
-        }
-    }
-}
-
-/* n floats rounded up to whole 64-byte lines: each part of the work starts on a line, so a
- * row kernel's 64-byte loads of x never straddle two (at 8 bytes past a line, the int64 part's
- * size at one route, they did: one MoE layer at T = 1 took 20% longer than the same rows'
- * routed GEMVs on an aligned x). */
-static int64_t lines(int64_t n)
-{
-    return (n + 15) / 16 * 16;
-}
-
-/* Work layout, in floats, each part from a 64-byte line (the work is, as torch allocates):
- * int64 order [R], seg_expert [R], seg_start [R+1] (2 floats each); x prepared [R, d];
- * h [R, inner] (x W1^T, then silu of it times u); u [R, inner] (x W3^T); h prepared
- * [R, inner]; y [R, d]. */
-typedef struct {
-    int64_t xs, h, u, hs, y, total;  /* offsets of the parts, and the size */
-} MoeWork;
-
-static MoeWork moe_work(const KhMoeDot *dot, int64_t routes, int64_t d, int64_t inner,
-                        int64_t group)
-{
-    MoeWork at = {.total = -1};
-    int64_t xs = dot->floats(routes, d, group), hs = dot->floats(routes, inner, group);
-    if (xs < 0 || hs < 0) return at;
-    at.xs = lines(2 * (3 * routes + 1));
-    at.h = at.xs + lines(xs);
-    at.u = at.h + lines(routes * inner);
-    at.hs = at.u + lines(routes * inner);
-    at.y = at.hs + lines(hs);
-    at.total = at.y + routes * d;
-    return at;
-}
-
-int64_t kh_moe_work_floats(const KhMoeDot *dot, int64_t routes, int64_t d, int64_t inner,
-                           int64_t group)
-{
-    if (routes <= 0 || d <= 0 || inner <= 0 || group <= 0 || d % group || inner % group) return -1;
-    return moe_work(dot, routes, d, inner, group).total;
-}
-
-static int bank_ok(const KhExperts *bank)
-{
-    const KhInt4 *g = &bank->gate, *u = &bank->up, *dn = &bank->down;
-    return g->q && g->s && u->q && u->s && dn->q && dn->s && bank->num_experts > 0
-           && u->n == g->n && u->k == g->k && u->group == g->group
-           && dn->n == g->k && dn->k == g->n && dn->group == g->group;
-}
-
 int kh_moe_grouped(const KhMoeDot *dot, const KhExperts *bank, const float *x, int64_t tokens,
                    int64_t top_k, const int64_t *experts, const float *weights, float *work,
                    float *out, int nthreads)
 {
     SegJob job = {.dot = dot};
-    int64_t routes = tokens * top_k, segments, r, d, inner, group;
-    int64_t *order, *seg_expert, *seg_start;
-    float *h, *u, *y;
+    KhMoeRun run;
     KhMoeRows xs, hs;
-    SiluJob silu;
-    MoeWork at;
-    if (!bank || !bank_ok(bank) || !x || !experts || !weights || !work || !out || tokens <= 0
-        || top_k <= 0 || nthreads <= 0)
-        return KH_EINVAL;
-    d = bank->gate.k, inner = bank->gate.n, group = bank->gate.group;
-    if (kh_moe_work_floats(dot, routes, d, inner, group) < 0) return KH_EINVAL;
-    at = moe_work(dot, routes, d, inner, group);
-    order = (int64_t *)work;
-    seg_expert = order + routes;
-    seg_start = seg_expert + routes;
-    xs = dot->at(work + at.xs, routes, d, group);
-    h = work + at.h;
-    u = work + at.u;
-    hs = dot->at(work + at.hs, routes, inner, group);
-    y = work + at.y;
-    segments = sort_routes(experts, routes, bank->num_experts, order, seg_expert, seg_start);
-    if (segments < 0) return KH_EINVAL;
-    for (r = 0; r < routes; r++)             /* x row of each route, in expert order */
-        dot->prepare(&xs, x + (order[r] / top_k) * d, r, 1);
-    job.seg_expert = seg_expert;
-    job.seg_start = seg_start;
+    int64_t r;
+    int status = kh_moe_begin(&run, dot->floats, bank, x, tokens, top_k, experts, weights, work,
+                              out, nthreads);
+    if (status != KH_OK) return status;
+    xs = dot->at(run.xs, run.routes, run.d, run.group);
+    hs = dot->at(run.hs, run.routes, run.inner, run.group);
+    for (r = 0; r < run.routes; r++)         /* x row of each route, in expert order */
+        dot->prepare(&xs, x + (run.order[r] / top_k) * run.d, r, 1);
+    job.seg_expert = run.seg_expert;
+    job.seg_start = run.seg_start;
     /* h = x W1^T, u = x W3^T [routes, inner]; then h = silu(h) * u */
     job.matrices = 2, job.w[0] = &bank->gate, job.w[1] = &bank->up, job.op = &xs;
-    job.out[0] = h, job.out[1] = u;
-    run_segments(&job, segments, nthreads);
-    silu.h = h, silu.u = u, silu.inner = inner;
-    kh_parallel_rows(silu_routes, &silu, routes, routes * inner, nthreads, 1);
+    job.out[0] = run.h, job.out[1] = run.u;
+    run_segments(&job, run.segments, nthreads);
+    kh_moe_silu(&run, nthreads);
     /* y [routes, d] = h W2^T */
-    dot->prepare(&hs, h, 0, routes);
-    job.matrices = 1, job.w[0] = &bank->down, job.op = &hs, job.out[0] = y;
-    run_segments(&job, segments, nthreads);
-    combine_routes(y, order, seg_expert, tokens, top_k, weights, d, out);
+    dot->prepare(&hs, run.h, 0, run.routes);
+    job.matrices = 1, job.w[0] = &bank->down, job.op = &hs, job.out[0] = run.y;
+    run_segments(&job, run.segments, nthreads);
+    kh_moe_combine(&run, tokens, top_k, weights, out);
     return KH_OK;
 }
 
@@ -275,19 +139,19 @@ int moe_grouped_w4a16_int16(int64_t d, int64_t inner, int64_t group)
  * overrun the work. */
 int64_t moe_grouped_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group)
 {
-    return kh_moe_work_floats(&w4a16, routes, d, inner, group);
+    return kh_moe_work_floats(w4a16_floats, routes, d, inner, group);
 }
 
 int64_t moe_grouped_w4a8_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group)
 {
-    return kh_moe_work_floats(&kh_moe_w4a8, routes, d, inner, group);
+    return kh_moe_work_floats(kh_moe_w4a8.floats, routes, d, inner, group);
 }
 
 int moe_grouped_w4a16(const KhExperts *bank, const float *x, int64_t tokens, int64_t top_k,
                       const int64_t *experts, const float *weights, float *work, float *out,
                       int nthreads)
 {
-    if (!bank || bank->gate.group % 2) return KH_EINVAL;
+    if (!bank || bank->gate.group % 2 || kh_moe_tiled(bank)) return KH_EINVAL;
     return kh_moe_grouped(w4a16_dot(bank->gate.k, bank->gate.n, bank->gate.group), bank, x,
                           tokens, top_k, experts, weights, work, out, nthreads);
 }
@@ -296,6 +160,10 @@ int moe_grouped_w4a8(const KhExperts *bank, const float *x, int64_t tokens, int6
                      const int64_t *experts, const float *weights, float *work, float *out,
                      int nthreads)
 {
+    if (bank && kh_moe_tiled(bank)) /* 1 for all three, or -1: KH_EINVAL */
+        return kh_moe_tiled(bank) > 0 ? kh_moe_grouped_tiles(bank, x, tokens, top_k, experts,
+                                                             weights, work, out, nthreads)
+                                      : KH_EINVAL;
     return kh_moe_grouped(&kh_moe_w4a8, bank, x, tokens, top_k, experts, weights, work, out,
                           nthreads);
 }

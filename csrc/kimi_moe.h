@@ -59,11 +59,38 @@ extern const KhMoeDot kh_moe_w4a8;
  * shapes under the caps (its comment says where), or NULL: W4A16 takes the float kernels. */
 const KhMoeDot *kh_moe_i16_pick(int64_t d, int64_t inner, int64_t group); /* NULL: float */
 
-int64_t kh_moe_work_floats(const KhMoeDot *dot, int64_t routes, int64_t d, int64_t inner,
-                           int64_t group);
 /* moe_grouped_w4a16 / moe_grouped_w4a8 (kimi_helper.h) with the given dot. */
 int kh_moe_grouped(const KhMoeDot *dot, const KhExperts *e, const float *x, int64_t tokens,
                    int64_t top_k, const int64_t *experts, const float *weights, float *work,
                    float *out, int nthreads);
+/* moe_grouped_w4a8 on banks in the CPU's tiles (kimi_moe_tiles.c). */
+int kh_moe_grouped_tiles(const KhExperts *e, const float *x, int64_t tokens, int64_t top_k,
+                         const int64_t *experts, const float *weights, float *work, float *out,
+                         int nthreads);
+
+/* The steps both loops share (kimi_moe_routes.c). A call's routes sorted by expert, and its
+ * work's parts (each from a 64-byte line): int64 order [R], seg_expert [R], seg_start [R+1];
+ * x prepared; h [R, inner] (x W1^T, then silu of it times u); u [R, inner] (x W3^T); h
+ * prepared; y [R, d]. Prepared rows take floats(rows, k, group) floats (a dot's sizer). */
+typedef int64_t (*KhMoeFloats)(int64_t rows, int64_t k, int64_t group);
+typedef struct {
+    int64_t routes, d, inner, group, segments;
+    int64_t *order, *seg_expert, *seg_start;
+    float *xs, *h, *u, *hs, *y;
+} KhMoeRun;
+int64_t kh_moe_work_floats(KhMoeFloats floats, int64_t routes, int64_t d, int64_t inner,
+                           int64_t group);
+/* Checks the call (KH_EINVAL on a bad bank, pointer, count or expert id), lays out the work
+ * and sorts the routes into run. */
+int kh_moe_begin(KhMoeRun *run, KhMoeFloats floats, const KhExperts *bank, const float *x,
+                 int64_t tokens, int64_t top_k, const int64_t *experts, const float *weights,
+                 float *work, float *out, int nthreads);
+/* h = silu(h) * u, by route on the pool. */
+void kh_moe_silu(const KhMoeRun *run, int nthreads);
+/* out[t] = sum over choices c, in order, of weights[t, c] * y[route t * top_k + c]. */
+void kh_moe_combine(const KhMoeRun *run, int64_t tokens, int64_t top_k, const float *weights,
+                    float *out);
+/* 1 when the bank's three stacks are in tiles, 0 when none is, -1 when they mix. */
+int kh_moe_tiled(const KhExperts *bank);
 
 #endif

@@ -179,36 +179,47 @@ int tiles_amx(int mode)
     return amx_runs(tiles_simd());
 }
 
-int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
-               const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work, float *out,
-               int nthreads)
+KhTileKernel kh_tiles_pick(int64_t rows, int amx, int *mr_max, int *interleaved)
 {
-    KhTiles w = {tq, ts, tm, n, k, group};
     KhTileKernel kernel = tiles_c;
-    int mr_max = 4, level = tiles_simd(), interleaved = 0;
-    if (rows <= 0 || n <= 0 || n % KH_TILE || k % 8 || nthreads <= 0) return KH_EINVAL;
-    if (tiles_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
-    if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
+    int level = tiles_simd();
+    *mr_max = 4, *interleaved = 0;
 #if KH_HAVE_X86_SIMD
     switch (level) {
     case 3: /* a verify step's 5..8 rows as one block: W unpacked once, not twice (5-7 rows
              * 4-5% faster a step); prefill keeps blocks of 4 rows by 2 tiles (8 by 1 was
              * 3-10% slower a chunk) */
         kernel = rows <= KH_TILES_MR512 ? kh_tiles_vnni512_decode : kh_tiles_vnni512;
-        mr_max = rows <= KH_TILES_MR512 ? (int)rows : 4;
-        interleaved = 1;
+        *mr_max = rows <= KH_TILES_MR512 ? (int)rows : 4;
+        *interleaved = 1;
         break;
     case 1: kernel = kh_tiles_avx2; break;
     default: break;
     }
 #endif
 #if KH_HAVE_AMX
-    if (kh_amx_call(rows, KH_AMX_MIN_ROWS, level)) {
+    if (amx && kh_amx_call(rows, KH_AMX_MIN_ROWS, level)) {
         kernel = kh_tiles_amx;
-        mr_max = KH_AMX_ROWS;
-        interleaved = 0;
+        *mr_max = KH_AMX_ROWS;
+        *interleaved = 0;
     }
+#else
+    (void)amx;
 #endif
+    return kernel;
+}
+
+int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
+               const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work, float *out,
+               int nthreads)
+{
+    KhTiles w = {tq, ts, tm, n, k, group};
+    KhTileKernel kernel;
+    int mr_max, interleaved;
+    if (rows <= 0 || n <= 0 || n % KH_TILE || k % 8 || nthreads <= 0) return KH_EINVAL;
+    if (tiles_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
+    if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
+    kernel = kh_tiles_pick(rows, 1, &mr_max, &interleaved);
     kh_tiles_run(&w, kernel, mr_max, n, k, group, 0, interleaved, x, rows, work, out, nthreads);
     return KH_OK;
 }

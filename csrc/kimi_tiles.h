@@ -48,6 +48,11 @@ void kh_tiles_run(const void *w, KhTileKernel kernel, int mr_max, int64_t n, int
                   int64_t group, int block_sums, int interleaved, const float *x, int64_t rows,
                   float *work, float *out, int nthreads);
 
+/* The W4A8 kernel tiles_w4a8 runs for a call of `rows` rows at this CPU's tiles_simd level
+ * (AMX too where `amx` and the rows call for it), the most rows it takes a call (mr_max) and
+ * whether it reads x interleaved by row block (kimi_tiles.c). */
+KhTileKernel kh_tiles_pick(int64_t rows, int amx, int *mr_max, int *interleaved);
+
 /* Intel AMX (kimi_tiles_amx.c): Linux on x86-64 with a compiler that has its intrinsics;
  * not in the SIMDe build (tests/vnni_emulated.sh), which has no AMX to stand in for. */
 #if KH_HAVE_X86_SIMD && defined(__linux__) && !defined(KH_VNNI_EMULATE) \

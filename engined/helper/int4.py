@@ -36,7 +36,7 @@ class Int4Weight:
         if not all(t.is_contiguous() for t in tensors):
             raise ValueError("the C kernels need contiguous qweight, scales and mins")
         self.experts = shape[0] if len(shape) == 3 else 0
-        if tiled and (self.experts or shape[0] % int(lib.KH_TILE) or group % 32):
+        if tiled and (shape[-2] % int(lib.KH_TILE) or group % 32):
             raise ValueError(f"a linear in tiles needs N % {int(lib.KH_TILE)} == 0 and groups "
                              f"of whole blocks of 32, got qweight {shape}, group {group}")
         self.tiled = bool(tiled)
@@ -148,6 +148,11 @@ def moe_grouped(gate: Int4Weight, up: Int4Weight, down: Int4Weight, x, experts, 
     Without it, x and h are rounded to int16 per block where `moe_int16` says so (AVX2 and
     up: 2^-16 of a block's largest value), else met by the float kernels."""
     e, inner, d, group = gate.experts, gate.n, gate.k, gate.group
+    if {w.tiled for w in (gate, up, down)} != {w4a8 and gate.tiled}:
+        raise ValueError("moe_grouped_w4a8: the gate, up and down stacks must all be in the "
+                         "CPU's tiles, or none" if w4a8 else
+                         "moe_grouped: these expert stacks are in the CPU's tiles "
+                         "(moe_grouped_w4a8 runs them)")
     if w4a8 and group % 32:
         raise ValueError(f"moe_grouped_w4a8 needs a group size that is a multiple of 32, "
                          f"got {group}")
@@ -168,6 +173,7 @@ def moe_grouped(gate: Int4Weight, up: Int4Weight, down: Int4Weight, x, experts, 
     bank = ffi.new("KhExperts *")
     for part, w in ((bank.gate, gate), (bank.up, up), (bank.down, down)):
         part.q, part.s, part.m, part.n, part.k, part.group = w.q, w.s, w.m, w.n, w.k, w.group
+        part.tiled = int(w.tiled)
     bank.num_experts = e
     cast = ffi.cast
     what = "moe_grouped_w4a8" if w4a8 else "moe_grouped_w4a16"
@@ -188,6 +194,8 @@ def _routed(fn, what, stacks, x, expert_ids, out, threads):
                             for s in stacks):
         raise ValueError(f"{what}: expert stacks of one shape needed, got "
                          f"{[(s.experts, s.n, s.k, s.group) for s in stacks]}")
+    for s in stacks:
+        _disk_layout(s, what)
     x = _as_rows(x, w.k)
     if expert_ids.dim() != 1 or expert_ids.is_floating_point() or not expert_ids.is_cpu:
         raise ValueError(f"expert_ids must be a 1-D CPU integer tensor, got "
@@ -208,7 +216,8 @@ def _routed(fn, what, stacks, x, expert_ids, out, threads):
 
 
 def _disk_layout(w: Int4Weight, what: str):
-    """Only tiles_w4a8 reads a linear in tiles: every other kernel would read garbage."""
+    """Only tiles_w4a8 (and moe_grouped_w4a8, for stacks) reads tiles: every other kernel
+    would read garbage."""
     if w.tiled:
         raise ValueError(f"{what}: this linear is in the CPU's tiles (tiles_w4a8 runs it)")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engined.ops import int4_format
 from engined.ops.int4_format import FormatError, PackedInt4
 
 
@@ -22,7 +23,7 @@ class PackedInt4Experts:
     mins: torch.Tensor | None
     group_size: int
     gpu_order: bool = False  # codes permuted for the GPU kernels (int4_format.gpu_order)
-    tiles = False  # a stack never goes into the CPU's tiles (one linear's layout, to_tiles)
+    tiles: bool = False  # each expert in the CPU's tiles (to_tiles): moe_grouped_w4a8 only
 
     def __post_init__(self):
         if self.qweight.dim() != 3:
@@ -44,7 +45,21 @@ class PackedInt4Experts:
 
     def expert(self, e: int) -> PackedInt4:
         mins = None if self.mins is None else self.mins[e]
-        return PackedInt4(self.qweight[e], self.scales[e], mins, self.group_size, self.gpu_order)
+        return PackedInt4(self.qweight[e], self.scales[e], mins, self.group_size, self.gpu_order,
+                          self.tiles)
+
+    def to_tiles(self) -> "PackedInt4Experts":
+        """Every expert in the CPU's tiles of 16 rows (new tensors; int4_format.tile_tensors):
+        tiles are whole rows, so the stack's rows [E * N, K/2] tiled are each expert's."""
+        e, n, k = self.shape
+        flat = PackedInt4(self.qweight.reshape(e * n, k // 2), self.scales.reshape(e * n, -1),
+                          None if self.mins is None else self.mins.reshape(e * n, -1),
+                          self.group_size)
+        tiled = int4_format.to_tiles(flat)
+        return PackedInt4Experts(tiled.qweight.reshape(self.qweight.shape),
+                                 tiled.scales.reshape(self.scales.shape),
+                                 None if tiled.mins is None else tiled.mins.reshape(self.scales.shape),
+                                 self.group_size, tiles=True)
 
     @classmethod
     def stack(cls, experts: list[PackedInt4]) -> "PackedInt4Experts":
