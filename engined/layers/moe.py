@@ -64,6 +64,27 @@ class ExpertBank:
             int4_format.to_gpu_order_(p.qweight, p.group_size)
             self._packed = PackedInt4Experts(p.qweight, p.scales, p.mins, p.group_size, True)
 
+    def can_tile(self) -> bool:
+        """Whether moe_grouped_w4a8 can read this bank in the CPU's tiles: INT4 on the CPU in
+        the disk's order, rows of whole tiles, groups of whole blocks of 32."""
+        return (self.group_size is not None and self.qweight.device.type == "cpu"
+                and self.shape[0] % int4_format.TILE == 0 and self.group_size % 32 == 0
+                and not self.packed.gpu_order)
+
+    def to_tiles_(self, back: bool = False):
+        """Every expert into the CPU's tiles (PackedInt4Experts.to_tiles's layout), in place a
+        block of rows at a time, or back (back=True)."""
+        p = self.packed
+        if p.tiles != back:
+            return
+        e, n, k = p.shape
+        flat = int4_format.PackedInt4(
+            p.qweight.view(e * n, k // 2), p.scales.view(e * n, -1),
+            None if p.mins is None else p.mins.view(e * n, -1), p.group_size, tiles=p.tiles)
+        int4_format.tile_in_place_(flat, back)
+        self._packed = PackedInt4Experts(p.qweight, p.scales, p.mins, p.group_size,
+                                         tiles=not back)
+
     def matrix(self, e: int, dtype) -> torch.Tensor:
         """Expert e's W: [N, K] in dtype."""
         if self.group_size is None:
@@ -124,6 +145,14 @@ class MoE:
         self.cpu_experts = op
         if self.host_experts is not None:
             self.host_experts.select(op)
+        # W4A8 reads the banks in the CPU's tiles (csrc/kimi_moe_tiles.c: 16 outputs a vector
+        # instruction), unless a VRAM cache uploads experts from them in the disk's order
+        banks = (self.w1, self.w3, self.w2)
+        cached = self.host_experts is not None and self.host_experts.cache is not None
+        tiles = op == "moe_grouped_w4a8" and not cached and all(b.can_tile() for b in banks)
+        for bank in banks:
+            if bank.group_size is not None and bank.qweight.device.type == "cpu":
+                bank.to_tiles_(back=not tiles)
 
     def __call__(self, f: torch.Tensor) -> torch.Tensor:
         """f: [T, D] -> [T, D]: a prefill chunk, one decode token, or the decode rows of B

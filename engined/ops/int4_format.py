@@ -176,7 +176,7 @@ def tile_in_place_(p: PackedInt4, back: bool = False, block_rows: int = 4096):
                            None if p.mins is None else p.mins[start:end], p.group_size,
                            tiles=p.tiles)
         for dst, src in zip((block.qweight, block.scales, block.mins), tile_tensors(block, back)):
-            if dst is not None:
+            if dst is not None and src.data_ptr() != dst.data_ptr():  # one group: a view of dst
                 dst.copy_(src)
 
 

@@ -72,8 +72,9 @@ def test_w4a8_experts_stay_within_the_bound_derived_from_the_int4_error(pair, ou
         experts, weights = moe.route_rows(f)
         banks = (moe.w1.packed, moe.w3.packed, moe.w2.packed)
         y16, y8 = w4a16(f, *banks, experts, weights), w4a8(f, *banks, experts, weights)
+        y8_tiles = w4a8(f, *(bank.to_tiles() for bank in banks), experts, weights)  # served
         dense = bf16.layers[i].ffn._dense(f, experts, weights)
-        int4_error, w4a8_change = rel(y16, dense), rel(y8, y16)
+        int4_error, w4a8_change = rel(y16, dense), max(rel(y8, y16), rel(y8_tiles, y16))
         print(f"layer {i}: INT4 error {int4_error:.4f}, W4A8 change {w4a8_change:.4f} "
               f"({w4a8_change / int4_error:.3f} of it; bound {BOUND:.3f})")
         assert 0 < w4a8_change <= BOUND * int4_error, (i, w4a8_change, int4_error)
@@ -117,3 +118,30 @@ def test_doctor_refuses_it_from_the_plan_as_serve_does(pair, tmp_path):
     refused = check_memory_plan(EngineConfig(model=str(bf16), device="cpu", moe_w4a8=True))
     assert not refused.is_ok and "--moe-w4a8: W4A8 routed experts need the INT4 artifact" in refused.detail
     assert check_memory_plan(EngineConfig(model=str(pair[0]), device="cpu", moe_w4a8=True)).is_ok
+
+
+def test_w4a8_reads_the_cpu_banks_in_tiles_and_w4a16_reads_rows_again(pair):
+    """--moe-w4a8 on the CPU puts every bank into the CPU's tiles (moe_grouped_w4a8's fast
+    layout, csrc/kimi_moe_tiles.c); choosing W4A16 again puts them back, the same bytes: the
+    model then gives a fresh W4A16 model's bits."""
+    tokens = torch.arange(5, 21)
+
+    def logits(model):
+        return model.forward(tokens, model.new_cache(len(tokens)), 0, last_only=False)
+    def banks_of(model):
+        return [b for layer in model.layers if isinstance(layer.ffn, MoE)
+                for b in (layer.ffn.w1, layer.ffn.w3, layer.ffn.w2)]
+    model, rows = (loader.load_model(str(pair[0]), progress=False, moe_w4a8=True).model
+                   for _ in range(2))
+    banks = banks_of(model)
+    assert banks and all(b.packed.tiles for b in banks)
+    for bank in banks_of(rows):                             # W4A8 on the row layout
+        bank.to_tiles_(back=True)
+    torch.testing.assert_close(logits(model), logits(rows), atol=1e-4, rtol=1e-5)
+    fresh = load_kimi_linear(pair[0], progress=False).model
+    want = logits(fresh)
+    model.select_experts("moe_grouped")
+    assert not any(b.packed.tiles for b in banks)
+    assert torch.equal(logits(model), want)
+    for mine, theirs in zip(banks, banks_of(fresh)):
+        assert torch.equal(mine.qweight, theirs.qweight) and torch.equal(mine.scales, theirs.scales)
