@@ -76,8 +76,10 @@ def tiles_w4a8(w: Int4Weight, x, out=None, threads: int = 1):
     """out[M, N] = q8(x)[M, K] @ W^T in fp32 for any M >= 1, W a linear in tiles: one call and
     one pass over W for decode rows, a verify step or a prefill chunk (csrc/kimi_tiles.c);
     each row's result is the same bits whatever rows come with it."""
-    if not w.tiled:
-        raise ValueError("tiles_w4a8 takes a linear in tiles (int4_format.to_tiles)")
+    if not w.tiled or w.experts:
+        raise ValueError("tiles_w4a8 takes one linear in tiles (int4_format.to_tiles), not "
+                         "an expert stack" if w.experts else
+                         "tiles_w4a8 takes a linear in tiles (int4_format.to_tiles)")
     x = _as_rows(x, w.k)
     rows = x.shape[0]
     out = _out(out, (rows, w.n))

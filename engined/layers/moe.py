@@ -60,6 +60,8 @@ class ExpertBank:
     def to_gpu_order_(self):
         """The codes in the GPU kernels' order (int4_format.gpu_order), in place, once loaded."""
         p = self.packed
+        if p.tiles:
+            raise ValueError("an expert bank in the CPU's tiles does not go into the GPU order")
         if not p.gpu_order:
             int4_format.to_gpu_order_(p.qweight, p.group_size)
             self._packed = PackedInt4Experts(p.qweight, p.scales, p.mins, p.group_size, True)

@@ -8,8 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from engined import helper
-from engined.ops import registry
+from engined.helper.core import ffi, lib
+from engined.ops import int4_format, registry
 from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
+from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 from tests.ops.helpers import experts
 from tests.support.simd import int8_levels
 
@@ -95,3 +97,40 @@ def test_what_the_tiles_are_not_for_is_refused(banks):
         fn()(x, tiles[0], rows[1], rows[2], ids, weights)
     with pytest.raises(registry.KernelError, match="in the CPU's tiles"):
         registry.variants("w4a16_grouped_gemv")["cpu_c"].fn(x[:1], tiles[0], ids[0])
+
+
+def test_a_stack_in_tiles_is_refused_where_one_linear_is_meant(banks):
+    rows, tiles = banks
+    x = torch.randn(1, rows[0].shape[2])
+    with pytest.raises(registry.KernelError, match="not an expert stack"):
+        registry.variants("w4a8_tiles")["cpu_c"].fn(x, tiles[0])
+    with pytest.raises(registry.KernelError, match="in the CPU's tiles"):
+        registry.variants("moe_swiglu")["cpu_c"].fn(x, tiles[0], tiles[1], torch.tensor([1]))
+    with pytest.raises(int4_format.FormatError, match="does not go into tiles"):
+        tiles[0].to_tiles()                      # twice would scramble it
+    with pytest.raises(int4_format.FormatError, match="GPU order"):
+        PackedInt4Experts(rows[0].qweight, rows[0].scales, rows[0].mins, 32,
+                          gpu_order=True).to_tiles()
+
+
+def test_the_c_call_refuses_banks_that_mix_layouts_or_tiles_under_w4a16(banks):
+    """The C entry points check for themselves (a caller other than helper.moe_grouped)."""
+    rows, tiles = banks
+    handles = [w4a16_cpu_c.c_weight(b) for b in (*tiles, *rows)]
+    x, ids, weights = batch(3, 1, rows[2].shape[1])
+    ids, out = ids.to(torch.int64).contiguous(), torch.empty_like(x)
+    for gate, up, down, call in ((0, 1, 2, lib.moe_grouped_w4a16), (0, 4, 5, lib.moe_grouped_w4a8),
+                                 (3, 4, 2, lib.moe_grouped_w4a8)):
+        bank = ffi.new("KhExperts *")
+        for part, h in zip((bank.gate, bank.up, bank.down), (handles[gate], handles[up],
+                                                             handles[down])):
+            part.q, part.s, part.m, part.n, part.k, part.group = h.q, h.s, h.m, h.n, h.k, h.group
+            part.tiled = int(h.tiled)
+        bank.num_experts = E
+        _, work = helper.core._workspace(int(lib.moe_grouped_work_floats(K, x.shape[1],
+                                                                         rows[0].shape[1], 32)))
+        status = call(bank, ffi.cast("float *", x.data_ptr()), 1, K,
+                      ffi.cast("int64_t *", ids.data_ptr()),
+                      ffi.cast("float *", weights.data_ptr()), work,
+                      ffi.cast("float *", out.data_ptr()), 1)
+        assert status == int(lib.KH_EINVAL), (gate, up, down)

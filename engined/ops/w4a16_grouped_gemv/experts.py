@@ -54,7 +54,7 @@ class PackedInt4Experts:
         e, n, k = self.shape
         flat = PackedInt4(self.qweight.reshape(e * n, k // 2), self.scales.reshape(e * n, -1),
                           None if self.mins is None else self.mins.reshape(e * n, -1),
-                          self.group_size)
+                          self.group_size, self.gpu_order, self.tiles)  # to_tiles refuses these
         tiled = int4_format.to_tiles(flat)
         return PackedInt4Experts(tiled.qweight.reshape(self.qweight.shape),
                                  tiled.scales.reshape(self.scales.shape),
