@@ -64,15 +64,13 @@ static void quantize_routes(const KhMoeRun *run, const float *src, int64_t k, in
     for (s = 0; s < run->segments; s++)
         for (r = run->seg_start[s]; r < run->seg_start[s + 1]; r++) {
             const float *row = src + (top_k ? run->order[r] / top_k : r) * k;
-            int64_t b0 = r - (r - run->seg_start[s]) % mr_max;
+            int64_t b0 = interleaved ? r - (r - run->seg_start[s]) % mr_max : r;
             int64_t mr = run->seg_start[s + 1] - b0 < mr_max ? run->seg_start[s + 1] - b0 : mr_max;
             KhQ8 at = {q8->q + b0 * k, q8->d + b0 * nb, q8->gsum + b0 * groups};
-            if (interleaved && mr > 1) {
+            if (interleaved && mr > 1)
                 kh_quantize_q8_lane(row, k, run->group, mr, r - b0, &at, NULL);
-            } else {
-                KhQ8 one = {q8->q + r * k, q8->d + r * nb, q8->gsum + r * groups};
-                kh_quantize_q8(row, 1, k, run->group, 0, &one);
-            }
+            else /* natural order: the row at r (b0 == r, or a block of one) */
+                kh_quantize_q8(row, 1, k, run->group, 0, &at);
         }
 }
 

@@ -41,13 +41,18 @@ class Int4Weight:
                              f"of whole blocks of 32, got qweight {shape}, group {group}")
         self.tiled = bool(tiled)
         self.n, self.k, self.group = shape[-2], 2 * shape[-1], group
-        self.address = tuple(0 if t is None else t.data_ptr() for t in (qweight, scales, mins))
+        self.address = addresses(qweight, scales, mins)
         self.q = ffi.cast("uint8_t *", self.address[0])
         self.s = ffi.cast("uint16_t *", scales.data_ptr())
         self.m = ffi.NULL if mins is None else ffi.cast("uint16_t *", mins.data_ptr())
         self.work_floats = int(lib.gemv_w4a16_work_floats(MAX_ROWS, self.k, group))
         self.q8_work_floats = int(lib.gemv_w4a8_work_floats(MAX_ROWS, self.k, group))  # -1: refused
         self._tensors = tensors + tuple(t.untyped_storage() for t in tensors)
+
+
+def addresses(qweight, scales, mins) -> tuple[int, int, int]:
+    """The data addresses an Int4Weight's pointers were taken from (0: no mins)."""
+    return tuple(0 if t is None else t.data_ptr() for t in (qweight, scales, mins))
 
 
 def int4_weight(qweight, scales, mins, group: int, tiled: bool = False) -> Int4Weight:
@@ -76,10 +81,10 @@ def tiles_w4a8(w: Int4Weight, x, out=None, threads: int = 1):
     """out[M, N] = q8(x)[M, K] @ W^T in fp32 for any M >= 1, W a linear in tiles: one call and
     one pass over W for decode rows, a verify step or a prefill chunk (csrc/kimi_tiles.c);
     each row's result is the same bits whatever rows come with it."""
-    if not w.tiled or w.experts:
-        raise ValueError("tiles_w4a8 takes one linear in tiles (int4_format.to_tiles), not "
-                         "an expert stack" if w.experts else
-                         "tiles_w4a8 takes a linear in tiles (int4_format.to_tiles)")
+    if w.experts:
+        raise ValueError("tiles_w4a8 takes one linear in tiles, not an expert stack")
+    if not w.tiled:
+        raise ValueError("tiles_w4a8 takes a linear in tiles (int4_format.to_tiles)")
     x = _as_rows(x, w.k)
     rows = x.shape[0]
     out = _out(out, (rows, w.n))

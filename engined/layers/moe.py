@@ -79,11 +79,7 @@ class ExpertBank:
         p = self.packed
         if p.tiles != back:
             return
-        e, n, k = p.shape
-        flat = int4_format.PackedInt4(
-            p.qweight.view(e * n, k // 2), p.scales.view(e * n, -1),
-            None if p.mins is None else p.mins.view(e * n, -1), p.group_size, tiles=p.tiles)
-        int4_format.tile_in_place_(flat, back)
+        int4_format.tile_in_place_(p.flat(), back)
         self._packed = PackedInt4Experts(p.qweight, p.scales, p.mins, p.group_size,
                                          tiles=not back)
 

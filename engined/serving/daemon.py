@@ -124,8 +124,9 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
                   "expert is on the GPU, which runs them in W4A16; nothing changes")
     if device == "cpu" and helper.available():
         log.write(f"kimi-engine: {_cpu_kernels(loaded.model)}")
-    if hugepages.describe():
-        log.write(f"kimi-engine: {hugepages.describe()}")
+    huge = hugepages.describe()  # reads /proc/self/smaps: once
+    if huge:
+        log.write(f"kimi-engine: {huge}")
     metrics = EngineMetrics()
     metrics.load_time.set(seconds)
     if loaded.offload_counters is not None:

@@ -49,8 +49,7 @@ def c_weight(w) -> helper.Int4Weight:
     """The C helper's handle for `w` (a PackedInt4 or an expert stack), validated once and
     cached for the life of the object; a tensor of it given new storage is validated again."""
     found = _cache.get(id(w))
-    if found is not None and found.address == tuple(
-            0 if t is None else t.data_ptr() for t in (w.qweight, w.scales, w.mins)):
+    if found is not None and found.address == helper.int4.addresses(w.qweight, w.scales, w.mins):
         return found
     if w.gpu_order:
         raise registry.KernelError("cpu_c kernels: these codes were repacked for the GPU kernels")

@@ -48,14 +48,18 @@ class PackedInt4Experts:
         return PackedInt4(self.qweight[e], self.scales[e], mins, self.group_size, self.gpu_order,
                           self.tiles)
 
-    def to_tiles(self) -> "PackedInt4Experts":
-        """Every expert in the CPU's tiles of 16 rows (new tensors; int4_format.tile_tensors):
-        tiles are whole rows, so the stack's rows [E * N, K/2] tiled are each expert's."""
+    def flat(self) -> PackedInt4:
+        """The stack as one linear [E * N, K] (views, the same flags): tiles are whole rows,
+        so its rows tiled are each expert's."""
         e, n, k = self.shape
-        flat = PackedInt4(self.qweight.reshape(e * n, k // 2), self.scales.reshape(e * n, -1),
-                          None if self.mins is None else self.mins.reshape(e * n, -1),
-                          self.group_size, self.gpu_order, self.tiles)  # to_tiles refuses these
-        tiled = int4_format.to_tiles(flat)
+        return PackedInt4(self.qweight.view(e * n, k // 2), self.scales.view(e * n, -1),
+                          None if self.mins is None else self.mins.view(e * n, -1),
+                          self.group_size, self.gpu_order, self.tiles)
+
+    def to_tiles(self) -> "PackedInt4Experts":
+        """Every expert in the CPU's tiles of 16 rows (new tensors; int4_format.to_tiles, which
+        refuses a stack in tiles already or in the GPU order)."""
+        tiled = int4_format.to_tiles(self.flat())
         return PackedInt4Experts(tiled.qweight.reshape(self.qweight.shape),
                                  tiled.scales.reshape(self.scales.shape),
                                  None if tiled.mins is None else tiled.mins.reshape(self.scales.shape),
