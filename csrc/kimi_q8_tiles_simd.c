@@ -8,22 +8,7 @@
 #include "kimi_tiles.h"
 
 #if KH_HAVE_X86_SIMD
-#include <immintrin.h>
-
-#ifdef KH_VNNI_EMULATE /* tests/vnni_emulated.sh: SIMDe stands in for AVX-512 */
-#include "simde_vnni.h"
-#define TARGET512 __attribute__((target("avx2,fma,f16c")))
-#else
-#define TARGET512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-#endif
-#define TARGET2 __attribute__((target("avx2,fma,f16c")))
-
-static inline int32_t load4(const int8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+#include "kimi_tiles_simd.h"
 
 static TARGET512 inline __attribute__((always_inline)) void body512(
     const KhQ8Tiles *w, int64_t t0, const int NT, const KhQ8 *x, const int32_t *xsum,

@@ -231,6 +231,8 @@ void kh_row_blocks_avx2(const KhRow *w, const float *xperm, const float *xsum,
 void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64_t y_stride);
 /* One block of 32 floats -> its int8 codes, as kimi_w4a8.c quantizes them (same bits). */
 float kh_quantize_block_avx2(const float *src, int8_t *dst, int32_t *sum, int deinterleave);
+/* The largest |x| of a block of 32 floats as its bits (a NaN above every number). */
+int32_t kh_block_top_avx2(const float *src);
 /* The same on AVX-512 (kimi_w4a8_vnni.c; w4a8_simd's level 3). */
 float kh_quantize_block_avx512(const float *src, int8_t *dst, int32_t *sum, int deinterleave);
 /* The integer-dot kernels of one instruction set (kimi_int8_body.h; suffixes _avx2,

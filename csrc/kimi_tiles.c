@@ -21,15 +21,12 @@
 typedef char kh_x_chunk_holds_whole_row_blocks[X_CHUNK % 4 == 0 ? 1 : -1];
 #define TILE_BLOCK_BYTES (192 << 10) /* codes of the tiles met by each chunk of x rows (L2) */
 
-/* The portable kernel, and the definition of every kernel's operations. */
-static void tiles_c(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,
-                    const int32_t *xsum, int64_t r0, int mr, float *out)
+void kh_tiles_portable(const KhTiles *w, KhTileChunkDot dot, int64_t x_width, int64_t t0,
+                       int64_t nt, const KhQ8 *x, int64_t r0, int mr, float *out)
 {
-    const KhTiles *w = tiles;
     int64_t k = w->k, groups = k / w->group, per_group = w->group / KH_Q8_BLOCK;
     int64_t nb = k / KH_Q8_BLOCK, chunks = k / 8, t, r, g, b, c;
-    int j, i;
-    (void)xsum;
+    int j;
     for (t = t0; t < t0 + nt; t++)
         for (r = r0; r < r0 + mr; r++)
             for (j = 0; j < KH_TILE; j++) {
@@ -39,19 +36,35 @@ static void tiles_c(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,
                     float m = w->m ? kh_half_to_float(w->m[(t * groups + g) * KH_TILE + j])
                                    : KH_SYMMETRIC_MIN(s);
                     for (b = g * per_group; b < (g + 1) * per_group; b++) {
-                        int32_t dot = 0;
-                        for (c = 4 * b; c < 4 * b + 4; c++) {
-                            const uint8_t *p = w->q + ((t * chunks + c) * KH_TILE + j) * 4;
-                            const int8_t *xr = x->q + r * k + 8 * c;
-                            for (i = 0; i < 4; i++)
-                                dot += (p[i] & 0x0f) * xr[i] + (p[i] >> 4) * xr[4 + i];
-                        }
-                        acc = fmaf((float)dot, s * x->d[r * nb + b], acc);
+                        int32_t sum = 0;
+                        for (c = 4 * b; c < 4 * b + 4; c++)
+                            sum += dot(w->q + ((t * chunks + c) * KH_TILE + j) * 4,
+                                       x->q + r * x_width, c);
+                        acc = fmaf((float)sum, s * x->d[r * nb + b], acc);
                     }
                     acc = fmaf(m, x->gsum[r * groups + g], acc);
                 }
                 out[r * w->n + t * KH_TILE + j] = acc;
             }
+}
+
+/* W4A8's chunk dot: x's int8 codes in natural order. */
+static int32_t chunk_dot_q8(const uint8_t *p, const int8_t *x_row, int64_t c)
+{
+    const int8_t *xr = x_row + 8 * c;
+    int32_t dot = 0;
+    int i;
+    for (i = 0; i < 4; i++) dot += (p[i] & 0x0f) * xr[i] + (p[i] >> 4) * xr[4 + i];
+    return dot;
+}
+
+/* The portable W4A8 kernel. */
+static void tiles_c(const void *tiles, int64_t t0, int64_t nt, const KhQ8 *x,
+                    const int32_t *xsum, int64_t r0, int mr, float *out)
+{
+    const KhTiles *w = tiles;
+    (void)xsum;
+    kh_tiles_portable(w, chunk_dot_q8, w->k, t0, nt, x, r0, mr, out);
 }
 
 int64_t tiles_w4a8_work_floats(int64_t rows, int64_t k, int64_t group)

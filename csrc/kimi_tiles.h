@@ -37,6 +37,14 @@ typedef struct {
 typedef void (*KhTileKernel)(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
                              const int32_t *xsum, int64_t r0, int mr, float *out);
 
+/* The portable kernels' text, and the definition of every W4A8 and W4A16 tile kernel's
+ * operations (the comment above): `dot` gives chunk c's exact int32 dot of one output's 4
+ * code bytes and its row of x codes, x_width bytes a row (kimi_tiles.c W4A8's, k;
+ * kimi_tiles_i16.c W4A16's, 2k). */
+typedef int32_t (*KhTileChunkDot)(const uint8_t *codes, const int8_t *x_row, int64_t c);
+void kh_tiles_portable(const KhTiles *w, KhTileChunkDot dot, int64_t x_width, int64_t t0,
+                       int64_t nt, const KhQ8 *x, int64_t r0, int mr, float *out);
+
 /* The tile kernels' one driver (kimi_tiles.c): x [rows, k] quantized into work, in natural
  * order or (interleaved) in the row blocks of mr_max rows that the kernel is handed (groups
  * of `group` for gsum; the block sums after, at kh_tiles_work_floats's end), then `kernel`
@@ -52,6 +60,9 @@ void kh_tiles_run(const void *w, KhTileKernel kernel, int mr_max, int64_t n, int
  * (AMX too where `amx` and the rows call for it), the most rows it takes a call (mr_max) and
  * whether it reads x interleaved by row block (kimi_tiles.c). */
 KhTileKernel kh_tiles_pick(int64_t rows, int amx, int *mr_max, int *interleaved);
+/* W4A16's tile kernel at this CPU's tiles_simd level (kimi_tiles_i16.c): x rounded to int16,
+ * each code as its two bytes, in natural order; at most mr_max rows a call. */
+KhTileKernel kh_tiles_i16_pick(int *mr_max);
 
 /* Intel AMX (kimi_tiles_amx.c): Linux on x86-64 with a compiler that has its intrinsics;
  * not in the SIMDe build (tests/vnni_emulated.sh), which has no AMX to stand in for. */
@@ -177,6 +188,10 @@ void kh_tiles_vnni512(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
                       const int32_t *xsum, int64_t r0, int mr, float *out);
 void kh_tiles_vnni512_decode(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
                              const int32_t *xsum, int64_t r0, int mr, float *out);
+void kh_tiles_i16_avx2(const void *w, int64_t t0, int64_t nt, const KhQ8 *x, const int32_t *xsum,
+                       int64_t r0, int mr, float *out);
+void kh_tiles_i16_vnni512(const void *w, int64_t t0, int64_t nt, const KhQ8 *x,
+                          const int32_t *xsum, int64_t r0, int mr, float *out);
 #endif
 
 #endif

@@ -13,23 +13,9 @@
 #include "kimi_tiles.h"
 
 #if KH_HAVE_X86_SIMD
-#include <immintrin.h>
+#include "kimi_tiles_simd.h"
 
 #define TILE_PREFETCH 1024 /* bytes ahead in each tile's stream of codes (AVX2) */
-
-static inline int32_t load4(const int8_t *p) /* 4 bytes of x, to broadcast */
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-#ifdef KH_VNNI_EMULATE /* tests/vnni_emulated.sh: SIMDe stands in for AVX-512 (kimi_w4a8_vnni.c) */
-#include "simde_vnni.h"
-#define TARGET512 __attribute__((target("avx2,fma,f16c")))
-#else
-#define TARGET512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-#endif
 
 static TARGET512 inline __attribute__((always_inline)) void body512(
     const KhTiles *w, int64_t t0, const int NT, const KhQ8 *x, const int32_t *xsum, int64_t r0,
@@ -100,8 +86,6 @@ static TARGET512 inline __attribute__((always_inline)) void body512(
             _mm512_storeu_ps(out + (r0 + r) * w->n + (t0 + t) * KH_TILE, acc[r][t]);
 }
 
-#define TARGET2 __attribute__((target("avx2,fma,f16c")))
-
 /* 16 lanes as two halves of 8: half h of tile t is lanes 8h..8h+7 (bytes 32h..32h+31 of a
  * chunk, entries 8h..8h+7 of the scales). */
 static TARGET2 inline __attribute__((always_inline)) void body2(
@@ -117,12 +101,7 @@ static TARGET2 inline __attribute__((always_inline)) void body2(
     for (r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (g = 0; g < groups; g++) {
         __m256 s[2], m[2];
-        for (h = 0; h < 2; h++) {
-            int64_t at = (t * groups + g) * KH_TILE + 8 * h;
-            s[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->s + at)));
-            m[h] = w->m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->m + at)))
-                        : _mm256_mul_ps(s[h], _mm256_set1_ps(-8.0f));
-        }
+        tile_scales2(w, t, g, s, m);
         for (b = g * per_group; b < (g + 1) * per_group; b++) {
             __m256i dot[2][2];
             for (r = 0; r < MR; r++) dot[r][0] = dot[r][1] = _mm256_setzero_si256();

@@ -98,26 +98,34 @@ void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64
  * clamped to +-127), so the same codes, d and sum; the codes packed in order, or
  * de-interleaved (evens, then odds). The plain loops, vectorized by the compiler, took ~28 ns
  * a block. */
+KH_TARGET int32_t kh_block_top_avx2(const float *src)
+{
+    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+    __m256i top = _mm256_setzero_si256();
+    __m128i t;
+    int j;
+    for (j = 0; j < 4; j++)
+        top = _mm256_max_epi32(top, _mm256_and_si256(
+                                        _mm256_loadu_si256((const __m256i *)(src + 8 * j)),
+                                        magnitude));
+    t = _mm_max_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+    t = _mm_max_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_max_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    return _mm_cvtsi128_si32(t);
+}
+
 KH_TARGET float kh_quantize_block_avx2(const float *src, int8_t *dst, int32_t *sum,
                                        int deinterleave)
 {
-    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
     const __m256 half = _mm256_set1_ps(0.5f), minus_half = _mm256_set1_ps(-0.5f);
-    __m256i bits[4], q[4], top, total = _mm256_setzero_si256(), bytes;
+    __m256i bits[4], q[4], total = _mm256_setzero_si256(), bytes;
     __m128i t;
     float amax, d, inv;
     int32_t top_bits;
     __m256 scale;
     int j;
     for (j = 0; j < 4; j++) bits[j] = _mm256_loadu_si256((const __m256i *)(src + 8 * j));
-    top = _mm256_max_epi32(_mm256_max_epi32(_mm256_and_si256(bits[0], magnitude),
-                                            _mm256_and_si256(bits[1], magnitude)),
-                           _mm256_max_epi32(_mm256_and_si256(bits[2], magnitude),
-                                            _mm256_and_si256(bits[3], magnitude)));
-    t = _mm_max_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
-    t = _mm_max_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-    t = _mm_max_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-    top_bits = _mm_cvtsi128_si32(t);
+    top_bits = kh_block_top_avx2(src);
     memcpy(&amax, &top_bits, sizeof amax);
     d = amax / 127.0f;
     if (!(d >= FLT_MIN)) d = 0.0f; /* also NaN */
