@@ -250,22 +250,24 @@ def bench_moe_layer(args) -> list[dict]:
     gen = torch.Generator().manual_seed(3)
     banks = [PackedInt4Experts(group_size=GROUP, **random_packed(n, k, (MOE_EXPERTS,), True))
              for n, k in ((MOE_I, MOE_D), (MOE_I, MOE_D), (MOE_D, MOE_I))]
-    # the CPU's tiles too (csrc/kimi_moe_tiles.c): W4A8 on 16 rows a vector instruction
+    # the CPU's tiles too (csrc/kimi_moe_tiles.c): 16 rows a vector instruction, W4A8 and W4A16
     layouts = {"": banks, " tiles": [b.to_tiles() for b in banks] if DEVICE == "cpu" else None}
     expert_bytes = 3 * MOE_I * MOE_D * 9 // 16            # codes + one fp16 scale per 32
     rows = []
     for tokens in MOE_TOKENS if DEVICE == "cpu" else (1, 256):   # the GPU section's time
         picked = moe_inputs(tokens, gen)
         chosen = statistics.mean(len(torch.unique(p)) for _, p, _ in picked) * expert_bytes
-        for op, layout in (("moe_grouped", ""), ("moe_grouped_w4a8", ""),
+        for op, layout in (("moe_grouped", ""), ("moe_grouped", " tiles"),
+                           ("moe_grouped_w4a8", ""),
                            ("moe_grouped_w4a8", " tiles")):  # W4A8: x and h rounded to int8
             if layouts[layout] is None:
                 continue
             calls = [(x, *layouts[layout], p, w) for x, p, w in picked]
             for name, variant in measured_variants(op, args):
-                if name == registry.REFERENCE:
+                if name == registry.REFERENCE or (layout and "cuda" in variant.devices):
                     continue
-                shown = name if op == "moe_grouped" else f"w4a8{layout} {name}"
+                shown = (f"{name}{layout}" if op == "moe_grouped"
+                         else f"w4a8{layout} {name}")
                 secs = seconds_per_call(variant.fn, calls, args.min_time, f"MoE T={tokens} {shown}")
                 r = row(f"Kimi MoE layer, T={tokens}, top-8 of 256", op, shown, "sym", MOE_D,
                         MOE_I, int(chosen), secs, secs, probe)

@@ -151,7 +151,11 @@ int moe_grouped_w4a16(const KhExperts *bank, const float *x, int64_t tokens, int
                       const int64_t *experts, const float *weights, float *work, float *out,
                       int nthreads)
 {
-    if (!bank || bank->gate.group % 2 || kh_moe_tiled(bank)) return KH_EINVAL;
+    if (bank && kh_moe_tiled(bank)) /* 1 for all three, or -1: KH_EINVAL */
+        return kh_moe_tiled(bank) > 0 ? kh_moe_grouped_tiles(bank, 1, x, tokens, top_k, experts,
+                                                             weights, work, out, nthreads)
+                                      : KH_EINVAL;
+    if (!bank || bank->gate.group % 2) return KH_EINVAL;
     return kh_moe_grouped(w4a16_dot(bank->gate.k, bank->gate.n, bank->gate.group), bank, x,
                           tokens, top_k, experts, weights, work, out, nthreads);
 }
@@ -161,7 +165,7 @@ int moe_grouped_w4a8(const KhExperts *bank, const float *x, int64_t tokens, int6
                      int nthreads)
 {
     if (bank && kh_moe_tiled(bank)) /* 1 for all three, or -1: KH_EINVAL */
-        return kh_moe_tiled(bank) > 0 ? kh_moe_grouped_tiles(bank, x, tokens, top_k, experts,
+        return kh_moe_tiled(bank) > 0 ? kh_moe_grouped_tiles(bank, 0, x, tokens, top_k, experts,
                                                              weights, work, out, nthreads)
                                       : KH_EINVAL;
     return kh_moe_grouped(&kh_moe_w4a8, bank, x, tokens, top_k, experts, weights, work, out,

@@ -39,4 +39,5 @@ print("emulated helper in", os.path.dirname(engined.__file__), "; each cap runs:
        for level in (3, 2, 1, 0)})
 PY
 "$python" -m pytest -q -p no:cacheprovider tests/ops/test_w4a8.py tests/ops/test_w4a8_tiles.py tests/ops/test_q8.py \
-    tests/ops/test_moe_grouped_w4a8.py tests/ops/test_moe_grouped_int16.py tests/ops/test_llama_layer.py tests/models/test_llama_decode_layer.py -rs "$@"
+    tests/ops/test_moe_grouped_w4a8.py tests/ops/test_moe_grouped_int16.py tests/ops/test_moe_grouped_tiles.py \
+    tests/ops/test_moe_grouped_i16_tiles.py tests/ops/test_llama_layer.py tests/models/test_llama_decode_layer.py -rs "$@"

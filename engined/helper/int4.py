@@ -1,6 +1,7 @@
 """Packed INT4 weights: a handle validated once (`Int4Weight`) and the calls that take it,
 the decode GEMVs (W4A16, W4A8) in passes of MAX_ROWS rows, the prefill GEMM, the routed
-experts (one route per row, or `moe_grouped` for T tokens) and `unpack`."""
+experts (one route per row, or `moe_grouped` for T tokens), `unpack`, and `tile_int4` (the
+CPU's tiles in place)."""
 from __future__ import annotations
 
 from engined.helper.core import (MAX_ROWS, F32, _as_rows, _out, _workspace, check,
@@ -153,16 +154,16 @@ def moe_grouped(gate: Int4Weight, up: Int4Weight, down: Int4Weight, x, experts, 
     Each chosen expert is read once per call; an id out of range is KH_EINVAL. w4a8: x and h
     rounded to int8 per block of 32 and integer dots (moe_grouped_w4a8; group % 32 == 0).
     Without it, x and h are rounded to int16 per block where `moe_int16` says so (AVX2 and
-    up: 2^-16 of a block's largest value), else met by the float kernels."""
+    up: 2^-16 of a block's largest value), else met by the float kernels; on stacks in the
+    CPU's tiles always (csrc/kimi_tiles_i16.c, every CPU)."""
     e, inner, d, group = gate.experts, gate.n, gate.k, gate.group
-    if {w.tiled for w in (gate, up, down)} != {w4a8 and gate.tiled}:
-        raise ValueError("moe_grouped_w4a8: the gate, up and down stacks must all be in the "
-                         "CPU's tiles, or none" if w4a8 else
-                         "moe_grouped: these expert stacks are in the CPU's tiles "
-                         "(moe_grouped_w4a8 runs them)")
-    if w4a8 and group % 32:
-        raise ValueError(f"moe_grouped_w4a8 needs a group size that is a multiple of 32, "
-                         f"got {group}")
+    what = "moe_grouped_w4a8" if w4a8 else "moe_grouped"
+    if len({w.tiled for w in (gate, up, down)}) > 1:
+        raise ValueError(f"{what}: the gate, up and down stacks must all be in the CPU's "
+                         "tiles, or none")
+    if (w4a8 or gate.tiled) and group % 32:
+        raise ValueError(f"{what} needs a group size that is a multiple of 32"
+                         f"{' on stacks in tiles' if not w4a8 else ''}, got {group}")
     if not e or (up.experts, up.n, up.k, up.group) != (e, inner, d, group) \
             or (down.experts, down.n, down.k, down.group) != (e, d, inner, group):
         raise ValueError(f"moe_grouped: gate/up [E, I, D] and down [E, D, I] stacks of one group "
@@ -238,3 +239,15 @@ def unpack(w: Int4Weight, out=None, threads: int | None = None):
                              ffi.cast("float *", out.data_ptr()), int(threads or default_threads()))
     check(status, "unpack_int4")
     return out
+
+
+def tile_int4(qweight, scales, mins, group: int, back: bool = False, threads: int | None = None):
+    """Packed INT4 tensors (a linear [N, K/2] or a stack [E, N, K/2]) into the CPU's tiles in
+    place, or back: int4_format.tile_tensors's layout (its reference), on the C pool."""
+    w = Int4Weight(qweight, scales, mins, group)     # the checks; never tiled itself
+    rows = max(w.experts, 1) * w.n
+    status = lib.tile_int4(w.q, w.s, w.m, rows, w.k, group, int(back),
+                           int(threads or default_threads()))
+    if status == lib.KH_ENOMEM:     # malloc, not the cap: a thread's copy of one tile
+        raise MemoryError(f"tile_int4: no memory for a copy of one tile ({8 * w.k} bytes)")
+    check(status, "tile_int4")

@@ -67,7 +67,7 @@ class ExpertBank:
             self._packed = PackedInt4Experts(p.qweight, p.scales, p.mins, p.group_size, True)
 
     def can_tile(self) -> bool:
-        """Whether moe_grouped_w4a8 can read this bank in the CPU's tiles: INT4 on the CPU in
+        """Whether the C helper can read this bank in the CPU's tiles: INT4 on the CPU in
         the disk's order, rows of whole tiles, groups of whole blocks of 32."""
         return (self.group_size is not None and self.qweight.device.type == "cpu"
                 and self.shape[0] % int4_format.TILE == 0 and self.group_size % 32 == 0
@@ -134,8 +134,8 @@ class MoE:
 
     def select_experts(self, op: str):
         """The op of the routed experts the CPU runs (here, or in RAM beside a GPU): moe_grouped
-        (W4A16) or moe_grouped_w4a8 (x and h rounded to int8, integer dots; opt-in)."""
-        registry.resolve(op, "cpu")
+        (W4A16) or moe_grouped_w4a8 (x and h rounded to int8, integer dots; opt-in); the
+        banks in RAM go into the CPU's tiles where the op's C variant runs them, or back."""
         if op == "moe_grouped_w4a8" and self.w1.group_size % 32:
             raise ValueError(f"W4A8 routed experts take INT4 groups of a multiple of 32, these "
                              f"are groups of {self.w1.group_size}: drop --moe-w4a8, or "
@@ -143,11 +143,13 @@ class MoE:
         self.cpu_experts = op
         if self.host_experts is not None:
             self.host_experts.select(op)
-        # W4A8 reads the banks in the CPU's tiles (csrc/kimi_moe_tiles.c: 16 outputs a vector
-        # instruction), unless a VRAM cache uploads experts from them in the disk's order
+        # the C helper reads the banks in the CPU's tiles (csrc/kimi_moe_tiles.c: 16 outputs
+        # a vector instruction, W4A8 and W4A16 alike), unless a VRAM cache uploads experts
+        # from them in the disk's order
         banks = (self.w1, self.w3, self.w2)
         cached = self.host_experts is not None and self.host_experts.cache is not None
-        tiles = op == "moe_grouped_w4a8" and not cached and all(b.can_tile() for b in banks)
+        tiles = (registry.resolve(op, "cpu").name == "cpu_c" and not cached
+                 and all(b.can_tile() for b in banks))
         for bank in banks:
             if bank.group_size is not None and bank.qweight.device.type == "cpu":
                 bank.to_tiles_(back=not tiles)

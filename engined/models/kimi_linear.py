@@ -132,11 +132,15 @@ class KimiLinearModel:
     def tensors(self) -> list[torch.Tensor]:
         return weight_tensors(self)
 
-    def select_experts(self, op: str):
+    def select_experts(self, op: str, required: bool = True):
         """The op of the INT4 routed experts the CPU runs (--device cpu, or in RAM beside a
-        GPU): moe_grouped (W4A16, the default) or moe_grouped_w4a8 (--moe-w4a8)."""
+        GPU): moe_grouped (W4A16, the default) or moe_grouped_w4a8 (--moe-w4a8). Once loaded,
+        so that the banks in RAM take the op's layout (MoE.select_experts). required: a
+        checkpoint without INT4 experts is refused (else nothing to do)."""
         moes = [layer.ffn for layer in self.layers
                 if isinstance(layer.ffn, MoE) and layer.ffn.w1.group_size]
+        if not moes and not required:
+            return
         if not moes:
             raise ValueError(f"{op} runs INT4 routed experts; this checkpoint's are not INT4 "
                              "(kimi-engine quantize)")

@@ -98,8 +98,11 @@ def _kimi(call, *args, **kwargs):
 
 
 def _experts(loaded: LoadedModel, w4a8: bool) -> LoadedModel:
-    """A Kimi-Linear model with its CPU-run routed experts in W4A8 when asked (--moe-w4a8)."""
-    if w4a8:
+    """A Kimi-Linear model with its CPU-run routed experts in W4A8 when asked (--moe-w4a8),
+    else W4A16; either way in the layout the CPU's kernels read (the CPU's tiles)."""
+    if not w4a8:
+        loaded.model.select_experts("moe_grouped", required=False)
+    else:
         from engined import helper
         try:
             helper.require()

@@ -232,6 +232,25 @@ def experts(gen, e, n, k, group, symmetric: bool = False) -> PackedInt4Experts:
                                                             symmetric=symmetric))
 
 
+def banks_and_tiles(seed: int, e: int, d: int, inner: int, group: int, symmetric: bool):
+    """A MoE layer's (w1, w3, w2) stacks of e experts (D x I, multiples of 16: whole tiles),
+    as rows, and the same in the CPU's tiles."""
+    gen = torch.Generator().manual_seed(seed)
+    w1, w3 = (experts(gen, e, inner, d, group, symmetric) for _ in range(2))
+    rows = (w1, w3, experts(gen, e, d, inner, group, symmetric))
+    return rows, tuple(bank.to_tiles() for bank in rows)
+
+
+def shared_routes(seed: int, tokens: int, d: int, e: int, k: int):
+    """(x [T, d], ids [T, k], weights [T, k]): every row chose one expert (a segment of
+    `tokens` rows), rows 2 and 3 another of row 0's."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(tokens)])
+    ids[1:, 0] = ids[0, 0]
+    ids[2:4, 1] = ids[0, 1]
+    return torch.randn(tokens, d, generator=gen), ids, torch.rand(tokens, k, generator=gen)
+
+
 def routed_case(op: str, e: int, ids: list[int], shared_x: bool, n: int, k: int, group: int,
                 seed=0, symmetric: bool = False) -> Case:
     """Grouped GEMV / SwiGLU: `ids` are the router's picks (duplicates allowed)."""

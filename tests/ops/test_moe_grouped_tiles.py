@@ -1,8 +1,8 @@
-"""moe_grouped_w4a8 on expert stacks in the CPU's tiles (csrc/kimi_moe_tiles.c): the
-reference's numbers, and the same bits at every integer-dot level (the tile kernels' own
-promise); at one token each chosen expert is w4a8_tiles on x, then on h; a token's result the
-same bits alone or batched and at any thread count; clear refusals of what the tiles are not
-for."""
+"""moe_grouped_w4a8 on expert stacks in the CPU's tiles (csrc/kimi_moe_tiles.c; W4A16 on
+them: test_moe_grouped_i16_tiles.py): the reference's numbers, and the same bits at every
+integer-dot level (the tile kernels' own promise); at one token each chosen expert is
+w4a8_tiles on x, then on h; a token's result the same bits alone or batched and at any
+thread count; clear refusals of what the tiles are not for."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +12,7 @@ from engined.helper.core import ffi, lib
 from engined.ops import int4_format, registry
 from engined.ops.w4a16_gemv import cpu_c as w4a16_cpu_c
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
-from tests.ops.helpers import experts
+from tests.ops.helpers import banks_and_tiles, shared_routes
 from tests.support.simd import int8_levels
 
 E, K = 16, 4
@@ -27,20 +27,12 @@ def fn():
 @pytest.fixture(scope="module", params=[(256, 128, False), (96, 160, True)],
                 ids=["asymmetric", "symmetric"])
 def banks(request):
-    """D x I (both multiples of 16: whole tiles), as rows and as tiles."""
     d, inner, symmetric = request.param
-    gen = torch.Generator().manual_seed(d)
-    w1, w3 = (experts(gen, E, inner, d, 32, symmetric) for _ in range(2))
-    rows = (w1, w3, experts(gen, E, d, inner, 32, symmetric))
-    return rows, tuple(bank.to_tiles() for bank in rows)
+    return banks_and_tiles(d, E, d, inner, 32, symmetric)
 
 
 def batch(seed: int, tokens: int, d: int):
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(tokens)])
-    ids[1:, 0] = ids[0, 0]                  # one expert every row chose: a segment of `tokens`
-    ids[2:4, 1] = ids[0, 1]
-    return torch.randn(tokens, d, generator=gen), ids, torch.rand(tokens, K, generator=gen)
+    return shared_routes(seed, tokens, d, E, K)
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 11])
@@ -91,10 +83,9 @@ def test_thread_count_does_not_change_a_single_bit(banks):
 def test_what_the_tiles_are_not_for_is_refused(banks):
     rows, tiles = banks
     x, ids, weights = batch(3, 2, rows[2].shape[1])
-    with pytest.raises(registry.KernelError, match="in the CPU's tiles"):
-        registry.variants("moe_grouped")["cpu_c"].fn(x, *tiles, ids, weights)
-    with pytest.raises(registry.KernelError, match="all be in the CPU's tiles, or none"):
-        fn()(x, tiles[0], rows[1], rows[2], ids, weights)
+    for op in ("moe_grouped_w4a8", "moe_grouped"):
+        with pytest.raises(registry.KernelError, match="all be in the CPU's tiles, or none"):
+            registry.variants(op)["cpu_c"].fn(x, tiles[0], rows[1], rows[2], ids, weights)
     with pytest.raises(registry.KernelError, match="in the CPU's tiles"):
         registry.variants("w4a16_grouped_gemv")["cpu_c"].fn(x[:1], tiles[0], ids[0])
 
@@ -113,14 +104,14 @@ def test_a_stack_in_tiles_is_refused_where_one_linear_is_meant(banks):
                           gpu_order=True).to_tiles()
 
 
-def test_the_c_call_refuses_banks_that_mix_layouts_or_tiles_under_w4a16(banks):
+def test_the_c_call_refuses_banks_that_mix_layouts(banks):
     """The C entry points check for themselves (a caller other than helper.moe_grouped)."""
     rows, tiles = banks
     handles = [w4a16_cpu_c.c_weight(b) for b in (*tiles, *rows)]
     x, ids, weights = batch(3, 1, rows[2].shape[1])
     ids, out = ids.to(torch.int64).contiguous(), torch.empty_like(x)
-    for gate, up, down, call in ((0, 1, 2, lib.moe_grouped_w4a16), (0, 4, 5, lib.moe_grouped_w4a8),
-                                 (3, 4, 2, lib.moe_grouped_w4a8)):
+    for gate, up, down, call in ((0, 4, 5, lib.moe_grouped_w4a16), (0, 4, 5, lib.moe_grouped_w4a8),
+                                 (3, 4, 2, lib.moe_grouped_w4a8), (3, 4, 2, lib.moe_grouped_w4a16)):
         bank = ffi.new("KhExperts *")
         for part, h in zip((bank.gate, bank.up, bank.down), (handles[gate], handles[up],
                                                              handles[down])):
