@@ -73,6 +73,12 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
                const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work,
                float *out, int nthreads);
 int tiles_simd(void);
+/* An INT4 linear or expert stack (n rows in all) put into those tiles in place, or back
+ * (back = 1), tile by tile on nthreads threads (kimi_tile_layout.c): q [n, k/2] codes, s and m
+ * [n, k/group] half bits (m NULL: symmetric). n % 16 == 0, k % 8 == 0, group >= 4 dividing k.
+ * KH_ENOMEM: a thread's copy of one tile (16 k/2 bytes) could not be allocated. */
+int tile_int4(uint8_t *q, uint16_t *s, uint16_t *m, int64_t n, int64_t k, int64_t group,
+              int back, int nthreads);
 /* Whether tiles_w4a8 runs KH_AMX_MIN_ROWS or more rows of x on Intel AMX (kimi_tiles_amx.c:
  * the same bits), and tiles_q8 KH_Q8_AMX_MIN_ROWS or more: AMX-INT8 on the CPU, lent by
  * Linux, tiles_simd at 3 and the switch on. mode 1 or 0 sets the switch (on by default), -1

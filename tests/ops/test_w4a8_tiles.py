@@ -141,11 +141,37 @@ def test_tiling_in_place_a_block_at_a_time_is_tiling_whole(symmetric, k):
     for block_rows in (16, 48):
         copy = PackedInt4(w.qweight.clone(), w.scales.clone(),
                           None if symmetric else w.mins.clone(), 32)
-        int4_format.tile_in_place_(copy, block_rows=block_rows)
+        int4_format.tile_blocks_(copy, block_rows=block_rows)
         assert torch.equal(copy.qweight, whole.qweight) and torch.equal(copy.scales, whole.scales)
         assert symmetric or torch.equal(copy.mins, whole.mins)
-        int4_format.tile_in_place_(replace(copy, tiles=True), back=True, block_rows=block_rows)
+        int4_format.tile_blocks_(replace(copy, tiles=True), back=True, block_rows=block_rows)
         assert torch.equal(copy.qweight, w.qweight) and torch.equal(copy.scales, w.scales)
+
+
+@pytest.mark.parametrize("n,k,group,symmetric", [(80, 96, 32, False), (48, 32, 32, True),
+                                                 (32, 384, 96, False), (64, 256, 128, True),
+                                                 (16, 64, 16, False)])
+def test_the_c_tiler_gives_the_references_bytes_both_ways(n, k, group, symmetric):
+    """helper.tile_int4 (what tile_in_place_ runs where the helper is built) against
+    tile_tensors, the layout's definition: a stack of 3 experts as one linear of 3n rows, on 1
+    and 3 threads, into tiles and back; k = 32 is one group a row; refusals for what does not
+    tile."""
+    gen = torch.Generator().manual_seed(n + k)
+    lead = random_int4(gen, 3 * n, k, group, symmetric=symmetric)
+    w = PackedInt4(group_size=group, **lead)
+    want = int4_format.tile_tensors(w)
+    for threads in (1, 3):
+        q, s, m = (None if t is None else t.clone().view(3, n, -1)
+                   for t in (w.qweight, w.scales, w.mins))
+        helper.tile_int4(q, s, m, group, threads=threads)
+        for got, ref in zip((q, s, m), want):
+            assert (got is None and ref is None) or torch.equal(got.view(ref.shape), ref)
+        helper.tile_int4(q, s, m, group, back=True, threads=threads)
+        for got, ref in zip((q, s, m), (w.qweight, w.scales, w.mins)):
+            assert (got is None and ref is None) or torch.equal(got.view(ref.shape), ref)
+    bad = packed(24, 64)                               # 24 rows: not whole tiles
+    with pytest.raises(helper.HelperError):
+        helper.tile_int4(bad.qweight, bad.scales, bad.mins, 32)
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
