@@ -154,3 +154,15 @@ def test_both_ops_read_the_cpu_banks_in_tiles_and_the_reference_reads_rows_again
         assert torch.equal(logits(model), want)
     for mine, theirs in zip(banks, banks_of(fresh)):
         assert torch.equal(mine.qweight, theirs.qweight) and torch.equal(mine.scales, theirs.scales)
+
+
+def test_a_model_whose_experts_are_all_on_a_gpu_asks_nothing_of_the_cpu_variants():
+    """The loader chooses the CPU's experts on every Kimi load: a model with every bank on
+    its GPU (here the meta device) must not resolve the CPU variant, which a CUDA-only pick
+    in KIMI_KERNELS (moe_grouped=triton_dot) would refuse."""
+    from engined.weights import synthetic
+    model = synthetic.build(synthetic.CONFIGS["tiny"], "meta", fill=False)
+    with registry.using("moe_grouped", "triton_dot"):
+        model.select_experts("moe_grouped", required=False)
+    assert not any(b.packed.tiles for layer in model.layers if isinstance(layer.ffn, MoE)
+                   for b in (layer.ffn.w1, layer.ffn.w3, layer.ffn.w2))
