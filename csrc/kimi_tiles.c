@@ -28,34 +28,37 @@ void kh_tiles_portable(const KhTiles *w, KhTileChunkDot dot, int64_t x_width, in
     int64_t nb = k / KH_Q8_BLOCK, chunks = k / 8, t, r, g, b, c;
     int j;
     for (t = t0; t < t0 + nt; t++)
-        for (r = r0; r < r0 + mr; r++)
-            for (j = 0; j < KH_TILE; j++) {
-                float acc = 0.0f;
-                for (g = 0; g < groups; g++) {
-                    float s = kh_half_to_float(w->s[(t * groups + g) * KH_TILE + j]);
-                    float m = w->m ? kh_half_to_float(w->m[(t * groups + g) * KH_TILE + j])
-                                   : KH_SYMMETRIC_MIN(s);
-                    for (b = g * per_group; b < (g + 1) * per_group; b++) {
-                        int32_t sum = 0;
-                        for (c = 4 * b; c < 4 * b + 4; c++)
-                            sum += dot(w->q + ((t * chunks + c) * KH_TILE + j) * 4,
-                                       x->q + r * x_width, c);
-                        acc = fmaf((float)sum, s * x->d[r * nb + b], acc);
-                    }
-                    acc = fmaf(m, x->gsum[r * groups + g], acc);
+        for (r = r0; r < r0 + mr; r++) {
+            float acc[KH_TILE] = {0};
+            for (g = 0; g < groups; g++) {
+                const uint16_t *s = w->s + (t * groups + g) * KH_TILE;
+                const uint16_t *m = w->m ? w->m + (t * groups + g) * KH_TILE : NULL;
+                for (b = g * per_group; b < (g + 1) * per_group; b++) {
+                    int32_t dots[KH_TILE] = {0};
+                    float d = x->d[r * nb + b];
+                    for (c = 4 * b; c < 4 * b + 4; c++)
+                        dot(w->q + (t * chunks + c) * KH_TILE * 4, x->q + r * x_width, c, dots);
+                    for (j = 0; j < KH_TILE; j++)
+                        acc[j] = fmaf((float)dots[j], kh_half_to_float(s[j]) * d, acc[j]);
                 }
-                out[r * w->n + t * KH_TILE + j] = acc;
+                for (j = 0; j < KH_TILE; j++)
+                    acc[j] = fmaf(m ? kh_half_to_float(m[j])
+                                    : KH_SYMMETRIC_MIN(kh_half_to_float(s[j])),
+                                  x->gsum[r * groups + g], acc[j]);
             }
+            for (j = 0; j < KH_TILE; j++) out[r * w->n + t * KH_TILE + j] = acc[j];
+        }
 }
 
 /* W4A8's chunk dot: x's int8 codes in natural order. */
-static int32_t chunk_dot_q8(const uint8_t *p, const int8_t *x_row, int64_t c)
+static void chunk_dot_q8(const uint8_t *p, const int8_t *x_row, int64_t c,
+                         int32_t dots[KH_TILE])
 {
     const int8_t *xr = x_row + 8 * c;
-    int32_t dot = 0;
-    int i;
-    for (i = 0; i < 4; i++) dot += (p[i] & 0x0f) * xr[i] + (p[i] >> 4) * xr[4 + i];
-    return dot;
+    int j, i;
+    for (j = 0; j < KH_TILE; j++)
+        for (i = 0; i < 4; i++)
+            dots[j] += (p[4 * j + i] & 0x0f) * xr[i] + (p[4 * j + i] >> 4) * xr[4 + i];
 }
 
 /* The portable W4A8 kernel. */

@@ -38,10 +38,11 @@ typedef void (*KhTileKernel)(const void *w, int64_t t0, int64_t nt, const KhQ8 *
                              const int32_t *xsum, int64_t r0, int mr, float *out);
 
 /* The portable kernels' text, and the definition of every W4A8 and W4A16 tile kernel's
- * operations (the comment above): `dot` gives chunk c's exact int32 dot of one output's 4
- * code bytes and its row of x codes, x_width bytes a row (kimi_tiles.c W4A8's, k;
- * kimi_tiles_i16.c W4A16's, 2k). */
-typedef int32_t (*KhTileChunkDot)(const uint8_t *codes, const int8_t *x_row, int64_t c);
+ * operations (the comment above): `dot` adds chunk c's exact int32 dots of the tile's 16
+ * outputs (its 64 code bytes) with one row of x codes, x_width bytes a row, into dots[16]
+ * (kimi_tiles.c W4A8's, k; kimi_tiles_i16.c W4A16's, 2k). */
+typedef void (*KhTileChunkDot)(const uint8_t *codes, const int8_t *x_row, int64_t c,
+                               int32_t dots[KH_TILE]);
 void kh_tiles_portable(const KhTiles *w, KhTileChunkDot dot, int64_t x_width, int64_t t0,
                        int64_t nt, const KhQ8 *x, int64_t r0, int mr, float *out);
 

@@ -132,16 +132,16 @@ void kh_tiles_i16_copy(const KhQ8 *from_x, int64_t from, const KhQ8 *to_x, int64
 }
 
 /* W4A16's chunk dot, the definition of the integer dot: each code against 256 xh + xl. */
-static int32_t chunk_dot_i16(const uint8_t *p, const int8_t *x_row, int64_t c)
+static void chunk_dot_i16(const uint8_t *p, const int8_t *x_row, int64_t c,
+                          int32_t dots[KH_TILE])
 {
     const int8_t *xc = x_row + 16 * c;
-    int32_t dot = 0;
-    int i;
-    for (i = 0; i < 8; i++) {
-        int32_t code = i < 4 ? p[i] & 0x0f : p[i - 4] >> 4;
-        dot += code * ((int32_t)xc[8 + i] * 256 + (uint8_t)xc[i]);
-    }
-    return dot;
+    int32_t xv[8];
+    int j, i;
+    for (i = 0; i < 8; i++) xv[i] = (int32_t)xc[8 + i] * 256 + (uint8_t)xc[i];
+    for (j = 0; j < KH_TILE; j++)
+        for (i = 0; i < 4; i++)
+            dots[j] += (p[4 * j + i] & 0x0f) * xv[i] + (p[4 * j + i] >> 4) * xv[4 + i];
 }
 
 /* The portable W4A16 kernel. */
