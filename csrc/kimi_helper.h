@@ -75,8 +75,8 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
 int tiles_simd(void);
 /* An INT4 linear or expert stack (n rows in all) put into those tiles in place, or back
  * (back = 1), tile by tile on nthreads threads (kimi_tile_layout.c): q [n, k/2] codes, s and m
- * [n, k/group] half bits (m NULL: symmetric). n % 16 == 0, k % 8 == 0, group >= 4 dividing k.
- * KH_ENOMEM: a thread's copy of one tile (16 k/2 bytes) could not be allocated. */
+ * [n, k/group] half bits (m NULL: symmetric). n % 16 == 0, k % 8 == 0, group dividing k.
+ * KH_ENOMEM here: no memory for nthreads copies of one tile (the weight left unchanged). */
 int tile_int4(uint8_t *q, uint16_t *s, uint16_t *m, int64_t n, int64_t k, int64_t group,
               int back, int nthreads);
 /* Whether tiles_w4a8 runs KH_AMX_MIN_ROWS or more rows of x on Intel AMX (kimi_tiles_amx.c:
@@ -154,7 +154,8 @@ int kda_decode_rows(const KhKda *a, const float *qkv, const float *low, int64_t 
                     const int64_t *slots, const int64_t *src_slots, float *out, int nthreads);
 
 /* One packed INT4 linear [n, k] (mins NULL: symmetric), as the layer call takes it; tiled:
- * 1 when q, s, m are in tiles (tiles_w4a8 runs it). */
+ * 1 when q, s, m are in tiles (tiles_w4a8 runs it; for expert stacks, moe_grouped_w4a8 and
+ * moe_grouped_w4a16, which on tiles always rounds x and h to int16, every CPU). */
 typedef struct {
     const uint8_t *q;
     const uint16_t *s;
@@ -179,11 +180,14 @@ typedef struct {
  * moe_grouped_work_floats(T * top_k, d, inner, group) floats, 8-byte aligned (64-byte
  * aligned for speed: each part of it starts on a cache line then). */
 int64_t moe_grouped_work_floats(int64_t routes, int64_t d, int64_t inner, int64_t group);
-/* 1 where moe_grouped_w4a16 rounds x and h to int16 per block of 32 (d = max|x| / 32767, half
- * away from zero; at most 2^-16 of a block's largest value off) and takes integer dots: at
- * w4a8_simd's level 3 (vpdpwssd, AVX-512 VNNI), or at 1 and 2 (vpmaddwd) where gemv_simd is
- * below AVX-512; with d % 64 == inner % 64 == 0 and group % 32 == 0. 0 where it runs the
- * float kernels. Either way a token's result does not depend on the tokens batched with it. */
+/* 1 where moe_grouped_w4a16 on banks in the row layout rounds x and h to int16 per block of
+ * 32 (d = max|x| / 32767, half away from zero; at most 2^-16 of a block's largest value off)
+ * and takes integer dots: at w4a8_simd's level 3 (vpdpwssd, AVX-512 VNNI), or at 1 and 2
+ * (vpmaddwd) where gemv_simd is below AVX-512; with d % 64 == inner % 64 == 0 and group % 32
+ * == 0. 0 where it runs the float kernels. Either way a token's result does not depend on the
+ * tokens batched with it. On banks in tiles (KhInt4.tiled, all three) it always rounds so
+ * and takes the tiles' integer dots (kimi_tiles_i16.c: the same bits at every level; group %
+ * 32 == 0, else KH_EINVAL). */
 int moe_grouped_w4a16_int16(int64_t d, int64_t inner, int64_t group);
 int moe_grouped_w4a16(const KhExperts *bank, const float *x, int64_t tokens, int64_t top_k,
                       const int64_t *experts, const float *weights, float *work, float *out,

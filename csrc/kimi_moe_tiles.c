@@ -1,7 +1,8 @@
-/* kimi_moe_tiles.c: moe_grouped_w4a8 on expert banks in the CPU's tiles (KhInt4.tiled: each
- * expert's [n, k] in tiles of 16 rows, kimi_tiles.h; expert e's tiles are rows e n.. of the
- * stack's). The routes, sums and silu are kimi_moe.c's (kimi_moe_routes.c); the projections
- * are tiles_w4a8's kernels, one job item a (segment, matrix, tile): a thread's run of items
+/* kimi_moe_tiles.c: moe_grouped_w4a8 and moe_grouped_w4a16 on expert banks in the CPU's
+ * tiles (KhInt4.tiled: each expert's [n, k] in tiles of 16 rows, kimi_tiles.h; expert e's
+ * tiles are rows e n.. of the stack's). The routes, sums and silu are kimi_moe.c's
+ * (kimi_moe_routes.c); the projections are tiles_w4a8's kernels, or W4A16's
+ * (kimi_tiles_i16.c), one job item a (segment, matrix, tile): a thread's run of items
  * streams one matrix a tile at a time, 16 outputs per vector instruction.
  *
  * Why: the row-layout kernels (kimi_int8_body.h) spend two permutes, a convert and two FMAs
@@ -9,9 +10,10 @@
  * instructions, not the memory (bench/int4_kernels.py, AMD EPYC Zen 5: the layer at T = 1 read
  * 45-48 GB/s when the read probe did 77). A tile shares each instruction across 16 outputs.
  *
- * x and h are quantized per route as tiles_w4a8 quantizes a row (kh_quantize_q8), and where
- * the kernel reads x interleaved (AVX-512 VNNI), a segment's rows lie in blocks of up to
- * mr_max rows from its first, which the kernel is handed whole. The kernels compute each
+ * W4A8: x and h are quantized per route as tiles_w4a8 quantizes a row (kh_quantize_q8), and
+ * where the kernel reads x interleaved (AVX-512 VNNI), a segment's rows lie in blocks of up to
+ * mr_max rows from its first, which the kernel is handed whole. W4A16: rounded to int16 as
+ * kimi_moe_i16.c rounds them (kh_tiles_i16_quantize), in natural order. The kernels compute each
  * output alike whatever the rows with it, so a token's result is the same bits whatever
  * tokens share the call, and the same at every tiles_simd level (kimi_tiles.h). */
 #include "kimi_moe.h"
@@ -58,17 +60,19 @@ static void run_tiles(TileJob *job, int64_t segments, int nthreads)
 /* Row r (sorted) of src's rows [R, k] (row `order`-mapped for x, itself for h) into q8: in
  * natural order, or as its lane of the block of up to mr_max rows from its segment's start;
  * or, for W4A16 (i16), into kh_tiles_i16_quantize's codes, in natural order: x's rows once
- * per token (into y, which the down projection fills only later: [R, d] floats hold T rows
- * of d/2 + d/32 + d/group), then copied to each of its routes (a token's 8 routes took 46 us
- * of scalar rounding at Kimi's d, 2304, against ~770 for the whole layer). */
+ * per token (into y, which the down projection fills only later: its R d floats hold T <= R
+ * rows of d/2 + d/32 + d/group), then copied to each of its routes (a token's 8 routes took
+ * 46 us of scalar rounding at Kimi's d, 2304, against ~770 for the whole layer). */
 static void quantize_routes(const KhMoeRun *run, const float *src, int64_t k, int64_t top_k,
                             int i16, int interleaved, int mr_max, KhQ8 *q8)
 {
     int64_t nb = k / KH_Q8_BLOCK, groups = k / run->group, s, r;
-    KhQ8 tokens = kh_tiles_i16_at(run->y, run->routes, k, run->group); /* y: free until W2 */
-    if (i16 && top_k) /* x: each token's row once, into y, then copied to its routes */
+    KhQ8 tokens = {0};
+    if (i16 && top_k) { /* x: each token's row once, into y (free until W2), then copied */
+        tokens = kh_tiles_i16_at(run->y, run->routes / top_k, k, run->group);
         for (r = 0; r < run->routes / top_k; r++)
             kh_tiles_i16_quantize(src + r * k, k, run->group, r, &tokens);
+    }
     for (s = 0; s < run->segments; s++)
         for (r = run->seg_start[s]; r < run->seg_start[s + 1]; r++) {
             const float *row = src + (top_k ? run->order[r] / top_k : r) * k;

@@ -15,9 +15,10 @@
 typedef struct {
     uint8_t *q;
     uint16_t *s, *m;
-    int64_t k, groups;
-    int back;
-    int failed; /* a share whose copy buffer could not be had */
+    int64_t k, groups, bytes; /* bytes: one copy buffer (a tile's codes, or its scales) */
+    int back, slots;
+    uint8_t *buffers;         /* `slots` copy buffers, one per share running at once */
+    int *taken;
 } TileLayoutJob;
 
 /* Tile at q (16 rows of k/2 bytes) through `was`, a copy of it. Into tiles: byte i of row
@@ -61,32 +62,45 @@ static void regroup(uint16_t *v, uint16_t *was, int64_t groups, int back)
 static void tile_share(void *ctx, int64_t begin, int64_t end)
 {
     TileLayoutJob *job = ctx;
-    int64_t bytes = KH_TILE * (job->k / 2), t;
-    uint8_t *was = malloc((size_t)bytes);
-    if (!was) {
-        __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);
-        return;
-    }
+    int64_t code_bytes = KH_TILE * (job->k / 2), t;
+    int slot = 0;
+    uint8_t *was;
+    /* a free buffer: at most `slots` shares run at once, so one is, or soon will be */
+    while (__atomic_exchange_n(&job->taken[slot], 1, __ATOMIC_ACQUIRE))
+        slot = (slot + 1) % job->slots;
+    was = job->buffers + slot * job->bytes;
     for (t = begin; t < end; t++) {
-        uint8_t *q = job->q + t * bytes;
+        uint8_t *q = job->q + t * code_bytes;
         int64_t at = t * KH_TILE * job->groups;
-        memcpy(was, q, (size_t)bytes);
+        memcpy(was, q, (size_t)code_bytes);
         codes(q, was, job->k, job->back);
         regroup(job->s + at, (uint16_t *)was, job->groups, job->back);
         if (job->m) regroup(job->m + at, (uint16_t *)was, job->groups, job->back);
     }
-    free(was);
+    __atomic_store_n(&job->taken[slot], 0, __ATOMIC_RELEASE);
 }
 
 int tile_int4(uint8_t *q, uint16_t *s, uint16_t *m, int64_t n, int64_t k, int64_t group,
               int back, int nthreads)
 {
-    TileLayoutJob job = {q, s, m, k, 0, back, 0};
-    if (!q || !s || n <= 0 || n % KH_TILE || k <= 0 || k % 8 || group < 4 || k % group
+    TileLayoutJob job = {q, s, m, k, 0, 0, back, nthreads, NULL, NULL};
+    if (!q || !s || n <= 0 || n % KH_TILE || k <= 0 || k % 8 || group <= 0 || k % group
         || nthreads <= 0)
         return KH_EINVAL;
     job.groups = k / group;
-    /* the scales go through the codes' buffer: 16 k/group halves fit 16 k/2 bytes (group >= 4) */
+    job.bytes = KH_TILE * (k / 2);
+    if (job.bytes < KH_TILE * job.groups * 2) job.bytes = KH_TILE * job.groups * 2;
+    job.bytes = (job.bytes + 63) / 64 * 64;
+    /* every buffer before any tile changes: a refusal leaves the weight as it was */
+    job.buffers = malloc((size_t)(job.bytes * nthreads));
+    job.taken = calloc((size_t)nthreads, sizeof *job.taken);
+    if (!job.buffers || !job.taken) {
+        free(job.buffers);
+        free(job.taken);
+        return KH_ENOMEM;
+    }
     kh_parallel_split(tile_share, &job, n / KH_TILE, 64, nthreads, 1);
-    return job.failed ? KH_ENOMEM : KH_OK;
+    free(job.buffers);
+    free(job.taken);
+    return KH_OK;
 }

@@ -12,7 +12,7 @@
 #if KH_HAVE_X86_SIMD
 #include "kimi_tiles_simd.h"
 
-#define MR512 4 /* x rows a call of the AVX-512 kernel: 2 dots and an accumulator each */
+#define MR512 4 /* x rows a call of the AVX-512 kernel: 4 integer sums and an accumulator each */
 
 /* MR rows of x against tile t, 16 outputs a vector. */
 static TARGET512 inline __attribute__((always_inline)) void body512(

@@ -91,13 +91,7 @@ void kh_q8_row_avx2(const KhRow *w, const KhQ8 *x, int64_t rows, float *y, int64
     by_rows[rows](w, x, y, y_stride);
 }
 
-/* kimi_w4a8.c's quantize_block on 8 lanes (kh_quantize_q8 takes it where AVX2 is there): the
- * same operations on the same values (max of |x|'s bits, d = amax / 127, x * (1/d) truncated
- * (0 where that is NaN: an inf in a block makes d inf and inv 0, and inf * 0 is NaN, which
- * cvtt would turn into INT_MIN and the clamp into -127), a half rounded away from zero,
- * clamped to +-127), so the same codes, d and sum; the codes packed in order, or
- * de-interleaved (evens, then odds). The plain loops, vectorized by the compiler, took ~28 ns
- * a block. */
+/* The largest |x| of a block of 32 as its bits (kimi_simd.h). */
 KH_TARGET int32_t kh_block_top_avx2(const float *src)
 {
     const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
@@ -114,6 +108,13 @@ KH_TARGET int32_t kh_block_top_avx2(const float *src)
     return _mm_cvtsi128_si32(t);
 }
 
+/* kimi_w4a8.c's quantize_block on 8 lanes (kh_quantize_q8 takes it where AVX2 is there): the
+ * same operations on the same values (max of |x|'s bits, d = amax / 127, x * (1/d) truncated
+ * (0 where that is NaN: an inf in a block makes d inf and inv 0, and inf * 0 is NaN, which
+ * cvtt would turn into INT_MIN and the clamp into -127), a half rounded away from zero,
+ * clamped to +-127), so the same codes, d and sum; the codes packed in order, or
+ * de-interleaved (evens, then odds). The plain loops, vectorized by the compiler, took ~28 ns
+ * a block. */
 KH_TARGET float kh_quantize_block_avx2(const float *src, int8_t *dst, int32_t *sum,
                                        int deinterleave)
 {

@@ -248,6 +248,6 @@ def tile_int4(qweight, scales, mins, group: int, back: bool = False, threads: in
     rows = max(w.experts, 1) * w.n
     status = lib.tile_int4(w.q, w.s, w.m, rows, w.k, group, int(back),
                            int(threads or default_threads()))
-    if status == lib.KH_ENOMEM:     # malloc, not the cap: a thread's copy of one tile
-        raise MemoryError(f"tile_int4: no memory for a copy of one tile ({8 * w.k} bytes)")
+    if status == lib.KH_ENOMEM:     # malloc, not the cap; the weight is unchanged
+        raise MemoryError("tile_int4: no memory for a copy of one tile per thread")
     check(status, "tile_int4")

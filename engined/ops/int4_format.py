@@ -134,7 +134,7 @@ TILE = 16  # output rows per tile (csrc/kimi_tiles.h)
 
 def can_tile(p: PackedInt4) -> bool:
     """Whether the CPU's tiles take this linear: rows a multiple of TILE, groups of whole
-    blocks of 32 (the tile kernels are W4A8), codes in the disk's order."""
+    blocks of 32 (the tile kernels round x per block of 32), codes in the disk's order."""
     n, _ = p.shape
     return n % TILE == 0 and p.group_size % 32 == 0 and not p.gpu_order and not p.tiles
 

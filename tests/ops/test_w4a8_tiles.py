@@ -150,12 +150,12 @@ def test_tiling_in_place_a_block_at_a_time_is_tiling_whole(symmetric, k):
 
 @pytest.mark.parametrize("n,k,group,symmetric", [(80, 96, 32, False), (48, 32, 32, True),
                                                  (32, 384, 96, False), (64, 256, 128, True),
-                                                 (16, 64, 16, False)])
+                                                 (16, 64, 16, False), (16, 32, 2, True)])
 def test_the_c_tiler_gives_the_references_bytes_both_ways(n, k, group, symmetric):
     """helper.tile_int4 (what tile_in_place_ runs where the helper is built) against
     tile_tensors, the layout's definition: a stack of 3 experts as one linear of 3n rows, on 1
-    and 3 threads, into tiles and back; k = 32 is one group a row; refusals for what does not
-    tile."""
+    and 3 threads, into tiles and back; k = 32 is one group a row, groups of 2 have more scale
+    bytes than code bytes (the copy buffer holds either); refusals for what does not tile."""
     gen = torch.Generator().manual_seed(n + k)
     lead = random_int4(gen, 3 * n, k, group, symmetric=symmetric)
     w = PackedInt4(group_size=group, **lead)

@@ -17,7 +17,8 @@ def grouped(op: str, x, w1, w3, w2, experts, weights, out, w4a8: bool) -> torch.
 
 @registry.register("moe_grouped", "cpu_c", devices=("cpu",),
                    description="C helper: each chosen expert read once for all its rows; x and "
-                               "h rounded to int16 per block of 32 and integer dots where "
+                               "h rounded to int16 per block of 32 and integer dots on banks "
+                               "in the CPU's tiles (every CPU), or in rows where "
                                "helper.moe_int16 says (AVX2 and up)")
 def moe_grouped(x, w1, w3, w2, experts, weights, out=None) -> torch.Tensor:
     return grouped("moe_grouped", x, w1, w3, w2, experts, weights, out, w4a8=False)

@@ -23,7 +23,7 @@ class PackedInt4Experts:
     mins: torch.Tensor | None
     group_size: int
     gpu_order: bool = False  # codes permuted for the GPU kernels (int4_format.gpu_order)
-    tiles: bool = False  # each expert in the CPU's tiles (to_tiles): moe_grouped_w4a8 only
+    tiles: bool = False  # each expert in the CPU's tiles (to_tiles): the C moe_grouped ops only
 
     def __post_init__(self):
         if self.qweight.dim() != 3:
