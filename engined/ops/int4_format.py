@@ -98,6 +98,12 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     c = codes.to(torch.uint8)
     if int(c.max()) > 15:
         raise FormatError("INT4 codes must lie in 0..15")
+    return _pack(c)
+
+
+def _pack(c: torch.Tensor) -> torch.Tensor:
+    """pack_codes of codes known to be 4-bit (unpacked from a qweight): no check, so no read
+    of the data by the host, which on a GPU would wait for the stream (an upload's)."""
     return c[:, 0::2] | (c[:, 1::2] << 4)
 
 
@@ -118,7 +124,7 @@ def gpu_order(qweight: torch.Tensor, group: int, back: bool = False) -> torch.Te
         raise FormatError(f"the GPU order needs groups of whole 32-bit words, got G={group}, K={k}")
     codes = unpack_codes(qweight.reshape(-1, half_k))            # [R, K]
     by_group = codes.view(-1, k // group, *((words, 8) if back else (8, words)))
-    return pack_codes(by_group.transpose(-1, -2).reshape(-1, k)).view(qweight.shape)
+    return _pack(by_group.transpose(-1, -2).reshape(-1, k)).view(qweight.shape)
 
 
 def to_gpu_order_(qweight: torch.Tensor, group: int, block_bytes: int = 64 << 20):
@@ -152,7 +158,7 @@ def tile_tensors(p: PackedInt4, back: bool = False) -> tuple[torch.Tensor, ...]:
     if back:  # [N/16, K/8, 16, 4] bytes -> codes [N/16, 16, K/8, 2, 4]
         b = p.qweight.reshape(n // TILE, k // 8, TILE, 4)
         codes = torch.stack((b & 0x0F, b >> 4), dim=-1).permute(0, 2, 1, 4, 3)
-        qweight = pack_codes(codes.reshape(n, k))
+        qweight = _pack(codes.reshape(n, k))
     else:     # codes [N/16, 16, K/8, 2 (halves of 4), 4] -> [N/16, K/8, 16, 4, 2]
         codes = unpack_codes(p.qweight).view(n // TILE, TILE, k // 8, 2, 4)
         c = codes.permute(0, 2, 1, 4, 3)

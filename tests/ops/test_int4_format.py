@@ -176,3 +176,16 @@ def test_quantizers_refuse_ragged_groups():
         fmt.quantize_asym(torch.zeros(2, 48), 32)
     with pytest.raises(fmt.FormatError, match="multiple of group size"):
         fmt.quantize_sym(torch.zeros(2, 48), 32)
+
+
+def test_reordering_on_a_device_never_reads_the_codes_on_the_host():
+    """gpu_order and tile_tensors(back=True) run on a GPU's side stream after an expert's
+    upload (layers/expert_cache.py): a host read of the codes (pack_codes's range check) would
+    wait there for the upload, on the decode step's path. On the meta device any read raises."""
+    q = torch.empty(32, 64, dtype=torch.uint8, device="meta")
+    s = torch.empty(32, 4, dtype=torch.float16, device="meta")
+    assert fmt.gpu_order(q, 32).shape == q.shape
+    assert fmt.gpu_order(q, 32, back=True).shape == q.shape
+    tiled = fmt.PackedInt4(q, s, s, 32, tiles=True)
+    assert [t.shape for t in fmt.tile_tensors(tiled, back=True)] == [q.shape, s.shape,
+                                                                              s.shape]
