@@ -11,7 +11,9 @@ Misses are uploaded afterwards (`admit`, at most `max_uploads` a call) on a side
 after the work already queued on the device, and a slot serves only once its upload has
 finished (an event queried, never waited for), so uploads stay off the decode step's path.
 On a CPU-only machine the "device" pool is CPU memory and an upload a plain copy: the same
-bookkeeping, testable. Letters: s slot, t token, k choice, e expert.
+bookkeeping, testable. The banks in RAM may lie in the CPU's tiles (the C helper's fastest
+layout): a GPU pool's upload puts an expert back in rows on the device, then in its
+kernels' order; a CPU pool keeps the tiles. Letters: s slot, t token, k choice, e expert.
 """
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -101,6 +103,16 @@ class ExpertCache:
             self._slots[(layer, e)] = slot
             uploads += 1
 
+    def follow_(self, tiles: bool):
+        """The banks in RAM went into the CPU's tiles (or back; MoE.select_experts, at load):
+        a pool in CPU memory holds its experts as they lie in RAM, so that hits and misses run
+        the same kernels; a GPU pool keeps its kernels' order (to_gpu_order_). Empties it."""
+        if not self.is_cuda:
+            self.pool = tuple(PackedInt4Experts(p.qweight, p.scales, p.mins, p.group_size,
+                                                tiles=tiles) for p in self.pool)
+        self._slots.clear()
+        self._free = list(range(self.num_slots - 1, -1, -1))
+
     def _take_slot(self, in_use: set[int]) -> int | None:
         if self._free:
             return self._free.pop()
@@ -127,12 +139,24 @@ class ExpertCache:
             with torch.cuda.stream(self._stream):
                 for dst, src in pairs:
                     dst.copy_(src, non_blocking=True)
-                for pool in self.pool:
-                    codes = pool.qweight[slot]
-                    codes.copy_(int4_format.gpu_order(codes, pool.group_size))
+                for pool, bank in zip(self.pool, banks):
+                    to_gpu_order_(pool, slot, bank.tiles)
                 self._uploaded[slot] = self._stream.record_event()
         self.counters.uploads += 1
         self.counters.upload_bytes += sum(src.nbytes for _, src in pairs)
+
+
+def to_gpu_order_(pool: PackedInt4Experts, slot: int, tiled: bool):
+    """An expert just uploaded into `slot` of a GPU pool, as it lay in RAM (in the CPU's tiles
+    when `tiled`, else the disk's order) -> the GPU kernels' order, in place, by device ops
+    alone: nothing the host reads, so the upload's stream is never waited for."""
+    parts = [None if t is None else t[slot] for t in (pool.qweight, pool.scales, pool.mins)]
+    if tiled:
+        rows = int4_format.PackedInt4(*parts, pool.group_size, tiles=True)
+        for dst, src in zip(parts, int4_format.tile_tensors(rows, back=True)):
+            if dst is not None and src.data_ptr() != dst.data_ptr():  # one group: a view
+                dst.copy_(src)
+    parts[0].copy_(int4_format.gpu_order(parts[0], pool.group_size))
 
 
 def _parts(bank: PackedInt4Experts, e: int) -> list[torch.Tensor]:

@@ -144,17 +144,16 @@ class MoE:
         if self.host_experts is not None:
             self.host_experts.select(op)
         # the C helper reads the banks in the CPU's tiles (csrc/kimi_moe_tiles.c: 16 outputs
-        # a vector instruction, W4A8 and W4A16 alike), unless a VRAM cache uploads experts
-        # from them in the disk's order
+        # a vector instruction, W4A8 and W4A16 alike); a VRAM cache uploads from them
         banks = (self.w1, self.w3, self.w2)
         in_ram = [b for b in banks if b.group_size is not None and b.qweight.device.type == "cpu"]
         if not in_ram:      # every expert on a GPU: nothing here for the CPU to run
             return
-        cached = self.host_experts is not None and self.host_experts.cache is not None
-        tiles = (registry.resolve(op, "cpu").name == "cpu_c" and not cached
-                 and all(b.can_tile() for b in banks))
+        tiles = registry.resolve(op, "cpu").name == "cpu_c" and all(b.can_tile() for b in banks)
         for bank in in_ram:
             bank.to_tiles_(back=not tiles)
+        if self.host_experts is not None and self.host_experts.cache is not None:
+            self.host_experts.cache.follow_(tiles)
 
     def __call__(self, f: torch.Tensor) -> torch.Tensor:
         """f: [T, D] -> [T, D]: a prefill chunk, one decode token, or the decode rows of B

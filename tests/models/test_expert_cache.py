@@ -6,7 +6,9 @@ bits (with top-8, the GPU's sum order differs anyway)."""
 import pytest
 import torch
 
-from engined.layers.expert_cache import ExpertCache, Split
+from engined.layers.expert_cache import ExpertCache, Split, to_gpu_order_
+from engined.ops import int4_format
+from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 from engined.ops.w4a16_gemv.cpu_c import torch_single_threaded
 from engined.weights import synthetic
 from tests.support.cudart import FakeCudart
@@ -57,6 +59,47 @@ def test_an_uploaded_slot_holds_the_experts_bytes():
     for pool, bank in zip(cache.pool, banks):
         assert torch.equal(pool.qweight[slot], bank.qweight[6])
         assert torch.equal(pool.scales[slot], bank.scales[6])
+
+
+def _tiled(model):
+    """The loader's step (loader._experts): the banks in RAM into the CPU's tiles."""
+    model.select_experts("moe_grouped")
+    return model
+
+
+@pytest.mark.parametrize("slots", [8, 24], ids=["a-third", "every-expert"])
+def test_banks_in_the_cpus_tiles_give_the_same_bits_with_the_cache_on_and_off(slots):
+    """The loader tiles the banks in RAM with a cache too (the CPU's misses run its fastest
+    kernels); a pool in CPU memory then holds tiles, so hits and misses run alike."""
+    prompt = [5, 17, 300, 41, 9, 77, 123]
+    tokens, logits = _greedy(_tiled(_model()), prompt, 8)
+    cached = _tiled(_model(cache_slots=slots))
+    assert all(bank.tiles for layer in MOE_LAYERS for bank in _banks(cached, layer))
+    assert all(pool.tiles for pool in cached.expert_cache.pool)
+    tokens_c, logits_c = _greedy(cached, prompt, 8)
+    assert tokens_c == tokens and torch.equal(logits_c, logits)
+    assert sum(cached.expert_cache.counters.hits.values()) > 0
+
+
+@pytest.mark.parametrize("tiled", [True, False], ids=["from-tiles", "from-rows"])
+def test_a_gpu_pools_upload_ends_in_its_kernels_order(tiled):
+    """to_gpu_order_, the device-side step of a CUDA upload, run here on CPU tensors: an
+    expert copied as it lies in RAM (tiles or rows) ends as int4_format.gpu_order puts it."""
+    model = _tiled(_model()) if tiled else _model()
+    banks = _banks(model, 2)
+    pool = tuple(PackedInt4Experts(
+        *(None if t is None else t[:2].clone() for t in (b.qweight, b.scales, b.mins)),
+        b.group_size, gpu_order=True) for b in banks)
+    plain = _banks(_model(), 2)                               # the disk's order
+    for dst, src in zip(pool, banks):
+        for d, s in zip((dst.qweight, dst.scales, dst.mins), (src.qweight, src.scales, src.mins)):
+            if d is not None:
+                d[1].copy_(s[6])
+        to_gpu_order_(dst, 1, tiled)
+    for dst, want in zip(pool, plain):
+        assert torch.equal(dst.qweight[1], int4_format.gpu_order(want.qweight[6], want.group_size))
+        assert torch.equal(dst.scales[1], want.scales[6])
+        assert dst.mins is None or torch.equal(dst.mins[1], want.mins[6])
 
 
 def test_a_split_gives_each_side_only_experts_it_runs():
