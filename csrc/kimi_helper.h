@@ -72,6 +72,14 @@ int64_t tiles_w4a8_work_floats(int64_t rows, int64_t k, int64_t group);
 int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
                const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work,
                float *out, int nthreads);
+/* tiles_w4a8's W4A16 form (kimi_tiles_i16.c): x rounded to int16 per block of 32 (d =
+ * max|x| / 32767, half away from zero, as moe_grouped_w4a16 rounds it) and exact integer
+ * dots, any rows >= 1; the same bits from every tiles_simd level, batch and thread count.
+ * work: tiles_w4a16_work_floats floats (-1: a refused shape; group a multiple of 32). */
+int64_t tiles_w4a16_work_floats(int64_t rows, int64_t k, int64_t group);
+int tiles_w4a16(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
+                const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work,
+                float *out, int nthreads);
 int tiles_simd(void);
 /* An INT4 linear or expert stack (n rows in all) put into those tiles in place, or back
  * (back = 1), tile by tile on nthreads threads (kimi_tile_layout.c): q [n, k/2] codes, s and m

@@ -68,16 +68,6 @@ int kh_moe_grouped(const KhMoeDot *dot, const KhExperts *e, const float *x, int6
 int kh_moe_grouped_tiles(const KhExperts *e, int i16, const float *x, int64_t tokens,
                          int64_t top_k, const int64_t *experts, const float *weights,
                          float *work, float *out, int nthreads);
-/* W4A16 on tiles (kimi_tiles_i16.c): rows rounded to int16 per block of 32, each code as its
- * two bytes. floats: the work `rows` such rows of width k take (-1: a refused shape); at: laid
- * out from base; quantize: src [k] into row `row` of x; copy: row `from` of from_x to row `to` of to_x; pick: this CPU's kernel (x in natural
- * order, at most mr_max rows a call). */
-int64_t kh_tiles_i16_floats(int64_t rows, int64_t k, int64_t group);
-KhQ8 kh_tiles_i16_at(float *base, int64_t rows, int64_t k, int64_t group);
-void kh_tiles_i16_quantize(const float *src, int64_t k, int64_t group, int64_t row,
-                           const KhQ8 *x);
-void kh_tiles_i16_copy(const KhQ8 *from_x, int64_t from, const KhQ8 *to_x, int64_t to, int64_t k,
-                       int64_t group);
 
 /* The steps both loops share (kimi_moe_routes.c). A call's routes sorted by expert, and its
  * work's parts (each from a 64-byte line): int64 order [R], seg_expert [R], seg_start [R+1];

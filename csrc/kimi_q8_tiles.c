@@ -49,7 +49,7 @@ int tiles_q8(const float *x, int64_t rows, const int8_t *tq, const uint16_t *ts,
 {
     KhQ8Tiles w = {tq, ts, n, k};
     KhTileKernel kernel = q8_tiles_c;
-    int mr_max = 4, level = tiles_simd(), block_sums = 0, interleaved = 0;
+    int mr_max = 4, level = tiles_simd(), x_form = KH_X_Q8, interleaved = 0;
     if (rows <= 0 || n <= 0 || n % KH_TILE || nthreads <= 0) return KH_EINVAL;
     if (tiles_q8_work_floats(rows, k) < 0) return KH_EINVAL;
     if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
@@ -58,7 +58,7 @@ int tiles_q8(const float *x, int64_t rows, const int8_t *tq, const uint16_t *ts,
     case 3:
         kernel = rows <= KH_TILES_MR512 ? kh_q8_tiles_vnni512_decode : kh_q8_tiles_vnni512;
         mr_max = rows <= KH_TILES_MR512 ? (int)rows : 4;
-        block_sums = 1; /* vpdpbusd's -128 * sum(x) */
+        x_form = KH_X_Q8_SUMS; /* vpdpbusd's -128 * sum(x) */
         interleaved = 1;
         break;
     case 1: kernel = kh_q8_tiles_avx2; break;
@@ -69,10 +69,10 @@ int tiles_q8(const float *x, int64_t rows, const int8_t *tq, const uint16_t *ts,
     if (kh_amx_call(rows, KH_Q8_AMX_MIN_ROWS, level)) {
         kernel = kh_q8_tiles_amx;
         mr_max = KH_AMX_ROWS;
-        block_sums = interleaved = 0;
+        x_form = KH_X_Q8, interleaved = 0;
     }
 #endif
-    kh_tiles_run(&w, kernel, mr_max, n, k, k, block_sums, interleaved, x, rows, work, out,
+    kh_tiles_run(&w, kernel, mr_max, n, k, k, x_form, interleaved, x, rows, work, out,
                  nthreads);
     return KH_OK;
 }

@@ -87,6 +87,7 @@ typedef struct {
     int mr_max;
     int64_t n, k, group, rows;
     int interleaved; /* x in the kernel's row blocks (kimi_tiles.h), else in natural order */
+    int i16;         /* x rounded to int16 (kh_tiles_i16_quantize), else to int8 */
     KhQ8 x;
     int32_t *xsum;
     const float *xf;
@@ -101,6 +102,11 @@ static void quantize_rows(void *ctx, int64_t begin, int64_t end)
     const TilesJob *job = ctx;
     int64_t k = job->k, nb = k / KH_Q8_BLOCK, groups = k / job->group, i, r;
     int j;
+    if (job->i16) { /* W4A16: int16 codes as their bytes, natural order */
+        for (r = begin; r < end; r++)
+            kh_tiles_i16_quantize(job->xf + r * k, k, job->group, r, &job->x);
+        return;
+    }
     if (job->interleaved) {
         for (r = begin; r < end; r++) {
             int64_t r0 = r - r % job->mr_max;
@@ -142,14 +148,15 @@ static void tiles_rows(void *ctx, int64_t t0, int64_t end)
 }
 
 void kh_tiles_run(const void *w, KhTileKernel kernel, int mr_max, int64_t n, int64_t k,
-                  int64_t group, int block_sums, int interleaved, const float *x, int64_t rows,
+                  int64_t group, int x_form, int interleaved, const float *x, int64_t rows,
                   float *work, float *out, int nthreads)
 {
     TilesJob job = {.w = w, .kernel = kernel, .mr_max = mr_max, .n = n, .k = k,
                     .group = group, .rows = rows, .xf = x, .out = out};
-    job.interleaved = interleaved && mr_max > 1; /* blocks of one row: natural order */
-    job.x = kh_q8_at(work, rows, k, group);
-    job.xsum = block_sums ? (int32_t *)(work + kh_q8_floats(rows, k, group)) : NULL;
+    job.i16 = x_form == KH_X_I16;
+    job.interleaved = interleaved && mr_max > 1 && !job.i16; /* blocks of one row: natural */
+    job.x = job.i16 ? kh_tiles_i16_at(work, rows, k, group) : kh_q8_at(work, rows, k, group);
+    job.xsum = x_form == KH_X_Q8_SUMS ? (int32_t *)(work + kh_q8_floats(rows, k, group)) : NULL;
     if (rows >= 16 && nthreads > 1) /* prefill: quantizing is ~5% of the work */
         kh_parallel_split(quantize_rows, &job, rows, (rows + 2 * nthreads - 1) / (2 * nthreads),
                           nthreads, 1);
@@ -236,6 +243,7 @@ int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *
     if (tiles_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
     if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
     kernel = kh_tiles_pick(rows, 1, &mr_max, &interleaved);
-    kh_tiles_run(&w, kernel, mr_max, n, k, group, 0, interleaved, x, rows, work, out, nthreads);
+    kh_tiles_run(&w, kernel, mr_max, n, k, group, KH_X_Q8, interleaved, x, rows, work, out,
+                 nthreads);
     return KH_OK;
 }

@@ -50,19 +50,31 @@ void kh_tiles_portable(const KhTiles *w, KhTileChunkDot dot, int64_t x_width, in
  * order or (interleaved) in the row blocks of mr_max rows that the kernel is handed (groups
  * of `group` for gsum; the block sums after, at kh_tiles_work_floats's end), then `kernel`
  * over the n / 16 tiles on the pool, X_CHUNK rows of x at a time, `mr_max` rows a call (4;
- * AVX-512 VNNI up to 8 in a call of at most 8 rows; AMX 16). block_sums: the kernel reads
- * xsum (else it gets NULL, and no decode step pays for the sums). */
+ * AVX-512 VNNI up to 8 in a call of at most 8 rows; AMX 16). x_form: KH_X_Q8, KH_X_Q8_SUMS
+ * (the kernel reads xsum; else it gets NULL, and no decode step pays for the sums), or
+ * KH_X_I16 (W4A16: kh_tiles_i16_quantize's rows, natural order; work kh_tiles_i16_floats). */
+#define KH_X_Q8 0
+#define KH_X_Q8_SUMS 1
+#define KH_X_I16 2
 int64_t kh_tiles_work_floats(int64_t rows, int64_t k, int64_t group);
 void kh_tiles_run(const void *w, KhTileKernel kernel, int mr_max, int64_t n, int64_t k,
-                  int64_t group, int block_sums, int interleaved, const float *x, int64_t rows,
+                  int64_t group, int x_form, int interleaved, const float *x, int64_t rows,
                   float *work, float *out, int nthreads);
 
 /* The W4A8 kernel tiles_w4a8 runs for a call of `rows` rows at this CPU's tiles_simd level
  * (AMX too where `amx` and the rows call for it), the most rows it takes a call (mr_max) and
  * whether it reads x interleaved by row block (kimi_tiles.c). */
 KhTileKernel kh_tiles_pick(int64_t rows, int amx, int *mr_max, int *interleaved);
-/* W4A16's tile kernel at this CPU's tiles_simd level (kimi_tiles_i16.c): x rounded to int16,
- * each code as its two bytes, in natural order; at most mr_max rows a call. */
+/* W4A16 on tiles (kimi_tiles_i16.c): rows rounded to int16 per block of 32, each code as its
+ * two bytes. floats: the work `rows` such rows of width k take (-1: a refused shape); at: laid
+ * out from base; quantize: src [k] into row `row` of x; copy: row `from` of from_x to row `to`
+ * of to_x; pick: this CPU's kernel (x in natural order, at most mr_max rows a call). */
+int64_t kh_tiles_i16_floats(int64_t rows, int64_t k, int64_t group);
+KhQ8 kh_tiles_i16_at(float *base, int64_t rows, int64_t k, int64_t group);
+void kh_tiles_i16_quantize(const float *src, int64_t k, int64_t group, int64_t row,
+                           const KhQ8 *x);
+void kh_tiles_i16_copy(const KhQ8 *from_x, int64_t from, const KhQ8 *to_x, int64_t to, int64_t k,
+                       int64_t group);
 KhTileKernel kh_tiles_i16_pick(int *mr_max);
 
 /* Intel AMX (kimi_tiles_amx.c): Linux on x86-64 with a compiler that has its intrinsics;

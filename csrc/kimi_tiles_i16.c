@@ -18,7 +18,7 @@
  * set, every row count and every batch gives the same bits. Here: the rounding (AVX2 where
  * the tile kernels run SIMD, kh_round_block's bits), the portable kernel and the pick;
  * kimi_tiles_i16_simd.c has the AVX-512 VNNI and AVX2 kernels. */
-#include "kimi_moe.h"
+#include "kimi_helper.h"
 #include "kimi_tiles.h"
 
 #include <string.h>
@@ -164,4 +164,25 @@ KhTileKernel kh_tiles_i16_pick(int *mr_max)
     }
 #endif
     return tiles_i16_c;
+}
+
+int64_t tiles_w4a16_work_floats(int64_t rows, int64_t k, int64_t group)
+{
+    if (rows <= 0) return -1;
+    return kh_tiles_i16_floats(rows, k, group);
+}
+
+int tiles_w4a16(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
+                const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work,
+                float *out, int nthreads)
+{
+    KhTiles w = {tq, ts, tm, n, k, group};
+    int mr_max;
+    KhTileKernel kernel;
+    if (rows <= 0 || n <= 0 || n % KH_TILE || k % 8 || nthreads <= 0) return KH_EINVAL;
+    if (tiles_w4a16_work_floats(rows, k, group) < 0) return KH_EINVAL;
+    if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
+    kernel = kh_tiles_i16_pick(&mr_max);
+    kh_tiles_run(&w, kernel, mr_max, n, k, group, KH_X_I16, 0, x, rows, work, out, nthreads);
+    return KH_OK;
 }

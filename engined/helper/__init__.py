@@ -16,7 +16,8 @@ the package (`from engined import helper`); its modules, re-exported here, are:
   pointers; the hot calls `gemv`, `grouped_gemv` and `moe_swiglu` (and `moe_grouped`, the
   multi-row MoE) take that handle, so a decode GEMV costs a few microseconds of Python.
   `gemv_w4a8` is `gemv` with x quantized to int8 per block of 32 (`w4a8_simd` says which
-  kernel runs); `tiles_w4a8` the same for a linear in the CPU's tiles, any row count. `gemm` is the prefill GEMM (any row count, W decoded tile by tile, never
+  kernel runs); `tiles_w4a8` the same for a linear in the CPU's tiles, any row count
+  (`tiles_w4a16` with x rounded to int16 instead). `gemm` is the prefill GEMM (any row count, W decoded tile by tile, never
   whole). `unpack` dequantizes a handle to fp32; `tile_int4` puts packed tensors into the
   CPU's tiles in place (or back).
 - dense.py: `gemv_f16` is the fp16 LM head, `gemv_bf16` the bf16 one, `gemv_q8` the Q8_0 one
@@ -42,7 +43,7 @@ from engined.helper.core import (  # noqa: F401
     ffi, lib, np, require, torch)
 from engined.helper.int4 import (  # noqa: F401
     Int4Weight, _routed, _row_passes, gemm, gemv, gemv_w4a8, grouped_gemv, int4_weight,
-    moe_grouped, moe_swiglu, tile_int4, tiles_w4a8, unpack)
+    moe_grouped, moe_swiglu, tile_int4, tiles_w4a16, tiles_w4a8, unpack)
 from engined.helper.dense import (  # noqa: F401
     _gemv_h16, gemv_bf16, gemv_f16, gemv_q8, q8_embed, q8_simd, tiles_q8)
 from engined.helper.kda import KdaWeights, kda_decode_rows, kda_weights  # noqa: F401

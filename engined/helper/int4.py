@@ -82,19 +82,30 @@ def tiles_w4a8(w: Int4Weight, x, out=None, threads: int = 1):
     """out[M, N] = q8(x)[M, K] @ W^T in fp32 for any M >= 1, W a linear in tiles: one call and
     one pass over W for decode rows, a verify step or a prefill chunk (csrc/kimi_tiles.c);
     each row's result is the same bits whatever rows come with it."""
+    return _tiles(lib.tiles_w4a8, lib.tiles_w4a8_work_floats, "tiles_w4a8", w, x, out, threads)
+
+
+def tiles_w4a16(w: Int4Weight, x, out=None, threads: int = 1):
+    """tiles_w4a8 with x rounded to int16 per block of 32 instead (moe_grouped's W4A16
+    rounding, csrc/kimi_tiles_i16.c): the Kimi-Linear model's INT4 linears on the CPU."""
+    return _tiles(lib.tiles_w4a16, lib.tiles_w4a16_work_floats, "tiles_w4a16", w, x, out,
+                  threads)
+
+
+def _tiles(fn, sizer, what: str, w: Int4Weight, x, out, threads: int):
     if w.experts:
-        raise ValueError("tiles_w4a8 takes one linear in tiles, not an expert stack")
+        raise ValueError(f"{what} takes one linear in tiles, not an expert stack")
     if not w.tiled:
-        raise ValueError("tiles_w4a8 takes a linear in tiles (int4_format.to_tiles)")
+        raise ValueError(f"{what} takes a linear in tiles (int4_format.to_tiles)")
     x = _as_rows(x, w.k)
     rows = x.shape[0]
     out = _out(out, (rows, w.n))
-    _owner, work = _workspace(int(lib.tiles_w4a8_work_floats(rows, w.k, w.group)))
+    _owner, work = _workspace(int(sizer(rows, w.k, w.group)))
     cast = ffi.cast
-    status = lib.tiles_w4a8(cast("float *", x.data_ptr()), rows, w.q, w.s, w.m, w.n, w.k,
-                            w.group, work, cast("float *", out.data_ptr()), threads)
+    status = fn(cast("float *", x.data_ptr()), rows, w.q, w.s, w.m, w.n, w.k, w.group, work,
+                cast("float *", out.data_ptr()), threads)
     if status:
-        check(status, "tiles_w4a8")
+        check(status, what)
     return out
 
 

@@ -5,7 +5,8 @@ allocated empty and filled slot by slot through a checkpoint table (`Linear(...)
 the Kimi-Linear loader). Decode rows (M <= helper.MAX_ROWS) of an INT4 weight run the
 registered w4a16_gemv variant; longer inputs (prefill chunks) run w4a16_gemm (on the CPU the
 C helper, which never holds W in fp32; on a GPU W dequantized once per call, one matmul). A
-linear put into the CPU's tiles (to_tiles_) runs w4a8_tiles for any number of rows.
+linear put into the CPU's tiles (to_tiles_) runs w4a8_tiles (the Llama family) or w4a16_tiles
+(Kimi-Linear) for any number of rows.
 Imports nothing that needs cffi, so a GPU image without it can build a model.
 """
 import torch
@@ -117,9 +118,12 @@ class Linear:
             raise ValueError(f"rows [{start}, {end}) of a linear in tiles of "
                              f"{int4_format.TILE}: not whole tiles")
         mins = None if p.symmetric else p.mins[start:end]
-        return Linear.from_packed(int4_format.PackedInt4(
+        part = Linear.from_packed(int4_format.PackedInt4(
             p.qweight[start:end], p.scales[start:end], mins, p.group_size, p.gpu_order, p.tiles),
             self.device)
+        if p.tiles:  # the whole's tile op (w4a8_tiles or w4a16_tiles)
+            part._gemv, part._gemv_selected = self._gemv, self._gemv_selected
+        return part
 
     @property
     def is_int4(self) -> bool:
@@ -155,22 +159,24 @@ class Linear:
             int4_format.to_gpu_order_(p.qweight, p.group_size)
         self._packed = int4_format.PackedInt4(p.qweight, p.scales, p.mins, p.group_size, True)
 
-    def to_tiles_(self, back: bool = False):
+    def to_tiles_(self, back: bool = False, op: str = "w4a8_tiles", permute: bool = True):
         """Codes and scales into the CPU's tiles (int4_format.tile_tensors), in place: the
         same tensors, so no second copy of W, and every row of x, decode or prefill, then runs
-        w4a8_tiles. back=True returns them to the disk's layout (decode rows then run
-        w4a16_gemv until select_gemv says otherwise). Views of rows made before are stale."""
+        `op` (w4a8_tiles, or w4a16_tiles: x rounded to int16). back=True returns them to the
+        disk's layout (decode rows then run w4a16_gemv until select_gemv says otherwise).
+        permute=False marks a view whose base moves its bytes. Views of rows made before are
+        stale."""
         p = self.packed
-        if p.tiles != back:
-            return
-        int4_format.tile_in_place_(p, back)
-        self._packed = int4_format.PackedInt4(p.qweight, p.scales, p.mins, p.group_size,
-                                              tiles=not back)
-        self._gemm = None
-        if back:
-            self._gemv, self._gemv_selected = None, False
-        else:
-            self.select_gemv("w4a8_tiles")
+        if p.tiles == back:
+            if permute:
+                int4_format.tile_in_place_(p, back)
+            self._packed = int4_format.PackedInt4(p.qweight, p.scales, p.mins, p.group_size,
+                                                  tiles=not back)
+            self._gemm = None
+            if back:
+                self._gemv, self._gemv_selected = None, False
+        if not back:
+            self.select_gemv(op)
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """W: [N, K] in dtype (dequantized for INT4: the C helper on CPU, else the reference)."""

@@ -36,11 +36,12 @@ class SwiGLU:
         self.view_rows()
         return self
 
-    def to_tiles_(self, back: bool = False):
-        """The fused linears in (or out of) the CPU's tiles (Linear.to_tiles_); gate_proj and
-        up_proj are made again as views of gate_up's rows (whole tiles: hidden % 16 == 0)."""
+    def to_tiles_(self, back: bool = False, op: str = "w4a8_tiles"):
+        """The fused linears in (or out of) the CPU's tiles (Linear.to_tiles_, run by `op`);
+        gate_proj and up_proj are made again as views of gate_up's rows (whole tiles: hidden
+        % 16 == 0)."""
         for lin in (self.gate_up, self.down_proj):
-            lin.to_tiles_(back)
+            lin.to_tiles_(back, op)
         self.view_rows()
 
     def view_rows(self):

@@ -99,11 +99,15 @@ def _kimi(call, *args, **kwargs):
 
 def _experts(loaded: LoadedModel, w4a8: bool) -> LoadedModel:
     """A Kimi-Linear model with its CPU-run routed experts in W4A8 when asked (--moe-w4a8),
-    else W4A16; either way in the layout the CPU's kernels read (the CPU's tiles)."""
+    else W4A16; either way in the layout the CPU's kernels read (the CPU's tiles), as are
+    its INT4 linears when the model runs on the CPU (models/kimi_tiles.py)."""
+    from engined import helper
+    from engined.models import kimi_tiles
+    if loaded.model.device.type == "cpu" and helper.available():
+        kimi_tiles.tile_linears_(loaded.model)
     if not w4a8:
         loaded.model.select_experts("moe_grouped", required=False)
     else:
-        from engined import helper
         try:
             helper.require()
         except helper.HelperError as exc:

@@ -144,7 +144,8 @@ W4A8 = [
 
 def tiles_case(m: int, n: int, k: int, group: int, dtype=torch.float32, seed=0,
                symmetric: bool = False) -> Case:
-    """w4a8_tiles: a w4a8 case whose weight is in the CPU's tiles (N a multiple of 16)."""
+    """w4a8_tiles and w4a16_tiles: a w4a8 case whose weight is in the CPU's tiles (N a multiple
+    of 16)."""
     case = w4a8_case(m, n, k, group, dtype, seed, symmetric)
 
     def make(gen):
@@ -279,6 +280,7 @@ def routed(op: str) -> list[Case]:
 
 
 CASES = {"w4a16_gemv": GEMV, "w4a16_gemm": GEMM, "w4a8_gemv": W4A8, "w4a8_tiles": TILES,
+         "w4a16_tiles": TILES,
          "q8_gemv": Q8, "q8_tiles": Q8_TILES, "w4a16_grouped_gemv": routed("w4a16_grouped_gemv"),
          "moe_swiglu": routed("moe_swiglu")}
 

@@ -18,6 +18,7 @@ import torch
 
 from engined import helper
 from engined.layers.moe import MoE
+from engined.models import kimi_tiles
 from engined.ops import registry
 from engined.weights import loader
 from engined.weights.kimi_checkpoint import build_empty, load_kimi_linear, load_weights, open_checkpoint
@@ -123,8 +124,10 @@ def test_doctor_refuses_it_from_the_plan_as_serve_does(pair, tmp_path):
 def test_both_ops_read_the_cpu_banks_in_tiles_and_the_reference_reads_rows_again(pair):
     """Loaded for the CPU, every routed bank is in the CPU's tiles, W4A16 (the default) and
     W4A8 (--moe-w4a8) alike (csrc/kimi_moe_tiles.c); each gives what its op gives on the row
-    layout (the same rounding, other float sums). Choosing an op whose CPU variant is not
-    the C helper's puts them back, the same bytes: the model then gives a fresh model's bits."""
+    layout (the same rounding, other float sums), compared layer by layer on one model's FFN
+    inputs: through the whole model a near-tie in the tiny router's top-k can flip on a
+    difference of 1e-6. Choosing an op whose CPU variant is not the C helper's puts them back,
+    the same bytes: the model then gives a fresh model's bits."""
     tokens = torch.arange(5, 21)
 
     def logits(model):
@@ -138,15 +141,18 @@ def test_both_ops_read_the_cpu_banks_in_tiles_and_the_reference_reads_rows_again
         assert banks_of(model) and all(b.packed.tiles for b in banks_of(model))
         for bank in banks_of(rows):                         # the same op on the row layout
             bank.to_tiles_(back=True)
-        tiled, plain = logits(model), logits(rows)
-        if w4a8:                                            # one rounding, other float sums
-            torch.testing.assert_close(tiled, plain, atol=1e-4, rtol=1e-5)
-        else:   # rows of 32 take the float dots, tiles round x and h to int16: its cost
-            # (test_moe_grouped_int16.py's bound), and not nothing
-            assert 1e-6 < ((tiled - plain).abs().mean() / plain.abs().mean()).item() < 3e-4
+        moes = [(a.ffn, b.ffn) for a, b in zip(model.layers, rows.layers) if isinstance(a.ffn, MoE)]
+        for (tiled_moe, rows_moe), f in zip(moes, ffn_inputs(model, tokens).values()):
+            tiled, plain = tiled_moe(f), rows_moe(f)
+            if w4a8:                                        # one rounding, other float sums
+                torch.testing.assert_close(tiled, plain, atol=1e-4, rtol=1e-5)
+            else:   # rows of 32 take the float dots, tiles round x and h to int16: its cost
+                # (test_moe_grouped_int16.py's bound), and not nothing
+                assert 1e-7 < ((tiled - plain).abs().mean() / plain.abs().mean()).item() < 3e-4
     banks = banks_of(model)
     fresh = load_kimi_linear(pair[0], progress=False).model     # not through the loader: rows
     assert not any(b.packed.tiles for b in banks_of(fresh))
+    kimi_tiles.tile_linears_(fresh)                             # the loader's linears
     with registry.using("moe_grouped", registry.REFERENCE):
         want = logits(fresh)
         model.select_experts("moe_grouped")

@@ -6,7 +6,7 @@ import torch
 from engined import helper
 from engined.ops import int4_format, registry
 from engined.ops.w4a16_gemv.cpu_c import launch
-from engined.ops.w4a8_tiles.reference import check_tiles
+from engined.ops.w4a16_tiles.reference import check_tiles
 
 
 @registry.register("w4a8_tiles", "cpu_c", devices=("cpu",),
@@ -14,7 +14,7 @@ from engined.ops.w4a8_tiles.reference import check_tiles
 def w4a8_tiles(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | None = None
                ) -> torch.Tensor:
     """x: [M, K] -> [M, N] fp32, written into `out` when given (contiguous fp32 [M, N])."""
-    check_tiles(w)
+    check_tiles(w, "w4a8_tiles")
     return launch("w4a8_tiles", helper.tiles_w4a8, (w,), x, out)
 
 

@@ -12,17 +12,15 @@ reference (x quantized as the C helper does, float64 dots).
 import torch
 
 from engined.ops import int4_format, registry
+from engined.ops.w4a16_tiles.reference import check_tiles
 from engined.ops.w4a8_gemv.reference import w4a8_gemv
 
 
-def check_tiles(w: int4_format.PackedInt4):
-    if not w.tiles:
-        raise registry.KernelError("w4a8_tiles: the weight is not in tiles (int4_format.to_tiles)")
 
 
 @registry.register("w4a8_tiles", registry.REFERENCE,
                    description="back to the disk's layout, then w4a8_gemv's reference")
 def w4a8_tiles(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | None = None
                ) -> torch.Tensor:
-    check_tiles(w)
+    check_tiles(w, "w4a8_tiles")
     return w4a8_gemv(x, int4_format.from_tiles(w), out)

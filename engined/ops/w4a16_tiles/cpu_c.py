@@ -1,0 +1,21 @@
+"""w4a16_tiles on CPU through the C helper (csrc/kimi_tiles_i16.c): 16 output rows per vector,
+each int16 code of x as two bytes for vpdpbusd, any row count in one pass over W; AVX-512
+VNNI, AVX2 or portable C (helper.w4a8_simd caps it), the same bits from each."""
+import torch
+
+from engined import helper
+from engined.ops import int4_format, registry
+from engined.ops.w4a16_gemv.cpu_c import launch
+from engined.ops.w4a16_tiles.reference import check_tiles
+
+
+@registry.register("w4a16_tiles", "cpu_c", devices=("cpu",),
+                   description="C helper: tiles of 16 rows, x as int16 split into bytes, any M")
+def w4a16_tiles(x: torch.Tensor, w: int4_format.PackedInt4, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """x: [M, K] -> [M, N] fp32, written into `out` when given (contiguous fp32 [M, N])."""
+    check_tiles(w)
+    return launch("w4a16_tiles", helper.tiles_w4a16, (w,), x, out)
+
+
+registry.set_default("w4a16_tiles", "cpu", "cpu_c")
