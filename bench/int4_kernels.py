@@ -23,6 +23,7 @@ The host may be shared: on the CPU each shape's rows sit next to a fresh probe a
 1-minute load average, so a busy neighbour shows in the table instead of hiding in it.
 """
 import argparse
+import dataclasses
 import functools
 import os
 import pathlib
@@ -178,9 +179,19 @@ def bench_dense(label, n, k, args) -> list[dict]:
                                           **random_packed(n, k, symmetric=symmetric))
                    for _ in range(copies_for(nbytes, args.working_set))]
         x = torch.randn(1, k, device=DEVICE).to(kimi_checkpoint.act_dtype(DEVICE))  # bf16 on CUDA
-        for op in ("w4a16_gemv", "w4a8_gemv"):  # W4A8: x rounded to int8 per 32-block first
+        # W4A8: x rounded to int8 per 32-block first; then the CPU's tiles (in place), where
+        # the Llama family runs w4a8_tiles and Kimi-Linear w4a16_tiles (x rounded to int16)
+        tile_ops = ("w4a16_tiles", "w4a8_tiles") if DEVICE == "cpu" and n % 16 == 0 else ()
+        for op in ("w4a16_gemv", "w4a8_gemv", *tile_ops):
+            if op == "w4a16_tiles":                 # the first tile op: W into tiles, in place
+                for w in weights:
+                    int4_format.tile_in_place_(w)
+                weights = [dataclasses.replace(w, tiles=True) for w in weights]
             for name, variant in measured_variants(op, args):
-                shown = name if op == "w4a16_gemv" else f"w4a8 {name}"
+                if name == registry.REFERENCE and op in tile_ops:
+                    continue
+                shown = {"w4a16_gemv": name, "w4a8_gemv": f"w4a8 {name}",
+                         "w4a16_tiles": f"tiles {name}", "w4a8_tiles": f"w4a8 tiles {name}"}[op]
                 what = f"{label} {shown} {scheme}"
                 cold = seconds_per_call(variant.fn, [(x, w) for w in weights], args.min_time, what)
                 hot = seconds_per_call(variant.fn, [(x, weights[0])], args.min_time, what)
