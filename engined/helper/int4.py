@@ -235,10 +235,11 @@ def _routed(fn, what, stacks, x, expert_ids, out, threads):
 
 
 def _disk_layout(w: Int4Weight, what: str):
-    """Only tiles_w4a8 (and moe_grouped_w4a8, for stacks) reads tiles: every other kernel
-    would read garbage."""
+    """Only tiles_w4a8 and tiles_w4a16 (and moe_grouped, both dots, for stacks) read tiles:
+    every other kernel would read garbage."""
     if w.tiled:
-        raise ValueError(f"{what}: this linear is in the CPU's tiles (tiles_w4a8 runs it)")
+        raise ValueError(f"{what}: this linear is in the CPU's tiles (tiles_w4a8 or "
+                         "tiles_w4a16 runs it)")
 
 
 def unpack(w: Int4Weight, out=None, threads: int | None = None):

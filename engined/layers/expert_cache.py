@@ -104,9 +104,11 @@ class ExpertCache:
             uploads += 1
 
     def follow_(self, tiles: bool):
-        """The banks in RAM went into the CPU's tiles (or back; MoE.select_experts, at load):
-        a pool in CPU memory holds its experts as they lie in RAM, so that hits and misses run
-        the same kernels; a GPU pool keeps its kernels' order (to_gpu_order_). Empties it."""
+        """The banks in RAM went into the CPU's tiles (or back; MoE.select_experts, at load,
+        for each offloaded layer: their shapes are one pool's, so they tile alike): a pool in
+        CPU memory holds its experts as they lie in RAM (hits run moe_grouped on it, and with
+        W4A16 misses run the same kernels); a GPU pool keeps its kernels' order
+        (to_gpu_order_). Empties it."""
         if not self.is_cuda:
             self.pool = tuple(PackedInt4Experts(p.qweight, p.scales, p.mins, p.group_size,
                                                 tiles=tiles) for p in self.pool)

@@ -89,9 +89,12 @@ class Linear:
             raise ValueError("stacked linears need the same in_features, group size, kind and "
                              "code order")
         mins = None if ps[0].symmetric else torch.cat([p.mins for p in ps])
-        return cls.from_packed(int4_format.PackedInt4(  # tiles are whole rows: they stack too
+        whole = cls.from_packed(int4_format.PackedInt4(  # tiles are whole rows: they stack too
             torch.cat([p.qweight for p in ps]), torch.cat([p.scales for p in ps]), mins,
             ps[0].group_size, ps[0].gpu_order, ps[0].tiles), device)
+        if ps[0].tiles:  # the parts' tile op (w4a8_tiles or w4a16_tiles)
+            whole._gemv, whole._gemv_selected = parts[0]._gemv, parts[0]._gemv_selected
+        return whole
 
     @classmethod
     def split(cls, int4: dict, names: tuple[str, ...], sizes: tuple[int, ...], in_features: int,

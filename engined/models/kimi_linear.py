@@ -56,7 +56,7 @@ def int4_parts(obj) -> list:
 
 
 class KimiLinearModel:
-    decode_gemv = ""  # no model-wide choice: every INT4 linear resolves w4a16_gemv
+    decode_gemv = ""  # "w4a16_tiles" once its INT4 linears are in tiles (kimi_tiles.py)
     def __init__(self, config: KimiLinearConfig, dtype=torch.float32, device="cpu",
                  int4: dict[str, int] | None = None, weight_dtype: torch.dtype | None = None,
                  offload: frozenset[int] = frozenset(), cache_slots: int = 0):

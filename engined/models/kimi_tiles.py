@@ -18,29 +18,37 @@ OP = "w4a16_tiles"
 def tile_linears_(model) -> int:
     """Every INT4 linear of `model` on the CPU whose rows are whole tiles (and whose views'
     rows are too) into the CPU's tiles, in place, run by w4a16_tiles; a view (q_proj, rows
-    of the stacked qkv; a shared expert's gate and up) is marked, its base moved. Nothing
-    where w4a16_tiles's CPU variant is not the C helper's. Returns the linears moved."""
+    of the stacked qkv; a shared expert's gate and up) is marked, its base moved. Linears
+    are grouped by the storage of their codes, so that each storage is moved once whatever
+    torch remembers of views (inference_mode forgets _base). Nothing where w4a16_tiles's CPU
+    variant is not the C helper's. Returns the storages moved; the model's decode_gemv then
+    names the op (the daemon's log)."""
     from engined.models.kimi_linear import int4_parts
     if registry.resolve(OP, "cpu").name != "cpu_c":
         return 0
-    linears = [p for p in int4_parts(model)
-               if isinstance(p, Linear) and p.qweight.device.type == "cpu" and not p.packed.tiles]
-    bases = {id(lin.qweight): lin for lin in linears if lin.qweight._base is None}
-    views = [lin for lin in linears if lin.qweight._base is not None]
-    refused = {id(v.qweight._base) for v in views if not _whole_tiles(v)}
-    moved = [lin for key, lin in bases.items()
-             if key not in refused and int4_format.can_tile(lin.packed)]
-    for lin in moved:
-        lin.to_tiles_(op=OP)
-    tiled = {id(lin.qweight) for lin in moved}
-    for view in views:
-        if id(view.qweight._base) in tiled:
-            view.to_tiles_(op=OP, permute=False)
-    return len(moved)
+    groups: dict[int, list[Linear]] = {}
+    for lin in int4_parts(model):
+        if isinstance(lin, Linear) and lin.qweight.device.type == "cpu" and not lin.packed.tiles:
+            groups.setdefault(lin.qweight.untyped_storage().data_ptr(), []).append(lin)
+    moved = 0
+    for group in groups.values():
+        whole = [lin for lin in group
+                 if lin.qweight.numel() == lin.qweight.untyped_storage().nbytes()]
+        if not whole or not int4_format.can_tile(whole[0].packed) or not all(
+                _whole_tiles(lin, whole[0]) for lin in group):
+            continue        # a storage no linear covers (an arena), or rows not whole tiles
+        base = whole[0]
+        base.to_tiles_(op=OP)
+        for lin in group:
+            if lin is not base:     # a view, or another linear around the same tensors
+                lin.to_tiles_(op=OP, permute=False)
+        moved += 1
+    if moved:
+        model.decode_gemv = OP
+    return moved
 
 
-def _whole_tiles(view: Linear) -> bool:
+def _whole_tiles(view: Linear, base: Linear) -> bool:
     """Whether a view's rows of its base are whole tiles (a first row and a count of 16s)."""
-    base = view.qweight._base
-    first = (view.qweight.data_ptr() - base.data_ptr()) // base.shape[-1]
+    first = (view.qweight.data_ptr() - base.qweight.data_ptr()) // base.qweight.shape[-1]
     return first % int4_format.TILE == 0 and view.qweight.shape[0] % int4_format.TILE == 0

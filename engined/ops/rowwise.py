@@ -34,7 +34,8 @@ def rowwise(fn: Callable, x: torch.Tensor, *rest):
 # per-row ones, and the references made of row-wise ops (tests/ops/test_rowwise.py checks the
 # others' rows against lone rows). A KIMI_KERNELS pin to another variant, or a CPU without the
 # helper (engine/kernels.py then runs the references), makes rows_exact False.
-ROW_EXACT = {"w4a16_gemv": {"cpu_c"}, "w4a16_swiglu": {"composed"}, "moe_decode": {"composed"},
+ROW_EXACT = {"w4a16_gemv": {"cpu_c"}, "w4a16_tiles": {"cpu_c"}, "w4a16_swiglu": {"composed"},
+             "moe_decode": {"composed"},
              "moe_grouped": {"cpu_c"}, "moe_grouped_w4a8": {"cpu_c"},
              "kda_decode": {"cpu_c", "cpu_rows"},
              "paged_mla_decode": {"cpu_rows"}, "mla_latent": {"reference"},

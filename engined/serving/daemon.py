@@ -150,8 +150,8 @@ def _cpu_kernels(model) -> str:
     """Which SIMD kernels this CPU runs, chosen at run time: one line for the log."""
     line = (f"CPU kernels: {helper.SIMD_LEVELS[helper.gemv_simd()]} fp32 dots, "
             f"{helper.INT8_LEVELS[helper.w4a8_simd()]} integer dots")
-    if model.decode_gemv == "w4a8_tiles":
-        return f"{line}; projections w4a8_tiles ({helper.tiles_kernels()})"
+    if model.decode_gemv in ("w4a8_tiles", "w4a16_tiles"):
+        return f"{line}; projections {model.decode_gemv} ({helper.tiles_kernels()})"
     return f"{line}; decode GEMV {model.decode_gemv}" if model.decode_gemv else line
 
 

@@ -85,3 +85,43 @@ def test_a_kimi_model_loaded_for_the_cpu_runs_its_int4_linears_in_tiles(kimi_int
         exact = moe(f)
     assert ((fused - exact).abs() / exact.abs().amax(-1, keepdim=True)).max() < 5e-4
     assert kimi_tiles.tile_linears_(model) == 0         # once: nothing left to move
+
+
+def test_views_that_forgot_their_base_are_moved_once():
+    """A model built under inference_mode: its q/k/v views keep no _base, yet share the stacked
+    linear's storage; tile_linears_ groups by storage, so it moves the bytes once (twice would
+    scramble them) and the logits equal those of a model built outside it."""
+    from engined.weights import synthetic
+    tokens = torch.arange(3, 15)
+    logits = []
+    for inference in (False, True):
+        with torch.inference_mode(inference):
+            model = synthetic.build(synthetic.CONFIGS["tiny"], "cpu", seed=3)
+            assert kimi_tiles.tile_linears_(model) > 0 and model.decode_gemv == "w4a16_tiles"
+            logits.append(model.forward(tokens, model.new_cache(16), 0, last_only=False))
+    assert torch.equal(logits[0], logits[1])
+
+
+def test_linears_made_from_tiled_ones_keep_their_op_and_the_fused_decode_each_weights():
+    """Rows of rows and stacks of tiled linears run the parts' op (w4a16_tiles, not the
+    default w4a8_tiles); moe_decode's composed variant picks the op per weight, so a shared
+    expert whose down projection tiles and whose gate/up does not still runs."""
+    w = tiled(64, 96, seed=5)
+    lin = Linear.from_packed(w)
+    lin.select_gemv("w4a16_tiles")
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(6))
+    want = cpu_c.w4a16_tiles(x, w)
+    assert torch.equal(lin.rows(16, 48).rows(0, 16)(x), want[:, 16:32])
+    assert torch.equal(Linear.stacked([lin.rows(0, 16), lin.rows(48, 64)])(x),
+                       torch.cat([want[:, :16], want[:, 48:]], dim=1))
+    from engined.ops.moe_decode.reference import composed
+    from tests.ops.helpers import experts
+    gen = torch.Generator().manual_seed(7)
+    w1, w3, w2 = experts(gen, 4, 32, 64, 32), experts(gen, 4, 32, 64, 32), experts(gen, 4, 64, 32, 32)
+    gate_up = PackedInt4(group_size=32, **random_int4(gen, 64, 64, 32, symmetric=True))
+    down = PackedInt4(group_size=32, **random_int4(gen, 64, 32, 32, symmetric=True))
+    f, logits = torch.randn(2, 64, generator=gen), torch.randn(2, 4, generator=gen)
+    args = (f, logits, torch.zeros(4), 2, True, 1.0, w1, w3, w2)
+    mixed = composed(*args, gate_up, int4_format.to_tiles(down))
+    exact = registry.variants("moe_decode")[registry.REFERENCE].fn(*args, gate_up, down)
+    assert ((mixed - exact).abs() / exact.abs().amax(-1, keepdim=True)).max() < 5e-4

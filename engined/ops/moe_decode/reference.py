@@ -73,12 +73,17 @@ def composed(f, logits, bias, top_k: int, renormalize: bool, scaling: float, w1,
     check_inputs(f, logits, w1, w3, w2, shared_gate_up, shared_down)
     experts, weights = rowwise(route, logits.float(), bias, top_k, renormalize, scaling)
     y = registry.resolve("moe_grouped", "cpu").fn(f, w1, w3, w2, experts, weights)   # fp32
-    if shared_gate_up is not None and shared_gate_up.tiles:   # the CPU's tiles: as SwiGLU runs
-        tiles = registry.resolve("w4a16_tiles", "cpu").fn      # them (Linear.swiglu)
-        gate, up = tiles(f.float(), shared_gate_up).chunk(2, dim=-1)
-        y += tiles(F.silu(gate).mul_(up), shared_down)
-    elif shared_gate_up is not None:              # summed in fp32, rounded once (as on the GPU)
-        h = registry.resolve("w4a16_swiglu", "cpu").fn(f.float(), shared_gate_up)
-        y += registry.resolve("w4a16_gemv", "cpu").fn(h, shared_down)
+    if shared_gate_up is not None:                # summed in fp32, rounded once (as on the GPU)
+        if shared_gate_up.tiles:                  # the CPU's tiles: as SwiGLU runs them
+            gate, up = _gemv(shared_gate_up)(f.float(), shared_gate_up).chunk(2, dim=-1)
+            h = F.silu(gate).mul_(up)
+        else:
+            h = registry.resolve("w4a16_swiglu", "cpu").fn(f.float(), shared_gate_up)
+        y += _gemv(shared_down)(h, shared_down)
     y = y.to(f.dtype)
     return y if out is None else out.copy_(y)
+
+
+def _gemv(w: int4_format.PackedInt4):
+    """The CPU op of one INT4 linear: w4a16_tiles in the CPU's tiles, else w4a16_gemv."""
+    return registry.resolve("w4a16_tiles" if w.tiles else "w4a16_gemv", "cpu").fn
