@@ -14,8 +14,8 @@
  * The codes of a row: per chunk c of 8 inputs, 16 bytes: xl of inputs 8c..8c+7, then xh of
  * the same (4 bytes meet a chunk's low nibbles, the next 4 its high ones), natural order by
  * row; d [k/32] and gsum [k/group] as kimi_moe_i16.c lays them out. Every kernel computes an
- * output by tiles_c's float steps (kimi_tiles.h) on these exact dots, so every instruction
- * set, every row count and every batch gives the same bits. Here: the rounding (AVX2 where
+ * output by kh_tiles_portable's float steps (kimi_tiles.h) on these exact dots, so every
+ * instruction set, every row count and every batch gives the same bits. Here: the rounding (AVX2 where
  * the tile kernels run SIMD, kh_round_block's bits), the portable kernel and the pick;
  * kimi_tiles_i16_simd.c has the AVX-512 VNNI and AVX2 kernels. */
 #include "kimi_helper.h"
