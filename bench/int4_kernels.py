@@ -277,7 +277,7 @@ def bench_moe_layer(args) -> list[dict]:
             for name, variant in measured_variants(op, args):
                 if name == registry.REFERENCE or (layout and "cuda" in variant.devices):
                     continue
-                shown = (f"{layout[1:]} {name}".lstrip() if op == "moe_grouped"
+                shown = (("tiles " if layout else "") + name if op == "moe_grouped"
                          else f"w4a8{layout} {name}")       # the dense rows' names
                 secs = seconds_per_call(variant.fn, calls, args.min_time, f"MoE T={tokens} {shown}")
                 r = row(f"Kimi MoE layer, T={tokens}, top-8 of 256", op, shown, "sym", MOE_D,

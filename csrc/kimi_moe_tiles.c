@@ -58,36 +58,53 @@ static void run_tiles(TileJob *job, int64_t segments, int nthreads)
 }
 
 /* Row r (sorted) of src's rows [R, k] (row `order`-mapped for x, itself for h) into q8: in
- * natural order, or as its lane of the block of up to mr_max rows from its segment's start;
- * or, for W4A16 (i16), into kh_tiles_i16_quantize's codes, in natural order: x's rows once
- * per token (into y, which the down projection fills only later: its R d floats hold T <= R
- * rows of d/2 + d/32 + d/group), then copied to each of its routes (a token's 8 routes took
- * 46 us of scalar rounding at Kimi's d, 2304, against ~770 for the whole layer). */
+ * natural order, or as its lane of the block of up to mr_max rows from its segment's start. */
 static void quantize_routes(const KhMoeRun *run, const float *src, int64_t k, int64_t top_k,
-                            int i16, int interleaved, int mr_max, KhQ8 *q8)
+                            int interleaved, int mr_max, KhQ8 *q8)
 {
     int64_t nb = k / KH_Q8_BLOCK, groups = k / run->group, s, r;
-    KhQ8 tokens = {0};
-    if (i16 && top_k) { /* x: each token's row once, into y (free until W2), then copied */
-        tokens = kh_tiles_i16_at(run->y, run->routes / top_k, k, run->group);
-        for (r = 0; r < run->routes / top_k; r++)
-            kh_tiles_i16_quantize(src + r * k, k, run->group, r, &tokens);
-    }
     for (s = 0; s < run->segments; s++)
         for (r = run->seg_start[s]; r < run->seg_start[s + 1]; r++) {
             const float *row = src + (top_k ? run->order[r] / top_k : r) * k;
             int64_t b0 = interleaved ? r - (r - run->seg_start[s]) % mr_max : r;
             int64_t mr = run->seg_start[s + 1] - b0 < mr_max ? run->seg_start[s + 1] - b0 : mr_max;
             KhQ8 at = {q8->q + b0 * k, q8->d + b0 * nb, q8->gsum + b0 * groups};
-            if (i16 && top_k) /* a copy of its token's codes */
-                kh_tiles_i16_copy(&tokens, run->order[r] / top_k, q8, r, k, run->group);
-            else if (i16)
-                kh_tiles_i16_quantize(row, k, run->group, r, q8);
-            else if (interleaved && mr > 1)
+            if (interleaved && mr > 1)
                 kh_quantize_q8_lane(row, k, run->group, mr, r - b0, &at, NULL);
             else /* natural order: the row at r (b0 == r, or a block of one) */
                 kh_quantize_q8(row, 1, k, run->group, 0, &at);
         }
+}
+
+/* W4A16: row r (sorted) of src's rows into kh_tiles_i16_quantize's codes, natural order. h's
+ * rows are rounded in place; x's once per token (into y, which the down projection fills only
+ * later: its R d floats hold T <= R rows of d/2 + d/32 + d/group), then copied to each of its
+ * routes (a token's 8 routes took 46 us of scalar rounding at Kimi's d, 2304, against ~770
+ * for the whole layer). */
+static void round_routes(const KhMoeRun *run, const float *src, int64_t k, int64_t top_k,
+                         KhQ8 *x)
+{
+    int64_t r;
+    KhQ8 tokens;
+    if (!top_k) {
+        for (r = 0; r < run->routes; r++) kh_tiles_i16_quantize(src + r * k, k, run->group, r, x);
+        return;
+    }
+    tokens = kh_tiles_i16_at(run->y, run->routes / top_k, k, run->group);
+    for (r = 0; r < run->routes / top_k; r++)
+        kh_tiles_i16_quantize(src + r * k, k, run->group, r, &tokens);
+    for (r = 0; r < run->routes; r++)
+        kh_tiles_i16_copy(&tokens, run->order[r] / top_k, x, r, k, run->group);
+}
+
+/* The rows of src [.., k] that meet the weights, as the kernel reads them. */
+static void prepare_routes(const KhMoeRun *run, const float *src, int64_t k, int64_t top_k,
+                           int i16, int interleaved, int mr_max, KhQ8 *x)
+{
+    if (i16)
+        round_routes(run, src, k, top_k, x);
+    else
+        quantize_routes(run, src, k, top_k, interleaved, mr_max, x);
 }
 
 int kh_moe_grouped_tiles(const KhExperts *bank, int i16, const float *x, int64_t tokens,
@@ -112,7 +129,7 @@ int kh_moe_grouped_tiles(const KhExperts *bank, int i16, const float *x, int64_t
     job.seg_expert = run.seg_expert;
     job.seg_start = run.seg_start;
     job.x = at(run.xs, run.routes, run.d, run.group);
-    quantize_routes(&run, x, run.d, top_k, i16, interleaved, job.mr_max, &job.x);
+    prepare_routes(&run, x, run.d, top_k, i16, interleaved, job.mr_max, &job.x);
     /* h = x W1^T, u = x W3^T [routes, inner]; then h = silu(h) * u */
     job.matrices = 2, job.w[0] = &bank->gate, job.w[1] = &bank->up;
     job.out[0] = run.h, job.out[1] = run.u;
@@ -120,7 +137,7 @@ int kh_moe_grouped_tiles(const KhExperts *bank, int i16, const float *x, int64_t
     kh_moe_silu(&run, nthreads);
     /* y [routes, d] = h W2^T */
     hs = at(run.hs, run.routes, run.inner, run.group);
-    quantize_routes(&run, run.h, run.inner, 0, i16, interleaved, job.mr_max, &hs);
+    prepare_routes(&run, run.h, run.inner, 0, i16, interleaved, job.mr_max, &hs);
     job.x = hs;
     job.matrices = 1, job.w[0] = &bank->down, job.out[0] = run.y;
     run_tiles(&job, run.segments, nthreads);

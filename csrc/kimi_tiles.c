@@ -54,11 +54,10 @@ void kh_tiles_portable(const KhTiles *w, KhTileChunkDot dot, int64_t x_width, in
 static void chunk_dot_q8(const uint8_t *p, const int8_t *x_row, int64_t c,
                          int32_t dots[KH_TILE])
 {
-    const int8_t *xr = x_row + 8 * c;
-    int j, i;
-    for (j = 0; j < KH_TILE; j++)
-        for (i = 0; i < 4; i++)
-            dots[j] += (p[4 * j + i] & 0x0f) * xr[i] + (p[4 * j + i] >> 4) * xr[4 + i];
+    int32_t xv[8];
+    int i;
+    for (i = 0; i < 8; i++) xv[i] = x_row[8 * c + i];
+    kh_chunk_dots(p, xv, dots);
 }
 
 /* The portable W4A8 kernel. */
@@ -232,18 +231,40 @@ KhTileKernel kh_tiles_pick(int64_t rows, int amx, int *mr_max, int *interleaved)
     return kernel;
 }
 
+/* tiles_w4a8 and tiles_w4a16: the same checks and driver, x rounded to int8 or to int16. */
+static int tiles_call(int i16, const float *x, int64_t rows, const uint8_t *tq,
+                      const uint16_t *ts, const uint16_t *tm, int64_t n, int64_t k,
+                      int64_t group, float *work, float *out, int nthreads)
+{
+    KhTiles w = {tq, ts, tm, n, k, group};
+    KhTileKernel kernel;
+    int mr_max, interleaved = 0;
+    if (rows <= 0 || n <= 0 || n % KH_TILE || k % 8 || nthreads <= 0) return KH_EINVAL;
+    if ((i16 ? tiles_w4a16_work_floats : tiles_w4a8_work_floats)(rows, k, group) < 0)
+        return KH_EINVAL;
+    if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
+    kernel = i16 ? kh_tiles_i16_pick(&mr_max) : kh_tiles_pick(rows, 1, &mr_max, &interleaved);
+    kh_tiles_run(&w, kernel, mr_max, n, k, group, i16 ? KH_X_I16 : KH_X_Q8, interleaved, x,
+                 rows, work, out, nthreads);
+    return KH_OK;
+}
+
 int tiles_w4a8(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
                const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work, float *out,
                int nthreads)
 {
-    KhTiles w = {tq, ts, tm, n, k, group};
-    KhTileKernel kernel;
-    int mr_max, interleaved;
-    if (rows <= 0 || n <= 0 || n % KH_TILE || k % 8 || nthreads <= 0) return KH_EINVAL;
-    if (tiles_w4a8_work_floats(rows, k, group) < 0) return KH_EINVAL;
-    if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
-    kernel = kh_tiles_pick(rows, 1, &mr_max, &interleaved);
-    kh_tiles_run(&w, kernel, mr_max, n, k, group, KH_X_Q8, interleaved, x, rows, work, out,
-                 nthreads);
-    return KH_OK;
+    return tiles_call(0, x, rows, tq, ts, tm, n, k, group, work, out, nthreads);
+}
+
+int64_t tiles_w4a16_work_floats(int64_t rows, int64_t k, int64_t group)
+{
+    if (rows <= 0) return -1;
+    return kh_tiles_i16_floats(rows, k, group);
+}
+
+int tiles_w4a16(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
+                const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work,
+                float *out, int nthreads)
+{
+    return tiles_call(1, x, rows, tq, ts, tm, n, k, group, work, out, nthreads);
 }

@@ -43,6 +43,14 @@ typedef void (*KhTileKernel)(const void *w, int64_t t0, int64_t nt, const KhQ8 *
  * (kimi_tiles.c W4A8's, k; kimi_tiles_i16.c W4A16's, 2k). */
 typedef void (*KhTileChunkDot)(const uint8_t *codes, const int8_t *x_row, int64_t c,
                                int32_t dots[KH_TILE]);
+/* Both dots' last step: the tile's 16 rows of 8 codes (64 bytes at p) against x's 8 values. */
+static inline void kh_chunk_dots(const uint8_t *p, const int32_t xv[8], int32_t dots[KH_TILE])
+{
+    int j, i;
+    for (j = 0; j < KH_TILE; j++)
+        for (i = 0; i < 4; i++)
+            dots[j] += (p[4 * j + i] & 0x0f) * xv[i] + (p[4 * j + i] >> 4) * xv[4 + i];
+}
 void kh_tiles_portable(const KhTiles *w, KhTileChunkDot dot, int64_t x_width, int64_t t0,
                        int64_t nt, const KhQ8 *x, int64_t r0, int mr, float *out);
 

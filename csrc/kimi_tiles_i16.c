@@ -137,11 +137,9 @@ static void chunk_dot_i16(const uint8_t *p, const int8_t *x_row, int64_t c,
 {
     const int8_t *xc = x_row + 16 * c;
     int32_t xv[8];
-    int j, i;
+    int i;
     for (i = 0; i < 8; i++) xv[i] = (int32_t)xc[8 + i] * 256 + (uint8_t)xc[i];
-    for (j = 0; j < KH_TILE; j++)
-        for (i = 0; i < 4; i++)
-            dots[j] += (p[4 * j + i] & 0x0f) * xv[i] + (p[4 * j + i] >> 4) * xv[4 + i];
+    kh_chunk_dots(p, xv, dots);
 }
 
 /* The portable W4A16 kernel. */
@@ -164,25 +162,4 @@ KhTileKernel kh_tiles_i16_pick(int *mr_max)
     }
 #endif
     return tiles_i16_c;
-}
-
-int64_t tiles_w4a16_work_floats(int64_t rows, int64_t k, int64_t group)
-{
-    if (rows <= 0) return -1;
-    return kh_tiles_i16_floats(rows, k, group);
-}
-
-int tiles_w4a16(const float *x, int64_t rows, const uint8_t *tq, const uint16_t *ts,
-                const uint16_t *tm, int64_t n, int64_t k, int64_t group, float *work,
-                float *out, int nthreads)
-{
-    KhTiles w = {tq, ts, tm, n, k, group};
-    int mr_max;
-    KhTileKernel kernel;
-    if (rows <= 0 || n <= 0 || n % KH_TILE || k % 8 || nthreads <= 0) return KH_EINVAL;
-    if (tiles_w4a16_work_floats(rows, k, group) < 0) return KH_EINVAL;
-    if (!x || !tq || !ts || !work || !out) return KH_EINVAL;
-    kernel = kh_tiles_i16_pick(&mr_max);
-    kh_tiles_run(&w, kernel, mr_max, n, k, group, KH_X_I16, 0, x, rows, work, out, nthreads);
-    return KH_OK;
 }

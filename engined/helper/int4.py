@@ -168,12 +168,12 @@ def moe_grouped(gate: Int4Weight, up: Int4Weight, down: Int4Weight, x, experts, 
     up: 2^-16 of a block's largest value), else met by the float kernels; on stacks in the
     CPU's tiles always (csrc/kimi_tiles_i16.c, every CPU)."""
     e, inner, d, group = gate.experts, gate.n, gate.k, gate.group
-    what = "moe_grouped_w4a8" if w4a8 else "moe_grouped"
+    op = "moe_grouped_w4a8" if w4a8 else "moe_grouped"
     if len({w.tiled for w in (gate, up, down)}) > 1:
-        raise ValueError(f"{what}: the gate, up and down stacks must all be in the CPU's "
+        raise ValueError(f"{op}: the gate, up and down stacks must all be in the CPU's "
                          "tiles, or none")
     if (w4a8 or gate.tiled) and group % 32:
-        raise ValueError(f"{what} needs a group size that is a multiple of 32"
+        raise ValueError(f"{op} needs a group size that is a multiple of 32"
                          f"{' on stacks in tiles' if not w4a8 else ''}, got {group}")
     if not e or (up.experts, up.n, up.k, up.group) != (e, inner, d, group) \
             or (down.experts, down.n, down.k, down.group) != (e, d, inner, group):

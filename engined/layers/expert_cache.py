@@ -153,11 +153,9 @@ def to_gpu_order_(pool: PackedInt4Experts, slot: int, tiled: bool):
     when `tiled`, else the disk's order) -> the GPU kernels' order, in place, by device ops
     alone: nothing the host reads, so the upload's stream is never waited for."""
     parts = [None if t is None else t[slot] for t in (pool.qweight, pool.scales, pool.mins)]
-    if tiled:
-        rows = int4_format.PackedInt4(*parts, pool.group_size, tiles=True)
-        for dst, src in zip(parts, int4_format.tile_tensors(rows, back=True)):
-            if dst is not None and src.data_ptr() != dst.data_ptr():  # one group: a view
-                dst.copy_(src)
+    if tiled:  # torch's ops, never the C helper's: these tensors are the device's
+        int4_format.tile_blocks_(int4_format.PackedInt4(*parts, pool.group_size, tiles=True),
+                                 back=True)
     parts[0].copy_(int4_format.gpu_order(parts[0], pool.group_size))
 
 

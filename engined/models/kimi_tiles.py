@@ -10,6 +10,7 @@ cores (6 weights of each shape in turn, so mostly from memory): KDA's stacked q/
 2304, one row 400 -> 290 us, 8 rows (a verify step) 3.2 -> 0.83 ms, 256 rows 63 -> 25 ms;
 o_proj, 2304 x 4096, 121 -> 72 us, 1.08 -> 0.31 ms, 20 -> 8.5 ms."""
 from engined.layers.linear import Linear
+from engined.models.kimi_linear import int4_parts
 from engined.ops import int4_format, registry
 
 OP = "w4a16_tiles"
@@ -23,7 +24,6 @@ def tile_linears_(model) -> int:
     torch remembers of views (inference_mode forgets _base). Nothing where w4a16_tiles's CPU
     variant is not the C helper's. Returns the storages moved; the model's decode_gemv then
     names the op (the daemon's log)."""
-    from engined.models.kimi_linear import int4_parts
     if registry.resolve(OP, "cpu").name != "cpu_c":
         return 0
     groups: dict[int, list[Linear]] = {}
