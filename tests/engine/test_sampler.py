@@ -129,3 +129,17 @@ def test_the_cpu_argmax_is_torchs_first_maximum():
     for rows in (logits, logits[4:5], logits.to(torch.bfloat16)):
         assert argmax_rows(rows).tolist() == rows.argmax(-1).tolist()
     assert argmax_rows(logits)[1:4].tolist() == [100, 7, 0]
+
+
+def test_a_sampled_step_sends_the_rows_settings_in_two_tensors(monkeypatch):
+    """Each tensor made from a list is a host-to-device copy on a GPU: a sampled step with
+    every setting in use (seeds, counters, top-k, top-p, min-p) makes two, whatever B.
+    Without numpy, as on the GPU image (the CPU's numpy argmax makes a tensor of its own)."""
+    from tests.support.host_copies import host_copies
+    monkeypatch.setattr(sampler, "_numpy", False)
+    params = [SamplingParams(1, temperature=0.7, top_k=40, top_p=0.9, min_p=0.05),
+              SamplingParams(1, temperature=0),
+              SamplingParams(1, temperature=1.2, top_p=0.5)]
+    logits = torch.stack([_logits(s) for s in range(3)])
+    counts = host_copies(lambda: sampler.sample_rows(logits, params, [1, 2, 3], [4, 5, 6]))
+    assert counts["lift_fresh"] == 2
