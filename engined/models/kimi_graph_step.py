@@ -19,6 +19,7 @@ import torch
 
 from engined.layers.moe_offload import event_after_copies
 from engined.models.kimi_cache import DecodeRows
+from engined.models.kimi_rows import flat_ints, views
 from engined.models.protocol import StaleGraphs
 
 
@@ -43,10 +44,16 @@ class KimiGraphStep:
         device = model.device
         self.model, self.rows, self.max_blocks = model, rows, max_blocks
         self.scratch = model.scratch_cache()
-        self.tokens = torch.zeros(rows, dtype=torch.int64, device=device)               # [B]
-        self.inputs = DecodeRows(torch.zeros(rows, dtype=torch.int64, device=device),     # slots
-                                 torch.zeros(rows, max_blocks, dtype=torch.int64, device=device),
-                                 torch.zeros(rows, dtype=torch.int64, device=device))     # positions
+        # tokens [B], slots [B], block tables [B, MB], positions [B]: views of one tensor,
+        # so a step's values arrive in one copy (from page-locked memory on CUDA)
+        self.shapes = [(rows,), (rows,), (rows, max_blocks), (rows,)]
+        packed = torch.zeros(rows * (3 + max_blocks), dtype=torch.int64, device=device)
+        self.tokens, *inputs = views(packed, self.shapes)
+        self.inputs, self.packed = DecodeRows(*inputs), packed
+        self.staging = self.copied = None
+        if packed.is_cuda:
+            self.staging = torch.empty_like(packed, device="cpu").pin_memory()
+            self.copied = torch.cuda.Event()
         self.addresses = model.pool_addresses()
         self.logits: torch.Tensor | None = None
         self.live = rows  # the rows `load` filled with the batch's; scratch padding after them
@@ -79,9 +86,14 @@ class KimiGraphStep:
 
     def _copy_in(self, tokens: list[int], caches: list, positions: list[int]):
         tables = [c.blocks + c.blocks[:1] * (self.max_blocks - len(c.blocks)) for c in caches]
-        self.tokens.copy_(torch.tensor(tokens, dtype=torch.int64), non_blocking=True)
-        for target, values in zip(self.inputs, ([c.slot for c in caches], tables, positions)):
-            target.copy_(torch.tensor(values, dtype=torch.int64), non_blocking=True)
+        values, _ = flat_ints([tokens, [c.slot for c in caches], tables, positions])
+        host = torch.tensor(values, dtype=torch.int64)
+        if self.staging is not None:
+            self.copied.synchronize()        # the last step's copy has left the staging buffer
+            host = self.staging.copy_(host)
+        self.packed.copy_(host, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
 
     def run(self, replays: dict | None = None) -> torch.Tensor:
         """One decode step -> logits fp32 [rows, V] (a graph replay refills this same tensor).

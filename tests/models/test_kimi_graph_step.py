@@ -58,3 +58,17 @@ def test_a_step_refuses_to_load_once_the_pools_moved(model):
     caches, tokens = prefilled(model, [[5]])
     with pytest.raises(PoolsMoved):
         step.load(tokens, caches, [1])
+
+
+def test_a_step_sends_its_rows_in_one_copy(model):
+    """Tokens, slots, block tables and positions: one tensor made, one copy into the step's
+    (on a GPU each copy is a host-to-device transfer before the replay; four before)."""
+    from tests.support.host_copies import host_copies
+    caches, tokens = prefilled(model, [[3, 5, 7], [2, 9]])
+    step = model.graph_step(4, 256)
+    counts = host_copies(lambda: step.load(tokens, caches, [3, 2]))
+    assert (counts["lift_fresh"], counts["copy_"] + counts["_to_copy"]) == (1, 1)
+    assert step.tokens.tolist() == tokens + [0, 0]
+    assert step.inputs.positions.tolist() == [3, 2, 0, 0]
+    assert step.inputs.slots.tolist()[:2] == [c.slot for c in caches]
+    assert step.inputs.block_tables[1].tolist() == caches[1].blocks * step.max_blocks

@@ -168,3 +168,21 @@ def test_the_state_between_a_verify_step_and_its_resume_is_not_read(model):
     model.decode_batch(torch.tensor([token] * 2), [cache] * 2, [start, start + 1])
     with pytest.raises(ValueError, match="once the next step resumes"):
         cache.save_state()
+
+
+def test_a_verify_steps_rows_reach_the_device_in_one_tensor(model):
+    """slots, tables, positions and every KDA pass's rows, slots and sources: one tensor made
+    from the host's values (on a GPU one transfer; 3 + 3 a pass before), the same values."""
+    from engined.models.kimi_rows import step_rows
+    from tests.support.host_copies import host_copies
+    caches = [prefill(model, p)[0] for p in PROMPTS[:2]]
+    owners, positions, row_of = [caches[0]] * 3 + [caches[1]], [5, 6, 7, 3], [0, 1, 2, 0]
+    made = []
+    counts = host_copies(lambda: made.append(step_rows(owners, positions, row_of, "cpu")))
+    rows = made[0]
+    assert counts["lift_fresh"] == 1
+    assert rows.positions.tolist() == positions
+    assert rows.slots.tolist() == caches[0].slots[:3] + [caches[1].slots[0]]
+    assert [p.rows.tolist() for p in rows.passes] == [[0, 3], [1], [2]]
+    assert rows.passes[0].source is None
+    assert rows.passes[2].source.tolist() == [caches[0].slots[1]]
