@@ -29,8 +29,8 @@ FLA = {"l2norm_fwd_kernel", "fused_beta_sigmoid_fwd_kernel", "kda_gate_chunk_cum
        "chunk_kda_fwd_kernel_intra_token_parallel", "chunk_kda_fwd_kernel_inter_solve_fused",
        "recompute_w_u_fwd_kda_kernel", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
        "chunk_gla_fwd_kernel_o"}
-PREFILL = {"prefill T2048": FLA | {"w4a16_gemm_kernel", "add_rmsnorm_kernel", "moe_grouped_kernel"},
-           "prefill T256": FLA | {"w4a16_gemm_kernel", "add_rmsnorm_kernel", "moe_grouped_kernel"},
+PREFILL = {"prefill T2048": FLA | {"w4a16_gemm_kernel", "add_rmsnorm_kernel", "moe_grouped_dot_kernel"},
+           "prefill T256": FLA | {"w4a16_gemm_kernel", "add_rmsnorm_kernel", "moe_grouped_dot_kernel"},
            # up to 8 rows: the decode GEMV and MoE kernels
            "prefill T7": FLA | {"w4a16_gemv_kernel", "moe_gate_up_kernel", "moe_down_kernel"}}
 

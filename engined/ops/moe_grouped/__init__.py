@@ -12,4 +12,7 @@ registry.register("moe_grouped", "triton_dot", devices=("cuda",), description=(
     "Triton: per (expert, BLOCK_N outputs) program, BLOCK_M routes a tl.dot, W tiles "
     "dequantized once per BLOCK_M routes (prefill chunks)"))(
     registry.lazy("engined.ops.moe_grouped.triton_dot:moe_grouped"))
-registry.set_default("moe_grouped", "cuda", "triton")
+# On CUDA moe_grouped runs where a step has more than DECODE_ROWS rows (a prefill chunk, a
+# batch of over 8 decode rows): the tl.dot tiles read each expert tile once per 16 routes and
+# run on the tensor cores (issue 29); the per-route kernel stays for A/Bs (KIMI_KERNELS).
+registry.set_default("moe_grouped", "cuda", "triton_dot")
