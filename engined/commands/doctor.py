@@ -20,13 +20,14 @@ from engined.commands.doctor_hub import Check
 from engined.config import (DEFAULT_MAX_CONTEXT, EngineConfig, UnsafeSocketDir, check_socket_dir,
                             format_size)
 
-PINS = {"torch": "2.13.0", "triton": "3.9.0"}  # constraints.txt (a test keeps them equal)
+PINS = {"torch": "2.13.0", "triton": "3.9.0", "fla-core": "0.6.0"}  # constraints.txt (a test
+#                                                                        keeps them equal)
 MIN_PYTHON = (3, 11)
 
 
 def run_checks(config: EngineConfig) -> list[Check]:
     checks: list[Callable[[EngineConfig], Check]] = [
-        check_python, check_torch, check_triton, check_helper, check_gpu, check_model,
+        check_python, check_torch, check_triton, check_fla, check_helper, check_gpu, check_model,
         check_memory_plan, check_huge_pages, check_cache_dir, doctor_hub.check_disk,
         doctor_hub.check_hub, check_socket]
     return [_guarded(check, config) for check in checks]
@@ -64,6 +65,17 @@ def check_torch(config: EngineConfig) -> Check:
 
 def check_triton(config: EngineConfig) -> Check:
     return _package("triton")
+
+
+def check_fla(config: EngineConfig) -> Check:
+    """fla-core's chunk_kda is Kimi-Linear's KDA prefill on a GPU (ops/kda_prefill/fla.py);
+    the CPU runs our chunked form, so there it is not needed."""
+    import torch
+
+    check = _package("fla-core")
+    if check.detail == "not installed" and (config.device == "cpu" or not torch.cuda.is_available()):
+        return Check(check.name, True, "not installed: only Kimi-Linear's prefill on a GPU uses it")
+    return check
 
 
 def check_helper(config: EngineConfig) -> Check:

@@ -13,7 +13,7 @@ from engined.commands import doctor
 from engined.config import EngineConfig
 from tests.blackbox.service_helpers import ROOT
 
-CHECK_NAMES = ["python", "torch", "triton", "C helper", "gpu", "model", "memory plan",
+CHECK_NAMES = ["python", "torch", "triton", "fla-core", "C helper", "gpu", "model", "memory plan",
                "huge pages", "cache dir", "disk", "hub", "socket"]
 
 
@@ -47,7 +47,7 @@ def lines_by_check(stdout: str) -> dict[str, str]:
 
 
 def test_pins_are_the_constraints():
-    pins = dict(re.findall(r"^([a-z]+)==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M))
+    pins = dict(re.findall(r"^([a-z-]+)==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M))
     assert pins == doctor.PINS
 
 
@@ -140,6 +140,28 @@ def test_the_helper_is_needed_on_the_cpu_not_on_a_gpu(monkeypatch, device, cuda,
     assert check.is_ok == is_ok and check.detail.startswith("C helper not built"), check
     if not is_ok:
         assert "make setup" in check.fix
+
+
+@pytest.mark.parametrize("device,cuda,is_ok", [
+    ("auto", True, False), ("cuda", True, False), ("cpu", True, True), ("auto", False, True)])
+def test_fla_core_is_needed_for_a_gpus_prefill_only(monkeypatch, device, cuda, is_ok):
+    """Without fla-core a GPU serve would fail every Kimi-Linear prompt longer than a token
+    (its KDA prefill); the CPU runs its own chunked form."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def version(name):
+        if name == "fla-core":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    check = doctor.check_fla(EngineConfig(device=device))
+    assert check.is_ok == is_ok, check
+    assert check.fix.startswith("pip install -c constraints.txt fla-core==0.6.0") or is_ok
+    assert doctor.check_fla(EngineConfig(device="cpu")).is_ok
 
 
 def test_a_check_that_raises_is_one_failed_line():
