@@ -76,7 +76,8 @@ OPTIONS = [
      "debugging). The CPU always runs eagerly.  [default: graphs on CUDA]", None),
     (["--speculative"], dict(type=click.Choice(["on", "off"])),
      "Speculative decoding from the context: each decode step also verifies the tokens that "
-     "followed the last few tokens' most recent occurrence in the prompt or output, with a "
+     "followed the best recent match of the last few tokens in the prompt, the output or the "
+     "request's prediction, with a "
      "draft length that adapts to acceptance. The tokens are those of plain decoding, greedy "
      "or seeded; a request may send \"speculative\": false.  [default: on]", None),
     (["--cpu-moe"], FLAG,

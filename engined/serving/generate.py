@@ -155,11 +155,17 @@ def chat_completions(served: Served, ex):
 
 
 def with_spec_metrics(body: dict, seq, sampling: api.Sampling) -> dict:
-    """With "spec_decode_metrics": true, the body that carries usage also carries vLLM's
-    metrics.speculative_decoding for this request (read once the sequence has finished)."""
+    """With "spec_decode_metrics": true, the body that carries usage also carries this
+    request's draft counts (read once the sequence has finished): in its usage, as OpenAI's
+    Predicted Outputs count theirs, and as vLLM's metrics.speculative_decoding, which also
+    has the verifying steps and the rates (bench/edit_turns.py reads them)."""
     if sampling.spec_metrics:
-        body["metrics"] = {"speculative_decoding": speculate.request_metrics(
-            seq.spec[1] if seq.spec is not None else None)}
+        spec = speculate.request_metrics(seq.spec[1] if seq.spec is not None else None)
+        drafted, accepted = spec["num_draft_tokens"], spec["num_accepted_draft_tokens"]
+        body["usage"]["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted}
+        body["metrics"] = {"speculative_decoding": spec}
     return body
 
 

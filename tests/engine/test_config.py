@@ -75,3 +75,28 @@ def test_the_prefill_chunk_is_the_devices_unless_given():
     assert EngineConfig.layered({}, {"KIMI_ENGINE_PREFILL_CHUNK": "0"}).prefill_chunk_on("cuda") == 2048
     with pytest.raises(ConfigError, match="prefill-chunk: expected 0..1048576"):
         EngineConfig(prefill_chunk=1 << 21)
+
+
+def test_speculation_turns_off_from_the_command_line_or_the_config_file(tmp_path, monkeypatch):
+    """`serve --speculative off`, `speculative = false` in the --config file (and its
+    KIMI_ENGINE_ variable) reach the config the daemon builds its Engine from
+    (Engine(speculative=config.speculative)); the flag wins over the file."""
+    from click.testing import CliRunner
+    from engined.__main__ import main
+    from engined.serving import daemon
+    served = []
+    monkeypatch.setattr(daemon, "run", lambda config: served.append(config) or 0)
+    monkeypatch.delenv("KIMI_ENGINE_SPECULATIVE", raising=False)
+    off_file, on_file = tmp_path / "off.toml", tmp_path / "on.toml"
+    off_file.write_text("speculative = false\n")
+    on_file.write_text("speculative = true\n")
+    for args in (["--speculative", "off"], ["--config", str(off_file)],
+                 ["--config", str(on_file), "--speculative", "off"], [],
+                 ["--config", str(off_file), "--speculative", "on"]):
+        result = CliRunner().invoke(main, ["serve", *args])
+        assert result.exit_code == 0, result.output
+    assert [config.speculative for config in served] == [False, False, False, True, True]
+    assert EngineConfig.layered({}, {}, off_file).speculative is False
+    assert EngineConfig.layered({}, {"KIMI_ENGINE_SPECULATIVE": "off"}).speculative is False
+    with pytest.raises(ConfigError, match="speculative: expected true or false"):
+        EngineConfig(speculative="sometimes")

@@ -199,6 +199,8 @@ def test_a_draft_that_ends_the_request_counts_as_accepted(llama):
 
 
 def test_the_response_carries_vllms_spec_metrics_when_asked(llama):
+    """With spec_decode_metrics, the usage also counts the accepted and rejected drafts, as
+    OpenAI's Predicted Outputs do (completion_tokens_details); without it, usage is plain."""
     from tests.support.engine import InProcessEngine, metric, post
     body = {"messages": [{"role": "user", "content": "Repeat exactly:\n" + CODE * 2}],
             "max_tokens": 40, "temperature": 0, "spec_decode_metrics": True}
@@ -212,9 +214,65 @@ def test_the_response_carries_vllms_spec_metrics_when_asked(llama):
     assert (spec["num_draft_tokens"], spec["num_accepted_draft_tokens"]) == (drafted, accepted)
     assert drafted > 0 and spec["num_spec_steps"] > 0
     assert spec["mean_acceptance_length"] == 1 + accepted / spec["num_spec_steps"]
+    assert reply["usage"]["completion_tokens_details"] == {
+        "accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
     assert plain["metrics"]["speculative_decoding"]["num_draft_tokens"] == 0
+    assert plain["usage"]["completion_tokens_details"] == {
+        "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
     assert "metrics" not in asked_not
+    assert set(asked_not["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
     assert plain["choices"][0]["message"] == reply["choices"][0]["message"]
+
+
+def test_the_streams_usage_chunk_carries_the_draft_counts_when_asked(llama):
+    """Chat and completions alike: the final usage chunk (stream_options.include_usage) has
+    the same completion_tokens_details and metrics as the request's counters."""
+    from tests.support.engine import InProcessEngine, metric, stream
+    prompt = "Repeat exactly:\n" + CODE * 2
+    asked = {"max_tokens": 40, "temperature": 0, "stream": True, "spec_decode_metrics": True,
+             "stream_options": {"include_usage": True}}
+    routes = [("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}),
+              ("/v1/completions", {"prompt": prompt + "\n" + CODE})]
+    with InProcessEngine(llama.model, llama.tokenizer, llama.chat, max_context=4096) as engine:
+        for path, body in routes:
+            before = metric(engine.sock, DRAFTED), metric(engine.sock, ACCEPTED)
+            chunks = stream(engine.sock, path, {**body, **asked})
+            drafted = metric(engine.sock, DRAFTED) - before[0]
+            accepted = metric(engine.sock, ACCEPTED) - before[1]
+            assert chunks[-1] == "[DONE]" and chunks[-2]["choices"] == [], path
+            usage, spec = chunks[-2]["usage"], chunks[-2]["metrics"]["speculative_decoding"]
+            assert drafted > 0, path
+            assert usage["completion_tokens_details"] == {
+                "accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": drafted - accepted}, path
+            assert (spec["num_draft_tokens"], spec["num_accepted_draft_tokens"]) == (
+                drafted, accepted), path
+            assert all("usage" not in c for c in chunks[:-2]), path
+
+
+def test_the_log_line_counts_the_accepted_and_drafted_tokens(llama):
+    """kimi-engine(8): spec=ACCEPTED/DRAFTED on the request's line when it drafted, the
+    same counts as its response; nothing for a request that did not speculate."""
+    from tests.support.engine import InProcessEngine, eventually, post
+    body = {"messages": [{"role": "user", "content": "Repeat exactly:\n" + CODE * 2}],
+            "max_tokens": 40, "temperature": 0, "spec_decode_metrics": True}
+    with InProcessEngine(llama.model, llama.tokenizer, llama.chat, max_context=4096) as engine:
+        reply = post(engine.sock, "/v1/chat/completions", body,
+                     headers={"x-request-id": "spec-on"}).json()
+        post(engine.sock, "/v1/chat/completions", {**body, "speculative": False},
+             headers={"x-request-id": "spec-off"})
+        log = engine.dir / "engine.log"
+
+        def lines():
+            text = log.read_text() if log.exists() else ""
+            return {line.split("request_id=")[1].split()[0]: line
+                    for line in text.splitlines() if "request_id=spec-" in line}
+        assert eventually(lambda: len(lines()) == 2), log.read_text()
+        on, off = lines()["spec-on"], lines()["spec-off"]
+    spec = reply["metrics"]["speculative_decoding"]
+    assert spec["num_draft_tokens"] > 0
+    assert f"spec={spec['num_accepted_draft_tokens']}/{spec['num_draft_tokens']}" in on.split(), on
+    assert " spec=" not in off, off
 
 
 def test_edit_turns_bench_reports_the_requests_acceptance_and_draft_length(llama, monkeypatch):
