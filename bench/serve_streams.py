@@ -21,6 +21,9 @@ measured):
 - prefill: TTFT of a P-token prompt of fresh random ids (the prefix cache misses) = latency
   of a non-streamed request with max_tokens 1, once per size after a 512-token warm-up,
   the longest last;
+- depth: the longest prefill's prompt once more, streamed, with --depth-tokens new tokens
+  (plain decode): batch-1 decode tok/s at that context, against the 1-stream rate above
+  (issue 24: at 32k >= 50% of it; the short prompts there make it a stricter bar than 1k);
 - beside (unless --no-beside): the longest prefill once more while one greedy stream decodes
   (bench/beside.py): its TTFT, and the stream's slowest step against its lone one.
 Roofline: the bytes one batch-1 decode step reads (engined.commands.bench.bytes_per_token:
@@ -42,7 +45,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from beside import beside_line, context_room, judged, prefill_beside_decode  # noqa: E402
-from common import BENCH, concurrent_chunks, record_line, unix_post  # noqa: E402
+from common import BENCH, concurrent_chunks, record_line, token_chunks, unix_post  # noqa: E402
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
 GRAPH_FAILURES = "kimi_engine_graph_capture_failures_total"
@@ -111,6 +114,15 @@ def prefill_ttft(engine: Engine, num_tokens: int, seed: int) -> tuple[float, int
     return time.perf_counter() - start, body["usage"]["prompt_tokens"]
 
 
+def decode_at_depth(engine: Engine, num_tokens: int, seed: int, new_tokens: int) -> float:
+    """Batch-1 plain decode tok/s after prefill_ttft(engine, num_tokens, seed)'s prompt (the
+    same ids: a warm prefix cache skips most of its prefill), tokens after the first / time."""
+    ids = random.Random(seed).choices(range(256), k=num_tokens)
+    chunks = token_chunks(engine.sock, ids, 1 + new_tokens, f"depth {num_tokens}", speculative=False)
+    after = sum(len(got) for _, got in chunks) - len(chunks[0][1])
+    return after / (chunks[-1][0] - chunks[0][0])
+
+
 def bytes_per_token(spec: str, device_type: str, context: int) -> int | None:
     """Batch-1 decode bytes of a synthetic model, planned on the meta device with the dtypes
     synthetic.build gives it on `device_type`; None for any other model."""
@@ -173,6 +185,10 @@ def goals(r: dict) -> dict[str, bool]:
         verdicts["32k-token prefill <= 3 s"] = prefill[32768]["ttft_s"] <= 3
     if 131072 in prefill:
         verdicts["128k-token prefill <= 15 s"] = prefill[131072]["ttft_s"] <= 15
+    depth = r.get("decode_at_depth", {})
+    if depth.get("context", 0) >= 32768 and depth.get("tok_s") and 1 in rates:
+        verdicts["decode at a 32k context >= 50% of one short stream's"] = (
+            depth["tok_s"] >= 0.5 * rates[1])
     beside = r.get("prefill_beside_decode")
     if beside and beside["size"] >= 32768 and judged(beside) is not None:
         verdicts["a stream decoding beside the 32k prefill: no gap between its tokens over 2x "
@@ -193,6 +209,11 @@ def summary(r: dict) -> list[str]:
     for size, row in r.get("prefill", {}).items():
         lines.append(f"  prefill {size} tokens: TTFT {row['ttft_s']:.3f} s "
                      f"({row['prompt_tokens']} prompt tokens counted)")
+    depth = r.get("decode_at_depth")
+    if depth:
+        lines.append(f"  decode at a {depth['context']}-token context: " + (
+            f"{depth['tok_s']:.1f} tok/s" + (f", {depth['tok_s'] / one:.2f}x one short stream"
+                                             if one else "") if "tok_s" in depth else depth["error"]))
     if "prefill_beside_decode" in r:
         lines.append("  " + beside_line(r["prefill_beside_decode"]))
     roof = r.get("roofline")
@@ -257,6 +278,15 @@ def measure(args, result: dict, save):
             result["prefill"][size] = {"ttft_s": ttft, "prompt_tokens": counted}
             print(f"serve_streams: prefill {size} tokens: TTFT {ttft:.3f} s")
             save()
+        if args.depth_tokens and args.prefill:  # the longest prompt again, then decode
+            size = max(args.prefill)
+            try:
+                depth = {"tok_s": decode_at_depth(engine, size, size + 1, args.depth_tokens)}
+            except Exception as exc:  # noqa: BLE001  (what was measured before still counts)
+                depth = {"error": f"{type(exc).__name__}: {exc}"}
+            result["decode_at_depth"] = {"context": size, "new_tokens": args.depth_tokens, **depth}
+            print(f"serve_streams: decode at a {size}-token context: {depth}")
+            save()
         if args.beside and args.prefill:  # the longest again, a decode stream beside it
             size = max(args.prefill)
             try:
@@ -290,6 +320,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-beside", dest="beside", action="store_false",
                     help="skip the longest prefill's second run, with a stream decoding beside it")
     ap.add_argument("--new-tokens", type=int, default=256, help="tokens per decode stream")
+    ap.add_argument("--depth-tokens", type=int, default=64,
+                    help="tokens decoded after the longest prefill's prompt (0: none)")
     ap.add_argument("--runs", type=int, default=2, help="decode runs per stream count")
     ap.add_argument("--max-context", type=int,
                     help="default: the longest prefill + 128, and the beside stream's tokens")
@@ -302,7 +334,8 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     # room for the longest prompt and its token, and beside it the stream of bench/beside.py
     longest = max(args.prefill, default=512)
-    args.max_context = args.max_context or longest + 128 + (context_room(longest) if args.beside else 0)
+    args.max_context = args.max_context or (longest + max(128, args.depth_tokens + 2)
+                                            + (context_room(longest) if args.beside else 0))
     return args
 
 

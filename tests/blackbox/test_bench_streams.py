@@ -67,3 +67,20 @@ def test_an_engine_without_token_ids_is_counted_by_text_chunk():
     """ab_engine.py's --base may predate return_token_ids: its chunks then count one each."""
     first, last, count = stream_times([{"text": "a"}, {"text": "b"}, {"text": ""}, {"text": "c"}])
     assert count == 3 and first <= last
+
+
+def test_ab_engine_prompts_a_synthetic_model_inside_its_vocabulary(monkeypatch):
+    """--model synthetic:NAME (random weights): as many fixed ids as the prefill asks, all
+    in the vocabulary and not one token repeated; the default model's text repeated to length."""
+    import sys
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.delitem(sys.modules, "ab_engine", raising=False)
+    import ab_engine
+    from engined.weights import synthetic
+
+    ids = ab_engine.model_tokens("synthetic:small", 2048)
+    vocab = synthetic.config_of("synthetic:small")["vocab_size"]
+    assert len(ids) == 2048 and all(0 < i < vocab for i in ids)
+    assert ids == ab_engine.model_tokens("synthetic:small", 2048) and len(set(ids[:64])) == 64
+    text = ab_engine.model_tokens("default", 2000)
+    assert len(text) == 2000 and text[:600] == ab_engine.model_tokens("default", 600)

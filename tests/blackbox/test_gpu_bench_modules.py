@@ -253,3 +253,21 @@ def test_the_stream_beside_a_prefill_times_its_steps_when_tokens_come_in_chunks(
     assert row["slowest_x_lone"] == pytest.approx(5) and row["outlived_prefill"]
     with pytest.raises(RuntimeError, match="in one chunk"):
         beside.step_times([(0.1, n + 9)], sent=0.2, answered=0.3)
+
+
+def test_serve_streams_judges_decode_at_a_32k_context_against_one_short_stream(monkeypatch):
+    """Issue 24: decode at a 32k context >= 50% of one stream's rate; the depth's rate counts
+    the tokens after the first over the time from the first chunk to the last."""
+    serve_streams = bench_module("serve_streams", monkeypatch)
+    chunks = [(10.0, [7]), (10.5, [1, 2]), (11.0, [3]), (12.0, [4, 5, 6])]
+    monkeypatch.setattr(serve_streams, "token_chunks", lambda *a, **k: chunks)
+    rate = serve_streams.decode_at_depth(SimpleNamespace(sock="s"), 32768, 1, 6)
+    assert rate == 6 / 2.0
+    goal = "decode at a 32k context >= 50% of one short stream's"
+    for depth, met in ((50.0, True), (49.0, False)):
+        r = {"decode_tok_s": {1: 100.0}, "decode_at_depth": {"context": 32768, "tok_s": depth}}
+        assert serve_streams.goals(r)[goal] is met
+    short = {"decode_tok_s": {1: 100.0}, "decode_at_depth": {"context": 8192, "tok_s": 10.0}}
+    assert goal not in serve_streams.goals(short)
+    lines = serve_streams.summary({"model": "m", "device": "cpu", **short})
+    assert "  decode at a 8192-token context: 10.0 tok/s, 0.10x one short stream" in lines
