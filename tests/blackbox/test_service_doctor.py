@@ -258,3 +258,27 @@ def test_the_huge_pages_line_says_where_the_weights_go(monkeypatch, mode):
         assert f"transparent huge pages {mode}: " in check.detail and "2 MiB pages" in check.detail
     else:
         assert "stay in 4 KiB pages" in check.detail and "echo madvise >" in check.detail
+
+
+def test_doctor_prints_the_expert_cache_the_gpu_plan_gives(monkeypatch):
+    """Issue 30: `kimi-engine doctor` on a GPU prints the --moe-cache default the planner
+    sized: whole experts (3,981,312 B each at the 48B's shapes) in what the 24 GiB budget
+    leaves, less than one expert unplanned; and the cache off when asked. The GPU is stood
+    in for (80 GiB, 40 free)."""
+    GiB, expert = 2**30, 3_981_312
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * GiB, 80 * GiB))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a test GPU")
+    config = EngineConfig(model="synthetic:kimi-linear-48b", gpu_memory="24GiB", max_context=32768)
+    check = doctor.check_memory_plan(config)
+    assert check.is_ok, check
+    found = re.search(r"routed experts of (\d+) of 26 MoE layers in RAM.*\n *expert cache: "
+                      r"(\d+) experts, ([\d.]+) MiB \(--moe-cache\)", check.detail)
+    assert found and int(found[1]) > 0, check.detail
+    slots, mib = int(found[2]), float(found[3])
+    assert slots > 0 and abs(slots * expert / 2**20 - mib) < 0.05
+    unplanned = re.search(r"GPU budget 24.0 GiB, ([\d.]+) MiB of it unplanned", check.detail)
+    assert unplanned and float(unplanned[1]) * 2**20 < expert
+    off = doctor.check_memory_plan(EngineConfig(model="synthetic:kimi-linear-48b",
+                                                gpu_memory="24GiB", max_context=32768, moe_cache=0))
+    assert "expert cache: off" in off.detail
