@@ -9,7 +9,16 @@ the next step resumes from the first row's state).
 
 Rows: per k, the step's milliseconds (median of --reps runs of --steps steps), its ratio to
 the one-row step measured in the same run, and tokens per second all accepted and all
-rejected. The one-row step is eager decode_batch here; on a GPU, bench/gpu_quick.py prints
+rejected.
+
+Rollback (issue 26 asks for both ways measured): the engine keeps each draft row's KDA state
+in a slot of its own, so a rejection costs nothing after the step. The other way snapshots
+the sequence's state before the step, runs the rows through one state, and on a rejection
+restores the snapshot and runs the accepted rows again. Its cost, from measured parts (the
+engine does not build it): the same k + 1-row step, less the k draft states it would not
+write (each at most one snapshot's copy: a lower bound), plus the snapshot and its restore
+(timed: save_state + load_state, every KDA layer), plus the recompute, a step of the accepted
+rows (j + 1 rows for a first rejection at draft j: the all-rejected runs' one row here). The one-row step is eager decode_batch here; on a GPU, bench/gpu_quick.py prints
 the graph-replayed step beside it (this file's `measure` runs there on its 48B model).
 """
 import argparse
@@ -54,6 +63,20 @@ def _run(model, prompt, ids: list[int], k: int, steps: int, accepted: bool) -> f
     return (time.perf_counter() - begin) / steps
 
 
+def _snapshot_seconds(model, prompt, reps: int) -> float:
+    """One sequence's KDA state saved and loaded back (the other rollback's fixed cost)."""
+    cache = model.new_cache(len(prompt) + 1)
+    model.forward(prompt, cache, 0)
+    times = []
+    for _ in range(max(reps, 5)):
+        _sync(model.device)
+        begin = time.perf_counter()
+        cache.load_state(cache.save_state(), cache.num_tokens)
+        _sync(model.device)
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times)
+
+
 def measure(model, ks=KS, steps: int = 12, reps: int = 5, prompt_len: int = PROMPT) -> dict:
     """{"one_row_ms", "rows": [{k, ms_accepted, ms_rejected, ratio, tok_s_accepted,
     tok_s_rejected}]}: every k's medians, each rep running every configuration in turn."""
@@ -69,7 +92,8 @@ def measure(model, ks=KS, steps: int = 12, reps: int = 5, prompt_len: int = PROM
                 times[(k, ok)].append(_run(model, prompt, ids, k, steps, ok))
     med = {c: statistics.median(t) for c, t in times.items()}
     one = med[(0, True)]
-    return {"one_row_ms": 1e3 * one, "steps": steps, "reps": reps, "prompt": prompt_len, "rows": [
+    return {"one_row_ms": 1e3 * one, "steps": steps, "reps": reps, "prompt": prompt_len,
+            "snapshot_ms": 1e3 * _snapshot_seconds(model, prompt, reps), "rows": [
         {"k": k, "ms_accepted": 1e3 * med[(k, True)], "ms_rejected": 1e3 * med[(k, False)],
          "ratio": med[(k, True)] / one, "tok_s_accepted": (k + 1) / med[(k, True)],
          "tok_s_rejected": 1 / med[(k, False)]} for k in ks]}
@@ -82,6 +106,14 @@ def lines(result: dict, label: str) -> list[str]:
            f"| one row (plain decode, baseline) | {one:.2f} | 1.00 | {1e3 / one:.1f} | {1e3 / one:.1f} |"]
     out += [f"| verify k = {r['k']} ({r['k'] + 1} rows) | {r['ms_accepted']:.2f} | {r['ratio']:.2f} | "
             f"{r['tok_s_accepted']:.1f} | {r['tok_s_rejected']:.1f} |" for r in result["rows"]]
+    if "snapshot_ms" in result:
+        snap = result["snapshot_ms"]
+        out += ["", f"| rollback after every draft is rejected | per-row state slots (built), ms "
+                    f"| snapshot + recompute, ms (at least) |", "|---|---:|---:|"]
+        out += [f"| k = {r['k']} | {r['ms_rejected']:.2f} | "
+                f"{r['ms_rejected'] - r['k'] * snap / 2 + snap + one:.2f} |" for r in result["rows"]]
+        out.append(f"\nSnapshot and restore of one sequence's KDA state: {snap:.3f} ms; the "
+                   "recompute of the one accepted row: the one-row step above.")
     return out
 
 

@@ -135,6 +135,7 @@ def check_quick_dry_run(out):
     text = (out / "quick.txt").read_text()
     assert "decode synthetic tiny INT4" in text and "profile eager model.decode_rows" in text
     assert "| verify k = 8 (9 rows) |" in text
+    assert verify["snapshot_ms"] > 0 and "| rollback after every draft is rejected |" in text
 
 
 def check_offload_dry_run(offload: dict):
