@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from common import copy_bandwidth, hardware, record  # noqa: E402
+from int4_moe import bench_moe_decode, bench_moe_layer  # noqa: E402
 
 from engined import helper  # noqa: E402
 from engined import ops  # noqa: E402,F401  (registers every variant)
@@ -47,6 +48,9 @@ GROUP = 32
 DENSE = [("SmolLM2 q/o", 576, 576), ("SmolLM2 k/v", 192, 576), ("SmolLM2 gate/up", 1536, 576),
          ("SmolLM2 down", 576, 1536), ("Kimi KDA q/k/v", 4096, 2304), ("Kimi o_proj", 2304, 4096),
          ("Kimi shared expert w1/w3", 1024, 2304), ("Kimi shared expert w2", 2304, 1024)]
+# on CUDA the step's one launch for KDA's q, k and v (Linear.stacked); the CPU's tables keep
+# their rows comparable with earlier records
+DENSE_CUDA = [("Kimi KDA q/k/v stacked", 12288, 2304)]
 ROUTED = [("Kimi experts w1/w3, 8 of E", 1024, 2304), ("Kimi experts w2, 8 of E", 2304, 1024)]
 ROUTES = 8
 SCHEMES = (("asym", False), ("sym", True))
@@ -231,62 +235,6 @@ def bench_routed(label, n, k, args) -> list[dict]:
     return rows
 
 
-MOE_EXPERTS, MOE_TOP_K, MOE_D, MOE_I = 256, 8, 2304, 1024
-MOE_TOKENS = (1, 2, 4, 8, 256)  # decode batches, then a prefill chunk
-
-
-def moe_inputs(tokens: int, gen: torch.Generator, calls: int = 8) -> list[tuple]:
-    """`calls` sets of a MoE layer's (x [T, D], experts [T, 8], weights [T, 8] fp32) on DEVICE,
-    x in the dtype the model's hidden states have there (bf16 on CUDA): triton_dot takes its
-    tensor-core product for bf16 and a CUDA-core fp32 one for fp32 x, which the model never
-    runs."""
-    out = []
-    for _ in range(calls):
-        picks = torch.stack([torch.randperm(MOE_EXPERTS, generator=gen)[:MOE_TOP_K]
-                             for _ in range(tokens)]).to(DEVICE)
-        x = torch.randn(tokens, MOE_D, device=DEVICE).to(kimi_checkpoint.act_dtype(DEVICE))
-        out.append((x, picks, torch.rand(tokens, MOE_TOP_K, device=DEVICE)))
-    return out
-
-
-def bench_moe_layer(args) -> list[dict]:
-    """One Kimi-Linear MoE layer's routed experts at real shapes (256 experts of w1/w3 [1024,
-    2304] and w2 [2304, 1024], symmetric INT4, top-8) through moe_grouped and its W4A8 form
-    moe_grouped_w4a8: T = 1 (8 experts, ~32 MB read, random picks per call so nothing stays
-    cached), 2, 4 and 8 on the CPU (the decode batches: up to 64 experts, each read once for
-    the rows that chose it) and a 256-token prefill chunk (every expert read once for all the rows
-    that chose it). GB/s counts the chosen experts' bytes; tok/s: tokens per second through
-    the layer."""
-    probe = probe_bandwidth(args.working_set, args.min_time)
-    gen = torch.Generator().manual_seed(3)
-    banks = [PackedInt4Experts(group_size=GROUP, **random_packed(n, k, (MOE_EXPERTS,), True))
-             for n, k in ((MOE_I, MOE_D), (MOE_I, MOE_D), (MOE_D, MOE_I))]
-    # the CPU's tiles too (csrc/kimi_moe_tiles.c): 16 rows a vector instruction, W4A8 and W4A16
-    layouts = {"": banks, " tiles": [b.to_tiles() for b in banks] if DEVICE == "cpu" else None}
-    expert_bytes = 3 * MOE_I * MOE_D * 9 // 16            # codes + one fp16 scale per 32
-    rows = []
-    for tokens in MOE_TOKENS if DEVICE == "cpu" else (1, 256):   # the GPU section's time
-        picked = moe_inputs(tokens, gen)
-        chosen = statistics.mean(len(torch.unique(p)) for _, p, _ in picked) * expert_bytes
-        for op, layout in (("moe_grouped", ""), ("moe_grouped", " tiles"),
-                           ("moe_grouped_w4a8", ""),
-                           ("moe_grouped_w4a8", " tiles")):  # W4A8: x and h rounded to int8
-            if layouts[layout] is None:
-                continue
-            calls = [(x, *layouts[layout], p, w) for x, p, w in picked]
-            for name, variant in measured_variants(op, args):
-                if name == registry.REFERENCE or (layout and "cuda" in variant.devices):
-                    continue
-                shown = (("tiles " if layout else "") + name if op == "moe_grouped"
-                         else f"w4a8{layout} {name}")       # the dense rows' names
-                secs = seconds_per_call(variant.fn, calls, args.min_time, f"MoE T={tokens} {shown}")
-                r = row(f"Kimi MoE layer, T={tokens}, top-8 of 256", op, shown, "sym", MOE_D,
-                        MOE_I, int(chosen), secs, secs, probe)
-                r["tok_s"] = tokens / secs
-                rows.append(r)
-    return rows
-
-
 def row(label, op, variant, scheme, n, k, nbytes, cold, hot, probe) -> dict:
     gbs = nbytes / cold / 1e9
     return dict(shape=label, op=op, variant=variant, scheme=scheme, n=n, k=k, bytes=nbytes,
@@ -311,11 +259,14 @@ def table(rows: list[dict]) -> list[str]:
 def measurements(args):
     """-> one group of rows per shape, as measured. On CUDA only the Kimi-Linear shapes."""
     dense = [shape for shape in DENSE if DEVICE == "cpu" or shape[0].startswith("Kimi")]
+    dense += DENSE_CUDA if DEVICE == "cuda" else []
     for label, n, k in dense:
         yield bench_dense(label, n, k, args)
     for label, n, k in ROUTED:
         yield bench_routed(label, n, k, args)
-    yield bench_moe_layer(args)
+    this = sys.modules[__name__]  # int4_moe reads DEVICE and the helpers from the running module
+    yield bench_moe_layer(this, args)
+    yield bench_moe_decode(this, args)
 
 
 def main():
