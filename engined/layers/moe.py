@@ -131,6 +131,7 @@ class MoE:
         self.fused_decode = (host_experts is None and num_shared <= 1 and None not in layouts
                              and len({str(int4_format.Int4Layout.of(x)) for x in layouts}) == 1)
         self.cpu_experts = "moe_grouped"   # the op of INT4 routed experts the CPU runs
+        self.route_observer = None  # bench/route_trace.py: each call's router picks [T, k]
 
     def select_experts(self, op: str):
         """The op of the routed experts the CPU runs (here, or in RAM beside a GPU): moe_grouped
@@ -162,6 +163,8 @@ class MoE:
         chose it, and a row's result independent of the rows beside it)."""
         is_decode = f.shape[0] <= DECODE_ROWS
         logits = self._logits(f, is_decode)                     # [T, E] fp32
+        if self.route_observer is not None:
+            self.route_observer(self._route(logits, is_decode)[0])
         on_cpu = registry.runs_as(f.device.type) == "cpu"
         if self.fused_decode and is_decode and (self.cpu_experts == "moe_grouped" or not on_cpu):
             shared = self.shared_experts

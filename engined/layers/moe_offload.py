@@ -100,6 +100,7 @@ class HostExperts:
     def __init__(self, buffers: HostBuffers, counters: OffloadCounters, layer: int = 0):
         self.buffers, self.counters, self.layer = buffers, counters, layer
         self.cache: ExpertCache | None = None    # set by the model when it has one
+        self.follower = None    # layers/route_trace.RouteFollower: a recorded trace's experts
         self.select("moe_grouped")
         self._split: Split | None = None
         self._found: dict[int, int] = {}
@@ -140,6 +141,7 @@ class HostExperts:
         and each side's routes (rows.slots and rows.device_weights for run_cached). live: the
         first rows that are a batch's (a graph step's padding after them is looked up for no
         expert, and the cache runs nothing for it: weight 0)."""
+        self._follow(rows, live)
         ids, weights = (rows.ids, rows.weights) if live is None else (rows.ids[:live], rows.weights[:live])
         chosen = torch.unique(ids).tolist()
         self._found = self.cache.lookup(self.layer, chosen)
@@ -163,6 +165,8 @@ class HostExperts:
         the CPU nothing (its out rows are zeros)."""
         packed = tuple(bank.packed for bank in banks)
         split, self._split = self._split, None
+        if split is None:                                       # else `decide` followed it
+            self._follow(rows, live)
         n = rows.x.shape[0] if live is None else live
         x, ids, out = rows.x[:n], rows.ids[:n], rows.out[:n]
         rows.out[n:].zero_()
@@ -176,6 +180,14 @@ class HostExperts:
             missed = [e for e in torch.unique(ids).tolist() if e not in self._found]
             self.cache.admit(self.layer, missed, packed, set(self._found.values()))
         self._count(rows)
+
+    def _follow(self, rows: HostRows, live: int | None):
+        """With a route trace: the live rows' experts become its next ones, each with the
+        router's weight of its rank. On the host, once the routing is in host rows: a
+        captured step's graphs stay as they are (layers/route_trace.py)."""
+        if self.follower is not None:
+            n = rows.ids.shape[0] if live is None else live
+            rows.ids[:n].copy_(self.follower.next(n))
 
     def receive(self, rows: HostRows, shared_out: torch.Tensor | None, dtype,
                 cached_out: torch.Tensor | None = None) -> torch.Tensor:

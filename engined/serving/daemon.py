@@ -17,6 +17,7 @@ from engined.engine import memory as memcap
 from engined.chat import IncrementalDecoder
 from engined.config import DEFAULT_MAX_CONTEXT, EngineConfig, check_socket_dir
 from engined.engine.loop import Engine
+from engined.layers import route_trace
 from engined.serving.generate import Served
 from engined.serving.http_server import UnixHTTPServer
 from engined.serving.listen import Listener, SocketInUse, check_socket_path
@@ -114,10 +115,13 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     log.write(f"kimi-engine: loading model {config.model!r} on {device}")
     start = time.monotonic()
     slots = memory.placement.cache_slots if memory.placement else 0
+    trace = route_trace.from_env()  # KIMI_ROUTE_TRACE, a benchmark's (bench/offload.py)
     loaded = loader.load_model(config.model, device=device, threads=config.threads or None,
                                offload=offload, cache_slots=slots, moe_w4a8=config.moe_w4a8)
     seconds = time.monotonic() - start
     log.write(f"kimi-engine: loaded {loaded.model_id} from {loaded.source} in {seconds:.1f} s")
+    if trace is not None:
+        log.write(f"kimi-engine: {route_trace.follow(loaded.model, trace, offload)}")
     if config.moe_w4a8:
         log.write("kimi-engine: the routed experts the CPU runs are W4A8 (--moe-w4a8)"
                   if device == "cpu" or offload else "kimi-engine: --moe-w4a8: every routed "

@@ -105,8 +105,9 @@ def test_gpu_quick_records_its_decode_line_before_the_later_phases(monkeypatch, 
 
 
 def test_offload_placements_join_flags_and_judge_the_expert_cache(monkeypatch):
-    """bench/offload.py: '+' joins flags of one placement, and a budget measured with and
-    without the expert cache is judged against issue 30's 1.25x."""
+    """bench/offload.py: '+' joins flags of one placement, and issue 30's goals: a budget with
+    the expert cache >= 1.25x without it, >= 2.5x --cpu-moe (its row named cpu-moe with or
+    without more flags), its peak within the budget, --cpu-moe >= 60% of its RAM cap."""
     offload = bench_module("offload", monkeypatch)
     rows = offload.placements("gpu-memory=24GiB,gpu-memory=24GiB+moe-cache=0,cpu-moe")
     assert rows == [("gpu-memory=24GiB", ("--gpu-memory", "24GiB")),
@@ -115,7 +116,27 @@ def test_offload_placements_join_flags_and_judge_the_expert_cache(monkeypatch):
     rates = {"gpu-memory=24GiB": 12.0, "gpu-memory=24GiB+moe-cache=0": 10.0, "cpu-moe": 5.0}
     verdicts = offload.goals({"placements": {n: {"decode_tok_s": {1: r}} for n, r in rates.items()}})
     assert verdicts == {"--gpu-memory 24GiB decode >= 1.25x with --moe-cache 0": False,
-                        "--gpu-memory 24GiB decode >= 2x --cpu-moe": True}
+                        "--gpu-memory 24GiB decode >= 2.5x --cpu-moe": False}
+    placements = {"gpu-memory=24GiB": {"decode_tok_s": {1: 13.0}, "peak_memory": {"bytes": 25 << 30}},
+                  "gpu-memory=24GiB+moe-cache=0": {"decode_tok_s": {1: 10.0}},
+                  "cpu-moe+moe-cache=0": {"decode_tok_s": {1: 5.0}, "ram_cap": {"pct": 61.0}}}
+    assert offload.goals({"placements": placements}) == {
+        "--cpu-moe decode >= 60% of the RAM-bandwidth cap": True,
+        "--gpu-memory 24GiB decode >= 1.25x with --moe-cache 0": True,
+        "--gpu-memory 24GiB decode >= 2.5x --cpu-moe": True,
+        "--gpu-memory 24GiB peak <= 24GiB": False}
+    log = ("kimi-engine:   routed experts of 6 of 26 MoE layers in RAM (layers 1..6)\n"
+           "kimi-engine:   expert cache: 167 experts, 634.1 MiB (--moe-cache)\n"
+           "kimi-engine: the routed experts in RAM (6 of 26 MoE layers) follow the route trace "
+           "t.json.gz (3 MoE layers x 8 experts, top-2, 2112 positions; spread to 256 experts, "
+           "top-8); the other layers follow their routers\n")
+    place = offload.placement_of(log)
+    assert place["layers_in_ram"] == 6 and place["is_following"] and len(place["lines"]) == 3
+    lookups = 'kimi_engine_moe_cache_lookups_total{layer="%d",result="%s"}'
+    counted = offload.offload_counts({lookups % (1, "hit"): 3.0, lookups % (2, "hit"): 3.0,
+                                      lookups % (1, "miss"): 2.0})
+    assert (counted["cache_hits"], counted["cache_misses"]) == (6.0, 2.0)
+    assert "expert cache hits 75% of 8" in offload.steps_text(counted)
 
 
 def bench_module(name: str, monkeypatch):
