@@ -27,7 +27,12 @@
 #                   prompts prefill through KDA's reference, not fla's autotuned kernels), then one
 #                   decode step under torch.profiler, as a graph replay and as an eager
 #                   model.decode_rows: kernels per step, GPU-busy vs wall ms, the top 15
-#                   kernels. quick.json and quick.txt are written as each phase ends.
+#                   kernels; then Kimi-Linear verify, k drafts as k + 1 rows of one eager
+#                   step against one row, and both rollbacks of a rejected draft (issue 26).
+#                   quick.json and quick.txt are written as each phase ends. Last, in what
+#                   the section has left, the CPU's kernel counter (bench/model_step.py
+#                   --count-kernels, TRITON_INTERPRET=1) on the same step: kernel-count.txt,
+#                   whose "kernels per decode step" the profiler's count should equal.
 #   kernels  150 s  bench/int4_kernels.py (every cuda variant of the INT4 GEMV ops at Kimi-Linear
 #                   shapes, both INT4 schemes, timed by CUDA-graph replay, GB/s against the
 #                   device's measured copy bandwidth; 45 s); the gpu-marked tests
@@ -178,6 +183,10 @@ section_quick() {
   else
     step 105 "$PY" bench/gpu_quick.py --out "$OUT" --record "$OUT/RESULTS.add.md"
   fi
+  # the CPU's count of the same step's kernels, beside the profiler's (issue 24: equal); last,
+  # in what the section has left: the decode figures are on disk already
+  step 20 bash -c 'TRITON_INTERPRET=1 "$0" bench/model_step.py --count-kernels >"$1"; rc=$?
+                   tail -n 2 "$1"; exit $rc' "$PY" "$OUT/kernel-count.txt"
 }
 
 section_kernels() {

@@ -136,6 +136,9 @@ def check_quick_dry_run(out):
     assert "decode synthetic tiny INT4" in text and "profile eager model.decode_rows" in text
     assert "| verify k = 8 (9 rows) |" in text
     assert verify["snapshot_ms"] > 0 and "| rollback after every draft is rejected |" in text
+    counted = (out / "kernel-count.txt").read_text()    # the CPU's counter, beside the profile
+    assert re.search(r"^kernels per decode step: \d+$", counted, re.M), counted
+    assert "kernels per decode step:" in log
 
 
 def check_offload_dry_run(offload: dict):
