@@ -21,9 +21,10 @@ measured):
 - prefill: TTFT of a P-token prompt of fresh random ids (the prefix cache misses) = latency
   of a non-streamed request with max_tokens 1, once per size after a 512-token warm-up,
   the longest last;
-- depth: the longest prefill's prompt once more, streamed, with --depth-tokens new tokens
-  (plain decode): batch-1 decode tok/s at that context, against the 1-stream rate above
-  (issue 24: at 32k >= 50% of it; the short prompts there make it a stricter bar than 1k);
+- depth: the longest prefill streams --depth-tokens more tokens (plain decode) after its
+  first (its TTFT is then that first token's arrival): batch-1 decode tok/s at that context,
+  against the 1-stream rate above (issue 24: at 32k >= 50% of it; the short prompts there
+  make it a stricter bar than 1k);
 - beside (unless --no-beside): the longest prefill once more while one greedy stream decodes
   (bench/beside.py): its TTFT, and the stream's slowest step against its lone one.
 Roofline: the bytes one batch-1 decode step reads (engined.commands.bench.bytes_per_token:
@@ -45,7 +46,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from beside import beside_line, context_room, judged, prefill_beside_decode  # noqa: E402
-from common import BENCH, concurrent_chunks, record_line, token_chunks, unix_post  # noqa: E402
+from common import BENCH, concurrent_chunks, record_line, unix_post  # noqa: E402
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
 GRAPH_FAILURES = "kimi_engine_graph_capture_failures_total"
@@ -114,13 +115,33 @@ def prefill_ttft(engine: Engine, num_tokens: int, seed: int) -> tuple[float, int
     return time.perf_counter() - start, body["usage"]["prompt_tokens"]
 
 
-def decode_at_depth(engine: Engine, num_tokens: int, seed: int, new_tokens: int) -> float:
-    """Batch-1 plain decode tok/s after prefill_ttft(engine, num_tokens, seed)'s prompt (the
-    same ids: a warm prefix cache skips most of its prefill), tokens after the first / time."""
+def ttft_then_decode(engine: Engine, num_tokens: int, seed: int,
+                     new_tokens: int) -> tuple[float, int | None, float | None]:
+    """prefill_ttft's prompt streamed with 1 + new_tokens plain-decode tokens -> (seconds to
+    the first token, prompt tokens the engine counted, tok/s after the first token's chunk):
+    the TTFT and the decode rate at that depth from one prefill."""
     ids = random.Random(seed).choices(range(256), k=num_tokens)
-    chunks = token_chunks(engine.sock, ids, 1 + new_tokens, f"depth {num_tokens}", speculative=False)
-    after = sum(len(got) for _, got in chunks) - len(chunks[0][1])
-    return after / (chunks[-1][0] - chunks[0][0])
+    start = time.perf_counter()
+    conn, resp = unix_post(engine.sock, "/v1/completions", {
+        "model": "default", "prompt": ids, "max_tokens": 1 + new_tokens, "temperature": 0,
+        "stream": True, "ignore_eos": True, "return_token_ids": True, "speculative": False,
+        "stream_options": {"include_usage": True}})
+    if resp.status != 200:
+        raise RuntimeError(f"prefill of {num_tokens} tokens: HTTP {resp.status}: {resp.read()[:300]!r}")
+    chunks, counted = [], None                                  # (arrival, ids in the chunk)
+    for raw in resp:
+        line = raw.strip()
+        if line.startswith(b"data: {"):
+            body = json.loads(line[6:])
+            counted = (body.get("usage") or {}).get("prompt_tokens", counted)
+            got = [i for choice in body["choices"] for i in choice.get("token_ids") or ()]
+            if got:
+                chunks.append((time.perf_counter(), len(got)))
+    conn.close()
+    if not chunks:
+        raise RuntimeError(f"prefill of {num_tokens} tokens: no token came back")
+    after, span = sum(n for _, n in chunks[1:]), chunks[-1][0] - chunks[0][0]
+    return chunks[0][0] - start, counted, after / span if after and span > 0 else None
 
 
 def bytes_per_token(spec: str, device_type: str, context: int) -> int | None:
@@ -274,18 +295,15 @@ def measure(args, result: dict, save):
         if args.prefill:
             prefill_ttft(engine, min(512, *args.prefill), seed=0)  # warm-up: the prefill kernels
         for size in args.prefill:
-            ttft, counted = prefill_ttft(engine, size, seed=size + 1)
+            if size == max(args.prefill) and args.depth_tokens:  # then decode at its depth
+                ttft, counted, rate = ttft_then_decode(engine, size, size + 1, args.depth_tokens)
+                result["decode_at_depth"] = {"context": size, "new_tokens": args.depth_tokens,
+                                             **({"tok_s": rate} if rate else {"error": "no rate"})}
+                print(f"serve_streams: decode at a {size}-token context: {rate} tok/s")
+            else:
+                ttft, counted = prefill_ttft(engine, size, seed=size + 1)
             result["prefill"][size] = {"ttft_s": ttft, "prompt_tokens": counted}
             print(f"serve_streams: prefill {size} tokens: TTFT {ttft:.3f} s")
-            save()
-        if args.depth_tokens and args.prefill:  # the longest prompt again, then decode
-            size = max(args.prefill)
-            try:
-                depth = {"tok_s": decode_at_depth(engine, size, size + 1, args.depth_tokens)}
-            except Exception as exc:  # noqa: BLE001  (what was measured before still counts)
-                depth = {"error": f"{type(exc).__name__}: {exc}"}
-            result["decode_at_depth"] = {"context": size, "new_tokens": args.depth_tokens, **depth}
-            print(f"serve_streams: decode at a {size}-token context: {depth}")
             save()
         if args.beside and args.prefill:  # the longest again, a decode stream beside it
             size = max(args.prefill)

@@ -276,14 +276,34 @@ def test_the_stream_beside_a_prefill_times_its_steps_when_tokens_come_in_chunks(
         beside.step_times([(0.1, n + 9)], sent=0.2, answered=0.3)
 
 
+class _Lines(list):
+    """A streamed HTTP reply: status 200, its lines."""
+    status = 200
+
+
 def test_serve_streams_judges_decode_at_a_32k_context_against_one_short_stream(monkeypatch):
-    """Issue 24: decode at a 32k context >= 50% of one stream's rate; the depth's rate counts
-    the tokens after the first over the time from the first chunk to the last."""
+    """Issue 24: decode at a 32k context >= 50% of one stream's rate, from the longest
+    prefill's own stream: its TTFT is the first token's arrival, its rate the tokens after
+    that chunk over the time from it to the last; the prompt tokens from the usage chunk."""
     serve_streams = bench_module("serve_streams", monkeypatch)
-    chunks = [(10.0, [7]), (10.5, [1, 2]), (11.0, [3]), (12.0, [4, 5, 6])]
-    monkeypatch.setattr(serve_streams, "token_chunks", lambda *a, **k: chunks)
-    rate = serve_streams.decode_at_depth(SimpleNamespace(sock="s"), 32768, 1, 6)
-    assert rate == 6 / 2.0
+    events = [([7], 1.0), ([1, 2], 1.5), ([3], 2.0), ([4, 5, 6], 3.0)]
+    lines = [b"data: " + json.dumps({"choices": [{"text": "x", "token_ids": ids}]}).encode()
+             for ids, _ in events]
+    lines += [b"data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 32768}}).encode(),
+              b"data: [DONE]"]
+    clock = iter([0.0] + [at for _, at in events])
+    monkeypatch.setattr(serve_streams.time, "perf_counter", lambda: next(clock))
+    sent = []
+
+    def post(sock, path, body):
+        sent.append(body)
+        return SimpleNamespace(close=lambda: None), _Lines(lines)
+
+    monkeypatch.setattr(serve_streams, "unix_post", post)
+    ttft, counted, rate = serve_streams.ttft_then_decode(SimpleNamespace(sock="s"), 32768, 1, 6)
+    assert (ttft, counted, rate) == (1.0, 32768, 6 / 2.0)
+    assert sent[0]["max_tokens"] == 7 and sent[0]["speculative"] is False
+    assert sent[0]["stream_options"] == {"include_usage": True}
     goal = "decode at a 32k context >= 50% of one short stream's"
     for depth, met in ((50.0, True), (49.0, False)):
         r = {"decode_tok_s": {1: 100.0}, "decode_at_depth": {"context": 32768, "tok_s": depth}}
