@@ -9,8 +9,9 @@ Decode: 64 new tokens, greedy, 17-token prompt, 5 repeats after a warm-up, media
 engine runs twice: with --speculative off (the "engine" row, plain decode, which the ratios
 use) and in its default configuration, speculation on (the prompt repeats one paragraph, so
 drafts from it are often right: that row shows what speculation adds on such text).
-Prefill: a 512-token prompt, tok/s = 512 / time to first token, with the engine's prefix
-cache off (the repeats send the same prompt). Threads: 2 for everyone.
+Prefill: a 512-token prompt, tok/s = 512 / time to first token, median of the same 5 repeats
+(3 before 2026-12-07), with the engine's prefix cache off (the repeats send the same prompt).
+Threads: 2 for everyone.
 """
 import argparse
 import json
@@ -67,7 +68,7 @@ def bench_engine(gguf: pathlib.Path, tokens: list[int], speculative: str = "off"
         engine_timed(sock, tokens[:DECODE_PROMPT], 8)  # warm-up
         decode = [engine_timed(sock, tokens[:DECODE_PROMPT], NEW_TOKENS)[1] for _ in range(REPEATS)]
         prefill = [PREFILL_PROMPT / engine_timed(sock, tokens[:PREFILL_PROMPT], 1)[0]
-                   for _ in range(3)]
+                   for _ in range(REPEATS)]
         peak = rss_kib(proc.pid, "VmHWM")
     finally:
         proc.terminate()
@@ -121,7 +122,7 @@ def bench_llama_server(gguf: pathlib.Path, tokens: list[int]) -> dict | None:
         runs = [server.completion_timed(tokens[:DECODE_PROMPT], NEW_TOKENS)
                 for _ in range(REPEATS)]
         prefill = [PREFILL_PROMPT / server.completion_timed(tokens[:PREFILL_PROMPT], 1)[0]
-                   for _ in range(3)]
+                   for _ in range(REPEATS)]
         config = server.config
     ceiling = llamacpp_native.llama_bench(bin_dir, gguf, 2, PREFILL_PROMPT, NEW_TOKENS)
     return {"decode_tok_s": statistics.median(r[1] for r in runs),
@@ -163,7 +164,7 @@ def bench_transformers(gguf: pathlib.Path, tokens: list[int]) -> dict:
 
     decode_once()
     return {"decode_tok_s": statistics.median(decode_once() for _ in range(REPEATS)),
-            "prefill_tok_s": statistics.median(prefill_once() for _ in range(3))}
+            "prefill_tok_s": statistics.median(prefill_once() for _ in range(REPEATS))}
 
 
 def prompt_tokens(gguf: pathlib.Path) -> list[int]:

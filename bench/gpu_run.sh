@@ -9,7 +9,9 @@
 #
 # Sections, with their limits, cheapest and most decisive first. One command of a GPU lease
 # runs at most 600 s: `quick kernels serve` (120 + 150 + 240 = 510 s, under a 540-s budget
-# with the start-up checks) is one command and `offload` (350 s, timeout_s 400) another. A
+# with the start-up checks: each step's own limit ends it inside its section, so a section's
+# 15-s kill grace is spent only on a process that ignores SIGTERM) is one command and
+# `offload` (350 s, timeout_s 400) another. A
 # lease brings back at most 8 files of its $OUT, and a run writes more: the results go to a
 # folder of their own and only the bundle of them (BUNDLE, see Output) to the lease's $OUT.
 # The device call:
@@ -126,7 +128,8 @@
 # tiny, its aten ops profiled); int4_kernels.py's CPU variants with an 8 MiB working set; the
 # gpu-marked tests collected, not run; synthetic:small served with 1 and 2 streams of 16
 # tokens and a 256-token prefill (again beside a decoding stream), long's at 1,024 tokens;
-# offload's placements --cpu-moe and --n-cpu-moe 1 (on the
+# offload's CPU tests of the piecewise step and the expert cache (what its GPU tests
+# capture), then its placements --cpu-moe and --n-cpu-moe 1 (on the
 # CPU --gpu-memory is ignored) served with 8 tokens and a 256-token prefill, a 64 MiB probe,
 # their experts in RAM following the checked-in route trace (spread to 32 experts, top-4).
 # OUT defaults to a temporary folder and nothing is recorded. `make test` runs
@@ -250,6 +253,10 @@ section_offload() {  # offload.py exits 2 at once, saying how to carry it, witho
     echo "pytest is not on this image: the offload GPU tests not run"
   elif [ "$DRY" = 1 ]; then
     step 60 "$PY" -m pytest -q --collect-only -m gpu -p no:cacheprovider tests/models/test_gpu_offload.py
+    # what the GPU tests capture, run on the CPU: the piecewise step around the experts in RAM
+    # (faked capture and replay included) and the expert cache with a CPU "device" pool
+    step 90 "$PY" -m pytest -q -p no:cacheprovider tests/models/test_kimi_piecewise.py \
+      tests/models/test_expert_cache.py
   else
     step 70 "$PY" -m pytest -v -m gpu -p no:cacheprovider tests/models/test_gpu_offload.py
   fi

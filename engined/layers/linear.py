@@ -4,7 +4,8 @@ A linear is either built around loaded tensors (`from_packed`, the Llama loader)
 allocated empty and filled slot by slot through a checkpoint table (`Linear(...)` + `slot`,
 the Kimi-Linear loader). Decode rows (M <= helper.MAX_ROWS) of an INT4 weight run the
 registered w4a16_gemv variant; longer inputs (prefill chunks) run w4a16_gemm (on the CPU the
-C helper, which never holds W in fp32; on a GPU W dequantized once per call, one matmul). A
+C helper, which never holds W in fp32; on a GPU a Triton tl.dot tile that dequantizes W in its
+K loop). A
 linear put into the CPU's tiles (to_tiles_) runs w4a8_tiles (the Llama family) or w4a16_tiles
 (Kimi-Linear) for any number of rows.
 Imports nothing that needs cffi, so a GPU image without it can build a model.
