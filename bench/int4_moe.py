@@ -68,7 +68,7 @@ def bench_moe_layer(ik, args) -> list[dict]:
 
 
 def bench_moe_decode(ik, args) -> list[dict]:
-    """The decode step's MoE FFN as the model runs it at T <= 8 (moe_decode: routing from the
+    """The decode step's MoE FFN as the model runs it at T <= 16 (moe_decode: routing from the
     router's logits, the chosen experts, the shared expert and the weighted sum; two Triton
     launches on CUDA, the composed variant on the CPU), at T = 1 and 8, Kimi shapes. GB/s
     counts the experts the routing chose (distinct over the T rows) and the shared expert."""

@@ -34,7 +34,7 @@ def test_weights_off_the_cpu_take_the_gpu_order_the_engine_serves(monkeypatch):
 
 
 def test_the_decode_steps_moe_ffn_is_timed_as_the_model_calls_it(monkeypatch):
-    """moe_decode (the step's routed MoE with its shared expert, at T <= 8 the op the model
+    """moe_decode (the step's routed MoE with its shared expert, at T <= 16 the op the model
     runs) at T = 1 and 8, each of its non-reference variants here; its bytes are the experts
     its routing chose, distinct over the rows, plus the shared expert. Small shapes."""
     from types import SimpleNamespace

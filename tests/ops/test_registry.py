@@ -32,6 +32,8 @@ SHIPPED = {
     ("short_conv", "cuda"): "triton",
     ("gated_rmsnorm", "cuda"): "triton",
     ("moe_route", "cuda"): "triton",
+    ("moe_grouped", "cuda"): "triton_dot",
+    ("moe_grouped", "cpu"): "cpu_c",
 }
 
 
