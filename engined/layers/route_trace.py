@@ -24,7 +24,9 @@ import gzip
 import json
 import os
 import pathlib
+import zlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -74,11 +76,12 @@ def load(path) -> RouteTrace:
         raise ValueError(f"route trace {path}: {exc.strerror}") from None
     try:
         doc = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
-        if doc.get("format") != FORMAT:
-            raise ValueError(f"format {doc.get('format')!r}, not {FORMAT!r}")
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        if found != FORMAT:
+            raise ValueError(f"format {found!r}, not {FORMAT!r}")
         routes = torch.tensor(doc.pop("routes"), dtype=torch.int64)
         num_experts = int(doc["model"]["num_experts"])
-    except (ValueError, KeyError, TypeError, EOFError, gzip.BadGzipFile) as exc:
+    except (ValueError, KeyError, TypeError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise ValueError(f"route trace {path}: not a {FORMAT} file ({exc})") from None
     doc.pop("format")
     return RouteTrace(routes, num_experts, doc, str(path))
@@ -147,16 +150,29 @@ class RouteFollower:
 
 def follow(model, trace: RouteTrace, offload: frozenset[int]) -> str:
     """The routed experts of a Kimi-Linear model's MoE layers in RAM (`offload`) follow the
-    trace from now on -> a line for the log."""
+    trace from now on -> a line for the log (followers(), attached at once)."""
+    line, attach = followers(model, trace, offload)
+    attach()
+    return line
+
+
+def followers(model, trace: RouteTrace, offload: frozenset[int]) -> tuple[str, Callable[[], None]]:
+    """-> (a line for the log, attach: the MoE layers in RAM follow the trace from its call).
+    The spread is made, and a trace that does not fit refused (ValueError), before anything is
+    attached: serving/daemon.py attaches after the decode graphs are captured, whose warm-up
+    and capture run the step and would take the trace's first positions."""
     if not offload:
-        return f"{ENV}: no MoE layer's routed experts are in RAM; the routers choose"
+        return f"{ENV}: no MoE layer's routed experts are in RAM; the routers choose", lambda: None
     c = model.config
     moe_layers = [i for i in range(c.num_hidden_layers) if c.is_moe(i)]
     routes = spread(trace, len(moe_layers), c.num_experts, c.num_experts_per_token)
-    for j, i in enumerate(moe_layers):
-        if i in offload:
-            model.layers[i].block_sparse_moe.host_experts.follower = RouteFollower(routes[j])
+
+    def attach():
+        for j, i in enumerate(moe_layers):
+            if i in offload:
+                model.layers[i].block_sparse_moe.host_experts.follower = RouteFollower(routes[j])
+
     rest = "" if len(offload) == len(moe_layers) else "; the other layers follow their routers"
     return (f"the routed experts in RAM ({len(offload)} of {len(moe_layers)} MoE layers) follow "
             f"the route trace {trace.path} ({trace.describe()}; spread to {c.num_experts} "
-            f"experts, top-{c.num_experts_per_token}){rest}")
+            f"experts, top-{c.num_experts_per_token}){rest}"), attach

@@ -120,8 +120,8 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
                                offload=offload, cache_slots=slots, moe_w4a8=config.moe_w4a8)
     seconds = time.monotonic() - start
     log.write(f"kimi-engine: loaded {loaded.model_id} from {loaded.source} in {seconds:.1f} s")
-    if trace is not None:
-        log.write(f"kimi-engine: {route_trace.follow(loaded.model, trace, offload)}")
+    if trace is not None:  # refused here if it does not fit; followed once graphs are captured
+        traced, follow = route_trace.followers(loaded.model, trace, offload)
     if config.moe_w4a8:
         log.write("kimi-engine: the routed experts the CPU runs are W4A8 (--moe-w4a8)"
                   if device == "cpu" or offload else "kimi-engine: --moe-w4a8: every routed "
@@ -144,6 +144,9 @@ def _load(config: EngineConfig, log: LogSink) -> tuple[Served, EngineMetrics, En
     # loaded, 181k objects and 85 ms a full collection; the younger ones took ~1.5% of a step)
     gc.freeze()
     engine.start()
+    if trace is not None:  # the model thread waits for requests, and none can come yet
+        follow()
+        log.write(f"kimi-engine: {traced}")
     served = Served(engine, loaded.tokenizer, loaded.chat, loaded.model_id, max_context,
                     IncrementalDecoder, created=int(time.time()),
                     queue_timeout_s=config.queue_timeout_s)

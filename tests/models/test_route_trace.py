@@ -3,6 +3,8 @@ keeps what each router picked (checked against the router's top-k computed from 
 the spread to larger shapes keeps each position's ids distinct, in range and as reused as the
 trace's; the file refuses what does not fit; and the MoE layers in RAM of a model that follows
 a trace run exactly its spread experts, eager, piecewise and with the expert cache."""
+import gzip
+
 import pytest
 import torch
 
@@ -85,8 +87,12 @@ def test_a_trace_file_round_trips_and_refuses_what_does_not_fit(tmp_path):
     with pytest.raises(ValueError, match=r"expert ids must be 0\.\.3"):
         route_trace.RouteTrace(torch.tensor([[[4]]]), 4)
     (tmp_path / "bad.json").write_text('{"format": "other"}')
-    with pytest.raises(ValueError, match="not a kimi-local route trace 1 file"):
-        route_trace.load(tmp_path / "bad.json")
+    (tmp_path / "list.json").write_text('[1, 2]')
+    (tmp_path / "torn.json.gz").write_bytes(gzip.compress(b'{"format": "x"}' * 64)[:40])
+    (tmp_path / "plain.json.gz").write_bytes(b'{"format": "x"}')
+    for name in ("bad.json", "list.json", "torn.json.gz", "plain.json.gz"):
+        with pytest.raises(ValueError, match="not a kimi-local route trace 1 file"):
+            route_trace.load(tmp_path / name)
     wide = _trace(num_experts=8, top_k=2)
     with pytest.raises(ValueError) as refused:
         route_trace.spread(wide, 3, 8, 1)
