@@ -34,8 +34,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from common import hardware, record_line  # noqa: E402
+from prefill_requests import prefill_ttft  # noqa: E402
 from serve_streams import (GRAPH_FAILURES, NOT_EXPOSED, decode_rates, decode_steps,  # noqa: E402
-                           prefill_ttft, prompt_tokens, sizes, stream_prompts)
+                           prompt_tokens, sizes, stream_prompts)
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
 PLACEMENT_RE = re.compile(r"kimi-engine: (placement on .*|  routed experts of (\d+) of (\d+) "

@@ -37,16 +37,15 @@ and engined, as on the GPU image.
 import argparse
 import json
 import pathlib
-import random
 import re
 import statistics
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from beside import beside_line, context_room, judged, prefill_beside_decode  # noqa: E402
 from common import BENCH, concurrent_chunks, record_line, unix_post  # noqa: E402
+from prefill_requests import prefill_ttft, ttft_then_decode  # noqa: E402,F401  (offload.py's)
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
 GRAPH_FAILURES = "kimi_engine_graph_capture_failures_total"
@@ -100,48 +99,6 @@ def decode_rates(engine: Engine, args):
         run_streams(engine.sock, prompts[:n], 8)  # warm-up: kernels and their tuning at this batch
         rates = [run_streams(engine.sock, prompts[:n], args.new_tokens) for _ in range(args.runs)]
         yield n, statistics.median(rates)
-
-
-def prefill_ttft(engine: Engine, num_tokens: int, seed: int) -> tuple[float, int]:
-    """(seconds to a 1-token reply, prompt tokens the engine counted) for fresh byte-token ids."""
-    ids = random.Random(seed).choices(range(256), k=num_tokens)
-    start = time.perf_counter()
-    conn, resp = unix_post(engine.sock, "/v1/completions", {
-        "model": "default", "prompt": ids, "max_tokens": 1, "temperature": 0})
-    body = json.loads(resp.read())
-    conn.close()
-    if resp.status != 200:
-        raise RuntimeError(f"prefill of {num_tokens} tokens: HTTP {resp.status}: {body}")
-    return time.perf_counter() - start, body["usage"]["prompt_tokens"]
-
-
-def ttft_then_decode(engine: Engine, num_tokens: int, seed: int,
-                     new_tokens: int) -> tuple[float, int | None, float | None]:
-    """prefill_ttft's prompt streamed with 1 + new_tokens plain-decode tokens -> (seconds to
-    the first token, prompt tokens the engine counted, tok/s after the first token's chunk):
-    the TTFT and the decode rate at that depth from one prefill."""
-    ids = random.Random(seed).choices(range(256), k=num_tokens)
-    start = time.perf_counter()
-    conn, resp = unix_post(engine.sock, "/v1/completions", {
-        "model": "default", "prompt": ids, "max_tokens": 1 + new_tokens, "temperature": 0,
-        "stream": True, "ignore_eos": True, "return_token_ids": True, "speculative": False,
-        "stream_options": {"include_usage": True}})
-    if resp.status != 200:
-        raise RuntimeError(f"prefill of {num_tokens} tokens: HTTP {resp.status}: {resp.read()[:300]!r}")
-    chunks, counted = [], None                                  # (arrival, ids in the chunk)
-    for raw in resp:
-        line = raw.strip()
-        if line.startswith(b"data: {"):
-            body = json.loads(line[6:])
-            counted = (body.get("usage") or {}).get("prompt_tokens", counted)
-            got = [i for choice in body["choices"] for i in choice.get("token_ids") or ()]
-            if got:
-                chunks.append((time.perf_counter(), len(got)))
-    conn.close()
-    if not chunks:
-        raise RuntimeError(f"prefill of {num_tokens} tokens: no token came back")
-    after, span = sum(n for _, n in chunks[1:]), chunks[-1][0] - chunks[0][0]
-    return chunks[0][0] - start, counted, after / span if after and span > 0 else None
 
 
 def bytes_per_token(spec: str, device_type: str, context: int) -> int | None:
@@ -299,7 +256,8 @@ def measure(args, result: dict, save):
                 ttft, counted, rate = ttft_then_decode(engine, size, size + 1, args.depth_tokens)
                 result["decode_at_depth"] = {"context": size, "new_tokens": args.depth_tokens,
                                              **({"tok_s": rate} if rate else {"error": "no rate"})}
-                print(f"serve_streams: decode at a {size}-token context: {rate} tok/s")
+                print(f"serve_streams: decode at a {size}-token context: "
+                      + (f"{rate:.1f} tok/s" if rate else "no rate (one chunk)"))
             else:
                 ttft, counted = prefill_ttft(engine, size, seed=size + 1)
             result["prefill"][size] = {"ttft_s": ttft, "prompt_tokens": counted}

@@ -286,21 +286,22 @@ def test_serve_streams_judges_decode_at_a_32k_context_against_one_short_stream(m
     prefill's own stream: its TTFT is the first token's arrival, its rate the tokens after
     that chunk over the time from it to the last; the prompt tokens from the usage chunk."""
     serve_streams = bench_module("serve_streams", monkeypatch)
+    requests = bench_module("prefill_requests", monkeypatch)
     events = [([7], 1.0), ([1, 2], 1.5), ([3], 2.0), ([4, 5, 6], 3.0)]
     lines = [b"data: " + json.dumps({"choices": [{"text": "x", "token_ids": ids}]}).encode()
              for ids, _ in events]
     lines += [b"data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 32768}}).encode(),
               b"data: [DONE]"]
     clock = iter([0.0] + [at for _, at in events])
-    monkeypatch.setattr(serve_streams.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(requests.time, "perf_counter", lambda: next(clock))
     sent = []
 
     def post(sock, path, body):
         sent.append(body)
         return SimpleNamespace(close=lambda: None), _Lines(lines)
 
-    monkeypatch.setattr(serve_streams, "unix_post", post)
-    ttft, counted, rate = serve_streams.ttft_then_decode(SimpleNamespace(sock="s"), 32768, 1, 6)
+    monkeypatch.setattr(requests, "unix_post", post)
+    ttft, counted, rate = requests.ttft_then_decode(SimpleNamespace(sock="s"), 32768, 1, 6)
     assert (ttft, counted, rate) == (1.0, 32768, 6 / 2.0)
     assert sent[0]["max_tokens"] == 7 and sent[0]["speculative"] is False
     assert sent[0]["stream_options"] == {"include_usage": True}

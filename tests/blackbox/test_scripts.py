@@ -28,7 +28,8 @@ def test_every_bench_script_is_either_run_or_imported():
     assert set(SCRIPTS_WITH_HELP) >= {"decode.py", "int4_kernels.py", "proxy_overhead.py",
                                       "agent_turns.py", "model_step.py", "edit_turns.py"}
     assert set(IMPORT_ONLY) == {"common.py", "kernel_count.py", "llamacpp_run.py", "served.py",
-                                "llamacpp_native.py", "structured_set.py", "beside.py", "int4_moe.py"}
+                                "llamacpp_native.py", "structured_set.py", "beside.py", "int4_moe.py",
+                                "prefill_requests.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS_WITH_HELP)
