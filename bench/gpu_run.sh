@@ -9,9 +9,10 @@
 #
 # Sections, with their limits, cheapest and most decisive first. One command of a GPU lease
 # runs at most 600 s: `quick kernels serve` (120 + 150 + 240 = 510 s, under a 540-s budget
-# with the start-up checks: a section's steps run under their own limits, which add up to
-# less than the section's, so its 15-s kill grace is spent only on a process that ignores
-# SIGTERM) is one command and
+# with the start-up checks: a section's steps run under their own limits, which with their
+# 5-s kill graces add up to its limit or less (quick: nvidia-smi 10 s, two version prints of a
+# few seconds, gpu_quick 100 s), so a section's own 15-s grace is spent only on a process that
+# ignores SIGTERM) is one command and
 # `offload` (350 s, timeout_s 400) another. A
 # lease brings back at most 8 files of its $OUT, and a run writes more: the results go to a
 # folder of their own and only the bundle of them (BUNDLE, see Output) to the lease's $OUT.
@@ -175,7 +176,7 @@ kill_engines() {  # the process group of every engine whose bench script did not
 
 section_quick() {
   if command -v nvidia-smi >/dev/null; then
-    timeout 20 nvidia-smi
+    timeout 10 nvidia-smi
   else
     echo "nvidia-smi: not on this machine"
   fi
@@ -184,15 +185,17 @@ section_quick() {
             else "(no CUDA device)")'
   "$PY" -c 'import triton; print("triton", triton.__version__)' || echo "triton: not importable"
   # the CPU's count of the same step's kernels, beside the profiler's (issue 24: equal): on the
-  # CPU alone, in the background while gpu_quick builds its model (a few seconds); informative,
-  # so its failure fails nothing
-  TRITON_INTERPRET=1 timeout 60 "$PY" bench/model_step.py --count-kernels \
-    >"$OUT/kernel-count.txt" 2>&1 &
+  # CPU alone, in the background from the start of gpu_quick (a few seconds, mostly while it
+  # builds its model; one thread at the lowest priority, so the host-side timings it might
+  # overlap keep their cores); in the section's process group (--foreground), so the
+  # section's limit ends it too; informative, so its failure fails nothing
+  nice -n 19 env OMP_NUM_THREADS=1 TRITON_INTERPRET=1 timeout --foreground 60 "$PY" \
+    bench/model_step.py --count-kernels >"$OUT/kernel-count.txt" 2>&1 &
   local counter=$!
   if [ "$DRY" = 1 ]; then
     step 100 "$PY" bench/gpu_quick.py --dry-run --out "$OUT"
   else
-    step 105 "$PY" bench/gpu_quick.py --out "$OUT" --record "$OUT/RESULTS.add.md"
+    step 100 "$PY" bench/gpu_quick.py --out "$OUT" --record "$OUT/RESULTS.add.md"
   fi
   wait "$counter"
   echo "the CPU's kernel counter (exit $?), bench/model_step.py --count-kernels:"

@@ -45,7 +45,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from beside import beside_line, context_room, judged, prefill_beside_decode  # noqa: E402
 from common import BENCH, concurrent_chunks, record_line, unix_post  # noqa: E402
-from prefill_requests import prefill_ttft, ttft_then_decode  # noqa: E402,F401  (offload.py's)
+from prefill_requests import prefill_ttft, ttft_then_decode  # noqa: E402
 from served import Engine, GpuMemorySampler, on_sigterm, peak_memory  # noqa: E402
 
 GRAPH_FAILURES = "kimi_engine_graph_capture_failures_total"

@@ -81,7 +81,8 @@ def load(path) -> RouteTrace:
             raise ValueError(f"format {found!r}, not {FORMAT!r}")
         routes = torch.tensor(doc.pop("routes"), dtype=torch.int64)
         num_experts = int(doc["model"]["num_experts"])
-    except (ValueError, KeyError, TypeError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError, EOFError, gzip.BadGzipFile,
+            zlib.error) as exc:
         raise ValueError(f"route trace {path}: not a {FORMAT} file ({exc})") from None
     doc.pop("format")
     return RouteTrace(routes, num_experts, doc, str(path))

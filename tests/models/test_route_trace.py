@@ -90,7 +90,14 @@ def test_a_trace_file_round_trips_and_refuses_what_does_not_fit(tmp_path):
     (tmp_path / "list.json").write_text('[1, 2]')
     (tmp_path / "torn.json.gz").write_bytes(gzip.compress(b'{"format": "x"}' * 64)[:40])
     (tmp_path / "plain.json.gz").write_bytes(b'{"format": "x"}')
-    for name in ("bad.json", "list.json", "torn.json.gz", "plain.json.gz"):
+    spoiled = bytearray(gzip.compress(b'{"format": "x"}' * 64))
+    spoiled[12] ^= 0xFF                                   # zlib.error: invalid code lengths
+    (tmp_path / "spoiled.json.gz").write_bytes(bytes(spoiled))
+    (tmp_path / "huge.json").write_text(
+        '{"format": "kimi-local route trace 1", "model": {"num_experts": Infinity}, '
+        '"routes": [[[0]]]}')
+    for name in ("bad.json", "list.json", "torn.json.gz", "plain.json.gz", "spoiled.json.gz",
+                 "huge.json"):
         with pytest.raises(ValueError, match="not a kimi-local route trace 1 file"):
             route_trace.load(tmp_path / name)
     wide = _trace(num_experts=8, top_k=2)
