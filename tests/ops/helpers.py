@@ -8,8 +8,9 @@ from typing import Callable
 
 import torch
 
-from engined.ops import int4_format
+from engined.ops import int4_format, registry
 from engined.ops.int4_format import PackedInt4
+from engined.ops.moe_grouped_w4a8.reference import rounded_experts
 from engined.ops.w4a16_grouped_gemv.experts import PackedInt4Experts
 
 
@@ -311,3 +312,14 @@ def run_fresh(test_file: str, keyword: str):
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-2000:]
+
+
+def distances(got, x, banks, ids, weights) -> tuple[float, float, torch.Tensor]:
+    """got's mean distance, relative to the reference's mean magnitude, from the experts with
+    x and h rounded to int16 per block (rounded_experts) and from the fp32 reference ->
+    (to_rounded, to_plain, the reference's output)."""
+    rounded = rounded_experts(x, *banks, ids, weights, top=32767)
+    plain = registry.variants("moe_grouped")["reference"].fn(x, *banks, ids, weights)
+    norm = plain.abs().mean()
+    return (((got - rounded).abs().mean() / norm).item(),
+            ((got - plain).abs().mean() / norm).item(), plain)

@@ -10,8 +10,8 @@ import torch
 
 from engined import helper
 from engined.ops import registry
-from engined.ops.moe_grouped_w4a8.reference import rounded_experts
-from tests.ops.helpers import banks_and_tiles, experts, same_bits_on_1_and_2_threads, shared_routes
+from tests.ops.helpers import (banks_and_tiles, distances, experts, same_bits_on_1_and_2_threads,
+                              shared_routes)
 from tests.support.simd import int8_levels
 
 E, K = 16, 4
@@ -53,11 +53,7 @@ def test_tiles_give_the_int16_references_numbers_and_one_set_of_bits(banks, leve
                        for t in range(tokens)])
     assert torch.equal(together, alone)     # 11 rows of one segment: calls of 4, 4 and 3
     assert torch.equal(at_portable_c(lambda: fn(x, *tiles, ids, weights)), together)
-    rounded = rounded_experts(x, *rows, ids, weights, top=32767)
-    plain = registry.variants("moe_grouped")["reference"].fn(x, *rows, ids, weights)
-    norm = plain.abs().mean()
-    to_rounded = ((together - rounded).abs().mean() / norm).item()
-    to_plain = ((together - plain).abs().mean() / norm).item()
+    to_rounded, to_plain, plain = distances(together, x, rows, ids, weights)
     # test_moe_grouped_int16.py's bounds for the row layout's int16 dots (the same rounding):
     # fp32 sums against float64 ones, now and then an h value a rounding step away; a wrong
     # byte, lane or scale is off by the order of the values themselves

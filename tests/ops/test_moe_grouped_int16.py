@@ -8,8 +8,7 @@ import torch
 
 from engined import helper
 from engined.ops import registry
-from engined.ops.moe_grouped_w4a8.reference import rounded_experts
-from tests.ops.helpers import experts, same_bits_on_1_and_2_threads
+from tests.ops.helpers import distances, experts, same_bits_on_1_and_2_threads
 
 E, D, INNER, K = 16, 256, 128, 4        # D and INNER multiples of 64: the int16 dots' shapes
 
@@ -70,11 +69,7 @@ def test_the_dots_are_exactly_x_and_h_rounded_to_int16(level, d, inner, group, s
     banks = bank(group + symmetric, group, symmetric, d, inner)
     x, ids, weights = batch(1, 6, d=d)
     got = fn(x, *banks, ids, weights)
-    rounded = rounded_experts(x, *banks, ids, weights, top=32767)
-    plain = registry.variants("moe_grouped")["reference"].fn(x, *banks, ids, weights)
-    norm = plain.abs().mean()
-    to_rounded = ((got - rounded).abs().mean() / norm).item()
-    to_plain = ((got - plain).abs().mean() / norm).item()
+    to_rounded, to_plain, plain = distances(got, x, banks, ids, weights)
     # fp32 sums against float64 ones, and now and then an h value on the other side of a
     # rounding step (its fp32 sum is not the reference's; measured 2e-7 to 7.5e-6 over 3 seeds
     # of each shape): far nearer the rounded reference. A wrong layout, lane or scale is off
@@ -95,6 +90,7 @@ def test_a_segment_of_rows_gives_each_row_its_bits_alone(level, tokens):
     alone = torch.cat([fn(x[t:t + 1], *banks, ids[t:t + 1], weights[t:t + 1])
                        for t in range(tokens)])
     assert torch.equal(together, alone)
+
 
 
 def test_thread_count_does_not_change_a_single_bit(level):
