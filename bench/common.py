@@ -188,20 +188,27 @@ def stream_text_times(sock: str, prompt, max_tokens: int) -> tuple[float, float,
     return tuple(by_text) if first is None and by_text[2] else (first, last, count)
 
 
-def token_chunks(sock: str, prompt: str, max_tokens: int, key,
-                 speculative: bool = True) -> list[tuple[float, list[int]]]:
+def token_chunks(sock: str, prompt, max_tokens: int, key, speculative: bool = True,
+                 usage: dict | None = None) -> list[tuple[float, list[int]]]:
     """One greedy stream -> [(arrival time, token ids in the chunk), ...], chunks with ids.
-    speculative=False: the request asks for plain decode (the engine speculates by default)."""
-    conn, resp = unix_post(sock, "/v1/completions", {
-        "model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "stream": True, "ignore_eos": True, "return_token_ids": True, "speculative": speculative})
+    speculative=False: the request asks for plain decode (the engine speculates by default).
+    usage: a dict the stream's usage chunk is put in (the request then asks for it)."""
+    body = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True, "return_token_ids": True,
+            "speculative": speculative}
+    if usage is not None:
+        body["stream_options"] = {"include_usage": True}
+    conn, resp = unix_post(sock, "/v1/completions", body)
     if resp.status != 200:  # raised in the stream's thread: its traceback shows the reply
         raise RuntimeError(f"stream {key}: HTTP {resp.status}: {resp.read()[:300]!r}")
     chunks = []
     for raw in resp:
         line = raw.strip()
         if line.startswith(b"data: {"):
-            got = json.loads(line[6:])["choices"][0].get("token_ids") or []
+            event = json.loads(line[6:])
+            if usage is not None:
+                usage.update(event.get("usage") or {})
+            got = [i for choice in event["choices"] for i in choice.get("token_ids") or ()]
             if got:
                 chunks.append((time.perf_counter(), got))
     conn.close()

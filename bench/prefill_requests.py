@@ -5,7 +5,7 @@ import json
 import random
 import time
 
-from common import unix_post
+from common import token_chunks, unix_post
 from served import Engine
 
 
@@ -28,24 +28,12 @@ def ttft_then_decode(engine: Engine, num_tokens: int, seed: int,
     the first token, prompt tokens the engine counted, tok/s after the first token's chunk):
     the TTFT and the decode rate at that depth from one prefill."""
     ids = random.Random(seed).choices(range(256), k=num_tokens)
+    usage: dict = {}
     start = time.perf_counter()
-    conn, resp = unix_post(engine.sock, "/v1/completions", {
-        "model": "default", "prompt": ids, "max_tokens": 1 + new_tokens, "temperature": 0,
-        "stream": True, "ignore_eos": True, "return_token_ids": True, "speculative": False,
-        "stream_options": {"include_usage": True}})
-    if resp.status != 200:
-        raise RuntimeError(f"prefill of {num_tokens} tokens: HTTP {resp.status}: {resp.read()[:300]!r}")
-    chunks, counted = [], None                                  # (arrival, ids in the chunk)
-    for raw in resp:
-        line = raw.strip()
-        if line.startswith(b"data: {"):
-            body = json.loads(line[6:])
-            counted = (body.get("usage") or {}).get("prompt_tokens", counted)
-            got = [i for choice in body["choices"] for i in choice.get("token_ids") or ()]
-            if got:
-                chunks.append((time.perf_counter(), len(got)))
-    conn.close()
+    chunks = token_chunks(engine.sock, ids, 1 + new_tokens, f"prefill of {num_tokens} tokens",
+                          speculative=False, usage=usage)
     if not chunks:
         raise RuntimeError(f"prefill of {num_tokens} tokens: no token came back")
-    after, span = sum(n for _, n in chunks[1:]), chunks[-1][0] - chunks[0][0]
-    return chunks[0][0] - start, counted, after / span if after and span > 0 else None
+    after, span = sum(len(got) for _, got in chunks[1:]), chunks[-1][0] - chunks[0][0]
+    return (chunks[0][0] - start, usage.get("prompt_tokens"),
+            after / span if after and span > 0 else None)

@@ -300,7 +300,7 @@ def test_serve_streams_judges_decode_at_a_32k_context_against_one_short_stream(m
         sent.append(body)
         return SimpleNamespace(close=lambda: None), _Lines(lines)
 
-    monkeypatch.setattr(requests, "unix_post", post)
+    monkeypatch.setattr(sys.modules[requests.token_chunks.__module__], "unix_post", post)
     ttft, counted, rate = requests.ttft_then_decode(SimpleNamespace(sock="s"), 32768, 1, 6)
     assert (ttft, counted, rate) == (1.0, 32768, 6 / 2.0)
     assert sent[0]["max_tokens"] == 7 and sent[0]["speculative"] is False
