@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from common import copy_bandwidth, hardware, record  # noqa: E402
-from int4_moe import bench_moe_decode, bench_moe_layer  # noqa: E402
+from int4_moe import bench_moe_decode, bench_moe_layer, expert_banks  # noqa: E402
 
 from engined import helper  # noqa: E402
 from engined import ops  # noqa: E402,F401  (registers every variant)
@@ -265,8 +265,9 @@ def measurements(args):
     for label, n, k in ROUTED:
         yield bench_routed(label, n, k, args)
     this = sys.modules[__name__]  # int4_moe reads DEVICE and the helpers from the running module
-    yield bench_moe_layer(this, args)
-    yield bench_moe_decode(this, args)
+    banks = expert_banks(this)
+    yield bench_moe_layer(this, args, banks)
+    yield bench_moe_decode(this, args, banks)
 
 
 def main():

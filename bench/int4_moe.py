@@ -29,7 +29,14 @@ def moe_inputs(ik, tokens: int, gen: torch.Generator, calls: int = 8) -> list[tu
     return out
 
 
-def bench_moe_layer(ik, args) -> list[dict]:
+def expert_banks(ik) -> list:
+    """One MoE layer's random symmetric INT4 banks on the bench's DEVICE: w1, w3 [E, I, D] and
+    w2 [E, D, I] (0.9 GB: made once for both benches)."""
+    return [PackedInt4Experts(group_size=ik.GROUP, **ik.random_packed(n, k, (MOE_EXPERTS,), True))
+            for n, k in ((MOE_I, MOE_D), (MOE_I, MOE_D), (MOE_D, MOE_I))]
+
+
+def bench_moe_layer(ik, args, banks: list | None = None) -> list[dict]:
     """One Kimi-Linear MoE layer's routed experts at real shapes (256 experts of w1/w3 [1024,
     2304] and w2 [2304, 1024], symmetric INT4, top-8) through moe_grouped and its W4A8 form
     moe_grouped_w4a8: T = 1 (8 experts, ~32 MB read, random picks per call so nothing stays
@@ -39,11 +46,10 @@ def bench_moe_layer(ik, args) -> list[dict]:
     the layer."""
     probe = ik.probe_bandwidth(args.working_set, args.min_time)
     gen = torch.Generator().manual_seed(3)
-    banks = [PackedInt4Experts(group_size=ik.GROUP, **ik.random_packed(n, k, (MOE_EXPERTS,), True))
-             for n, k in ((MOE_I, MOE_D), (MOE_I, MOE_D), (MOE_D, MOE_I))]
+    banks = banks or expert_banks(ik)
     # the CPU's tiles too (csrc/kimi_moe_tiles.c): 16 rows a vector instruction, W4A8 and W4A16
     layouts = {"": banks, " tiles": [b.to_tiles() for b in banks] if ik.DEVICE == "cpu" else None}
-    expert_bytes = 3 * MOE_I * MOE_D * 9 // 16            # codes + one fp16 scale per 32
+    expert_bytes = 3 * ik.packed_bytes(MOE_I, MOE_D, True)   # codes + one fp16 scale per 32
     rows = []
     for tokens in MOE_TOKENS if ik.DEVICE == "cpu" else (1, 256):   # the GPU section's time
         picked = moe_inputs(ik, tokens, gen)
@@ -67,7 +73,7 @@ def bench_moe_layer(ik, args) -> list[dict]:
     return rows
 
 
-def bench_moe_decode(ik, args) -> list[dict]:
+def bench_moe_decode(ik, args, banks: list | None = None) -> list[dict]:
     """The decode step's MoE FFN as the model runs it at T <= 16 (moe_decode: routing from the
     router's logits, the chosen experts, the shared expert and the weighted sum; two Triton
     launches on CUDA, the composed variant on the CPU), at T = 1 and 8, Kimi shapes. GB/s
@@ -76,8 +82,7 @@ def bench_moe_decode(ik, args) -> list[dict]:
 
     probe = ik.probe_bandwidth(args.working_set, args.min_time)
     gen = torch.Generator().manual_seed(5)
-    banks = [PackedInt4Experts(group_size=ik.GROUP, **ik.random_packed(n, k, (MOE_EXPERTS,), True))
-             for n, k in ((MOE_I, MOE_D), (MOE_I, MOE_D), (MOE_D, MOE_I))]
+    banks = banks or expert_banks(ik)
     shared = [int4_format.PackedInt4(group_size=ik.GROUP, **ik.random_packed(n, k, symmetric=True))
               for n, k in ((2 * MOE_I, MOE_D), (MOE_D, MOE_I))]
     bias = (torch.rand(MOE_EXPERTS, generator=gen) * 0.1).to(ik.DEVICE)
