@@ -46,9 +46,8 @@ class KimiGraphStep:
         self.scratch = model.scratch_cache()
         # tokens [B], slots [B], block tables [B, MB], positions [B]: views of one tensor,
         # so a step's values arrive in one copy (from page-locked memory on CUDA)
-        self.shapes = [(rows,), (rows,), (rows, max_blocks), (rows,)]
         packed = torch.zeros(rows * (3 + max_blocks), dtype=torch.int64, device=device)
-        self.tokens, *inputs = views(packed, self.shapes)
+        self.tokens, *inputs = views(packed, [(rows,), (rows,), (rows, max_blocks), (rows,)])
         self.inputs, self.packed = DecodeRows(*inputs), packed
         self.staging = self.copied = None
         if packed.is_cuda:
@@ -92,7 +91,7 @@ class KimiGraphStep:
             self.copied.synchronize()        # the last step's copy has left the staging buffer
             host = self.staging.copy_(host)
         self.packed.copy_(host, non_blocking=True)
-        if self.copied is not None:
+        if self.staging is not None:
             self.copied.record()
 
     def run(self, replays: dict | None = None) -> torch.Tensor:
