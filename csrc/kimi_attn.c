@@ -6,7 +6,9 @@
  * KV head where the row's group has one range, so the threads still share it), and for the
  * other rows of its cache whose ranges are its own: a verify step's rows of one sequence read
  * the range from memory once, then from the core's cache where it fits (5 rows 4,250 keys deep
- * took about 9% less time). Each task keeps an online softmax (running max m, sum l and the
+ * took about 9% less time), and the chunks they all hold whole are scored for the rows together
+ * (kh_attend_rows_range: on AVX-512 two rows' heads of a KV head in one pass, each key
+ * converted once for both). Each task keeps an online softmax (running max m, sum l and the
  * unnormalized sum of values) per query head, scores in fp32 as SDPA's CPU kernel keeps them.
  * The caller then merges the ranges: M = max m_s, out = sum_s e^(m_s - M) acc_s /
  * sum_s e^(m_s - M) l_s. So a long context runs on every thread (a single sequence with 3 KV

@@ -102,7 +102,7 @@ static KH_TARGET inline __attribute__((always_inline)) void accumulate_lanes(
         for (u = 0; u < lanes; u++) _mm256_storeu_ps(acc[h] + i0 + 8 * u, y[h][u]);
 }
 
-KH_ATTN_PASSES(accumulate_chunk_avx2, 8) /* 32 elements a pass */
+KH_ATTN_PASSES(accumulate_chunk_avx2, 8, HEADS) /* 32 elements a pass */
 
 KH_TARGET void kh_attn_score_chunk_avx2(const float *q, const uint16_t *k, int64_t stride,
                                         int64_t count, int64_t hd, int64_t group, float scale,

@@ -16,7 +16,7 @@
 #if KH_HAVE_X86_SIMD
 #include <immintrin.h>
 #define KH_TARGET __attribute__((target("avx2,fma,f16c,avx512f")))
-#define HEADS KH_ATTN_PASS_HEADS /* 12 accumulators + 3 queries + 4 key pairs */
+#define HEADS KH_ATTN_PASS_HEADS_512 /* 24 accumulators + 6 queries + 1 key pair */
 
 /* Keys j (low half) and j + 1 (high half), dims i..i+7 of each, as floats. */
 static KH_TARGET inline __m512 key_pair(const uint16_t *k, int64_t stride)
@@ -100,7 +100,7 @@ static KH_TARGET inline __attribute__((always_inline)) void accumulate_lanes(
         for (u = 0; u < lanes; u++) _mm512_storeu_ps(acc[h] + i0 + 16 * u, y[h][u]);
 }
 
-KH_ATTN_PASSES(accumulate_chunk_avx512, 16) /* 64 elements a pass */
+KH_ATTN_PASSES(accumulate_chunk_avx512, 16, HEADS) /* 64 elements a pass */
 
 static KH_TARGET void score_chunk_avx512(const float *q, const uint16_t *k, int64_t stride,
                                          int64_t count, int64_t hd, int64_t group, float scale,
