@@ -78,38 +78,6 @@ static void rms_norm(const float *x, const float *w, int64_t d, float eps, float
     for (i = 0; i < d; i++) y[i] = x[i] * inv * w[i];
 }
 
-/* act[i] = silu(g[i]) * u[i] = g[i] / (1 + e^-g[i]) * u[i] for i < n: 8 lanes at a time with
- * AVX2 (kh_exp256, about 1 ulp from expf), else expf. Scalar expf over SmolLM2's 1,536 values
- * was a measurable part of each ~200 us layer. */
-#if KH_HAVE_X86_SIMD
-static __attribute__((target("avx2,fma,f16c"))) void silu_mul_avx2(const float *g,
-                                                                   const float *u, int64_t n,
-                                                                   float *act)
-{
-    const __m256 one = _mm256_set1_ps(1.0f);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 gv = _mm256_loadu_ps(g + i);
-        __m256 e = kh_exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-        _mm256_storeu_ps(act + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)),
-                                                _mm256_loadu_ps(u + i)));
-    }
-    for (; i < n; i++) act[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
-#endif
-
-static void silu_mul(const float *g, const float *u, int64_t n, float *act)
-{
-    int64_t i;
-#if KH_HAVE_X86_SIMD
-    if (gemv_simd(-1) >= 1) {
-        silu_mul_avx2(g, u, n, act);
-        return;
-    }
-#endif
-    for (i = 0; i < n; i++) act[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
-
 /* Rotate-half RoPE on `heads` heads of x in place; sin's first half is already negated
  * (engined/layers/rope.py): out[i] = x[i +- hd/2] * sin[i] + x[i] * cos[i]. */
 static void rope(float *x, int64_t heads, int64_t hd, const float *cos, const float *sin)
@@ -275,7 +243,8 @@ static int decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, con
     for (r = 0; r < rows; r++) rms_norm(out + r * d, L->ffn_norm, d, L->eps, normed + r * d);
     if ((status = project(L, &L->gate_up, normed, rows, gemv_space, gate_up, nthreads))) return status;
     for (r = 0; r < rows; r++)
-        silu_mul(gate_up + r * 2 * inner, gate_up + r * 2 * inner + inner, inner, act + r * inner);
+        kh_silu_mul(gate_up + r * 2 * inner, gate_up + r * 2 * inner + inner, inner,
+                    act + r * inner);
     if ((status = project(L, &L->down, act, rows, gemv_space, proj, nthreads))) return status;
     for (i = 0; i < rows * d; i++) out[i] += proj[i];
     return KH_OK;

@@ -65,47 +65,64 @@ static float quantize_block(const float *src, int8_t *dst, int32_t *sum, int dei
     return d;
 }
 
-/* quantize_block of the highest level the caps allow (a level above C: AVX2 is there). */
-static float (*block_quantizer(void))(const float *, int8_t *, int32_t *, int)
+/* Blocks [0, nb) of src -> codes, d and sums at the highest level the caps allow (a level
+ * above C: AVX2 is there): AVX-512 16 blocks at a time (the same bits), else one at a time. */
+static void quantize_blocks(const float *src, int64_t nb, int8_t *dst, float *d, int32_t *sum,
+                            int deinterleave)
 {
+    float (*block)(const float *, int8_t *, int32_t *, int) = quantize_block;
+    int64_t b;
 #if KH_HAVE_X86_SIMD
     int level = w4a8_simd(-1);
-    if (level >= 3) return kh_quantize_block_avx512;
-    if (level >= 1) return kh_quantize_block_avx2;
+    if (level >= 3) {
+        kh_quantize_blocks_avx512(src, nb, dst, d, sum, deinterleave);
+        return;
+    }
+    if (level >= 1) block = kh_quantize_block_avx2;
 #endif
-    return quantize_block;
+    for (b = 0; b < nb; b++)
+        d[b] = block(src + b * KH_Q8_BLOCK, dst + b * KH_Q8_BLOCK, sum + b, deinterleave);
 }
+
+#define KH_QUANTIZE_SPAN 64 /* blocks quantized at a time, into a buffer on the stack */
 
 void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int deinterleave,
                     KhQ8 *q8)
 {
-    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, i;
-    float (*block)(const float *, int8_t *, int32_t *, int) = block_quantizer();
-    for (i = 0; i < rows * nb; i++) {
-        int32_t sum;
-        float d = block(x + i * KH_Q8_BLOCK, q8->q + i * KH_Q8_BLOCK, &sum, deinterleave);
-        q8->d[i] = d;
-        if (i % per_group == 0) q8->gsum[i / per_group] = 0.0f;
-        q8->gsum[i / per_group] += d * (float)sum;
+    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, i, b0, b;
+    int32_t sums[KH_QUANTIZE_SPAN];
+    for (b0 = 0; b0 < rows * nb; b0 += KH_QUANTIZE_SPAN) {
+        int64_t n = rows * nb - b0 < KH_QUANTIZE_SPAN ? rows * nb - b0 : KH_QUANTIZE_SPAN;
+        quantize_blocks(x + b0 * KH_Q8_BLOCK, n, q8->q + b0 * KH_Q8_BLOCK, q8->d + b0, sums,
+                        deinterleave);
+        for (b = 0; b < n; b++) {
+            i = b0 + b;
+            if (i % per_group == 0) q8->gsum[i / per_group] = 0.0f;
+            q8->gsum[i / per_group] += q8->d[i] * (float)sums[b];
+        }
     }
 }
 
 void kh_quantize_q8_lane(const float *x, int64_t k, int64_t group, int64_t mr, int64_t lane,
                          const KhQ8 *block, int32_t *sums)
 {
-    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, b, u;
-    float (*quantize)(const float *, int8_t *, int32_t *, int) = block_quantizer();
+    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, b0, b, u;
     float *gsum = block->gsum + lane;
-    for (b = 0; b < nb; b++) {
-        int8_t codes[KH_Q8_BLOCK];
-        int32_t sum;
-        float d = quantize(x + b * KH_Q8_BLOCK, codes, &sum, 0);
-        for (u = 0; u < KH_Q8_BLOCK / 8; u++)
-            memcpy(block->q + ((b * (KH_Q8_BLOCK / 8) + u) * mr + lane) * 8, codes + 8 * u, 8);
-        block->d[b * mr + lane] = d;
-        if (sums) sums[b * mr + lane] = sum;
-        if (b % per_group == 0) gsum[(b / per_group) * mr] = 0.0f;
-        gsum[(b / per_group) * mr] += d * (float)sum;
+    for (b0 = 0; b0 < nb; b0 += KH_QUANTIZE_SPAN) {
+        int64_t n = nb - b0 < KH_QUANTIZE_SPAN ? nb - b0 : KH_QUANTIZE_SPAN;
+        int8_t codes[KH_QUANTIZE_SPAN * KH_Q8_BLOCK];
+        int32_t sum[KH_QUANTIZE_SPAN];
+        float d[KH_QUANTIZE_SPAN];
+        quantize_blocks(x + b0 * KH_Q8_BLOCK, n, codes, d, sum, 0);
+        for (b = b0; b < b0 + n; b++) {
+            for (u = 0; u < KH_Q8_BLOCK / 8; u++)
+                memcpy(block->q + ((b * (KH_Q8_BLOCK / 8) + u) * mr + lane) * 8,
+                       codes + (b - b0) * KH_Q8_BLOCK + 8 * u, 8);
+            block->d[b * mr + lane] = d[b - b0];
+            if (sums) sums[b * mr + lane] = sum[b - b0];
+            if (b % per_group == 0) gsum[(b / per_group) * mr] = 0.0f;
+            gsum[(b / per_group) * mr] += d[b - b0] * (float)sum[b - b0];
+        }
     }
 }
 

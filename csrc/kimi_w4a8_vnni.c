@@ -75,25 +75,14 @@ int kh_cpu_has_avxvnni(void)
  * masks add and subtract 1 where AVX2 subtracts its all-ones compares), clamped to +-127;
  * vpmovsdb packs the codes in order, where AVX2 needs two packs and a permute. Half the
  * instructions of a block, on every x row of a W4A8 or Q8_0 call. */
-KH_TARGET_VNNI512 float kh_quantize_block_avx512(const float *src, int8_t *dst, int32_t *sum,
-                                                 int deinterleave)
+static KH_TARGET_VNNI512 inline __m512i codes_at_scale(const __m512i *bits, __m512 scale,
+                                                       int8_t *dst, int deinterleave)
 {
-    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
+    const __m512i one = _mm512_set1_epi32(1);
     const __m512 half = _mm512_set1_ps(0.5f), minus_half = _mm512_set1_ps(-0.5f);
-    __m512i bits[2], q[2], total;
+    __m512i q[2];
     __m256i bytes;
-    float amax, d, inv;
-    int32_t top_bits;
-    __m512 scale;
     int j;
-    for (j = 0; j < 2; j++) bits[j] = _mm512_loadu_si512((const void *)(src + 16 * j));
-    top_bits = _mm512_reduce_max_epi32(_mm512_max_epi32(_mm512_and_si512(bits[0], magnitude),
-                                                        _mm512_and_si512(bits[1], magnitude)));
-    memcpy(&amax, &top_bits, sizeof amax);
-    d = amax / 127.0f;
-    if (!(d >= FLT_MIN)) d = 0.0f; /* also NaN */
-    inv = d > 0.0f ? 1.0f / d : 0.0f;
-    scale = _mm512_set1_ps(inv);
     for (j = 0; j < 2; j++) {
         __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(bits[j]), scale);
         __m512i i;
@@ -104,7 +93,6 @@ KH_TARGET_VNNI512 float kh_quantize_block_avx512(const float *src, int8_t *dst, 
         i = _mm512_mask_sub_epi32(i, _mm512_cmp_ps_mask(frac, minus_half, _CMP_LE_OQ), i, one);
         q[j] = _mm512_min_epi32(_mm512_max_epi32(i, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
     }
-    total = _mm512_add_epi32(q[0], q[1]);
     bytes = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(q[0])),
                                     _mm512_cvtsepi32_epi8(q[1]), 1);
     if (deinterleave) { /* per lane evens then odds, then the two lanes' evens first */
@@ -113,8 +101,84 @@ KH_TARGET_VNNI512 float kh_quantize_block_avx512(const float *src, int8_t *dst, 
         bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(bytes, split), 0xd8);
     }
     _mm256_storeu_si256((__m256i *)dst, bytes);
-    *sum = _mm512_reduce_add_epi32(total);
+    return _mm512_add_epi32(q[0], q[1]);
+}
+
+/* The largest |x| of a block's 32 floats, as bits, in each of 16 lanes (a NaN above all). */
+static KH_TARGET_VNNI512 inline __m512i block_top(const float *src, __m512i *bits)
+{
+    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+    bits[0] = _mm512_loadu_si512((const void *)src);
+    bits[1] = _mm512_loadu_si512((const void *)(src + 16));
+    return _mm512_max_epi32(_mm512_and_si512(bits[0], magnitude),
+                            _mm512_and_si512(bits[1], magnitude));
+}
+
+KH_TARGET_VNNI512 float kh_quantize_block_avx512(const float *src, int8_t *dst, int32_t *sum,
+                                                 int deinterleave)
+{
+    __m512i bits[2];
+    int32_t top_bits = _mm512_reduce_max_epi32(block_top(src, bits));
+    float amax, d, inv;
+    memcpy(&amax, &top_bits, sizeof amax);
+    d = amax / 127.0f;
+    if (!(d >= FLT_MIN)) d = 0.0f; /* also NaN */
+    inv = d > 0.0f ? 1.0f / d : 0.0f;
+    *sum = _mm512_reduce_add_epi32(codes_at_scale(bits, _mm512_set1_ps(inv), dst, deinterleave));
     return d;
+}
+
+/* Lane j of the result = v[j]'s 16 lanes reduced (max, or add when add is set), for 16 blocks
+ * in 4 rounds of 2 permutes and 1 op a pair: each round halves the lanes a block holds. */
+static KH_TARGET_VNNI512 inline __m512i reduce_16(__m512i *v, int add)
+{
+    static const int32_t low[4][16] = {
+        {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+        {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+        {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+        {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}};
+    int round, n, j;
+    for (round = 0, n = 16; round < 4; round++, n /= 2) {
+        __m512i lo = _mm512_loadu_si512((const void *)low[round]);
+        __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8 >> round));
+        for (j = 0; j < n / 2; j++) {
+            __m512i a = _mm512_permutex2var_epi32(v[2 * j], lo, v[2 * j + 1]);
+            __m512i b = _mm512_permutex2var_epi32(v[2 * j], hi, v[2 * j + 1]);
+            v[j] = add ? _mm512_add_epi32(a, b) : _mm512_max_epi32(a, b);
+        }
+    }
+    return v[0];
+}
+
+/* Blocks [0, nb) of src quantized as kh_quantize_block_avx512 quantizes each (the same codes,
+ * d and sums), 16 blocks at a time: their maxima and sums reduced together (reduce_16), d and
+ * 1/d by one vector divide each, where a block alone paid two horizontal reductions and two
+ * scalar divides in a chain (~a third of the calling thread's own work in a verify step). */
+KH_TARGET_VNNI512 void kh_quantize_blocks_avx512(const float *src, int64_t nb, int8_t *dst,
+                                                 float *d, int32_t *sum, int deinterleave)
+{
+    int64_t b0;
+    for (b0 = 0; b0 < nb; b0 += 16) {
+        int n = nb - b0 < 16 ? (int)(nb - b0) : 16, j;
+        __mmask16 lanes = (__mmask16)((1u << n) - 1);
+        __m512i bits[16][2], v[16];
+        __m512 scale, dv;
+        float inv[16];
+        for (j = 0; j < 16; j++)
+            v[j] = j < n ? block_top(src + (b0 + j) * KH_Q8_BLOCK, bits[j])
+                         : _mm512_setzero_si512();
+        dv = _mm512_div_ps(_mm512_castsi512_ps(reduce_16(v, 0)), _mm512_set1_ps(127.0f));
+        dv = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(dv, _mm512_set1_ps(FLT_MIN), _CMP_GE_OQ), dv);
+        scale = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(dv, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                    _mm512_set1_ps(1.0f), dv);
+        _mm512_mask_storeu_ps(d + b0, lanes, dv);
+        _mm512_storeu_ps(inv, scale);
+        for (j = 0; j < 16; j++)
+            v[j] = j < n ? codes_at_scale(bits[j], _mm512_set1_ps(inv[j]),
+                                          dst + (b0 + j) * KH_Q8_BLOCK, deinterleave)
+                         : _mm512_setzero_si512();
+        _mm512_mask_storeu_epi32(sum + b0, lanes, reduce_16(v, 1));
+    }
 }
 
 /* Both sets' integer steps, by their vpdpbusd (KH_DPBUSD(acc, unsigned, signed)). */

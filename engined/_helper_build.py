@@ -47,7 +47,7 @@ ffibuilder.set_source(
         "kimi_helper", "kimi_gemv", "kimi_moe", "kimi_moe_routes", "kimi_moe_tiles", "kimi_moe_w4a8",
         "kimi_moe_i16", "kimi_i16_simd",
         "kimi_i16_avx2", "kimi_probe", "kimi_gemv_avx2", "kimi_gemv_avx512", "kimi_pool", "kimi_w4a8", "kimi_w4a8_avx2", "kimi_gemm",
-        "kimi_gemm_avx2", "kimi_q8", "kimi_w4a8_vnni", "kimi_llama", "kimi_attn", "kimi_tiles",
+        "kimi_gemm_avx2", "kimi_q8", "kimi_w4a8_vnni", "kimi_llama", "kimi_act", "kimi_attn", "kimi_tiles",
         "kimi_tiles_simd", "kimi_tiles_i16", "kimi_tile_layout", "kimi_tiles_i16_simd", "kimi_tiles_amx", "kimi_q8_tiles", "kimi_q8_tiles_simd", "kimi_kda", "kimi_attn_avx2",
         "kimi_attn_avx512")],
     include_dirs=["csrc"],
