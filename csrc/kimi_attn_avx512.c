@@ -7,8 +7,8 @@
  *
  * Scores: a 512-bit register holds two keys' 8-lane chains (key j low, key j + 1 high), each
  * lane the AVX2 kernel's chain over the dims 8 at a time, the query's 8 dims broadcast to both
- * halves; the halves then go through the AVX2 kernel's sum tree. Keys past the last whole 8
- * go to the AVX2 kernel itself. Values: 16 elements a register, each element's chain over the
+ * halves; then the AVX2 kernel's sum tree, each add on the same pair of values, by lane
+ * permutes (pair_sums). Keys past the last whole 8 go to the AVX2 kernel itself. Values: 16 elements a register, each element's chain over the
  * keys in order, as the AVX2 kernel's 8. The exp-sums are the AVX2 kernel's. So every result
  * is the AVX2 kernels' bits (tests/ops/test_llama_layer.py holds them to it). */
 #include "kimi_attn.h"
@@ -37,7 +37,26 @@ static KH_TARGET inline __m256 high_half(__m512 v)
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
 }
 
-/* score[h][j + u] for HB heads and the 8 keys from j (kimi_attn_avx2.c's score4, twice). */
+/* Lane i of the result: lanes 2i and 2i + 1 of a then b (as 32 lanes) added, even + odd. */
+static KH_TARGET inline __m512 pair_sums(__m512 a, __m512 b)
+{
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                           28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    return _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+}
+
+/* One head's 8 keys' chains (a[p]: key 2p's 8 lanes low, key 2p + 1's high) -> lanes 2u and
+ * 2u + 1: key u's ((l0 + l1) + (l2 + l3)) and ((l4 + l5) + (l6 + l7)), the AVX2 sum tree's
+ * first two rounds (its hadds); pair_sums of two such registers is its last. */
+static KH_TARGET inline __m512 score_tree(const __m512 *a)
+{
+    return pair_sums(pair_sums(a[0], a[1]), pair_sums(a[2], a[3]));
+}
+
+/* score[h][j + u] for HB heads and the 8 keys from j (kimi_attn_avx2.c's score4, twice): the
+ * sums in the AVX2 tree's order by lane permutes, two heads a register, where 256-bit hadds
+ * took as many instructions as the FMAs (score8 was twice the accumulate kernel's time). */
 static KH_TARGET inline __attribute__((always_inline)) void score8(
     const float *q, const uint16_t *k, int64_t stride, int64_t hd, int hb, float scale,
     float (*score)[KH_ATTN_CHUNK], int64_t j)
@@ -54,14 +73,12 @@ static KH_TARGET inline __attribute__((always_inline)) void score8(
             for (h = 0; h < hb; h++) a[h][p] = _mm512_fmadd_ps(qv[h], kv, a[h][p]);
         }
     }
-    for (h = 0; h < hb; h++)
-        for (p = 0; p < 4; p += 2) { /* keys j + 2p .. j + 2p + 3: the AVX2 tree of 4 chains */
-            __m256 t = _mm256_hadd_ps(
-                _mm256_hadd_ps(_mm512_castps512_ps256(a[h][p]), high_half(a[h][p])),
-                _mm256_hadd_ps(_mm512_castps512_ps256(a[h][p + 1]), high_half(a[h][p + 1])));
-            __m128 sum = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-            _mm_storeu_ps(score[h] + j + 2 * p, _mm_mul_ps(_mm_set1_ps(scale), sum));
-        }
+    for (h = 0; h < hb; h += 2) { /* two heads' 8 keys in one register: low half h, high h + 1 */
+        __m512 sum = pair_sums(score_tree(a[h]), score_tree(a[h + 1 < hb ? h + 1 : h]));
+        sum = _mm512_mul_ps(_mm512_set1_ps(scale), sum);
+        _mm256_storeu_ps(score[h] + j, _mm512_castps512_ps256(sum));
+        if (h + 1 < hb) _mm256_storeu_ps(score[h + 1] + j, high_half(sum));
+    }
 }
 
 static KH_TARGET inline __attribute__((always_inline)) void score_heads(
