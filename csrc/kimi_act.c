@@ -20,31 +20,23 @@ static void silu_mul_c(const float *g, const float *u, int64_t n, float *act)
 #define TARGET512 __attribute__((target("avx2,fma,f16c,avx512f")))
 KH_EXP_FN(exp16, TARGET512, __m512, __m512i, _mm512_, _mm512_roundscale_ps, _mm512_castsi512_ps)
 
-static TARGET2 void silu_mul_avx2(const float *g, const float *u, int64_t n, float *act)
-{
-    const __m256 one = _mm256_set1_ps(1.0f);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 gv = _mm256_loadu_ps(g + i);
-        __m256 e = kh_exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-        _mm256_storeu_ps(act + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)),
-                                                _mm256_loadu_ps(u + i)));
+/* NAME: act[i] for i < n, the LANES lanes of VF at a time through EXP, the rest by REST. One
+ * text for both widths (P: the intrinsics' prefix), so that each lane's operations are the same. */
+#define KH_SILU_FN(NAME, TARGET, VF, P, LANES, EXP, REST)                                      \
+    static TARGET void NAME(const float *g, const float *u, int64_t n, float *act)             \
+    {                                                                                          \
+        const VF one = P##set1_ps(1.0f);                                                       \
+        int64_t i = 0;                                                                         \
+        for (; i + (LANES) <= n; i += (LANES)) {                                               \
+            VF gv = P##loadu_ps(g + i);                                                        \
+            VF e = EXP(P##sub_ps(P##setzero_ps(), gv));                                        \
+            VF s = P##div_ps(gv, P##add_ps(one, e));                                           \
+            P##storeu_ps(act + i, P##mul_ps(s, P##loadu_ps(u + i)));                           \
+        }                                                                                      \
+        REST(g + i, u + i, n - i, act + i);                                                    \
     }
-    silu_mul_c(g + i, u + i, n - i, act + i);
-}
-
-static TARGET512 void silu_mul_avx512(const float *g, const float *u, int64_t n, float *act)
-{
-    const __m512 one = _mm512_set1_ps(1.0f);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 gv = _mm512_loadu_ps(g + i);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-        _mm512_storeu_ps(act + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)),
-                                                _mm512_loadu_ps(u + i)));
-    }
-    silu_mul_avx2(g + i, u + i, n - i, act + i);
-}
+KH_SILU_FN(silu_mul_avx2, TARGET2, __m256, _mm256_, 8, kh_exp256, silu_mul_c)
+KH_SILU_FN(silu_mul_avx512, TARGET512, __m512, _mm512_, 16, exp16, silu_mul_avx2)
 #endif
 
 void kh_silu_mul(const float *g, const float *u, int64_t n, float *act)

@@ -8,9 +8,10 @@
  * Scores: a 512-bit register holds two keys' 8-lane chains (key j low, key j + 1 high), each
  * lane the AVX2 kernel's chain over the dims 8 at a time, the query's 8 dims broadcast to both
  * halves; then the AVX2 kernel's sum tree, each add on the same pair of values, by lane
- * permutes (pair_sums). Keys past the last whole 8 go to the AVX2 kernel itself. Values: 16 elements a register, each element's chain over the
- * keys in order, as the AVX2 kernel's 8. The exp-sums are the AVX2 kernel's. So every result
- * is the AVX2 kernels' bits (tests/ops/test_llama_layer.py holds them to it). */
+ * permutes (pair_sums). Keys past the last whole 8 go to the AVX2 kernel itself. Values: 16
+ * elements a register, each element's chain over the keys in order, as the AVX2 kernel's 8.
+ * The exp-sums are the AVX2 kernel's. So every result is the AVX2 kernels' bits
+ * (tests/ops/test_llama_layer.py holds them to it). */
 #include "kimi_attn.h"
 
 #if KH_HAVE_X86_SIMD

@@ -178,10 +178,10 @@ typedef struct {
 } KhAttention;
 int64_t kh_attention_work_floats(int64_t rows, int64_t heads, int64_t head_dim);
 void kh_attention(const KhAttention *a, float *work, int nthreads);
-/* act[i] = silu(g[i]) * u[i] for i < n, at gemv_simd's level (kimi_act.c). */
-void kh_silu_mul(const float *g, const float *u, int64_t n, float *act);
 /* The tasks kh_attention would run these rows as, on nthreads (-1: bad rows or threads). */
 int64_t kh_attention_tasks(const KhAttention *a, int nthreads);
+/* act[i] = silu(g[i]) * u[i] for i < n, at gemv_simd's level (kimi_act.c). */
+void kh_silu_mul(const float *g, const float *u, int64_t n, float *act);
 
 #if KH_HAVE_X86_SIMD
 #include <immintrin.h>
@@ -237,7 +237,8 @@ float kh_quantize_block_avx2(const float *src, int8_t *dst, int32_t *sum, int de
 int32_t kh_block_top_avx2(const float *src);
 /* The same on AVX-512 (kimi_w4a8_vnni.c; w4a8_simd's level 3). */
 float kh_quantize_block_avx512(const float *src, int8_t *dst, int32_t *sum, int deinterleave);
-/* Blocks [0, nb) of src, each as kh_quantize_block_avx512 quantizes it: codes to dst, d[b], sum[b]. */
+/* Blocks [0, nb) of src, each as kh_quantize_block_avx512 quantizes it: codes to dst, d[b],
+ * sum[b]. */
 void kh_quantize_blocks_avx512(const float *src, int64_t nb, int8_t *dst, float *d, int32_t *sum,
                                int deinterleave);
 /* The integer-dot kernels of one instruction set (kimi_int8_body.h; suffixes _avx2,
