@@ -45,12 +45,24 @@ def test_after_a_substitution_the_copy_resumes_where_it_stopped():
     assert lookup.draft([10, 11, 12, 7, 13], 2) == [21, 22]  # the most recent "13"
 
 
+def test_a_token_never_seen_reads_as_a_substitute():
+    """A last token that never occurred (a new name, a deeper indent) is read as replacing the
+    token after an earlier occurrence of the one before it: the draft is the copy past that
+    token, from the occurrence whose match runs furthest back, with `match` 1."""
+    prompt = [10, 11, 12, 13, 14, 15, 5, 12, 16, 17]  # 12 after "10 11" and after "5"
+    lookup = PromptLookup(prompt)
+    assert lookup.draft([10, 11, 12, 99], 3) == [14, 15, 5] and lookup.match == 1  # 99 for 13
+    assert PromptLookup(prompt).draft([5, 12, 99], 2) == [17, 5]  # 99 for 16, after "5 12"
+    assert PromptLookup(prompt).draft([99], 2) == []  # 17 came only just before 99
+
+
 def test_a_prediction_is_looked_up_before_the_prompt():
     """OpenAI's Predicted Outputs: the prediction's tokens draft as the prompt's do; its end is
     not read as the reply's context (the prompt's end is)."""
     lookup = PromptLookup([1, 2, 3], prediction=(7, 8, 2, 3, 4, 5))
     assert lookup.draft([], 3) == [4, 5, 1]  # "2 3" was followed by 4 5 in the prediction
-    assert PromptLookup([1, 2, 3], prediction=(2, 3, 9)).draft([4], 2) == []
+    # nothing matches "3 4" or "4", and no "3" came before to have had its next token replaced
+    assert PromptLookup([1, 2, 3], prediction=(2, 5, 9)).draft([4], 2) == []
     assert PromptLookup([1, 2, 3], prediction=(3, 4, 6)).draft([4], 2) == [6, 1]
     long = PromptLookup([1, 2, 3], prediction=tuple(range(3 * WINDOW)))
     assert len(long.tokens) == WINDOW + 3  # indexed on the model thread: bounded
