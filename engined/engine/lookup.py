@@ -8,9 +8,9 @@ it; else the last token just past where the last draft's copy stopped (an edit s
 or inserts a word, then copies on: offline on the edit turns 1.97x -> 2.01x, AMD EPYC); else
 the last 2 tokens' most recent occurrence, else the last token's; else, for a last token
 never seen before (a new name, a deeper indent), the copy past it as if it had replaced the
-token after an earlier occurrence of the one before it (_substituted: offline on the edit
-turns at this repository's step costs, AMD EPYC, 2.136x -> 2.153x in all, the median turn
-2.10x -> 2.16x; prose 1.09x -> 1.09x). A long match picks
+token after an earlier occurrence of the two before it (_substituted: offline on the edit
+turns at this repository's step costs, AMD EPYC, 2.136x -> 2.157x in all, the median turn
+2.10x -> 2.14x; prose 1.090x -> 1.085x). A long match picks
 the right copy among several (edit turns, tiles: 60% -> 70% accepted, 1.54x -> 1.58x); how
 many of its tokens are verified is the draft length's choice, by the match's length
 (speculate.py).
@@ -25,6 +25,7 @@ CANDIDATES = 16  # recent occurrences of it compared for the longest match
 MAX_MATCH = 32  # how far back a match is compared
 WINDOW = 16384  # the last tokens of a long prompt that drafts are looked up in
 NEAR_BEFORE, NEAR_AFTER = 2, 16  # the span around where the last copy stopped (_near_copy)
+SUBSTITUTED_MATCH = 2  # tokens before a replaced one that must match (_substituted)
 
 
 class PromptLookup:
@@ -91,7 +92,8 @@ class PromptLookup:
     def _substituted(self, tokens: list[int], end: int) -> int:
         """Where the copy goes on if the last token (never seen before) replaced the token
         after an earlier occurrence of the one before it: among the recent such occurrences,
-        the one whose match runs furthest back (the nearest on a tie), else -1."""
+        the one whose match runs furthest back (the nearest on a tie), if that match is
+        SUBSTITUTED_MATCH tokens at least; else -1."""
         seen = self.every_token.get(tokens[end - 2], ()) if end >= 2 else ()
         best, longest = -1, 0
         for after in reversed(seen[-CANDIDATES:]):
@@ -99,7 +101,9 @@ class PromptLookup:
                 n = self._match_length(tokens, after, end - 1, 1)
                 if n > longest:
                     best, longest = after + 1, n
-        return best
+        # two tokens matched at least: in prose, where most new tokens are new words after a
+        # common one, a match of one drafted 237 tokens and 3 stood (offline, 5 prose turns)
+        return best if longest >= SUBSTITUTED_MATCH else -1
 
     def _near_copy(self, tokens: list[int], end: int) -> tuple[int, int]:
         """Where the last copy would go on: the sequence's last token at or just past where

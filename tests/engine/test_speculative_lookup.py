@@ -47,13 +47,15 @@ def test_after_a_substitution_the_copy_resumes_where_it_stopped():
 
 def test_a_token_never_seen_reads_as_a_substitute():
     """A last token that never occurred (a new name, a deeper indent) is read as replacing the
-    token after an earlier occurrence of the one before it: the draft is the copy past that
+    token after an earlier occurrence of the two before it: the draft is the copy past that
     token, from the occurrence whose match runs furthest back, with `match` 1."""
     prompt = [10, 11, 12, 13, 14, 15, 5, 12, 16, 17]  # 12 after "10 11" and after "5"
     lookup = PromptLookup(prompt)
     assert lookup.draft([10, 11, 12, 99], 3) == [14, 15, 5] and lookup.match == 1  # 99 for 13
     assert PromptLookup(prompt).draft([5, 12, 99], 2) == [17, 5]  # 99 for 16, after "5 12"
     assert PromptLookup(prompt).draft([99], 2) == []  # 17 came only just before 99
+    # "7 12" never came: one token matched, as a new word after a common one in prose
+    assert PromptLookup(prompt).draft([7, 12, 99], 2) == []
 
 
 def test_a_prediction_is_looked_up_before_the_prompt():
