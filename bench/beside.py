@@ -11,7 +11,8 @@ gaps, mostly 0 then, a loaded host divided by zero). The lone step is the median
 lone tokens, those that came before the prefill was sent; the slowest step beside the prefill
 is the largest step of a token that came after the prefill was sent, up to the first token
 after the prefill answered. The stream asks for enough tokens to outlive the prefill at a token per
-chunk of MIN_CHUNK (the engine alternates a prefill chunk with a decode step), and the engine
+chunk of MIN_CHUNK (the engine alternates a prefill chunk with a decode step), with
+SLACK_TOKENS more for the prefill request's own arrival, and is closed early; the engine
 reserves every running sequence's prompt + max_tokens against --max-context: context_room()
 is what to add to the prefill's own tokens. A stream that failed or ended before the prefill
 answered is reported, and its result says so (outlived_prefill false, or error)."""
@@ -27,13 +28,17 @@ from common import unix_post
 LONE_TOKENS = 32
 AFTER_TOKENS = 8
 MIN_CHUNK = 256  # the engine's smallest default prefill chunk (the CPU's)
+# steps the stream has to spare while the prefill's request arrives and is admitted: a fresh
+# clone's `make test` on a loaded 2-core host (2026-12-07) took more than 32 of the synthetic
+# model's steps to admit it, and the stream ended first; a stream closed early costs nothing
+SLACK_TOKENS = 256
 PROMPT = "Beside the prefill: count on and on."  # a dozen tokens
 JOIN_S = 10
 
 
 def stream_tokens(num_tokens: int) -> int:
     """The stream's max_tokens beside a num_tokens prefill."""
-    return LONE_TOKENS + math.ceil(num_tokens / MIN_CHUNK) + AFTER_TOKENS + 32
+    return LONE_TOKENS + math.ceil(num_tokens / MIN_CHUNK) + AFTER_TOKENS + SLACK_TOKENS
 
 
 def context_room(num_tokens: int) -> int:

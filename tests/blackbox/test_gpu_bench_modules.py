@@ -276,6 +276,18 @@ def test_the_stream_beside_a_prefill_times_its_steps_when_tokens_come_in_chunks(
         beside.step_times([(0.1, n + 9)], sent=0.2, answered=0.3)
 
 
+def test_the_stream_beside_a_prefill_outlives_a_slow_admission(monkeypatch):
+    """The stream spares SLACK_TOKENS steps beyond a token per prefill chunk for the prefill's
+    request to arrive (with 32, a loaded fresh clone's dry run saw the stream end first), and
+    context_room reserves all of its tokens against --max-context."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    beside = bench_module("beside", monkeypatch)
+    for tokens in (256, 32768):
+        spare = beside.stream_tokens(tokens) - beside.LONE_TOKENS - beside.AFTER_TOKENS
+        assert spare - tokens // beside.MIN_CHUNK >= 256
+        assert beside.context_room(tokens) > beside.stream_tokens(tokens)
+
+
 class _Lines(list):
     """A streamed HTTP reply: status 200, its lines."""
     status = 200
