@@ -14,7 +14,7 @@ turns at this repository's step costs, AMD EPYC, 2.136x -> 2.157x in all, the me
 the right copy among several (edit turns, tiles: 60% -> 70% accepted, 1.54x -> 1.58x); how
 many of its tokens are verified is the draft length's choice, by the match's length
 (speculate.py).
-The index holds four entries a position.
+The index holds three entries a position.
 An agent's edit re-emits the function it rewrites, a tool call repeats paths from the
 conversation: there the drafts are right. A request's `prediction` (OpenAI's Predicted
 Outputs: the text the client expects back, e.g. the file being edited) is looked up too.
@@ -38,7 +38,7 @@ class PromptLookup:
         # first WINDOW tokens and the prompt's last WINDOW, all indexed
         self.tokens = [*prediction[:WINDOW], *prompt_ids[-WINDOW:]] if prediction else list(prompt_ids)
         self.num_prompt = len(self.tokens)
-        self.last: dict[tuple[int, ...], int] = {}  # 1- and 2-gram -> the position after it
+        self.last: dict[tuple[int, int], int] = {}  # 2-gram -> the position after it
         self.every: dict[tuple[int, ...], list[int]] = {}  # 3-gram -> each position after it
         self.every_token: dict[int, list[int]] = {}  # token -> each position after it
         # positions after n-grams indexed so far
@@ -54,7 +54,6 @@ class PromptLookup:
         tokens += output_ids[len(tokens) - self.num_prompt:]
         end = len(tokens)
         for after in range(self.indexed, end):  # the n-grams some known token followed
-            self.last[(tokens[after - 1],)] = after
             self.every_token.setdefault(tokens[after - 1], []).append(after)
             if after >= 2:
                 self.last[tuple(tokens[after - 2:after])] = after
@@ -82,10 +81,12 @@ class PromptLookup:
         near = self._near_copy(tokens, end)
         if near[0] >= 0:
             return near
-        for n in (2, 1):
-            after = self.last.get(tuple(tokens[end - n:])) if end >= n else None
-            if after is not None:
-                return after, n
+        after = self.last.get(tuple(tokens[end - 2:])) if end >= 2 else None
+        if after is not None:
+            return after, 2
+        seen = self.every_token.get(tokens[end - 1]) if end >= 1 else None
+        if seen:
+            return seen[-1], 1
         after = self._substituted(tokens, end)
         return (after, 1) if after >= 0 else (-1, 0)
 
