@@ -13,6 +13,11 @@ Native llama-server (bench/llamacpp_build.sh, the same GGUF and threads) runs th
 through its own chat template, plain and with its n-gram speculation as its docs recommend for
 rewriting code (--spec-type ngram-simple --spec-draft-n-max 64); --no-llama-server leaves it out.
 
+Before every PROBE_EVERY-th turn and after the last, with the engines idle, bench/host_probe.py
+times the default model's decode step in this process at one row and at eight: the host's
+memory and compute state, recorded beside the turns (the gain follows the cost of a verified
+row, which a neighbour on the VM's cores can more than double while the one-row step holds).
+
 With --context N, each turn's system message opens with the first N tokens of bench/quality.py's
 frozen text (this repository's README and code, as an agent's context holds files it read), so
 every verifying step reads a cache N tokens deep, as an agent's turns do; recorded apart
@@ -28,6 +33,7 @@ import statistics
 import sys
 import time
 
+import host_probe
 import llamacpp_native
 from common import record, unix_post
 from served import Engine
@@ -37,6 +43,7 @@ from engined.weights.default_model import default_gguf_path
 TURNS = pathlib.Path(__file__).resolve().parent / "edit_turns.json"
 TURNS_SHA256 = "f731baf603e78bda816bba673e718e8d98d79b8b23d245813808d4d20384a4f7"
 LLAMA_SPEC = ("--spec-type", "ngram-simple", "--spec-draft-n-max", "64")
+PROBE_EVERY = 5  # turns between host probes (bench/host_probe.py), and one after the last
 
 
 def frozen_turns(context: int = 0) -> list[dict]:
@@ -163,9 +170,12 @@ def main():
     engines = {"off": Engine(**common, extra_args=("--speculative", "off")),
                "on": Engine(**common, extra_args=("--speculative", "on"))}
     by_kind: dict[str, list] = {"edit": [], "prose": []}
+    host, probes = host_probe.HostProbe(args.threads), []
     try:
         for _ in range(args.reps):
             for i, turn in enumerate(turns):
+                if i % PROBE_EVERY == 0:  # the engines idle: the host's state, turn by turn
+                    probes.append(host.measure())
                 off = run_turn(engines["off"], turn, args.max_tokens)
                 on = run_turn(engines["on"], turn, args.max_tokens)
                 if on["ids"] != off["ids"]:
@@ -173,10 +183,12 @@ def main():
                 by_kind[turn["kind"]].append((off, on))
                 print(f"turn {i:2d} {turn['kind']:5s} off {off['tok_s']:6.1f} on {on['tok_s']:6.1f} "
                       f"tok/s, accepted {on['accepted']:.0f}/{on['drafted']:.0f}", flush=True)
+        probes.append(host.measure())
     finally:
         for engine in engines.values():
             engine.stop()
     summary = {kind: summarize(rows) for kind, rows in by_kind.items()}
+    host_state = host_probe.summary(probes)
     llama = {} if args.no_llama_server else llama_server_rows(turns, args)
     lines = ["| turns | off tok/s | on tok/s | on ÷ off | accepted / drafted | drafts a verify step |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -194,6 +206,7 @@ def main():
                      f"tok/s | engine on ÷ this, edit: {summary['edit']['on_tok_s'] / speeds['edit']:.2f}x | "
                      f"{accepted} | |")
     lines += ["", "Greedy tokens identical, speculation on and off, on every turn.",
+              host_probe.line(host_state),
               f"llama-server: {llama.get('version', 'not run')}"]
     lines += [f"{name}: {config}" for name, config in llama.get("configs", {}).items()
               if config != "default"]
@@ -201,7 +214,8 @@ def main():
     if not args.no_record:
         depth = f", {args.context}-token context" if args.context else ""
         record("edit_turns_context" if args.context else "edit_turns",
-               {"summary": summary, "llama_server": llama, "context": args.context},
+               {"summary": summary, "llama_server": llama, "context": args.context,
+                "host": host_state, "host_probes": probes},
                f"Speculative decoding on edit turns{depth}, SmolLM2-135M-Instruct, "
                f"{args.threads} threads, served",
                " ".join(["python bench/edit_turns.py"] + sys.argv[1:]), lines)
