@@ -178,14 +178,35 @@ int64_t kh_attention_tasks(const KhAttention *a, int nthreads)
     return job.task_base[job.groups];
 }
 
+/* out [hd] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the `splits` parts at p
+ * (`stride` floats apart: m, l, acc), M = max m_s. */
+static void merge_c(const float *p, int64_t splits, int64_t stride, int64_t hd, float *out)
+{
+    float top = -INFINITY, total = 0.0f;
+    int64_t s, j;
+    for (s = 0; s < splits; s++) top = p[s * stride] > top ? p[s * stride] : top;
+    for (j = 0; j < hd; j++) out[j] = 0.0f;
+    for (s = 0; s < splits; s++) {
+        const float *part = p + s * stride;
+        float w = expf(part[0] - top);
+        total += w * part[1];
+        for (j = 0; j < hd; j++) out[j] += w * part[2 + j];
+    }
+    for (j = 0; j < hd; j++) out[j] /= total;
+}
+
 void kh_attention(const KhAttention *a, float *work, int nthreads)
 {
     KhAttnJob job;
-    int64_t r, h, s, j, hd = a->head_dim, keys;
+    int64_t r, h, hd = a->head_dim, keys;
     KhTask fn = attend_range_c;
+    KhAttnMerge merge = merge_c;
 #if KH_HAVE_X86_SIMD
     switch (attention_simd(hd)) {
-    case 2: fn = kh_attend_range_avx512; break;
+    case 2:
+        fn = kh_attend_range_avx512;
+        merge = kh_attn_merge_avx512;
+        break;
     case 1: fn = kh_attend_range_avx2; break;
     default: break;
     }
@@ -196,18 +217,7 @@ void kh_attention(const KhAttention *a, float *work, int nthreads)
     kh_parallel(fn, &job, job.task_base[job.groups], nthreads,
                 keys * 2 * a->heads * hd >= KH_SERIAL_BELOW);
     for (r = 0; r < a->rows; r++) /* merge each head's ranges */
-        for (h = 0; h < a->heads; h++) {
-            int64_t stride = kh_attn_part_floats(hd);
-            const float *p = job.parts + (r * a->heads + h) * KH_ATTN_MAX_SPLITS * stride;
-            float *out = a->out + (r * a->heads + h) * hd, top = -INFINITY, total = 0.0f;
-            for (s = 0; s < job.splits[r]; s++) top = p[s * stride] > top ? p[s * stride] : top;
-            for (j = 0; j < hd; j++) out[j] = 0.0f;
-            for (s = 0; s < job.splits[r]; s++) {
-                const float *part = p + s * stride;
-                float w = expf(part[0] - top);
-                total += w * part[1];
-                for (j = 0; j < hd; j++) out[j] += w * part[2 + j];
-            }
-            for (j = 0; j < hd; j++) out[j] /= total;
-        }
+        for (h = 0; h < a->heads; h++)
+            merge(job.parts + (r * a->heads + h) * KH_ATTN_MAX_SPLITS * kh_attn_part_floats(hd),
+                  job.splits[r], kh_attn_part_floats(hd), hd, a->out + (r * a->heads + h) * hd);
 }

@@ -28,6 +28,10 @@ typedef struct {
     int64_t blocks[KH_MAX_ROWS];
 } KhAttnJob;
 
+/* One (row, head)'s key ranges merged into its output (kimi_attn.c's merge_c). */
+typedef void (*KhAttnMerge)(const float *p, int64_t splits, int64_t stride, int64_t hd,
+                            float *out);
+
 /* m, l and acc [head_dim] of one key range, padded to whole cache lines. */
 static inline int64_t kh_attn_part_floats(int64_t head_dim)
 {
@@ -272,6 +276,8 @@ static inline __attribute__((always_inline)) void kh_attend_range(
 
 void kh_attend_range_avx2(void *ctx, int64_t task);
 void kh_attend_range_avx512(void *ctx, int64_t task); /* head_dim % 16 == 0 */
+void kh_attn_merge_avx512(const float *p, int64_t splits, int64_t stride, int64_t hd,
+                          float *out); /* kimi_attn.c's merge_c; head_dim % 16 == 0 */
 /* The AVX2 score kernel and exp-sum, which the AVX-512 kernels share (the same bits). */
 void kh_attn_score_chunk_avx2(const float *q, const uint16_t *k, int64_t stride, int64_t count,
                               int64_t hd, int64_t group, float scale,

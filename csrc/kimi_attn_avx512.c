@@ -157,6 +157,28 @@ KH_TARGET void kh_attend_range_avx512(void *ctx, int64_t task)
                     exp_sum_avx512);
 }
 
+/* merge_c's operations, 16 elements a register, the output in registers across the ranges
+ * (each element the chain 0 + w_0 acc_0 + w_1 acc_1 + ..., then / total, as there). */
+KH_TARGET void kh_attn_merge_avx512(const float *p, int64_t splits, int64_t stride, int64_t hd,
+                                    float *out)
+{
+    __m512 y[KH_ATTN_MAX_DIM / 16];
+    float top = -INFINITY, total = 0.0f;
+    int64_t s, u, lanes = hd / 16;
+    for (s = 0; s < splits; s++) top = p[s * stride] > top ? p[s * stride] : top;
+    for (u = 0; u < lanes; u++) y[u] = _mm512_setzero_ps();
+    for (s = 0; s < splits; s++) {
+        const float *part = p + s * stride;
+        float w = expf(part[0] - top);
+        __m512 wv = _mm512_set1_ps(w);
+        total += w * part[1];
+        for (u = 0; u < lanes; u++)
+            y[u] = _mm512_add_ps(y[u], _mm512_mul_ps(wv, _mm512_loadu_ps(part + 2 + 16 * u)));
+    }
+    for (u = 0; u < lanes; u++)
+        _mm512_storeu_ps(out + 16 * u, _mm512_div_ps(y[u], _mm512_set1_ps(total)));
+}
+
 #else
 typedef int kh_no_x86_simd; /* ISO C forbids an empty translation unit */
 #endif

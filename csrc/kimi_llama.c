@@ -1,7 +1,8 @@
 /* kimi_llama.c: one Llama decoder layer for up to KH_MAX_ROWS decode rows, in one call
  * (see kimi_helper.h). Per layer, Python used to run some 20 torch ops (norms, RoPE, the
  * fp16 cache cast to fp32, SDPA, SiLU, adds): about 10 of a 21 ms SmolLM2 step on 2 cores.
- * Here they are plain loops between the four GEMVs, which stay the helper's own.
+ * Here they are loops between the four GEMVs, which stay the helper's own: the norms, RoPE,
+ * the residual adds and SiLU in kimi_act.c (AVX-512 where it runs, the same bits).
  *
  * Order, per row r (x = h[r], every vector fp32):
  *   a = rms_norm(x) * attn_norm;  [q | k | v] = a Wqkv^T;  q, k rotated (rotate-half)
@@ -58,39 +59,6 @@ static void to_halves(const float *x, int64_t n, uint16_t *out)
     if (gemv_simd(-1) >= 1) i = to_halves_f16c(x, n, out);
 #endif
     for (; i < n; i++) out[i] = float_to_half(x[i]);
-}
-
-/* y = x / sqrt(mean(x^2) + eps) * w, the sum of squares in double, in 8 independent partial
- * sums (lane l takes i = l mod 8), added as a tree: the one chain, each add waiting on the
- * last, was ~2,300 cycles a norm of SmolLM2's 576, two a layer and row (~12% of what a verify
- * step's row adds). */
-static void rms_norm(const float *x, const float *w, int64_t d, float eps, float *y)
-{
-    double part[8] = {0};
-    int64_t i;
-    int l;
-    float inv;
-    for (i = 0; i + 8 <= d; i += 8)
-        for (l = 0; l < 8; l++) part[l] += (double)x[i + l] * x[i + l];
-    for (; i < d; i++) part[0] += (double)x[i] * x[i];
-    inv = 1.0f / sqrtf((float)((((part[0] + part[4]) + (part[1] + part[5]))
-                                + ((part[2] + part[6]) + (part[3] + part[7]))) / (double)d) + eps);
-    for (i = 0; i < d; i++) y[i] = x[i] * inv * w[i];
-}
-
-/* Rotate-half RoPE on `heads` heads of x in place; sin's first half is already negated
- * (engined/layers/rope.py): out[i] = x[i +- hd/2] * sin[i] + x[i] * cos[i]. */
-static void rope(float *x, int64_t heads, int64_t hd, const float *cos, const float *sin)
-{
-    int64_t h, i, half = hd / 2;
-    for (h = 0; h < heads; h++) {
-        float *v = x + h * hd;
-        for (i = 0; i < half; i++) {
-            float lo = v[i], hi = v[i + half];
-            v[i] = hi * sin[i] + lo * cos[i];
-            v[i + half] = lo * sin[i + half] + hi * cos[i + half];
-        }
-    }
 }
 
 static int project(const KhLlamaLayer *L, const KhInt4 *w, const float *x, int64_t rows,
@@ -191,7 +159,7 @@ int llama_decode_step(const KhLlamaLayer *const *layers, int64_t num_layers, flo
     kh_wake_all(was);
     if (status == KH_OK && final_norm && num_layers > 0)
         for (r = 0; r < rows; r++)
-            rms_norm(h + r * layers[0]->dim, final_norm, layers[0]->dim, final_eps,
+            kh_rms_norm(h + r * layers[0]->dim, final_norm, layers[0]->dim, final_eps,
                      normed + r * layers[0]->dim);
     return status;
 }
@@ -200,7 +168,7 @@ static int decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, con
                         const float *sin, uint16_t *const *k_cache, uint16_t *const *v_cache,
                         const int64_t *positions, float *work, float *out, int nthreads)
 {
-    int64_t d, hd, qdim, kvdim, inner, r, i;
+    int64_t d, hd, qdim, kvdim, inner, r;
     float *normed, *qkv, *att, *proj, *gate_up, *act, *gemv_space;
     KhAttention attn;
     int status;
@@ -218,12 +186,12 @@ static int decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, con
     gemv_space = act + rows * inner;
 
     if (out != h) memcpy(out, h, (size_t)(rows * d) * sizeof(float));
-    for (r = 0; r < rows; r++) rms_norm(out + r * d, L->attn_norm, d, L->eps, normed + r * d);
+    for (r = 0; r < rows; r++) kh_rms_norm(out + r * d, L->attn_norm, d, L->eps, normed + r * d);
     if ((status = project(L, &L->qkv, normed, rows, gemv_space, qkv, nthreads))) return status;
     for (r = 0; r < rows; r++) {
         float *row = qkv + r * L->qkv.n;
         uint16_t *kc = k_cache[r] + positions[r] * kvdim, *vc = v_cache[r] + positions[r] * kvdim;
-        rope(row, L->heads + L->kv_heads, hd, cos + r * hd, sin + r * hd);
+        kh_rope(row, L->heads + L->kv_heads, hd, cos + r * hd, sin + r * hd);
         to_halves(row + qdim, kvdim, kc);
         to_halves(row + qdim + kvdim, kvdim, vc);
     }
@@ -239,13 +207,13 @@ static int decode_layer(const KhLlamaLayer *L, const float *h, int64_t rows, con
     attn.out = att;
     kh_attention(&attn, gemv_space, nthreads);
     if ((status = project(L, &L->o, att, rows, gemv_space, proj, nthreads))) return status;
-    for (i = 0; i < rows * d; i++) out[i] += proj[i];
-    for (r = 0; r < rows; r++) rms_norm(out + r * d, L->ffn_norm, d, L->eps, normed + r * d);
+    kh_add(out, proj, rows * d);
+    for (r = 0; r < rows; r++) kh_rms_norm(out + r * d, L->ffn_norm, d, L->eps, normed + r * d);
     if ((status = project(L, &L->gate_up, normed, rows, gemv_space, gate_up, nthreads))) return status;
     for (r = 0; r < rows; r++)
         kh_silu_mul(gate_up + r * 2 * inner, gate_up + r * 2 * inner + inner, inner,
                     act + r * inner);
     if ((status = project(L, &L->down, act, rows, gemv_space, proj, nthreads))) return status;
-    for (i = 0; i < rows * d; i++) out[i] += proj[i];
+    kh_add(out, proj, rows * d);
     return KH_OK;
 }

@@ -182,6 +182,12 @@ void kh_attention(const KhAttention *a, float *work, int nthreads);
 int64_t kh_attention_tasks(const KhAttention *a, int nthreads);
 /* act[i] = silu(g[i]) * u[i] for i < n, at gemv_simd's level (kimi_act.c). */
 void kh_silu_mul(const float *g, const float *u, int64_t n, float *act);
+/* The Llama layer call's other row-wise work (kimi_act.c), the same bits at every level:
+ * y = x / sqrt(mean(x^2) + eps) * w over d; rotate-half RoPE on `heads` heads of hd in place
+ * (sin's first half negated); x[i] += y[i] for i < n. */
+void kh_rms_norm(const float *x, const float *w, int64_t d, float eps, float *y);
+void kh_rope(float *x, int64_t heads, int64_t hd, const float *cos, const float *sin);
+void kh_add(float *x, const float *y, int64_t n);
 
 #if KH_HAVE_X86_SIMD
 #include <immintrin.h>

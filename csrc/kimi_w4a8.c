@@ -89,16 +89,17 @@ static void quantize_blocks(const float *src, int64_t nb, int8_t *dst, float *d,
 void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int deinterleave,
                     KhQ8 *q8)
 {
-    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, i, b0, b;
+    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, b0, b, g, in_group;
     int32_t sums[KH_QUANTIZE_SPAN];
     for (b0 = 0; b0 < rows * nb; b0 += KH_QUANTIZE_SPAN) {
         int64_t n = rows * nb - b0 < KH_QUANTIZE_SPAN ? rows * nb - b0 : KH_QUANTIZE_SPAN;
         quantize_blocks(x + b0 * KH_Q8_BLOCK, n, q8->q + b0 * KH_Q8_BLOCK, q8->d + b0, sums,
                         deinterleave);
-        for (b = 0; b < n; b++) {
-            i = b0 + b;
-            if (i % per_group == 0) q8->gsum[i / per_group] = 0.0f;
-            q8->gsum[i / per_group] += q8->d[i] * (float)sums[b];
+        /* block b0 + b's group, counted along: a division a block was ~2% of a decode step */
+        for (b = 0, g = b0 / per_group, in_group = b0 % per_group; b < n; b++) {
+            if (in_group == 0) q8->gsum[g] = 0.0f;
+            q8->gsum[g] += q8->d[b0 + b] * (float)sums[b];
+            if (++in_group == per_group) in_group = 0, g++;
         }
     }
 }
@@ -106,7 +107,7 @@ void kh_quantize_q8(const float *x, int64_t rows, int64_t k, int64_t group, int 
 void kh_quantize_q8_lane(const float *x, int64_t k, int64_t group, int64_t mr, int64_t lane,
                          const KhQ8 *block, int32_t *sums)
 {
-    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, b0, b, u;
+    int64_t nb = k / KH_Q8_BLOCK, per_group = group / KH_Q8_BLOCK, b0, b, u, g, in_group;
     float *gsum = block->gsum + lane;
     for (b0 = 0; b0 < nb; b0 += KH_QUANTIZE_SPAN) {
         int64_t n = nb - b0 < KH_QUANTIZE_SPAN ? nb - b0 : KH_QUANTIZE_SPAN;
@@ -114,14 +115,15 @@ void kh_quantize_q8_lane(const float *x, int64_t k, int64_t group, int64_t mr, i
         int32_t sum[KH_QUANTIZE_SPAN];
         float d[KH_QUANTIZE_SPAN];
         quantize_blocks(x + b0 * KH_Q8_BLOCK, n, codes, d, sum, 0);
-        for (b = b0; b < b0 + n; b++) {
+        for (b = b0, g = b0 / per_group, in_group = b0 % per_group; b < b0 + n; b++) {
+            int8_t *to = block->q + (b * (KH_Q8_BLOCK / 8) * mr + lane) * 8;
             for (u = 0; u < KH_Q8_BLOCK / 8; u++)
-                memcpy(block->q + ((b * (KH_Q8_BLOCK / 8) + u) * mr + lane) * 8,
-                       codes + (b - b0) * KH_Q8_BLOCK + 8 * u, 8);
+                memcpy(to + u * mr * 8, codes + (b - b0) * KH_Q8_BLOCK + 8 * u, 8);
             block->d[b * mr + lane] = d[b - b0];
             if (sums) sums[b * mr + lane] = sum[b - b0];
-            if (b % per_group == 0) gsum[(b / per_group) * mr] = 0.0f;
-            gsum[(b / per_group) * mr] += d[b - b0] * (float)sum[b - b0];
+            if (in_group == 0) gsum[g * mr] = 0.0f;
+            gsum[g * mr] += d[b - b0] * (float)sum[b - b0];
+            if (++in_group == per_group) in_group = 0, g++;
         }
     }
 }

@@ -154,7 +154,9 @@ TILED = [case for case in LLAMA_LAYER if "-w4a8-tiles" in case.id]
 @pytest.mark.parametrize("case", TILED, ids=lambda c: c.id)
 def test_avx512_attention_gives_the_avx2_bits(case):
     """The projections' integer dots give the same bits at every level, so the layer at the
-    AVX-512 cap and at the AVX2 cap differ only in attention's kernels: the same bits too."""
+    AVX-512 cap and at the AVX2 cap differ only in attention's kernels and merge and in the
+    row-wise work (kimi_act.c: the norms, RoPE, the adds, SiLU): the same bits too. hd 16
+    (RoPE's 8 pairs by the portable loop), 48 (16 in 512 bits, then 8), 32 and 64."""
     args = fresh(case)
     hd = args[1].head_dim
     try:
