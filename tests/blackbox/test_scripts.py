@@ -29,7 +29,7 @@ def test_every_bench_script_is_either_run_or_imported():
                                       "agent_turns.py", "model_step.py", "edit_turns.py"}
     assert set(IMPORT_ONLY) == {"common.py", "kernel_count.py", "llamacpp_run.py", "served.py",
                                 "llamacpp_native.py", "structured_set.py", "beside.py", "int4_moe.py",
-                                "prefill_requests.py"}
+                                "prefill_requests.py", "host_probe.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS_WITH_HELP)

@@ -302,10 +302,12 @@ class OpenStream:
     @classmethod
     def engine(cls, sock: str, max_tokens: int) -> "OpenStream":
         body = json.loads(chat_body("Count to a hundred.", max_tokens, stream=True))
-        # one token a step, so a content chunk a token: speculation sends a step's accepted
-        # drafts together, and "count to a hundred" drafts well (38 chunks for 48 tokens seen)
+        # one token a step (no drafts), so the streams are still open at the signal; a chunk
+        # holds every token there was when the HTTP thread got to it (several steps' on a busy
+        # host: 38 chunks for 48 tokens seen), so each chunk's token ids count the tokens
         return cls(UnixConnection(sock, timeout=120),
-                   json.dumps({**body, "ignore_eos": True, "speculative": False}))
+                   json.dumps({**body, "ignore_eos": True, "speculative": False,
+                               "return_token_ids": True}))
 
     def finish(self) -> list:
         try:
@@ -322,8 +324,10 @@ def test_engine_sigterm_lets_open_streams_finish(engine, proxy):
     for stream_events in [s.finish() for s in streams]:
         assert stream_events[-1] == "[DONE]"
         assert finish_reasons(stream_events) == ["length"]
-        assert sum(bool(e["choices"][0]["delta"].get("content")) for e in stream_events[:-1]
-                   if e.get("choices")) >= 40  # the whole completion, not a cut-off stream
+        assert sum(len(e["choices"][0].get("token_ids", ())) for e in stream_events[:-1]
+                   if e.get("choices")) == 48  # the whole completion, not a cut-off stream
+        assert any(e["choices"][0]["delta"].get("content") for e in stream_events[:-1]
+                   if e.get("choices"))
     assert engine.proc.wait(60) == 0
     assert time.monotonic() - started < 60
     assert not os.path.exists(engine.sock)
