@@ -5,9 +5,10 @@ of one sequence PROBE_DEPTH positions deep, the two interleaved.
 A one-row step streams the weights from memory; each further row adds compute (the W4A8
 GEMM's dot products, attention, the row-wise work between them). On the 2-vCPU CI VMs the two
 move apart: one night (2026-12-07 to 08) the extra row's cost went from ~140 us to ~390 us
-and back within minutes while the one-row step stayed near 2.3 ms (a neighbour on the cores),
-and speculative decoding's gain follows the row cost, since a verifying step pays it for
-every draft (bench/edit_turns.py, which records these probes beside its turns).
+within minutes while the one-row step stayed at 2.5-2.8 ms (a neighbour on the cores), and
+hours later the one-row step rose to 7 ms. Speculative decoding's gain follows the row cost,
+since a verifying step pays it for every draft (bench/edit_turns.py, which records these
+probes beside its turns).
 
     host = HostProbe(threads=2)
     host.measure()  # -> {"one_row_ms": 2.31, "row_us": 214.0}
