@@ -70,7 +70,8 @@ class HostProbe:
         """row_cost of `reps` steps of one row and of PROBE_ROWS rows, taken in turn."""
         one, many = [], []
         with self.torch.inference_mode():
-            self._step(1), self._step(PROBE_ROWS)  # warm
+            for rows in (1, PROBE_ROWS):  # warm
+                self._step(rows)
             for _ in range(reps):
                 one.append(self._step(1))
                 many.append(self._step(PROBE_ROWS))

@@ -90,20 +90,22 @@ static TARGET512 void rms_norm_avx512(const float *x, const float *w, int64_t d,
                                       float *y)
 {
     __m512d sum = _mm512_setzero_pd();
-    __m512 inv;
+    __m512 inv_v;
     double part[8];
     int64_t i;
+    float inv;
     for (i = 0; i + 8 <= d; i += 8) {
         __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
         sum = _mm512_add_pd(sum, _mm512_mul_pd(v, v));
     }
     _mm512_storeu_pd(part, sum);
     for (; i < d; i++) part[0] += (double)x[i] * x[i];
-    inv = _mm512_set1_ps(rms_inverse(part, d, eps));
+    inv = rms_inverse(part, d, eps);
+    inv_v = _mm512_set1_ps(inv);
     for (i = 0; i + 16 <= d; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv),
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv_v),
                                               _mm512_loadu_ps(w + i)));
-    for (; i < d; i++) y[i] = x[i] * _mm512_cvtss_f32(inv) * w[i];
+    for (; i < d; i++) y[i] = x[i] * inv * w[i];
 }
 
 /* rope_c's operations on 16 pairs a register, the rest of each head's by rope_c. */
